@@ -1,0 +1,171 @@
+"""Driver side of distributed mode: one Spark barrier stage, one task per node."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from .cluster import is_connect_session
+from .entrypoint import Entrypoint, ScriptEntrypoint
+from .errors import (
+    ConfigurationError,
+    DistributedRunError,
+    InsufficientSlotsError,
+    LaunchError,
+    RankFailure,
+    RunTimeoutError,
+)
+from .plan import LaunchPlan
+from .serialization import rebuild_exception
+from .task import RESULT_SCHEMA, TaskSpec, decode_failure, run_barrier_task
+
+__all__ = ["run_distributed", "available_slots", "check_slots"]
+
+logger = logging.getLogger(__name__)
+
+#: how long to wait for executors to register before declaring too few slots (cluster masters)
+EXECUTOR_WAIT_SECONDS = 15.0
+#: after cancelling the Spark job, how long to wait for the job thread to return
+CANCEL_WAIT_SECONDS = 30.0
+
+
+def available_slots(spark: Any) -> int | None:
+    """Task slots the cluster offers at once for the default resource profile (None: unknown)."""
+    if is_connect_session(spark):
+        return None
+    jsc = spark.sparkContext._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def check_slots(spark: Any, needed: int) -> None:
+    """Fail fast, instead of Spark's ~10 minute retry loop, when the barrier stage cannot fit."""
+    slots = available_slots(spark)
+    if slots is None or slots >= needed:
+        return
+    master = spark.sparkContext.master
+    if not master.startswith("local["):
+        # executors of a fresh cluster register over a few seconds
+        deadline = time.monotonic() + EXECUTOR_WAIT_SECONDS
+        while slots is not None and slots < needed and time.monotonic() < deadline:
+            time.sleep(0.25)
+            slots = available_slots(spark)
+        if slots is None or slots >= needed:
+            return
+    raise InsufficientSlotsError(
+        f"distributed mode needs {needed} Spark task slots at once (one barrier task per node), "
+        f"but the cluster ({master}) has {slots}. Use num_processes<={slots} (or more GPUs per "
+        "task), add executors/cores, lower spark.task.cpus, or use local_mode=True"
+    )
+
+
+def _failure_from_spark_error(exc: BaseException) -> BaseException:
+    """Turn a Spark job failure into the library's error, keeping the remote report."""
+    text = str(exc)
+    report = decode_failure(text)
+    if report is not None:
+        failures = [RankFailure.from_dict(f) for f in report.get("failures", [])]
+        if failures and failures[0].exc_type == "LaunchError" and len(failures) == 1:
+            return LaunchError(failures[0].exc_message or "the ranks could not be started")
+        error = DistributedRunError(failures, report.get("headline"))
+        pickled = report.get("pickled") or {}
+        if error.failures:
+            root = error.failures[0]
+            cause = rebuild_exception(root, pickled.get(str(root.rank)))
+            if cause is not None:
+                error.__cause__ = cause
+        return error
+    for module in ("spark_torch", "pyarrow", "pandas", "cloudpickle"):
+        if f"No module named '{module}'" in text:
+            return LaunchError(
+                f"the executors' Python cannot import {module}: install spark-torch (and pyarrow, "
+                "pandas<3) on every executor, or point PYSPARK_PYTHON / spark.pyspark.python at an "
+                "interpreter that has them"
+            )
+    if "maxResultSize" in text:
+        return DistributedRunError(
+            [],
+            headline="rank 0's result is larger than spark.driver.maxResultSize; raise that Spark "
+            "setting when creating the session (e.g. 4g) or return a smaller result "
+            "(save large objects to a file and return its path)",
+        )
+    first = next((line for line in text.splitlines() if line.strip()), text)
+    return LaunchError(f"the Spark barrier job failed before the ranks reported: {first[:2000]}")
+
+
+def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading.Event) -> None:
+    try:
+        spark.addTag(tag)
+        try:
+            box["table"] = df.toArrow()
+        finally:
+            spark.removeTag(tag)
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+        box["error"] = exc
+    finally:
+        done.set()
+
+
+def run_distributed(
+    spark: Any,
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    payload: bytes | None,
+    *,
+    run_id: str,
+    extra_env: dict[str, str],
+    timeout: float | None,
+) -> bytes | None:
+    """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
+    if plan.local_mode:  # pragma: no cover - guarded by the caller
+        raise ConfigurationError("run_distributed called with a local-mode plan")
+    check_slots(spark, plan.num_nodes)
+    spec = TaskSpec(
+        run_id=run_id,
+        num_nodes=plan.num_nodes,
+        procs_per_node=plan.procs_per_node,
+        payload=payload,
+        script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
+        script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
+        extra_env=extra_env,
+        threads_per_rank=plan.threads_per_rank,
+        use_gpu=plan.use_gpu,
+        driver_cwd=os.getcwd(),
+    )
+    df = spark.range(0, plan.num_nodes, 1, plan.num_nodes).mapInArrow(
+        functools.partial(run_barrier_task, spec), RESULT_SCHEMA, barrier=True
+    )
+    tag = f"spark-torch-{run_id}"
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done), name=tag, daemon=True)
+    worker.start()
+    try:
+        finished = done.wait(timeout)
+    except BaseException:  # KeyboardInterrupt: stop every node, then re-raise
+        spark.interruptTag(tag)
+        done.wait(CANCEL_WAIT_SECONDS)
+        raise
+    if not finished:
+        spark.interruptTag(tag)
+        done.wait(CANCEL_WAIT_SECONDS)
+        running = [RankFailure(rank=r, host="?") for r in range(plan.world_size)]
+        raise RunTimeoutError(
+            running,
+            headline=f"the run exceeded timeout={timeout:g}s; the Spark job was cancelled and the "
+            f"ranks of all {plan.num_nodes} node(s) were stopped",
+        )
+    if "error" in box:
+        error = _failure_from_spark_error(box["error"])
+        raise error from (error.__cause__ or box["error"])
+    table = box["table"]
+    if payload is None:
+        return None
+    rows = sorted(
+        zip(table.column("node").to_pylist(), table.column("seq").to_pylist(), table.column("data").to_pylist())
+    )
+    return b"".join(data for node, _seq, data in rows if node == 0)

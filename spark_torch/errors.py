@@ -1,0 +1,155 @@
+"""The exceptions spark_torch raises.
+
+Every exception has one root, :class:`SparkTorchError`, and also subclasses the nearest
+builtin, so ``except ValueError`` / ``except RuntimeError`` clauses written for PySpark's
+TorchDistributor keep working::
+
+    SparkTorchError
+    ├── ConfigurationError (ValueError)      bad arguments or Spark configuration
+    │   └── InsufficientSlotsError            the cluster cannot run all tasks at once
+    ├── PicklingError (TypeError)             the function or its arguments do not pickle
+    ├── LaunchError (RuntimeError)            ranks could not be started
+    └── DistributedRunError (RuntimeError)    a rank failed; names the rank, host, cause
+        └── RunTimeoutError (+ TimeoutError)  the run exceeded ``timeout``
+
+All of them pickle (they cross process boundaries between ranks, executors and driver).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "SparkTorchError",
+    "ConfigurationError",
+    "InsufficientSlotsError",
+    "PicklingError",
+    "LaunchError",
+    "DistributedRunError",
+    "RunTimeoutError",
+    "RankFailure",
+]
+
+
+class SparkTorchError(Exception):
+    """Root of every exception raised by spark_torch."""
+
+
+class ConfigurationError(SparkTorchError, ValueError):
+    """An argument or a Spark setting makes the run impossible; the message says how to fix it."""
+
+
+class InsufficientSlotsError(ConfigurationError):
+    """The cluster has fewer free task slots than the barrier stage needs."""
+
+
+class PicklingError(SparkTorchError, TypeError):
+    """The training function or one of its arguments cannot be sent to the ranks."""
+
+
+class LaunchError(SparkTorchError, RuntimeError):
+    """The ranks could not be started (missing script on an executor, interpreter mismatch...)."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What is known about one failed rank: plain text only, so it travels anywhere."""
+
+    rank: int
+    host: str
+    exit_code: int | None = None
+    signal_name: str | None = None
+    exc_type: str | None = None
+    exc_message: str | None = None
+    traceback: str | None = None
+    last_lines: tuple[str, ...] = field(default_factory=tuple)
+    started_at: float = 0.0
+    failed_at: float = 0.0
+
+    def cause(self) -> str:
+        """One line: the remote exception, or the exit code / signal of the process."""
+        if self.exc_type:
+            return f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
+        if self.signal_name:
+            return f"killed by {self.signal_name}"
+        if self.exit_code is not None:
+            return f"exited with code {self.exit_code}"
+        return "failed for an unknown reason"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "exit_code": self.exit_code,
+            "signal_name": self.signal_name,
+            "exc_type": self.exc_type,
+            "exc_message": self.exc_message,
+            "traceback": self.traceback,
+            "last_lines": list(self.last_lines),
+            "started_at": self.started_at,
+            "failed_at": self.failed_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankFailure:
+        """Inverse of :meth:`to_dict`; ignores unknown keys."""
+        return cls(
+            rank=int(data["rank"]),
+            host=str(data.get("host", "?")),
+            exit_code=data.get("exit_code"),
+            signal_name=data.get("signal_name"),
+            exc_type=data.get("exc_type"),
+            exc_message=data.get("exc_message"),
+            traceback=data.get("traceback"),
+            last_lines=tuple(str(x) for x in data.get("last_lines") or ()),
+            started_at=float(data.get("started_at") or 0.0),
+            failed_at=float(data.get("failed_at") or 0.0),
+        )
+
+
+def _format_failures(failures: tuple[RankFailure, ...], headline: str | None) -> str:
+    """Root cause first (the earliest failing rank), then the other ranks grouped by cause."""
+    if not failures:
+        return headline or "the distributed run failed"
+    ordered = sorted(failures, key=lambda f: (f.failed_at or float("inf"), f.rank))
+    root = ordered[0]
+    lines = [headline or f"rank {root.rank} on {root.host} failed: {root.cause()}"]
+    if root.traceback:
+        lines += ["", f"Traceback from rank {root.rank}:", root.traceback.rstrip()]
+    if root.last_lines:
+        lines += ["", f"Last {len(root.last_lines)} lines of rank {root.rank}'s output:"]
+        lines += [f"  {line}" for line in root.last_lines]
+    others: dict[str, list[int]] = {}
+    for failure in ordered[1:]:
+        others.setdefault(failure.cause(), []).append(failure.rank)
+    if others:
+        lines += ["", "Other ranks:"]
+        for cause, ranks in others.items():
+            lines.append(f"  ranks {', '.join(map(str, sorted(ranks)))}: {cause}")
+    return "\n".join(lines)
+
+
+class DistributedRunError(SparkTorchError, RuntimeError):
+    """A rank failed. The message starts with the failing rank, its host and the cause.
+
+    ``failures`` holds one :class:`RankFailure` per failed rank, root cause first.
+    """
+
+    def __init__(self, failures: tuple[RankFailure, ...] | list[RankFailure], headline: str | None = None):
+        self.failures = tuple(sorted(failures, key=lambda f: (f.failed_at or float("inf"), f.rank)))
+        self.headline = headline
+        super().__init__(_format_failures(self.failures, headline))
+
+    @property
+    def rank(self) -> int | None:
+        """The rank that failed first, if known."""
+        return self.failures[0].rank if self.failures else None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures, self.headline))
+
+
+class RunTimeoutError(DistributedRunError, TimeoutError):
+    """The run took longer than ``timeout``; every rank was stopped."""

@@ -1,0 +1,74 @@
+"""Local mode: every rank on the driver machine, started by the node runner in this process."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from .entrypoint import Entrypoint, ScriptEntrypoint
+from .errors import DistributedRunError, RunTimeoutError
+from .gpus import visible_devices
+from .node import NodeSpec, run_node
+from .plan import LaunchPlan
+from .processes import reserve_port
+from .serialization import rebuild_exception
+
+__all__ = ["run_local"]
+
+LOCAL_HOST = "127.0.0.1"
+
+
+def run_local(
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    payload: bytes | None,
+    *,
+    run_id: str,
+    extra_env: dict[str, str],
+    on_line: Callable[[int, str, str], None],
+    timeout: float | None,
+) -> bytes | None:
+    """Run all ranks here; return rank 0's pickled result (function mode) or None."""
+    reservation = reserve_port(LOCAL_HOST)
+    stop = threading.Event()
+    timer = threading.Timer(timeout, stop.set) if timeout else None
+    try:
+        spec = NodeSpec(
+            run_id=run_id,
+            node_rank=0,
+            num_nodes=1,
+            procs_per_node=plan.procs_per_node,
+            master_addr=LOCAL_HOST,
+            master_port=reservation.getsockname()[1],
+            payload=payload,
+            script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
+            script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
+            extra_env=extra_env,
+            threads_per_rank=plan.threads_per_rank,
+            visible_devices=visible_devices(plan.local_gpus) if plan.use_gpu else None,
+            cwd=os.getcwd(),
+        )
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        outcome, pickled = run_node(spec, on_line, stop=stop if timer else None)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        reservation.close()
+    if outcome.stopped:
+        raise RunTimeoutError(
+            outcome.running_at_stop,
+            headline=f"the run exceeded timeout={timeout:g}s; ranks "
+            f"{', '.join(str(f.rank) for f in outcome.running_at_stop) or '(none)'} were still "
+            "running and have been stopped",
+        )
+    if outcome.failures:
+        error = DistributedRunError(outcome.failures)
+        root = error.failures[0]
+        cause = rebuild_exception(root, pickled.get(root.rank))
+        if cause is not None:
+            raise error from cause
+        raise error
+    return outcome.result

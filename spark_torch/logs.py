@@ -1,0 +1,56 @@
+"""Where rank output goes on the driver: prefixed lines on the driver's sys.stdout/sys.stderr.
+
+Lines are written through ``sys.stdout``/``sys.stderr`` (not file descriptors 1/2) so that in
+Jupyter they appear under the cell that called ``run()``; each line is flushed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import IO
+
+from .config import DistributorConfig
+
+__all__ = ["DriverLogSink", "format_line"]
+
+
+def format_line(rank: int, text: str) -> str:
+    """``[rank 1] text``."""
+    return f"[rank {rank}] {text}"
+
+
+class DriverLogSink:
+    """Prints the ranks' lines that ``log_ranks`` selects and keeps per-rank files in ``log_dir``."""
+
+    def __init__(self, config: DistributorConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._files: dict[int, IO[str]] = {}
+        self.lines = 0
+        if config.log_dir is not None:
+            os.makedirs(config.log_dir, exist_ok=True)
+
+    def __call__(self, rank: int, stream: str, text: str) -> None:
+        """Receive one line of one rank's stdout or stderr."""
+        with self._lock:
+            self.lines += 1
+            if self._config.shows_rank(rank):
+                out = sys.stderr if stream == "stderr" else sys.stdout
+                out.write(format_line(rank, text) + "\n")
+                out.flush()
+            if self._config.log_dir is not None:
+                fh = self._files.get(rank)
+                if fh is None:
+                    path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
+                    fh = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+                fh.write(text + "\n")
+                fh.flush()
+
+    def close(self) -> None:
+        """Close the per-rank files."""
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()

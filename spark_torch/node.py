@@ -1,0 +1,214 @@
+"""The node runner: start one node's ranks, pump their output, wait, collect, clean up.
+
+The same code runs on the driver (local mode) and inside a Spark barrier task (distributed
+mode). It imports neither pyspark nor torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from . import serialization
+from .env import RankIdentity, rank_env
+from .errors import RankFailure
+from .processes import RankProcess, kill_group, signal_name, spawn_rank
+
+__all__ = ["NodeSpec", "NodeOutcome", "run_node", "RANK_MAIN_MODULE"]
+
+RANK_MAIN_MODULE = "spark_torch.rank_main"
+GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Everything one node needs; built on the driver, read-only afterwards."""
+
+    run_id: str
+    node_rank: int
+    num_nodes: int
+    procs_per_node: int
+    master_addr: str
+    master_port: int
+    payload: bytes | None = None  # function mode: cloudpickled (fn, args, kwargs)
+    script: str | None = None  # script mode: absolute path
+    script_argv: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    threads_per_rank: int = 1
+    #: CUDA_VISIBLE_DEVICES of every rank of this node (None: leave as inherited)
+    visible_devices: str | None = None
+    host: str = field(default_factory=socket.gethostname)
+    cwd: str | None = None
+    python: str = sys.executable
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks over all nodes."""
+        return self.num_nodes * self.procs_per_node
+
+    def global_rank(self, local_rank: int) -> int:
+        """Global rank of a local rank on this node."""
+        return self.node_rank * self.procs_per_node + local_rank
+
+
+@dataclass
+class NodeOutcome:
+    """What happened on one node: failures by rank, and rank 0's pickled result if it ran here."""
+
+    failures: list[RankFailure] = field(default_factory=list)
+    result: bytes | None = None
+    stopped: bool = False  # stopped from outside (timeout / cancellation)
+    running_at_stop: list[RankFailure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank of this node exited cleanly."""
+        return not self.failures and not self.stopped
+
+
+def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
+    if spec.script is not None:
+        return [spec.python, "-u", spec.script, *spec.script_argv]
+    assert payload_path is not None
+    return [spec.python, "-u", "-m", RANK_MAIN_MODULE, payload_path, result_dir]
+
+
+def _rank_env(spec: NodeSpec, local_rank: int) -> dict[str, str]:
+    identity = RankIdentity(
+        rank=spec.global_rank(local_rank),
+        local_rank=local_rank,
+        world_size=spec.world_size,
+        local_world_size=spec.procs_per_node,
+        node_rank=spec.node_rank,
+        num_nodes=spec.num_nodes,
+    )
+    env = rank_env(
+        os.environ,
+        identity,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        run_id=spec.run_id,
+        threads=spec.threads_per_rank,
+        cuda_visible_devices=spec.visible_devices,
+        extra=spec.extra_env,
+    )
+    # ranks import spark_torch.rank_main from wherever this process found spark_torch
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if spec.script is None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: float) -> RankFailure:
+    code = proc.popen.returncode
+    report = serialization.read_error(result_dir, proc.rank) or {}
+    return RankFailure(
+        rank=proc.rank,
+        host=spec.host,
+        exit_code=code if code is not None and code >= 0 else None,
+        signal_name=signal_name(code),
+        exc_type=report.get("exc_type"),
+        exc_message=report.get("exc_message"),
+        traceback=report.get("traceback"),
+        last_lines=tuple(proc.tail),
+        started_at=proc.started_at,
+        failed_at=failed_at,
+    )
+
+
+def run_node(
+    spec: NodeSpec,
+    on_line: Callable[[int, str, str], None],
+    *,
+    stop: threading.Event | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> tuple[NodeOutcome, dict[int, str | None]]:
+    """Run this node's ranks to completion (or first failure, or ``stop``) and clean up.
+
+    Returns the outcome and, per failed rank, its pickled exception (base64) when it wrote one.
+    """
+    workdir = tempfile.mkdtemp(prefix=f"spark-torch-{spec.run_id}-node{spec.node_rank}-")
+    outcome = NodeOutcome()
+    pickled: dict[int, str | None] = {}
+    procs: list[RankProcess] = []
+    exited: list[tuple[RankProcess, float]] = []
+    changed = threading.Condition()
+    try:
+        payload_path = None
+        if spec.payload is not None:
+            payload_path = os.path.join(workdir, "payload.pkl")
+            serialization.write_atomic(payload_path, spec.payload)
+        argv = _argv(spec, payload_path, workdir)
+
+        def watch(proc: RankProcess) -> None:
+            proc.popen.wait()
+            with changed:
+                exited.append((proc, time.time()))
+                changed.notify_all()
+
+        for local_rank in range(spec.procs_per_node):
+            proc = spawn_rank(
+                argv,
+                _rank_env(spec, local_rank),
+                rank=spec.global_rank(local_rank),
+                local_rank=local_rank,
+                cwd=spec.cwd,
+                on_line=on_line,
+            )
+            procs.append(proc)
+            threading.Thread(target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
+        if on_started is not None:
+            on_started()
+
+        seen = 0
+        with changed:
+            while seen < len(procs):
+                if stop is not None and stop.is_set():
+                    outcome.stopped = True
+                    break
+                if seen == len(exited):
+                    # wake up for exits right away; re-check ``stop`` a few times a second
+                    changed.wait(timeout=0.2 if stop is not None else None)
+                    continue
+                proc, when = exited[seen]
+                seen += 1
+                if proc.popen.returncode != 0:
+                    for pump in proc.pumps:
+                        pump.join(timeout=2.0)
+                    outcome.failures.append(_failure(spec, proc, workdir, when))
+                    pickled[proc.rank] = (serialization.read_error(workdir, proc.rank) or {}).get("pickled")
+                    break
+        still_running = [p for p in procs if p.popen.poll() is None]
+        if outcome.stopped:
+            outcome.running_at_stop = [
+                RankFailure(rank=p.rank, host=spec.host, last_lines=tuple(p.tail), started_at=p.started_at)
+                for p in still_running
+            ]
+        kill_group(procs, grace=GRACE_SECONDS)
+        for proc in procs:
+            for pump in proc.pumps:
+                pump.join(timeout=2.0)
+        if not outcome.failures and not outcome.stopped and spec.payload is not None:
+            if spec.node_rank == 0:
+                try:
+                    with open(serialization.result_path(workdir, 0), "rb") as fh:
+                        outcome.result = fh.read()
+                except FileNotFoundError:
+                    outcome.failures.append(
+                        RankFailure(rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
+                                    exc_message="rank 0 exited with code 0 but wrote no result "
+                                    "(did the function call os._exit(0)?)",
+                                    last_lines=tuple(procs[0].tail), failed_at=time.time())
+                    )
+        return outcome, pickled
+    finally:
+        if procs:
+            kill_group([p for p in procs if p.popen.poll() is None], grace=0.0)
+        shutil.rmtree(workdir, ignore_errors=True)

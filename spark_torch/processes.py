@@ -1,0 +1,171 @@
+"""Start rank processes in their own process group, pump their output, and kill them as a group."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+__all__ = [
+    "RankProcess",
+    "spawn_rank",
+    "kill_group",
+    "reserve_port",
+    "signal_name",
+    "MAX_LINE_BYTES",
+]
+
+#: longer lines are split into pieces of this size, each marked as continued
+MAX_LINE_BYTES = 64 * 1024
+CONTINUED = " [line continues]"
+
+LineCallback = Callable[[int, str, str], None]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the launching thread dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the node runner's cleanup still applies
+        pass
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """``SIGKILL`` for a process killed by signal 9 (``returncode == -9``), else None."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+@dataclass
+class RankProcess:
+    """One running rank: its process, identity, and the tail of its output."""
+
+    rank: int
+    local_rank: int
+    popen: subprocess.Popen[bytes]
+    started_at: float
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        """The process id (also its process-group id)."""
+        return self.popen.pid
+
+
+def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_line: LineCallback) -> None:
+    """Read one pipe line by line until EOF; very long lines are split and marked."""
+    pending = b""
+    with stream:
+        while True:
+            chunk = stream.readline(MAX_LINE_BYTES)
+            if not chunk:
+                break
+            if not chunk.endswith(b"\n") and len(chunk) >= MAX_LINE_BYTES:
+                text = (pending + chunk).decode("utf-8", errors="replace") + CONTINUED
+                pending = b""
+            elif not chunk.endswith(b"\n"):
+                # a partial last line (EOF without newline) or a short read: keep for the next round
+                pending += chunk
+                continue
+            else:
+                text = (pending + chunk[:-1]).decode("utf-8", errors="replace").rstrip("\r")
+                pending = b""
+            proc.tail.append(text)
+            on_line(proc.rank, name, text)
+    if pending:
+        text = pending.decode("utf-8", errors="replace")
+        proc.tail.append(text)
+        on_line(proc.rank, name, text)
+
+
+def spawn_rank(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    rank: int,
+    local_rank: int,
+    cwd: str | None,
+    on_line: LineCallback,
+) -> RankProcess:
+    """Start one rank in a new session (process group) that dies with its parent thread."""
+    popen = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl
+        close_fds=True,
+    )
+    proc = RankProcess(rank=rank, local_rank=local_rank, popen=popen, started_at=time.time())
+    for stream, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
+        assert stream is not None
+        thread = threading.Thread(
+            target=_pump, args=(stream, proc, name, on_line), name=f"spark-torch-pump-{rank}-{name}", daemon=True
+        )
+        thread.start()
+        proc.pumps.append(thread)
+    return proc
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_group(procs: Sequence[RankProcess], grace: float = 5.0) -> None:
+    """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL and reap.
+
+    The group is signalled even after its leader exited, so grandchildren (data loader
+    workers, a script's subprocesses) go too.
+    """
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            proc.popen.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.popen.wait()
+
+
+def reserve_port(host: str) -> socket.socket:
+    """Bind (without listening) a free port on ``host`` and keep it reserved.
+
+    The socket has SO_REUSEADDR, so torch's TCPStore on rank 0 (which sets it too) can bind
+    and listen on the same port while the reservation keeps every other program off it. Close
+    the returned socket when the run ends.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,230 @@
+"""Payloads (driver -> ranks), result/error envelopes (rank -> node runner) and chunking.
+
+Bytes are only ever unpickled when they came from a file this run wrote or through Spark's
+own task/result channel, never from a socket of ours.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import inspect
+import json
+import os
+import sys
+import sysconfig
+import tempfile
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import cloudpickle
+
+from .entrypoint import FunctionEntrypoint
+from .errors import PicklingError, RankFailure
+
+__all__ = [
+    "dump_function_payload",
+    "load_function_payload",
+    "write_atomic",
+    "result_path",
+    "error_path",
+    "write_result",
+    "write_error",
+    "read_error",
+    "chunks",
+    "rebuild_exception",
+]
+
+CHUNK_SIZE = 16 * 1024 * 1024
+
+
+def _installed_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.realpath(r) + os.sep for r in roots if r)
+
+
+def _modules_to_ship_by_value(obj: Any) -> list[ModuleType]:
+    """User modules (not installed in site-packages/stdlib) that ``obj`` refers to.
+
+    Executors usually cannot import them (they live in a notebook's folder or a repo on the
+    driver), so they are pickled by value, like ``__main__``.
+    """
+    roots = _installed_roots()
+    found: dict[str, ModuleType] = {}
+
+    def consider(value: Any) -> None:
+        module_name = getattr(value, "__module__", None) if not isinstance(value, ModuleType) else value.__name__
+        if not module_name or module_name == "__main__" or module_name in found:
+            return
+        top = module_name.split(".")[0]
+        if top in sys.builtin_module_names or top in ("spark_torch", "cloudpickle", "pyspark", "torch"):
+            return
+        module = sys.modules.get(module_name)
+        file = getattr(module, "__file__", None)
+        if module is None or not file:
+            return
+        if os.path.realpath(file).startswith(roots):
+            return
+        found[module_name] = module
+
+    values = [obj]
+    if inspect.isfunction(obj):
+        closure = inspect.getclosurevars(obj)
+        values += list(closure.globals.values()) + list(closure.nonlocals.values())
+    for value in values:
+        consider(value)
+        if not isinstance(value, ModuleType):
+            consider(type(value))
+    return list(found.values())
+
+
+@contextmanager
+def _by_value(modules: list[ModuleType]) -> Iterator[None]:
+    registered = []
+    try:
+        for module in modules:
+            try:
+                cloudpickle.register_pickle_by_value(module)
+                registered.append(module)
+            except ValueError:
+                pass
+        yield
+    finally:
+        for module in registered:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _find_culprit(entry: FunctionEntrypoint) -> str | None:
+    """Name the argument, global or closure variable that does not pickle."""
+    candidates: list[tuple[str, Any]] = []
+    for i, arg in enumerate(entry.args):
+        candidates.append((f"positional argument {i}", arg))
+    for key, arg in entry.kwargs.items():
+        candidates.append((f"keyword argument {key!r}", arg))
+    if inspect.isfunction(entry.fn):
+        closure = inspect.getclosurevars(entry.fn)
+        for key, value in closure.nonlocals.items():
+            candidates.append((f"closure variable {key!r}", value))
+        for key, value in closure.globals.items():
+            if not isinstance(value, ModuleType):
+                candidates.append((f"global {key!r}", value))
+    for label, value in candidates:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - any failure names the culprit
+            return f"{label} ({type(value).__name__}: {exc})"
+    return None
+
+
+def dump_function_payload(entry: FunctionEntrypoint) -> bytes:
+    """Cloudpickle ``(fn, args, kwargs)`` once, shipping user modules by value.
+
+    Raises :class:`PicklingError` naming the object that failed.
+    """
+    modules = _modules_to_ship_by_value(entry.fn)
+    with _by_value(modules):
+        try:
+            return cloudpickle.dumps((entry.fn, entry.args, entry.kwargs))
+        except Exception as exc:  # noqa: BLE001 - every pickling failure gets the same advice
+            culprit = _find_culprit(entry) or f"the function itself ({exc})"
+            raise PicklingError(
+                f"cannot send {entry.description}() to the ranks: {culprit} cannot be pickled. "
+                "Objects such as locks, open files, sockets, SparkSession/SparkContext and "
+                "DataFrames cannot cross processes; create them inside the function, or pass "
+                "what they hold (paths, numbers, arrays) instead"
+            ) from exc
+
+
+def load_function_payload(data: bytes) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """Inverse of :func:`dump_function_payload` (on the rank)."""
+    fn, args, kwargs = cloudpickle.loads(data)
+    return fn, tuple(args), dict(kwargs)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see either nothing or the whole file."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def result_path(result_dir: str, rank: int) -> str:
+    """Where a rank writes its pickled return value."""
+    return os.path.join(result_dir, f"rank-{rank}.result")
+
+
+def error_path(result_dir: str, rank: int) -> str:
+    """Where a rank writes its error report (JSON)."""
+    return os.path.join(result_dir, f"rank-{rank}.error.json")
+
+
+def write_result(result_dir: str, rank: int, value: Any) -> None:
+    """Rank side: pickle the return value and publish it atomically."""
+    write_atomic(result_path(result_dir, rank), cloudpickle.dumps(value))
+
+
+def write_error(result_dir: str, rank: int, exc: BaseException) -> None:
+    """Rank side: publish the exception as text (and as a pickle, when it pickles)."""
+    try:
+        pickled: str | None = base64.b64encode(cloudpickle.dumps(exc)).decode("ascii")
+    except Exception:  # noqa: BLE001 - the text is enough
+        pickled = None
+    report = {
+        "exc_type": type(exc).__qualname__
+        if type(exc).__module__ == "builtins"
+        else f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "exc_message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "pickled": pickled,
+    }
+    write_atomic(error_path(result_dir, rank), json.dumps(report).encode("utf-8"))
+
+
+def read_error(result_dir: str, rank: int) -> dict[str, Any] | None:
+    """Node side: the error report a rank wrote, if any."""
+    try:
+        with open(error_path(result_dir, rank), "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def rebuild_exception(failure: RankFailure, pickled: str | None) -> BaseException | None:
+    """The rank's original exception: unpickled from a trusted file, or a builtin rebuilt from text."""
+    if pickled:
+        try:
+            exc = cloudpickle.loads(base64.b64decode(pickled))
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:  # noqa: BLE001 - fall back to the text
+            pass
+    cls = getattr(builtins, failure.exc_type or "", None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(failure.exc_message or "")
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def chunks(data: bytes, size: int = CHUNK_SIZE) -> Iterator[bytes]:
+    """Split ``data`` into pieces small enough for one Arrow/Spark row each."""
+    view = memoryview(data)
+    for start in range(0, len(data), size):
+        yield bytes(view[start : start + size])
+    if not data:
+        yield b""
