@@ -150,7 +150,11 @@ def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
         if reservation is not None:
             reservation.close()
     if outcome.failures:
-        raise NodeFailed(encode_failure(outcome.failures, pickled))
+        root = outcome.failures[0]
+        raise NodeFailed(
+            f"rank {root.rank} on {host} failed: {root.cause()} "
+            f"(report for the driver follows)\n{encode_failure(outcome.failures, pickled)}"
+        )
     seq = 0
     if outcome.result is not None:
         for seq, chunk in enumerate(serialization.chunks(outcome.result)):

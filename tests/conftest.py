@@ -1,0 +1,193 @@
+"""Shared fixtures: real Spark sessions on loopback, environment restore, leftover checks.
+
+Spark allows one SparkContext per process, so sessions are switched in a fixed order:
+first pytest-spark's ``spark_session`` (``local[2]``), then the ``local-cluster`` sessions;
+``pytest_collection_modifyitems`` moves the tests that need a cluster to the end.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+# Must be set before any SparkContext starts: executors run this interpreter, on loopback.
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+import pyspark  # noqa: E402
+
+os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+
+TESTS = Path(__file__).parent
+SCRIPTS = TESTS / "scripts"
+CLUSTER_MASTER = "local-cluster[2,1,1024]"
+
+_ORDER = {"spark_session": 1, "cluster_spark": 2, "gpu_cluster_spark": 3, "gpu_local_spark": 4}
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Run tests grouped by the Spark session they need, so each session starts once."""
+
+    def weight(item: Any) -> int:
+        names = getattr(item, "fixturenames", ())
+        return max([_ORDER.get(n, 0) for n in names] or [0])
+
+    items.sort(key=weight)
+
+
+def _stop_active() -> None:
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+
+
+def wait_for_slots(spark: Any, needed: int, seconds: float = 120.0) -> None:
+    """Block until the cluster's executors registered (bounded)."""
+    from spark_torch.barrier import available_slots
+
+    deadline = time.monotonic() + seconds
+    while (available_slots(spark) or 0) < needed:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"executors did not register within {seconds}s")
+        time.sleep(0.25)
+
+
+def make_session(master: str, **conf: str) -> Any:
+    """A fresh session on ``master`` (stopping any other) with test-friendly settings."""
+    from pyspark.sql import SparkSession
+
+    _stop_active()
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("spark-torch-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.catalogImplementation", "in-memory")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key.replace("_", "."), value)
+    return builder.getOrCreate()
+
+
+@pytest.fixture(scope="session")
+def cluster_spark() -> Iterator[Any]:
+    """A ``local-cluster[2,1,1024]`` session: two executor JVMs with one core each."""
+    spark = make_session(CLUSTER_MASTER)
+    wait_for_slots(spark, 2)
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="session")
+def gpu_discovery_script(tmp_path_factory: Any) -> str:
+    """A Spark GPU discovery script reporting two fake GPUs."""
+    path = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
+    path.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster_spark(gpu_discovery_script: str) -> Iterator[Any]:
+    """``local-cluster`` with 2 executors x 2 fake GPUs, 2 GPUs per task."""
+    from pyspark.sql import SparkSession
+
+    _stop_active()
+    spark = (
+        SparkSession.builder.master("local-cluster[2,2,1024]")
+        .appName("spark-torch-gpu-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executor.cores", "2")
+        .config("spark.task.cpus", "2")
+        .config("spark.worker.resource.gpu.amount", "2")
+        .config("spark.worker.resource.gpu.discoveryScript", gpu_discovery_script)
+        .config("spark.executor.resource.gpu.amount", "2")
+        .config("spark.executor.resource.gpu.discoveryScript", gpu_discovery_script)
+        .config("spark.task.resource.gpu.amount", "2")
+        .getOrCreate()
+    )
+    wait_for_slots(spark, 2)
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="session")
+def gpu_local_spark(gpu_discovery_script: str) -> Iterator[Any]:
+    """``local[2]`` whose driver owns two fake GPUs."""
+    from pyspark.sql import SparkSession
+
+    _stop_active()
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark-torch-gpu-local-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.resource.gpu.amount", "2")
+        .config("spark.driver.resource.gpu.discoveryScript", gpu_discovery_script)
+        .getOrCreate()
+    )
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ() -> Iterator[None]:
+    """Tests may touch os.environ; the next test sees the original."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def rank_processes() -> list[psutil.Process]:
+    """Processes started by spark_torch for a run (they carry SPARK_TORCH_RUN_ID)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if "SPARK_TORCH_RUN_ID" in proc.environ():
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def run_temp_dirs() -> list[str]:
+    """Temp directories of runs (spark-torch-*)."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), "spark-torch-*"))
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    """Assert that after the test no rank process and no run temp dir remain (bounded wait)."""
+    before_dirs = set(run_temp_dirs())
+    yield
+    deadline = time.monotonic() + 15.0
+    while True:
+        procs = rank_processes()
+        dirs = set(run_temp_dirs()) - before_dirs
+        if not procs and not dirs:
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    details = [f"pid {p.pid}: {' '.join(p.cmdline())}" for p in procs if p.is_running()]
+    pytest.fail(f"left behind: processes {details}, temp dirs {sorted(dirs)}")
