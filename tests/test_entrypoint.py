@@ -1,0 +1,79 @@
+"""Bad entry points fail before anything starts, with errors naming the problem."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_torch import Distributor, PicklingError
+from spark_torch.entrypoint import FunctionEntrypoint, ScriptEntrypoint, make_entrypoint
+from spark_torch.serialization import dump_function_payload, load_function_payload
+
+from .conftest import run_temp_dirs
+
+
+def test_function_and_script_detected(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    assert isinstance(make_entrypoint(len, (1,), {}), FunctionEntrypoint)
+    entry = make_entrypoint(str(script), ("--lr", 0.1), {})
+    assert isinstance(entry, ScriptEntrypoint) and entry.argv == ("--lr", "0.1")
+
+
+def test_missing_script(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"training script not found: .*nope\.py"):
+        Distributor(num_processes=2).run(str(tmp_path / "nope.py"))
+    assert time.monotonic() - start < 5
+
+
+def test_script_is_directory(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError, match="is a directory; pass the path of a .py file"):
+        Distributor().run(str(tmp_path))
+
+
+def test_kwargs_with_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(ValueError, match=r"keyword arguments \['lr'\] cannot be passed to a script"):
+        Distributor().run(str(script), lr=0.1)
+
+
+def test_main_of_wrong_type() -> None:
+    with pytest.raises(TypeError, match="main must be a function or the path"):
+        Distributor().run(42)
+
+
+def test_unpicklable_argument_named() -> None:
+    lock = threading.Lock()
+
+    def train(x: object) -> None:
+        return None
+
+    before = set(run_temp_dirs())
+    start = time.monotonic()
+    with pytest.raises(PicklingError, match=r"positional argument 0 \(lock") as info:
+        Distributor(num_processes=2).run(train, lock)
+    assert isinstance(info.value, TypeError)
+    assert "create them inside the function" in str(info.value)
+    assert time.monotonic() - start < 5
+    assert set(run_temp_dirs()) == before
+
+
+def test_unpicklable_closure_variable_named() -> None:
+    lock = threading.Lock()
+
+    def train() -> bool:
+        return lock.locked()
+
+    with pytest.raises(PicklingError, match=r"closure variable 'lock'"):
+        dump_function_payload(FunctionEntrypoint(train))
+
+
+def test_payload_round_trip() -> None:
+    data = dump_function_payload(FunctionEntrypoint(divmod, (7, 2), {}))
+    fn, args, kwargs = load_function_payload(data)
+    assert fn(*args, **kwargs) == (3, 1)

@@ -1,0 +1,195 @@
+"""End to end in local mode: real rank processes on this machine (Spark session optional)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_torch import DistributedRunError, Distributor
+
+from .conftest import SCRIPTS
+
+
+def env_and_allreduce(tag: str, scale: int = 1) -> dict[str, object]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    print(f"rank {os.environ['RANK']} done", flush=True)
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR")
+    return {"tag": tag, "sum": t.item() * scale, **{k: os.environ[k] for k in keys}}
+
+
+def slow_on_rank0(seconds: float) -> int:
+    """Rank 0 finishes last: the result must still be rank 0's."""
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        time.sleep(seconds)
+    return rank
+
+
+def test_function_returns_rank0_result(no_leftovers: None, capsys: pytest.CaptureFixture[str]) -> None:
+    environ_before = dict(os.environ)
+    out = Distributor(num_processes=3).run(env_and_allreduce, "t", scale=2)
+    assert out["tag"] == "t" and out["sum"] == 12.0
+    assert out["RANK"] == "0" and out["WORLD_SIZE"] == "3" and out["LOCAL_WORLD_SIZE"] == "3"
+    assert out["NODE_RANK"] == out["GROUP_RANK"] == "0" and out["MASTER_ADDR"] == "127.0.0.1"
+    assert dict(os.environ) == environ_before
+    captured = capsys.readouterr().out
+    for rank in range(3):
+        assert f"[rank {rank}] rank {rank} done" in captured
+
+
+def test_result_is_rank0_not_last_writer(no_leftovers: None) -> None:
+    assert Distributor(num_processes=2).run(slow_on_rank0, 1.0) == 0
+
+
+def test_script_env_and_args(tmp_path: Path, no_leftovers: None) -> None:
+    result = Distributor(num_processes=2, env={"EXTRA_VAR": "x"}).run(
+        str(SCRIPTS / "env_dump.py"), tmp_path, "--lr=0.001", 3
+    )
+    assert result is None
+    infos = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert [i["RANK"] for i in infos] == ["0", "1"] and infos[1]["LOCAL_RANK"] == "1"
+    assert all(i["sum"] == 2.0 and i["EXTRA_VAR"] == "x" for i in infos)
+    assert infos[0]["argv"] == ["--lr=0.001", "3"]
+    assert infos[0]["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+
+
+def test_script_exit_code_is_failure(no_leftovers: None) -> None:
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: exited with code 2") as info:
+        Distributor(num_processes=2).run(str(SCRIPTS / "exit_code.py"), 2, 1)
+    assert isinstance(info.value, RuntimeError) and info.value.rank == 1
+    assert "rank 1 exiting with 2" in str(info.value)  # the rank's last lines
+    assert time.monotonic() - start < 30
+
+
+def test_script_exception_traceback(no_leftovers: None) -> None:
+    with pytest.raises(DistributedRunError, match=r"rank 1 on .* failed: exited with code 1") as info:
+        Distributor(num_processes=2).run(str(SCRIPTS / "raises.py"))
+    assert "ValueError: script failed on purpose" in str(info.value)
+
+
+def fails_in_collective() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    if dist.get_rank() == 1:
+        raise KeyError("bad shard 7")
+    dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes
+    dist.barrier()
+
+
+def test_function_raises_while_others_wait(no_leftovers: None) -> None:
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: KeyError: 'bad shard 7'") as info:
+        Distributor(num_processes=2).run(fails_in_collective)
+    assert time.monotonic() - start < 30
+    assert isinstance(info.value.__cause__, KeyError)
+    assert "Traceback from rank 1" in str(info.value) and "fails_in_collective" in str(info.value)
+
+
+def exits_hard(code: int) -> None:
+    if os.environ["RANK"] == "1":
+        os._exit(code)
+    time.sleep(600)
+
+
+def kills_itself() -> None:
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
+
+
+def test_rank_os_exit(no_leftovers: None) -> None:
+    with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: exited with code 3"):
+        Distributor(num_processes=2).run(exits_hard, 3)
+
+
+def test_rank_sigkill(no_leftovers: None) -> None:
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: killed by SIGKILL"):
+        Distributor(num_processes=2).run(kills_itself)
+    assert time.monotonic() - start < 30
+
+
+def unpicklable_result() -> object:
+    import threading
+
+    return threading.Lock()
+
+
+def test_unpicklable_result(no_leftovers: None) -> None:
+    with pytest.raises(DistributedRunError, match=r"rank 0 returned a lock that cannot be pickled"):
+        Distributor(num_processes=1).run(unpicklable_result)
+
+
+class OnlyOnRanks:
+    """Unpickling this on the driver fails (as a class missing on the driver would)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_refuse, ())
+
+
+def _refuse() -> None:
+    if "SPARK_TORCH_RUN_ID" not in os.environ:
+        raise ImportError("no module named 'rank_only_module'")
+
+
+def returns_only_on_ranks() -> object:
+    return OnlyOnRanks()
+
+
+def test_result_not_unpicklable_on_driver(no_leftovers: None) -> None:
+    with pytest.raises(DistributedRunError, match="cannot be unpickled on the driver"):
+        Distributor(num_processes=1).run(returns_only_on_ranks)
+
+
+def hangs() -> None:
+    print("about to hang", flush=True)
+    time.sleep(600)
+
+
+def test_timeout(no_leftovers: None) -> None:
+    from spark_torch import RunTimeoutError
+
+    start = time.monotonic()
+    with pytest.raises(RunTimeoutError, match=r"exceeded timeout=2s; ranks 0, 1 were still running") as info:
+        Distributor(num_processes=2, timeout=2).run(hangs)
+    assert isinstance(info.value, TimeoutError)
+    assert "about to hang" in str(info.value) or all(f.rank in (0, 1) for f in info.value.failures)
+    assert time.monotonic() - start < 15
+
+
+def test_log_ranks_and_log_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+    Distributor(num_processes=2, log_ranks=[0], log_dir=str(tmp_path)).run(env_and_allreduce, "t")
+    out = capsys.readouterr().out
+    assert "[rank 0] rank 0 done" in out and "[rank 1]" not in out
+    assert "rank 1 done" in (tmp_path / "rank-1.log").read_text()
+
+
+def big_result(megabytes: int) -> bytes:
+    return bytes(range(256)) * (megabytes * 4096)
+
+
+def test_large_result_local(no_leftovers: None) -> None:
+    out = Distributor(num_processes=1).run(big_result, 120)
+    assert len(out) == 120 * 1024 * 1024 and out[:3] == b"\x00\x01\x02"
+
+
+def test_rank_does_not_import_pyspark(no_leftovers: None) -> None:
+    def check() -> bool:
+        return "pyspark" in sys.modules
+
+    assert Distributor(num_processes=1).run(check) is False
