@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from .channel import LogServer, new_secret
 from .cluster import is_connect_session
 from .entrypoint import Entrypoint, ScriptEntrypoint
 from .errors import (
@@ -99,6 +100,10 @@ def _failure_from_spark_error(exc: BaseException) -> BaseException:
 
 def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading.Event) -> None:
     try:
+        if not is_connect_session(spark):
+            # cancelling must interrupt the task threads, so Spark kills the Python workers
+            # (and with them the ranks) instead of waiting for the tasks to finish
+            spark.sparkContext.setInterruptOnCancel(True)
         spark.addTag(tag)
         try:
             box["table"] = df.toArrow()
@@ -119,11 +124,33 @@ def run_distributed(
     run_id: str,
     extra_env: dict[str, str],
     timeout: float | None,
+    on_line: Any,
+    driver_host: str,
 ) -> bytes | None:
     """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
     if plan.local_mode:  # pragma: no cover - guarded by the caller
         raise ConfigurationError("run_distributed called with a local-mode plan")
     check_slots(spark, plan.num_nodes)
+    secret = new_secret()
+    server = None if is_connect_session(spark) else LogServer(driver_host, secret, on_line)
+    try:
+        return _run_stage(spark, plan, entry, payload, run_id, extra_env, timeout, server, secret)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _run_stage(
+    spark: Any,
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    payload: bytes | None,
+    run_id: str,
+    extra_env: dict[str, str],
+    timeout: float | None,
+    server: LogServer | None,
+    secret: bytes,
+) -> bytes | None:
     spec = TaskSpec(
         run_id=run_id,
         num_nodes=plan.num_nodes,
@@ -135,6 +162,9 @@ def run_distributed(
         threads_per_rank=plan.threads_per_rank,
         use_gpu=plan.use_gpu,
         driver_cwd=os.getcwd(),
+        log_host=server.host if server else None,
+        log_port=server.port if server else 0,
+        log_secret=secret if server else b"",
     )
     df = spark.range(0, plan.num_nodes, 1, plan.num_nodes).mapInArrow(
         functools.partial(run_barrier_task, spec), RESULT_SCHEMA, barrier=True
@@ -144,15 +174,20 @@ def run_distributed(
     done = threading.Event()
     worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done), name=tag, daemon=True)
     worker.start()
+
+    def cancel(reason: str) -> None:
+        if server is not None:
+            server.stop_nodes(reason)
+        spark.interruptTag(tag)
+        done.wait(CANCEL_WAIT_SECONDS)
+
     try:
         finished = done.wait(timeout)
     except BaseException:  # KeyboardInterrupt: stop every node, then re-raise
-        spark.interruptTag(tag)
-        done.wait(CANCEL_WAIT_SECONDS)
+        cancel("cancelled on the driver")
         raise
     if not finished:
-        spark.interruptTag(tag)
-        done.wait(CANCEL_WAIT_SECONDS)
+        cancel("timeout")
         running = [RankFailure(rank=r, host="?") for r in range(plan.world_size)]
         raise RunTimeoutError(
             running,
@@ -160,8 +195,12 @@ def run_distributed(
             f"ranks of all {plan.num_nodes} node(s) were stopped",
         )
     if "error" in box:
+        if server is not None:  # the nodes Spark did not stop yet
+            server.stop_nodes("another node failed")
         error = _failure_from_spark_error(box["error"])
         raise error from (error.__cause__ or box["error"])
+    if server is not None:
+        server.wait_for_nodes(plan.num_nodes, timeout=10.0)  # drain the last log lines
     table = box["table"]
     if payload is None:
         return None

@@ -137,14 +137,17 @@ class Distributor:
             else:
                 from .barrier import run_distributed
 
+                spark = self._session()
                 result = run_distributed(
-                    self._session(),
+                    spark,
                     plan,
                     entry,
                     payload,
                     run_id=run_id,
                     extra_env=dict(self.config.env),
                     timeout=self.config.timeout,
+                    on_line=sink,
+                    driver_host=read_cluster(spark).driver_host,
                 )
         finally:
             sink.close()

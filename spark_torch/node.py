@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -24,6 +25,7 @@ from .processes import RankProcess, kill_group, signal_name, spawn_rank
 __all__ = ["NodeSpec", "NodeOutcome", "run_node", "RANK_MAIN_MODULE"]
 
 RANK_MAIN_MODULE = "spark_torch.rank_main"
+REAPER_MODULE = "spark_torch.reaper"
 GRACE_SECONDS = 5.0
 
 
@@ -123,6 +125,35 @@ def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: floa
     )
 
 
+def _start_reaper(spec: NodeSpec, workdir: str) -> subprocess.Popen[bytes] | None:
+    """The watchdog that cleans up if this process dies before its own cleanup runs."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_TORCH_RUN_ID",)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    try:
+        return subprocess.Popen(
+            [spec.python, "-S", "-m", REAPER_MODULE, workdir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
+    except OSError:
+        return None
+
+
+def _tell_reaper(reaper: subprocess.Popen[bytes] | None, line: str) -> None:
+    if reaper is None or reaper.stdin is None:
+        return
+    try:
+        reaper.stdin.write(line.encode("ascii") + b"\n")
+        reaper.stdin.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
 def run_node(
     spec: NodeSpec,
     on_line: Callable[[int, str, str], None],
@@ -140,6 +171,7 @@ def run_node(
     procs: list[RankProcess] = []
     exited: list[tuple[RankProcess, float]] = []
     changed = threading.Condition()
+    reaper = _start_reaper(spec, workdir)
     try:
         payload_path = None
         if spec.payload is not None:
@@ -163,6 +195,7 @@ def run_node(
                 on_line=on_line,
             )
             procs.append(proc)
+            _tell_reaper(reaper, str(proc.pid))
             threading.Thread(target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
         if on_started is not None:
             on_started()
@@ -212,3 +245,8 @@ def run_node(
         if procs:
             kill_group([p for p in procs if p.popen.poll() is None], grace=0.0)
         shutil.rmtree(workdir, ignore_errors=True)
+        if reaper is not None:
+            _tell_reaper(reaper, "done")
+            if reaper.stdin is not None:
+                reaper.stdin.close()
+            reaper.wait()

@@ -16,12 +16,14 @@ import os
 import platform
 import socket
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import serialization
 from .errors import RankFailure
+from .channel import LogClient
 from .node import NodeSpec, run_node
 from .processes import reserve_port
 
@@ -48,6 +50,10 @@ class TaskSpec:
     use_gpu: bool = False
     driver_python: str = platform.python_version()
     driver_cwd: str | None = None
+    #: the driver's log channel; the secret is never printed (repr=False)
+    log_host: str | None = None
+    log_port: int = 0
+    log_secret: bytes = field(default=b"", repr=False)
 
 
 def encode_failure(failures: list[RankFailure], pickled: dict[int, str | None], headline: str | None = None) -> str:
@@ -145,10 +151,22 @@ def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
             host=host,
             cwd=spec.driver_cwd if spec.driver_cwd and os.path.isdir(spec.driver_cwd) else None,
         )
-        outcome, pickled = run_node(node, _print_to_executor_log(host))
+        stop = threading.Event()
+        client = (
+            LogClient(spec.log_host, spec.log_port, spec.log_secret, node_rank, on_stop=lambda _why: stop.set())
+            if spec.log_host
+            else None
+        )
+        try:
+            outcome, pickled = run_node(node, client or _print_to_executor_log(host), stop=stop)
+        finally:
+            if client is not None:
+                client.close()
     finally:
         if reservation is not None:
             reservation.close()
+    if outcome.stopped:
+        return  # the driver asked us to stop (timeout, Ctrl-C, another node failed)
     if outcome.failures:
         root = outcome.failures[0]
         raise NodeFailed(

@@ -1,0 +1,289 @@
+"""The authenticated log/control channel between node runners on executors and the driver.
+
+Driver side, :class:`LogServer`: listens on the driver host (never 0.0.0.0) on a port the OS
+picks, for one run. Every connection must answer a challenge with
+``HMAC-SHA256(secret, nonce)`` within a few seconds, or it is closed and logged. After that,
+frames are ``4-byte big-endian length + UTF-8 JSON`` of at most :data:`MAX_FRAME` bytes; a
+frame that is too large, not JSON, or not a known message closes that connection (the run is
+unaffected). Bytes are only ever decoded as text, never unpickled.
+
+Executor side, :class:`LogClient`: queues lines without blocking (a full queue drops lines and
+counts them), sends them from a thread, reconnects with backoff when the connection drops,
+and reports dropped counts. The driver can send ``{"stop": reason}`` to make the node stop its
+ranks (timeout, Ctrl-C, another node failed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["LogServer", "LogClient", "MAX_FRAME", "new_secret"]
+
+logger = logging.getLogger(__name__)
+
+MAX_FRAME = 1024 * 1024
+NONCE_BYTES = 32
+HANDSHAKE_SECONDS = 5.0
+_HEADER = struct.Struct(">I")
+_OK = b"OK"
+
+
+def new_secret() -> bytes:
+    """A fresh per-run key."""
+    return os.urandom(32)
+
+
+def _digest(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, b"spark-torch-log-v1" + nonce, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        data += chunk
+    return bytes(data)
+
+
+def _send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    body = json.dumps(message, ensure_ascii=False).encode("utf-8")
+    if len(body) > MAX_FRAME:
+        raise ValueError("frame too large")
+    sock.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _recv_frame(sock: socket.socket) -> dict[str, Any]:
+    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes exceeds the {MAX_FRAME} byte limit")
+    message = json.loads(_recv_exact(sock, size).decode("utf-8"))
+    if not isinstance(message, dict):
+        raise ValueError("frame is not a JSON object")
+    return message
+
+
+LineHandler = Callable[[int, str, str], None]
+
+
+class LogServer:
+    """Receives rank output from node runners; can tell them to stop."""
+
+    def __init__(self, host: str, secret: bytes, on_line: LineHandler) -> None:
+        self._secret = secret
+        self._on_line = on_line
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.bind((host, 0))
+        self._listener.listen(64)
+        self.host = host
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._peers: list[socket.socket] = []
+        self._eof = threading.Condition(self._lock)
+        self.finished_nodes: set[int] = set()
+        self.dropped = 0
+        self.rejected = 0
+        self._closed = False
+        self._accepter = threading.Thread(target=self._accept_loop, name="spark-torch-log-server", daemon=True)
+        self._accepter.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, addr = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(
+                target=self._serve, args=(conn, addr), name="spark-torch-log-conn", daemon=True
+            ).start()
+
+    def _reject(self, conn: socket.socket, addr: Any, why: str) -> None:
+        with self._lock:
+            self.rejected += 1
+        logger.warning("spark_torch log channel: rejected connection from %s: %s", addr, why)
+        conn.close()
+
+    def _serve(self, conn: socket.socket, addr: Any) -> None:
+        try:
+            conn.settimeout(HANDSHAKE_SECONDS)
+            nonce = os.urandom(NONCE_BYTES)
+            conn.sendall(nonce)
+            answer = _recv_exact(conn, hashlib.sha256().digest_size)
+            if not hmac.compare_digest(answer, _digest(self._secret, nonce)):
+                self._reject(conn, addr, "authentication failed")
+                return
+            conn.sendall(_OK)
+            conn.settimeout(None)
+        except (OSError, ConnectionError) as exc:
+            self._reject(conn, addr, f"handshake failed ({exc})")
+            return
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            self._peers.append(conn)
+        try:
+            while True:
+                message = _recv_frame(conn)
+                self._handle(message)
+        except ConnectionError:
+            pass
+        except (ValueError, OSError, UnicodeDecodeError) as exc:
+            logger.warning("spark_torch log channel: dropped a connection from %s: %s", addr, exc)
+        finally:
+            with self._lock:
+                if conn in self._peers:
+                    self._peers.remove(conn)
+            conn.close()
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        if "line" in message:
+            self._on_line(int(message["rank"]), str(message.get("stream", "stdout")), str(message["line"]))
+        elif "dropped" in message:
+            count = int(message["dropped"])
+            with self._lock:
+                self.dropped += count
+            self._on_line(int(message.get("rank", -1)), "stderr", f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}")
+        elif "eof" in message:
+            with self._eof:
+                self.finished_nodes.add(int(message["eof"]))
+                self._eof.notify_all()
+        else:
+            raise ValueError(f"unknown message {sorted(message)}")
+
+    def wait_for_nodes(self, nodes: int, timeout: float) -> bool:
+        """Wait until ``nodes`` node runners said they sent everything (drain), bounded."""
+        deadline = time.monotonic() + timeout
+        with self._eof:
+            while len(self.finished_nodes) < nodes:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._eof.wait(remaining)
+        return True
+
+    def stop_nodes(self, reason: str) -> None:
+        """Ask every connected node runner to stop its ranks now."""
+        with self._lock:
+            peers = list(self._peers)
+        for peer in peers:
+            try:
+                _send_frame(peer, {"stop": reason})
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Stop listening and close every connection."""
+        with self._lock:
+            self._closed = True
+            peers = list(self._peers)
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        for peer in peers:
+            try:
+                peer.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            peer.close()
+
+
+class LogClient:
+    """Node-runner side: a non-blocking line sink that ships lines to the driver."""
+
+    QUEUE_LINES = 20000
+
+    def __init__(self, host: str, port: int, secret: bytes, node_rank: int, on_stop: Callable[[str], None]) -> None:
+        self._address = (host, port)
+        self._secret = secret
+        self._node = node_rank
+        self._on_stop = on_stop
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(self.QUEUE_LINES)
+        self._dropped = 0
+        self._sock: socket.socket | None = None
+        self._closing = threading.Event()
+        self._sender = threading.Thread(target=self._send_loop, name="spark-torch-log-client", daemon=True)
+        self._sender.start()
+
+    def __call__(self, rank: int, stream: str, text: str) -> None:
+        """Queue one line; never blocks (drops and counts when the queue is full)."""
+        try:
+            self._queue.put_nowait({"rank": rank, "stream": stream, "line": text})
+        except queue.Full:
+            self._dropped += 1
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self._address, timeout=HANDSHAKE_SECONDS)
+        nonce = _recv_exact(sock, NONCE_BYTES)
+        sock.sendall(_digest(self._secret, nonce))
+        if _recv_exact(sock, len(_OK)) != _OK:
+            raise ConnectionError("handshake refused")
+        sock.settimeout(None)
+        threading.Thread(target=self._read_loop, args=(sock,), name="spark-torch-log-control", daemon=True).start()
+        return sock
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        try:
+            while True:
+                message = _recv_frame(sock)
+                if "stop" in message:
+                    self._on_stop(str(message["stop"]))
+        except (ConnectionError, OSError, ValueError):
+            return
+
+    def _send_loop(self) -> None:
+        backoff = 0.05
+        pending: dict[str, Any] | None = None
+        while True:
+            try:
+                if self._sock is None:
+                    # connect before the first line: the driver's stop must reach silent nodes too
+                    self._sock = self._connect()
+                    backoff = 0.05
+                if pending is None:
+                    pending = self._queue.get()
+                    if pending is None:
+                        pending = {"eof": self._node}
+                if self._dropped:
+                    count, self._dropped = self._dropped, 0
+                    _send_frame(self._sock, {"dropped": count, "node": self._node, "rank": -1})
+                _send_frame(self._sock, pending)
+                if "eof" in pending:
+                    return
+                pending = None
+            except (OSError, ConnectionError, ValueError):
+                if self._sock is not None:
+                    self._sock.close()
+                    self._sock = None
+                if self._closing.is_set():
+                    return  # the driver is gone while we flush; give up
+                time.sleep(backoff)  # reconnect backoff, not synchronisation
+                backoff = min(backoff * 2, 2.0)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued, then an end-of-stream marker; bounded by ``timeout``."""
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._sender.join(timeout)
+        self._closing.set()
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass

@@ -1,0 +1,157 @@
+"""End to end in distributed mode: Spark barrier tasks on local[2] and local-cluster[2,1,1024]."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch import DistributedRunError, Distributor, InsufficientSlotsError
+
+from .conftest import SCRIPTS
+
+
+def world_info(tag: str) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+            "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    mine = {k: os.environ[k] for k in keys}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return {"tag": tag, "sum": t.item(), "ranks": gathered}
+
+
+def check_world(out: dict[str, Any]) -> None:
+    assert out["tag"] == "x" and out["sum"] == 2.0
+    ranks = out["ranks"]
+    assert [r["RANK"] for r in ranks] == ["0", "1"]
+    assert [r["NODE_RANK"] for r in ranks] == ["0", "1"] == [r["GROUP_RANK"] for r in ranks]
+    assert all(r["LOCAL_RANK"] == "0" and r["LOCAL_WORLD_SIZE"] == "1" and r["WORLD_SIZE"] == "2" for r in ranks)
+    assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in ranks}) == 1
+    assert ranks[0]["MASTER_ADDR"] == "127.0.0.1"
+    assert all(r["OMP_NUM_THREADS"] == "1" for r in ranks)
+
+
+def test_function_local2(spark_session: Any, no_leftovers: None) -> None:
+    environ_before = dict(os.environ)
+    out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(world_info, "x")
+    check_world(out)
+    assert dict(os.environ) == environ_before
+
+
+@pytest.mark.slow
+def test_function_cluster(cluster_spark: Any, no_leftovers: None) -> None:
+    check_world(Distributor(num_processes=2, local_mode=False, spark=cluster_spark).run(world_info, tag="x"))
+
+
+def _script_run(spark: Any, tmp_path: Path) -> None:
+    result = Distributor(num_processes=2, local_mode=False, spark=spark, env={"EXTRA_VAR": "y"}).run(
+        str(SCRIPTS / "env_dump.py"), tmp_path, "--batch_size=16"
+    )
+    assert result is None
+    infos = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert [i["NODE_RANK"] for i in infos] == ["0", "1"] and all(i["sum"] == 2.0 for i in infos)
+    assert all(i["EXTRA_VAR"] == "y" and i["argv"] == ["--batch_size=16"] for i in infos)
+
+
+def test_script_local2(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
+    _script_run(spark_session, tmp_path)
+
+
+@pytest.mark.slow
+def test_script_cluster(cluster_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+    _script_run(cluster_spark, tmp_path)
+
+
+def raise_on_rank1() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    if dist.get_rank() == 1:
+        print("rank 1 is about to fail", flush=True)
+        raise ValueError("bad learning rate")
+    dist.all_reduce(torch.ones(1))
+    dist.barrier()
+
+
+def fail_before_init_on_rank1() -> None:
+    """Rank 0 waits in init_process_group (30 min default) unless it is torn down."""
+    import torch.distributed as dist
+
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("could not read the data")
+    dist.init_process_group("gloo", init_method="env://")
+
+
+def _assert_fails_fast(spark: Any, fn: Any, pattern: str, cause: type[BaseException]) -> None:
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match=pattern) as info:
+        Distributor(num_processes=2, local_mode=False, spark=spark).run(fn)
+    assert time.monotonic() - start < 60
+    assert isinstance(info.value, RuntimeError) and info.value.rank == 1
+    assert isinstance(info.value.__cause__, cause)
+    assert "Traceback from rank 1" in str(info.value)
+
+
+def test_rank_failure_local2(spark_session: Any, no_leftovers: None) -> None:
+    _assert_fails_fast(spark_session, raise_on_rank1, r"^rank 1 on 127\.0\.0\.1 failed: ValueError: bad learning rate", ValueError)
+
+
+def test_rank_failure_before_init_local2(spark_session: Any, no_leftovers: None) -> None:
+    _assert_fails_fast(spark_session, fail_before_init_on_rank1, r"^rank 1 on .* failed: RuntimeError: could not read", RuntimeError)
+
+
+@pytest.mark.slow
+def test_rank_failure_cluster(cluster_spark: Any, no_leftovers: None) -> None:
+    _assert_fails_fast(cluster_spark, fail_before_init_on_rank1, r"^rank 1 on .* failed: RuntimeError: could not read", RuntimeError)
+
+
+def test_script_exit_code_distributed(spark_session: Any, no_leftovers: None) -> None:
+    with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: exited with code 2"):
+        Distributor(num_processes=2, local_mode=False, spark=spark_session).run(str(SCRIPTS / "exit_code.py"), 2, 1)
+
+
+def test_more_tasks_than_slots(spark_session: Any, no_leftovers: None) -> None:
+    start = time.monotonic()
+    with pytest.raises(InsufficientSlotsError, match=r"needs 3 Spark task slots at once .* has 2\. Use num_processes<=2"):
+        Distributor(num_processes=3, local_mode=False, spark=spark_session).run(world_info, "x")
+    assert time.monotonic() - start < 5
+
+
+def big(megabytes: int) -> bytes:
+    return os.urandom(1024) * (megabytes * 1024)
+
+
+def test_large_result_distributed(spark_session: Any, no_leftovers: None) -> None:
+    out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(big, 110)
+    assert len(out) == 110 * 1024 * 1024
+
+
+def unpicklable_on_driver() -> Any:
+    from .test_run_local import OnlyOnRanks
+
+    return OnlyOnRanks()
+
+
+def hang() -> None:
+    time.sleep(600)
+
+
+def test_timeout_distributed(spark_session: Any, no_leftovers: None) -> None:
+    from spark_torch import RunTimeoutError
+
+    start = time.monotonic()
+    with pytest.raises(RunTimeoutError, match=r"exceeded timeout=3s; the Spark job was cancelled"):
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=3).run(hang)
+    assert time.monotonic() - start < 40
