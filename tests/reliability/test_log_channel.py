@@ -1,0 +1,132 @@
+"""The driver's log channel: authenticated, bounded, text only; strangers do not affect a run."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from spark_torch import Distributor
+from spark_torch.channel import MAX_FRAME, LogClient, LogServer, new_secret
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.items: list[tuple[int, str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, rank: int, stream: str, text: str) -> None:
+        with self.lock:
+            self.items.append((rank, stream, text))
+
+
+def test_client_delivers_in_order_and_drains() -> None:
+    lines = Lines()
+    secret = new_secret()
+    server = LogServer("127.0.0.1", secret, lines)
+    try:
+        client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
+        for i in range(5000):
+            client(1, "stdout", f"line {i}")
+        client.close()
+        assert server.wait_for_nodes(1, timeout=10)
+        assert [t for _, _, t in lines.items] == [f"line {i}" for i in range(5000)]
+    finally:
+        server.close()
+
+
+def test_wrong_secret_rejected() -> None:
+    lines = Lines()
+    server = LogServer("127.0.0.1", new_secret(), lines)
+    try:
+        client = LogClient("127.0.0.1", server.port, b"wrong" * 8, 0, on_stop=lambda _: None)
+        client("x", "stdout", "should not arrive")  # type: ignore[arg-type]
+        client.close(timeout=1.0)
+        assert not lines.items and server.rejected >= 1
+    finally:
+        server.close()
+
+
+def _stranger(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        nonce = sock.recv(64)
+        try:
+            sock.sendall(payload)
+            return nonce + sock.recv(16)
+        except OSError:
+            return nonce
+
+
+def hello_lines(count: int) -> int:
+    for i in range(count):
+        print(f"hello {i}")
+    return count
+
+
+def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+    """Garbage, huge frames and bad handshakes on the log port are rejected and logged."""
+    import spark_torch.channel as channel
+
+    real_server = channel.LogServer
+    seen: list[LogServer] = []
+
+    class Spy(real_server):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+            for payload in (b"garbage" * 10, struct.pack(">I", MAX_FRAME * 8) + b"x" * 32, b""):
+                threading.Thread(target=_stranger, args=(self.port, payload), daemon=True).start()
+
+    import spark_torch.barrier as barrier
+
+    barrier.LogServer = Spy  # type: ignore[misc]
+    try:
+        out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(hello_lines, 300)
+    finally:
+        barrier.LogServer = real_server  # type: ignore[misc]
+    assert out == 300
+    text = capsys.readouterr().out
+    for rank in (0, 1):
+        for i in (0, 150, 299):
+            assert f"[rank {rank}] hello {i}" in text
+    assert seen and seen[0].host == "127.0.0.1"
+    deadline = time.monotonic() + 10
+    while seen[0].rejected < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seen[0].rejected >= 3
+    assert "rejected connection" in caplog.text
+
+
+def test_secret_not_in_command_lines_or_env(spark_session: Any, no_leftovers: None) -> None:
+    import spark_torch.channel as channel
+
+    secrets: list[bytes] = []
+    real = channel.new_secret
+
+    def spy() -> bytes:
+        secrets.append(real())
+        return secrets[-1]
+
+    import spark_torch.barrier as barrier
+
+    barrier.new_secret = spy  # type: ignore[assignment]
+    try:
+        out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(_environment_and_cmdline)
+    finally:
+        barrier.new_secret = real  # type: ignore[assignment]
+    secret = secrets[0]
+    for blob in out:
+        assert secret.hex() not in blob and secret.decode("latin-1") not in blob
+
+
+def _environment_and_cmdline() -> list[str]:
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+        parent = fh.read().decode("latin-1")
+    with open("/proc/self/cmdline", "rb") as fh:
+        mine = fh.read().decode("latin-1")
+    return [parent, mine, repr(dict(os.environ))]
