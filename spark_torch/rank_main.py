@@ -31,6 +31,22 @@ from . import serialization
 __all__ = ["main"]
 
 
+def _destroy_process_group() -> None:
+    """Tear down a process group the function left open.
+
+    Exiting with a live gloo group can abort the interpreter ("terminate called without an
+    active exception"), which would turn a successful rank into a SIGABRT.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
+
+
 def main(argv: list[str]) -> int:
     """Load the payload, call the function, publish the result or the error. Returns the exit code."""
     payload_path, result_dir = argv
@@ -48,6 +64,7 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         serialization.write_error(result_dir, rank, exc)
         return 1
+    _destroy_process_group()
     if rank == 0:
         try:
             serialization.write_result(result_dir, rank, value)

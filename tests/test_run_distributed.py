@@ -155,3 +155,31 @@ def test_timeout_distributed(spark_session: Any, no_leftovers: None) -> None:
     with pytest.raises(RunTimeoutError, match=r"exceeded timeout=3s; the Spark job was cancelled"):
         Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=3).run(hang)
     assert time.monotonic() - start < 40
+
+
+@pytest.mark.slow
+def test_user_module_not_importable_on_executors(cluster_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+    """A function from a module only the driver can import (a notebook's folder) is shipped by value."""
+    import importlib
+    import sys
+
+    (tmp_path / "my_training_lib.py").write_text(
+        "import os\n"
+        "import torch\n"  # a module-level import the user does not have to move inside the function
+        "SCALE = 3\n"
+        "def helper(x):\n    return x * SCALE\n"
+        "def train(x):\n"
+        "    import torch.distributed as dist\n"
+        "    dist.init_process_group('gloo', init_method='env://')\n"
+        "    t = torch.tensor([float(helper(x))])\n"
+        "    dist.all_reduce(t)\n"
+        "    return t.item()\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("my_training_lib")
+        out = Distributor(num_processes=2, local_mode=False, spark=cluster_spark).run(module.train, 2)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_training_lib", None)
+    assert out == 12.0

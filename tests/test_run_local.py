@@ -193,3 +193,17 @@ def test_rank_does_not_import_pyspark(no_leftovers: None) -> None:
         return "pyspark" in sys.modules
 
     assert Distributor(num_processes=1).run(check) is False
+
+
+def leaves_group_open() -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()  # no destroy_process_group(): common in user code
+
+
+def test_function_that_leaves_process_group_open(no_leftovers: None) -> None:
+    assert Distributor(num_processes=2).run(leaves_group_open) == 2.0
