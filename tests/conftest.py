@@ -31,7 +31,16 @@ TESTS = Path(__file__).parent
 SCRIPTS = TESTS / "scripts"
 CLUSTER_MASTER = "local-cluster[2,1,1024]"
 
-_ORDER = {"spark_session": 1, "cluster_spark": 2, "gpu_cluster_spark": 3, "gpu_local_spark": 4}
+# Fixture names that own a SparkContext, in the order their tests run (one context at a time).
+_ORDER = {
+    "spark_session": 1,
+    "cluster_spark": 2,
+    "gpu_cluster_spark": 3,
+    "gpu_local_spark": 4,
+    "standalone_spark": 5,
+    "two_host_spark": 6,
+    "connect_spark": 7,
+}
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
