@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from .attempt import Attempt
 from .channel import LogServer, new_secret
 from .cluster import is_connect_session
 from .entrypoint import Entrypoint, ScriptEntrypoint
@@ -120,11 +121,7 @@ def run_distributed(
     plan: LaunchPlan,
     entry: Entrypoint,
     payload: bytes | None,
-    *,
-    run_id: str,
-    extra_env: dict[str, str],
-    timeout: float | None,
-    on_line: Any,
+    attempt: Attempt,
     driver_host: str,
 ) -> bytes | None:
     """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
@@ -132,9 +129,9 @@ def run_distributed(
         raise ConfigurationError("run_distributed called with a local-mode plan")
     check_slots(spark, plan.num_nodes)
     secret = new_secret()
-    server = None if is_connect_session(spark) else LogServer(driver_host, secret, on_line)
+    server = None if is_connect_session(spark) else LogServer(driver_host, secret, attempt.on_line)
     try:
-        return _run_stage(spark, plan, entry, payload, run_id, extra_env, timeout, server, secret)
+        return _run_stage(spark, plan, entry, payload, attempt, server, secret)
     finally:
         if server is not None:
             server.close()
@@ -145,20 +142,21 @@ def _run_stage(
     plan: LaunchPlan,
     entry: Entrypoint,
     payload: bytes | None,
-    run_id: str,
-    extra_env: dict[str, str],
-    timeout: float | None,
+    attempt: Attempt,
     server: LogServer | None,
     secret: bytes,
 ) -> bytes | None:
+    timeout = attempt.timeout
     spec = TaskSpec(
-        run_id=run_id,
+        run_id=attempt.run_id,
+        restart_count=attempt.restart_count,
+        max_restarts=attempt.max_restarts,
         num_nodes=plan.num_nodes,
         procs_per_node=plan.procs_per_node,
         payload=payload,
         script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
         script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
-        extra_env=extra_env,
+        extra_env=attempt.extra_env,
         threads_per_rank=plan.threads_per_rank,
         use_gpu=plan.use_gpu,
         driver_cwd=os.getcwd(),
@@ -169,7 +167,7 @@ def _run_stage(
     df = spark.range(0, plan.num_nodes, 1, plan.num_nodes).mapInArrow(
         functools.partial(run_barrier_task, spec), RESULT_SCHEMA, barrier=True
     )
-    tag = f"spark-torch-{run_id}"
+    tag = attempt.tag
     box: dict[str, Any] = {}
     done = threading.Event()
     worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done), name=tag, daemon=True)
@@ -191,7 +189,7 @@ def _run_stage(
         running = [RankFailure(rank=r, host="?") for r in range(plan.world_size)]
         raise RunTimeoutError(
             running,
-            headline=f"the run exceeded timeout={timeout:g}s; the Spark job was cancelled and the "
+            headline=f"the run exceeded timeout={attempt.run_timeout:g}s; the Spark job was cancelled and the "
             f"ranks of all {plan.num_nodes} node(s) were stopped",
         )
     if "error" in box:

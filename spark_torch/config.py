@@ -63,9 +63,11 @@ class DistributorConfig:
     timeout: float | None = None
     log_ranks: Any = "all"
     log_dir: str | None = None
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         _check_int("num_processes", self.num_processes, 1)
+        _check_int("max_restarts", self.max_restarts, 0)
         if not isinstance(self.local_mode, bool):
             raise TypeError(f"local_mode must be True or False, got {self.local_mode!r}")
         if self.use_gpu is not None and not isinstance(self.use_gpu, bool):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from .attempt import Attempt
 from .cluster import ClusterInfo, read_cluster
 from .config import DistributorConfig
 from .entrypoint import FunctionEntrypoint, make_entrypoint
@@ -50,6 +52,7 @@ class Distributor:
         log_ranks: whose output the driver prints: ``"all"`` (default, also ``None``) or a
             list of ranks such as ``[0]``.
         log_dir: also write each rank's output to ``log_dir/rank-N.log``.
+        max_restarts: restart the whole gang up to this many times when a rank fails.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Distributor:
         timeout: float | None = None,
         log_ranks: Any = "all",
         log_dir: str | None = None,
+        max_restarts: int = 0,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -72,6 +76,7 @@ class Distributor:
             timeout=timeout,
             log_ranks=log_ranks,
             log_dir=log_dir,
+            max_restarts=max_restarts,
         )
         self._spark = spark
 
@@ -106,6 +111,10 @@ class Distributor:
         Or ``main`` is the path of a training script, run like ``torchrun script *args``
         (each argument through ``str()``); returns None, raises if any rank exits non-zero.
 
+        With ``max_restarts=N``, a failed run restarts the whole gang (fresh rendezvous and
+        port) up to N times; ranks see ``SPARK_TORCH_RESTART_COUNT`` to resume from their
+        checkpoints. ``timeout`` bounds all attempts together.
+
         Raises:
             ValueError / TypeError (:class:`~spark_torch.ConfigurationError`,
                 :class:`~spark_torch.PicklingError`): bad arguments, before anything starts.
@@ -115,54 +124,69 @@ class Distributor:
             spark_torch.RunTimeoutError: ``timeout`` expired (also a ``TimeoutError``).
         """
         from . import serialization
+        from .errors import DistributedRunError, RunTimeoutError
 
         entry = make_entrypoint(main, args, kwargs)
-        plan = self.plan()
+        spark = self._session()
+        cluster = read_cluster(spark) if spark is not None else ClusterInfo()
+        plan = make_plan(self.config, cluster)
         payload = serialization.dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
         run_id = uuid.uuid4().hex[:12]
+        deadline = time.monotonic() + self.config.timeout if self.config.timeout else None
         sink = DriverLogSink(self.config)
         try:
-            if plan.local_mode:
-                from .local_mode import run_local
-
-                result = run_local(
-                    plan,
-                    entry,
-                    payload,
+            for restart in range(self.config.max_restarts + 1):
+                attempt = Attempt(
                     run_id=run_id,
-                    extra_env=dict(self.config.env),
+                    restart_count=restart,
+                    max_restarts=self.config.max_restarts,
+                    timeout=None if deadline is None else max(0.001, deadline - time.monotonic()),
+                    run_timeout=self.config.timeout,
+                    extra_env=self.config.env,
                     on_line=sink,
-                    timeout=self.config.timeout,
                 )
-            else:
-                from .barrier import run_distributed
-
-                spark = self._session()
-                result = run_distributed(
-                    spark,
-                    plan,
-                    entry,
-                    payload,
-                    run_id=run_id,
-                    extra_env=dict(self.config.env),
-                    timeout=self.config.timeout,
-                    on_line=sink,
-                    driver_host=read_cluster(spark).driver_host,
-                )
+                try:
+                    result = self._run_attempt(spark, cluster, plan, entry, payload, attempt)
+                    break
+                except RunTimeoutError:
+                    raise
+                except DistributedRunError as exc:
+                    if restart >= self.config.max_restarts:
+                        raise
+                    logger.warning(
+                        "spark_torch: run %s failed (%s); restarting the gang (%d of %d)",
+                        run_id, str(exc).splitlines()[0], restart + 1, self.config.max_restarts,
+                    )
         finally:
             sink.close()
-        if result is None:
-            return None
-        import cloudpickle
+        return _unpickle_result(result)
 
-        try:
-            return cloudpickle.loads(result)
-        except Exception as exc:
-            from .errors import DistributedRunError
+    def _run_attempt(
+        self, spark: Any, cluster: ClusterInfo, plan: LaunchPlan, entry: Any, payload: bytes | None, attempt: Attempt
+    ) -> bytes | None:
+        if plan.local_mode:
+            from .local_mode import run_local
 
-            raise DistributedRunError(
-                [],
-                headline=f"rank 0 returned a result that cannot be unpickled on the driver "
-                f"({type(exc).__name__}: {exc}); return plain data (numbers, lists, dicts, tensors, "
-                "state_dict()) or make the classes it uses importable on the driver",
-            ) from exc
+            return run_local(plan, entry, payload, attempt)
+        from .barrier import run_distributed
+
+        return run_distributed(spark, plan, entry, payload, attempt, driver_host=cluster.driver_host)
+
+
+def _unpickle_result(result: bytes | None) -> Any:
+    """Rank 0's value; the bytes came from this run's own file or Spark's result channel."""
+    if result is None:
+        return None
+    import cloudpickle
+
+    try:
+        return cloudpickle.loads(result)
+    except Exception as exc:
+        from .errors import DistributedRunError
+
+        raise DistributedRunError(
+            [],
+            headline=f"rank 0 returned a result that cannot be unpickled on the driver "
+            f"({type(exc).__name__}: {exc}); return plain data (numbers, lists, dicts, tensors, "
+            "state_dict()) or make the classes it uses importable on the driver",
+        ) from exc

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 
+from .attempt import Attempt
 from .entrypoint import Entrypoint, ScriptEntrypoint
 from .errors import DistributedRunError, RunTimeoutError
 from .gpus import visible_devices
@@ -23,19 +23,18 @@ def run_local(
     plan: LaunchPlan,
     entry: Entrypoint,
     payload: bytes | None,
-    *,
-    run_id: str,
-    extra_env: dict[str, str],
-    on_line: Callable[[int, str, str], None],
-    timeout: float | None,
+    attempt: Attempt,
 ) -> bytes | None:
     """Run all ranks here; return rank 0's pickled result (function mode) or None."""
     reservation = reserve_port(LOCAL_HOST)
+    timeout = attempt.timeout
     stop = threading.Event()
     timer = threading.Timer(timeout, stop.set) if timeout else None
     try:
         spec = NodeSpec(
-            run_id=run_id,
+            run_id=attempt.run_id,
+            restart_count=attempt.restart_count,
+            max_restarts=attempt.max_restarts,
             node_rank=0,
             num_nodes=1,
             procs_per_node=plan.procs_per_node,
@@ -44,7 +43,7 @@ def run_local(
             payload=payload,
             script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
             script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
-            extra_env=extra_env,
+            extra_env=attempt.extra_env,
             threads_per_rank=plan.threads_per_rank,
             visible_devices=visible_devices(plan.local_gpus) if plan.use_gpu else None,
             cwd=os.getcwd(),
@@ -52,7 +51,7 @@ def run_local(
         if timer is not None:
             timer.daemon = True
             timer.start()
-        outcome, pickled = run_node(spec, on_line, stop=stop if timer else None)
+        outcome, pickled = run_node(spec, attempt.on_line, stop=stop if timer else None)
     finally:
         if timer is not None:
             timer.cancel()
@@ -60,7 +59,7 @@ def run_local(
     if outcome.stopped:
         raise RunTimeoutError(
             outcome.running_at_stop,
-            headline=f"the run exceeded timeout={timeout:g}s; ranks "
+            headline=f"the run exceeded timeout={attempt.run_timeout:g}s; ranks "
             f"{', '.join(str(f.rank) for f in outcome.running_at_stop) or '(none)'} were still "
             "running and have been stopped",
         )

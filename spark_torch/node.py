@@ -46,6 +46,8 @@ class NodeSpec:
     threads_per_rank: int = 1
     #: CUDA_VISIBLE_DEVICES of every rank of this node (None: leave as inherited)
     visible_devices: str | None = None
+    restart_count: int = 0
+    max_restarts: int = 0
     host: str = field(default_factory=socket.gethostname)
     cwd: str | None = None
     python: str = sys.executable
@@ -97,6 +99,8 @@ def _rank_env(spec: NodeSpec, local_rank: int) -> dict[str, str]:
         master_addr=spec.master_addr,
         master_port=spec.master_port,
         run_id=spec.run_id,
+        restart_count=spec.restart_count,
+        max_restarts=spec.max_restarts,
         threads=spec.threads_per_rank,
         cuda_visible_devices=spec.visible_devices,
         extra=spec.extra_env,
@@ -221,7 +225,14 @@ def run_node(
         still_running = [p for p in procs if p.popen.poll() is None]
         if outcome.stopped:
             outcome.running_at_stop = [
-                RankFailure(rank=p.rank, host=spec.host, last_lines=tuple(p.tail), started_at=p.started_at)
+                RankFailure(
+                    rank=p.rank,
+                    host=spec.host,
+                    exc_type="still running",
+                    exc_message="stopped",
+                    last_lines=tuple(p.tail),
+                    started_at=p.started_at,
+                )
                 for p in still_running
             ]
         kill_group(procs, grace=GRACE_SECONDS)

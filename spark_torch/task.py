@@ -50,6 +50,8 @@ class TaskSpec:
     use_gpu: bool = False
     driver_python: str = platform.python_version()
     driver_cwd: str | None = None
+    restart_count: int = 0
+    max_restarts: int = 0
     #: the driver's log channel; the secret is never printed (repr=False)
     log_host: str | None = None
     log_port: int = 0
@@ -149,6 +151,8 @@ def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
             threads_per_rank=spec.threads_per_rank,
             visible_devices=visible,
             host=host,
+            restart_count=spec.restart_count,
+            max_restarts=spec.max_restarts,
             cwd=spec.driver_cwd if spec.driver_cwd and os.path.isdir(spec.driver_cwd) else None,
         )
         stop = threading.Event()

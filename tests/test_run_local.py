@@ -207,3 +207,26 @@ def leaves_group_open() -> float:
 
 def test_function_that_leaves_process_group_open(no_leftovers: None) -> None:
     assert Distributor(num_processes=2).run(leaves_group_open) == 2.0
+
+
+def resumes_from_checkpoint(checkpoint: str) -> dict[str, object]:
+    """Fails on the first attempt after saving a checkpoint; resumes from it on the second."""
+    restart = int(os.environ["SPARK_TORCH_RESTART_COUNT"])
+    rank = int(os.environ["RANK"])
+    path = f"{checkpoint}.{rank}"
+    step = int(open(path).read()) if os.path.exists(path) else 0
+    with open(path, "w") as fh:
+        fh.write(str(step + 5))
+    if restart == 0 and rank == 1:
+        raise RuntimeError("simulated crash after step 5")
+    return {"restart": restart, "resumed_from": step, "run_id": os.environ["SPARK_TORCH_RUN_ID"]}
+
+
+def test_max_restarts_resumes(tmp_path: Path, no_leftovers: None) -> None:
+    out = Distributor(num_processes=2, max_restarts=2).run(resumes_from_checkpoint, str(tmp_path / "ckpt"))
+    assert out["restart"] == 1 and out["resumed_from"] == 5 and len(out["run_id"]) == 12
+
+
+def test_max_restarts_exhausted(tmp_path: Path, no_leftovers: None) -> None:
+    with pytest.raises(DistributedRunError, match="simulated crash"):
+        Distributor(num_processes=2, max_restarts=0).run(resumes_from_checkpoint, str(tmp_path / "ckpt"))
