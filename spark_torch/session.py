@@ -19,8 +19,8 @@ def active_session() -> Any | None:
     return SparkSession.getActiveSession()
 
 
-def get_or_create_session() -> Any:
-    """The active session, or a new embedded ``local[*]`` session running this interpreter.
+def get_or_create_session(master: str | None = None, conf: dict[str, str] | None = None) -> Any:
+    """The active session, or a new embedded session (``local[*]`` unless ``master``) on this interpreter.
 
     Executors of the embedded session start ``sys.executable`` (PySpark reads PYSPARK_PYTHON
     once, when the SparkContext starts; the driver's environment is restored right after).
@@ -30,16 +30,16 @@ def get_or_create_session() -> Any:
         return session
     from pyspark.sql import SparkSession
 
-    logger.warning("spark_torch: no active SparkSession; starting an embedded local[*] session")
+    if master is None:
+        logger.warning("spark_torch: no active SparkSession; starting an embedded local[*] session")
     saved = os.environ.get("PYSPARK_PYTHON")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     try:
-        return (
-            SparkSession.builder.master("local[*]")
-            .appName("spark_torch")
-            .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
-        )
+        builder = SparkSession.builder.appName("spark_torch").config("spark.ui.showConsoleProgress", "false")
+        builder = builder.master(master or "local[*]")
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
     finally:
         if saved is None:
             os.environ.pop("PYSPARK_PYTHON", None)

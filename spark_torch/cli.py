@@ -1,0 +1,161 @@
+"""The ``spark-torch`` command: ``run`` a training script, ``doctor`` a cluster.
+
+Command-line text becomes the same :class:`~spark_torch.Distributor` call the Python API
+makes; nothing here launches processes by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+
+__all__ = ["main", "build_parser"]
+
+EXAMPLES = """\
+examples:
+  spark-torch run --num-processes 2 train.py --lr 0.01 --epochs 3
+  spark-torch run --distributed --master 'local-cluster[2,1,1024]' -n 2 train.py --lr 0.01
+  spark-torch run --distributed --master spark://host:7077 --conf spark.task.cpus=4 \\
+      --env NCCL_SOCKET_IFNAME=eth0 --timeout 3600 -n 8 train.py
+  spark-torch doctor --master spark://host:7077
+"""
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to render --help in the docs)."""
+    parser = argparse.ArgumentParser(
+        prog="spark-torch",
+        description="Run PyTorch distributed training on Apache Spark.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"spark-torch {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="run a training script on N ranks (like torchrun)",
+        description="Run SCRIPT on every rank with torchrun's environment. Arguments after "
+        "SCRIPT are passed to it untouched.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("-n", "--num-processes", type=int, default=1, help="total ranks (default 1)")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--local", dest="local_mode", action="store_true", default=True,
+                       help="all ranks on this machine (default)")
+    where.add_argument("--distributed", dest="local_mode", action="store_false",
+                       help="one Spark barrier task per node on the executors")
+    device = run.add_mutually_exclusive_group()
+    device.add_argument("--gpu", dest="use_gpu", action="store_const", const=True, default=None,
+                        help="use the GPUs Spark assigns (default: auto)")
+    device.add_argument("--cpu", dest="use_gpu", action="store_const", const=False, help="never use GPUs")
+    _spark_options(run)
+    run.add_argument("--env", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                     help="environment variable for every rank (repeatable)")
+    run.add_argument("--timeout", type=float, default=None, metavar="S", help="bound on the whole run, seconds")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times")
+    run.add_argument("script", metavar="SCRIPT", help="path of the training script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments of the script")
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that a cluster can run spark_torch",
+        description="Check versions on the driver and executors, slots, GPUs, TLS, and a 2-rank gloo all_reduce.",
+    )
+    _spark_options(doctor)
+    return parser
+
+
+def _spark_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", default=None, metavar="URL",
+                        help="Spark master (default: the spark-submit/active session, else local[*])")
+    parser.add_argument("--conf", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                        help="Spark configuration (repeatable)")
+
+
+def _session(args: argparse.Namespace, needed: bool) -> Any | None:
+    if not needed and args.master is None and not args.conf:
+        return None
+    from .session import get_or_create_session
+
+    spark = get_or_create_session(master=args.master, conf=dict(args.conf))
+    if not os.environ.get("SPARK_TORCH_CLI_VERBOSE"):
+        try:
+            spark.sparkContext.setLogLevel("ERROR")
+        except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext here
+            pass
+    return spark
+
+
+def _paragraph(message: str) -> str:
+    head, _, rest = message.partition("\n")
+    return "spark-torch: error: " + head + (("\n" + rest) if rest else "")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .distributor import Distributor
+    from .errors import ConfigurationError, DistributedRunError, LaunchError, PicklingError
+
+    try:
+        spark = _session(args, needed=not args.local_mode)
+        distributor = Distributor(
+            num_processes=args.num_processes,
+            local_mode=args.local_mode,
+            use_gpu=args.use_gpu,
+            spark=spark,
+            env=dict(args.env),
+            timeout=args.timeout,
+            max_restarts=args.max_restarts,
+        )
+        distributor.run(args.script, *args.script_args)
+    except KeyboardInterrupt:
+        print("spark-torch: interrupted; every rank was stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ConfigurationError, PicklingError, FileNotFoundError, IsADirectoryError, PermissionError, TypeError) as exc:
+        print(_paragraph(str(exc)), file=sys.stderr)
+        return EXIT_USAGE
+    except DistributedRunError as exc:
+        print(_paragraph(str(exc)), file=sys.stderr)
+        root = exc.failures[0] if exc.failures else None
+        return root.exit_code if root is not None and root.exit_code else 1
+    except LaunchError as exc:
+        print(_paragraph(str(exc)), file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``spark-torch`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.command == "run":
+        return _run(args)
+    if args.command == "doctor":
+        from .doctor import run_doctor
+
+        try:
+            return run_doctor(_session(args, needed=True))
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+    parser.print_help()
+    print(textwrap.dedent("\nerror: choose a command: run or doctor"), file=sys.stderr)
+    return EXIT_USAGE

@@ -1,0 +1,85 @@
+"""The spark-torch command, end to end as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import SCRIPTS, rank_processes, run_temp_dirs
+
+CLI = [sys.executable, "-m", "spark_torch"]
+
+
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_version_and_help() -> None:
+    assert cli("--version").stdout.strip().startswith("spark-torch 0.")
+    help_text = cli("run", "--help").stdout
+    assert "spark-torch run --num-processes 2 train.py" in help_text and "--max-restarts" in help_text
+
+
+def test_run_local_passes_script_args_untouched(tmp_path: Path) -> None:
+    done = cli("run", "-n", "2", str(SCRIPTS / "env_dump.py"), str(tmp_path), "--num-processes", "5", "--local")
+    assert done.returncode == 0, done.stderr
+    info = json.loads((tmp_path / "rank-1.json").read_text())
+    assert info["argv"] == ["--num-processes", "5", "--local"] and info["WORLD_SIZE"] == "2"
+    assert "[rank 1] env written by rank 1" in done.stdout
+
+
+def test_failing_rank_exit_code_and_paragraph() -> None:
+    done = cli("run", "-n", "2", str(SCRIPTS / "exit_code.py"), "7", "1")
+    assert done.returncode == 7
+    assert done.stderr.splitlines()[-1].startswith("  ") or "spark-torch: error: rank 1 on" in done.stderr
+    assert "spark-torch: error: rank 1 on" in done.stderr and "exited with code 7" in done.stderr
+    assert "Traceback" not in done.stderr.split("spark-torch: error:")[0]
+
+
+def test_bad_input_exit_2() -> None:
+    done = cli("run", "-n", "0", str(SCRIPTS / "env_dump.py"))
+    assert done.returncode == 2 and "num_processes must be >= 1" in done.stderr
+    missing = cli("run", "does/not/exist.py")
+    assert missing.returncode == 2 and "training script not found" in missing.stderr
+    assert cli("run", "--env", "NOEQUALS", "x.py").returncode == 2
+
+
+def _interrupt_after_first_line(args: list[str]) -> tuple[int, float]:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        if "hanging" in line or time.monotonic() > deadline:
+            break
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=60)
+    return code, time.monotonic() - start
+
+
+@pytest.mark.parametrize("mode", [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]], ids=["local", "distributed"])
+def test_ctrl_c_stops_every_rank(mode: list[str]) -> None:
+    before = set(run_temp_dirs())
+    code, took = _interrupt_after_first_line(["run", "-n", "2", *mode, str(SCRIPTS / "hang.py")])
+    assert code == 130
+    assert took < 15
+    deadline = time.monotonic() + 10
+    while (rank_processes() or set(run_temp_dirs()) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not rank_processes() and not set(run_temp_dirs()) - before
+
+
+def test_doctor_local() -> None:
+    done = cli("doctor", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "executor torch" in done.stdout and "2-rank gloo all_reduce" in done.stdout
+    assert "0 failed" in done.stdout
