@@ -88,6 +88,14 @@ def _failure_from_spark_error(exc: BaseException) -> BaseException:
                 "pandas<3) on every executor, or point PYSPARK_PYTHON / spark.pyspark.python at an "
                 "interpreter that has them"
             )
+    lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
+    if lost is not None:
+        detail = lost[lost.index("ExecutorLostFailure"):][:500]
+        return DistributedRunError(
+            [],
+            headline=f"a node of the run was lost: {detail}. Every rank was stopped; check the "
+            "executor's logs (memory limits, preemption) and retry, or use max_restarts",
+        )
     if "maxResultSize" in text:
         return DistributedRunError(
             [],
@@ -186,7 +194,10 @@ def _run_stage(
         raise
     if not finished:
         cancel("timeout")
-        running = [RankFailure(rank=r, host="?") for r in range(plan.world_size)]
+        running = [
+            RankFailure(rank=r, host="?", exc_type="still running", exc_message="stopped", last_lines=attempt.tail(r))
+            for r in range(plan.world_size)
+        ]
         raise RunTimeoutError(
             running,
             headline=f"the run exceeded timeout={attempt.run_timeout:g}s; the Spark job was cancelled and the "

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .attempt import Attempt
-from .cluster import ClusterInfo, read_cluster
+from .cluster import IGNORE_SSL_KEY, ClusterInfo, read_cluster
 from .config import DistributorConfig
 from .entrypoint import FunctionEntrypoint, make_entrypoint
 from .logs import DriverLogSink
@@ -130,6 +130,11 @@ class Distributor:
         spark = self._session()
         cluster = read_cluster(spark) if spark is not None else ClusterInfo()
         plan = make_plan(self.config, cluster)
+        if cluster.ssl_enabled and not plan.local_mode:
+            logger.warning(
+                "spark_torch: Spark encryption is on but %s=true: rank-to-rank torch traffic is "
+                "NOT encrypted", IGNORE_SSL_KEY
+            )
         payload = serialization.dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
         run_id = uuid.uuid4().hex[:12]
         deadline = time.monotonic() + self.config.timeout if self.config.timeout else None
@@ -144,6 +149,7 @@ class Distributor:
                     run_timeout=self.config.timeout,
                     extra_env=self.config.env,
                     on_line=sink,
+                    tail=sink.tail,
                 )
                 try:
                     result = self._run_attempt(spark, cluster, plan, entry, payload, attempt)

@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections import deque
 from typing import IO
 
 from .config import DistributorConfig
 
-__all__ = ["DriverLogSink", "format_line"]
+__all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
+
+#: lines of each rank kept on the driver for error messages
+TAIL_LINES = 20
 
 
 def format_line(rank: int, text: str) -> str:
@@ -28,6 +32,7 @@ class DriverLogSink:
         self._config = config
         self._lock = threading.Lock()
         self._files: dict[int, IO[str]] = {}
+        self.tails: dict[int, deque[str]] = {}
         self.lines = 0
         if config.log_dir is not None:
             os.makedirs(config.log_dir, exist_ok=True)
@@ -36,6 +41,10 @@ class DriverLogSink:
         """Receive one line of one rank's stdout or stderr."""
         with self._lock:
             self.lines += 1
+            tail = self.tails.get(rank)
+            if tail is None:
+                tail = self.tails[rank] = deque(maxlen=TAIL_LINES)
+            tail.append(text)
             if self._config.shows_rank(rank):
                 out = sys.stderr if stream == "stderr" else sys.stdout
                 out.write(format_line(rank, text) + "\n")
@@ -47,6 +56,11 @@ class DriverLogSink:
                     fh = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
                 fh.write(text + "\n")
                 fh.flush()
+
+    def tail(self, rank: int) -> tuple[str, ...]:
+        """The last lines this driver received from ``rank``."""
+        with self._lock:
+            return tuple(self.tails.get(rank, ()))
 
     def close(self) -> None:
         """Close the per-rank files."""

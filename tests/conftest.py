@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,13 @@ import psutil
 import pytest
 
 # Must be set before any SparkContext starts: executors run this interpreter, on loopback.
+# A session marker and a private TMPDIR are inherited by every JVM, Python worker and rank this
+# test session starts, so leftover checks never confuse them with another test session's.
+SESSION_MARK = uuid.uuid4().hex
+os.environ["SPARK_TORCH_TEST_SESSION"] = SESSION_MARK
+_SESSION_TMP = tempfile.mkdtemp(prefix="spark-torch-tests-")
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = _SESSION_TMP
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -96,8 +104,8 @@ def make_session(master: str, **conf: str) -> Any:
 
 @pytest.fixture(scope="session")
 def cluster_spark() -> Iterator[Any]:
-    """A ``local-cluster[2,1,1024]`` session: two executor JVMs with one core each."""
-    spark = make_session(CLUSTER_MASTER)
+    """A ``local-cluster[2,1,1024]`` session: two executor JVMs with one core each (64m max result)."""
+    spark = make_session(CLUSTER_MASTER, **{"spark_driver_maxResultSize": "64m"})
     wait_for_slots(spark, 2)
     yield spark
     spark.stop()
@@ -158,6 +166,13 @@ def gpu_local_spark(gpu_discovery_script: str) -> Iterator[Any]:
     spark.stop()
 
 
+def pytest_unconfigure(config: Any) -> None:
+    """Remove this session's private temp dir."""
+    import shutil
+
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _restore_environ() -> Iterator[None]:
     """Tests may touch os.environ; the next test sees the original."""
@@ -168,11 +183,12 @@ def _restore_environ() -> Iterator[None]:
 
 
 def rank_processes() -> list[psutil.Process]:
-    """Processes started by spark_torch for a run (they carry SPARK_TORCH_RUN_ID)."""
+    """Rank processes of this test session (they carry SPARK_TORCH_RUN_ID and our marker)."""
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if "SPARK_TORCH_RUN_ID" in proc.environ():
+            env = proc.environ()
+            if "SPARK_TORCH_RUN_ID" in env and env.get("SPARK_TORCH_TEST_SESSION") == SESSION_MARK:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -180,8 +196,20 @@ def rank_processes() -> list[psutil.Process]:
 
 
 def run_temp_dirs() -> list[str]:
-    """Temp directories of runs (spark-torch-*)."""
-    return glob.glob(os.path.join(tempfile.gettempdir(), "spark-torch-*"))
+    """Temp directories of this session's runs (spark-torch-<run id>-node*)."""
+    return glob.glob(os.path.join(_SESSION_TMP, "spark-torch-*"))
+
+
+def session_executors() -> list[psutil.Process]:
+    """Executor JVMs started by this test session's local-cluster."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "CoarseGrainedExecutorBackend" in " ".join(proc.cmdline()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 @pytest.fixture

@@ -1,0 +1,78 @@
+"""A spark-submit driver: a 2-rank distributed gloo all_reduce through spark_torch.
+
+    spark-submit --master MASTER [--conf ...] tests/scripts/submit_driver.py \
+        [--num-processes N] [--env KEY=VALUE ...] [--wait-slots SECONDS]
+
+Each rank contributes ``rank + 1``; the driver prints ``RESULT <sum>`` and, on one line,
+``RANKS <json>`` (every rank's torchrun variables, GLOO_SOCKET_IFNAME and the local address it
+uses to reach MASTER_ADDR), then exits 0 if the sum is N(N+1)/2 and 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+
+def all_reduce_job() -> dict[str, Any]:
+    import os
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:  # no packet is sent: this only asks the kernel which source address it would use
+        probe.connect((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+        local_addr = probe.getsockname()[0]
+    finally:
+        probe.close()
+    keys = ("RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "GLOO_SOCKET_IFNAME", "SPARK_LOCAL_IP")
+    mine = {k: os.environ.get(k) for k in keys}
+    mine["local_addr"] = local_addr
+    print(f"all_reduce sum={t.item():g} MASTER_ADDR={mine['MASTER_ADDR']} local_addr={local_addr}", flush=True)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    dist.destroy_process_group()
+    return {"sum": t.item(), "ranks": gathered}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--num-processes", type=int, default=2)
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--wait-slots", type=float, default=120.0,
+                        help="wait up to this long for executors to register (0: do not wait)")
+    args = parser.parse_args(argv)
+    env = dict(item.split("=", 1) for item in args.env)
+
+    from pyspark.sql import SparkSession
+
+    from spark_torch import Distributor
+    from spark_torch.barrier import available_slots
+
+    spark = SparkSession.builder.appName("spark-torch-submit-driver").getOrCreate()
+    try:
+        # standalone executors can take longer than the library's own wait on a busy machine
+        deadline = time.monotonic() + args.wait_slots
+        while (available_slots(spark) or 0) < args.num_processes and time.monotonic() < deadline:
+            time.sleep(0.25)
+        out = Distributor(num_processes=args.num_processes, local_mode=False, env=env or None).run(all_reduce_job)
+    finally:
+        spark.stop()
+    n = args.num_processes
+    print(f"RESULT {out['sum']:g}", flush=True)
+    print(f"RANKS {json.dumps(out['ranks'])}", flush=True)
+    return 0 if out["sum"] == n * (n + 1) / 2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
