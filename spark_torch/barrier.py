@@ -12,6 +12,7 @@ from typing import Any
 from .attempt import Attempt
 from .channel import LogServer, new_secret
 from .cluster import is_connect_session
+from .dataframe import DataInput
 from .entrypoint import Entrypoint, ScriptEntrypoint
 from .errors import (
     ConfigurationError,
@@ -71,8 +72,10 @@ def _failure_from_spark_error(exc: BaseException) -> BaseException:
     report = decode_failure(text)
     if report is not None:
         failures = [RankFailure.from_dict(f) for f in report.get("failures", [])]
-        if failures and failures[0].exc_type == "LaunchError" and len(failures) == 1:
+        if len(failures) == 1 and failures[0].exc_type == "LaunchError":
             return LaunchError(failures[0].exc_message or "the ranks could not be started")
+        if len(failures) == 1 and failures[0].exc_type == "ConfigurationError":
+            return ConfigurationError(failures[0].exc_message or "invalid input")
         error = DistributedRunError(failures, report.get("headline"))
         pickled = report.get("pickled") or {}
         if error.failures:
@@ -131,6 +134,7 @@ def run_distributed(
     payload: bytes | None,
     attempt: Attempt,
     driver_host: str,
+    data: DataInput | None = None,
 ) -> bytes | None:
     """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
     if plan.local_mode:  # pragma: no cover - guarded by the caller
@@ -139,7 +143,7 @@ def run_distributed(
     secret = new_secret()
     server = None if is_connect_session(spark) else LogServer(driver_host, secret, attempt.on_line)
     try:
-        return _run_stage(spark, plan, entry, payload, attempt, server, secret)
+        return _run_stage(spark, plan, entry, payload, attempt, server, secret, data)
     finally:
         if server is not None:
             server.close()
@@ -153,6 +157,7 @@ def _run_stage(
     attempt: Attempt,
     server: LogServer | None,
     secret: bytes,
+    data: DataInput | None,
 ) -> bytes | None:
     timeout = attempt.timeout
     spec = TaskSpec(
@@ -171,8 +176,17 @@ def _run_stage(
         log_host=server.host if server else None,
         log_port=server.port if server else 0,
         log_secret=secret if server else b"",
+        data_columns=data.columns if data else None,
+        data_explicit=data.explicit if data else False,
     )
-    df = spark.range(0, plan.num_nodes, 1, plan.num_nodes).mapInArrow(
+    # one input partition per node: the node's share of the data (round-robin, deterministic
+    # for a given DataFrame), or one placeholder row
+    source = (
+        data.df.select(*data.columns).repartition(plan.num_nodes)
+        if data is not None
+        else spark.range(0, plan.num_nodes, 1, plan.num_nodes)
+    )
+    df = source.mapInArrow(
         functools.partial(run_barrier_task, spec), RESULT_SCHEMA, barrier=True
     )
     tag = attempt.tag
@@ -211,9 +225,17 @@ def _run_stage(
     if server is not None:
         server.wait_for_nodes(plan.num_nodes, timeout=10.0)  # drain the last log lines
     table = box["table"]
-    if payload is None:
-        return None
     rows = sorted(
         zip(table.column("node").to_pylist(), table.column("seq").to_pylist(), table.column("data").to_pylist())
     )
-    return b"".join(data for node, _seq, data in rows if node == 0)
+    finished = {node for node, seq, _ in rows if seq == -1}
+    if len(finished) < plan.num_nodes:
+        if data is not None and not finished:
+            raise ConfigurationError("the DataFrame is empty; there is nothing to train on")
+        raise LaunchError(
+            f"only {len(finished)} of {plan.num_nodes} Spark barrier tasks reported back; "
+            "check the executor logs"
+        )
+    if payload is None:
+        return None
+    return b"".join(chunk for node, seq, chunk in rows if node == 0 and seq >= 0)

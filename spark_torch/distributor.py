@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .attempt import Attempt
@@ -123,6 +123,30 @@ class Distributor:
                 leads with the failing rank, its host and the remote error).
             spark_torch.RunTimeoutError: ``timeout`` expired (also a ``TimeoutError``).
         """
+        return self._run(main, args, kwargs, None)
+
+    def run_on_dataframe(
+        self, main: Any, df: Any, *args: Any, columns: Sequence[str] | None = None, **kwargs: Any
+    ) -> Any:
+        """Like :meth:`run`, with ``df``'s rows spread evenly over the ranks.
+
+        Inside ``main``, :func:`spark_torch.data.rank_loader` (or ``rank_dataset``) iterates
+        this rank's rows as batches of tensors: dicts by column name, or tuples in ``columns``
+        order when ``columns`` is given. Rows go to ranks round-robin (deterministic for a
+        given DataFrame); each row belongs to exactly one rank. In distributed mode every node
+        receives its rows through the barrier stage itself (Arrow, no pandas); in local mode
+        the driver reads the DataFrame. An empty DataFrame, or fewer rows than ranks, fails
+        before training starts; so does a column type that cannot become a tensor.
+        """
+        from .dataframe import DataInput, check_columns
+
+        chosen = check_columns(df.schema, columns)
+        if self._spark is None and not self.config.local_mode:
+            self._spark = df.sparkSession
+        data = DataInput(df=df, columns=tuple(chosen), explicit=columns is not None)
+        return self._run(main, args, kwargs, data)
+
+    def _run(self, main: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any) -> Any:
         from . import serialization
         from .errors import DistributedRunError, RunTimeoutError
 
@@ -152,7 +176,7 @@ class Distributor:
                     tail=sink.tail,
                 )
                 try:
-                    result = self._run_attempt(spark, cluster, plan, entry, payload, attempt)
+                    result = self._run_attempt(spark, cluster, plan, entry, payload, attempt, data)
                     break
                 except RunTimeoutError:
                     raise
@@ -168,15 +192,22 @@ class Distributor:
         return _unpickle_result(result)
 
     def _run_attempt(
-        self, spark: Any, cluster: ClusterInfo, plan: LaunchPlan, entry: Any, payload: bytes | None, attempt: Attempt
+        self,
+        spark: Any,
+        cluster: ClusterInfo,
+        plan: LaunchPlan,
+        entry: Any,
+        payload: bytes | None,
+        attempt: Attempt,
+        data: Any,
     ) -> bytes | None:
         if plan.local_mode:
             from .local_mode import run_local
 
-            return run_local(plan, entry, payload, attempt)
+            return run_local(plan, entry, payload, attempt, data)
         from .barrier import run_distributed
 
-        return run_distributed(spark, plan, entry, payload, attempt, driver_host=cluster.driver_host)
+        return run_distributed(spark, plan, entry, payload, attempt, driver_host=cluster.driver_host, data=data)
 
 
 def _unpickle_result(result: bytes | None) -> Any:

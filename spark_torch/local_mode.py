@@ -6,10 +6,12 @@ import os
 import threading
 
 from .attempt import Attempt
+from .dataframe import DataInput, check_shards, data_env, write_node_data
+from .errors import ConfigurationError
 from .entrypoint import Entrypoint, ScriptEntrypoint
 from .errors import DistributedRunError, RunTimeoutError
 from .gpus import visible_devices
-from .node import NodeSpec, run_node
+from .node import NodeSpec, NodeWorkdir, run_node
 from .plan import LaunchPlan
 from .processes import reserve_port
 from .serialization import rebuild_exception
@@ -24,8 +26,30 @@ def run_local(
     entry: Entrypoint,
     payload: bytes | None,
     attempt: Attempt,
+    data: DataInput | None = None,
 ) -> bytes | None:
     """Run all ranks here; return rank 0's pickled result (function mode) or None."""
+    with NodeWorkdir(attempt.run_id, 0) as workdir:
+        extra_env = dict(attempt.extra_env)
+        if data is not None:
+            # local mode: the driver reads the DataFrame and the ranks split its rows
+            batches = data.df.select(*data.columns).toArrow().to_batches()
+            path, rows = write_node_data(batches, workdir.path)
+            problem = check_shards([rows], plan.procs_per_node)
+            if problem:
+                raise ConfigurationError(problem)
+            extra_env.update(data_env(path, data.columns, data.explicit))
+        return _run_here(plan, entry, payload, attempt, workdir, extra_env)
+
+
+def _run_here(
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    payload: bytes | None,
+    attempt: Attempt,
+    workdir: NodeWorkdir,
+    extra_env: dict[str, str],
+) -> bytes | None:
     reservation = reserve_port(LOCAL_HOST)
     timeout = attempt.timeout
     stop = threading.Event()
@@ -43,7 +67,7 @@ def run_local(
             payload=payload,
             script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
             script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
-            extra_env=attempt.extra_env,
+            extra_env=extra_env,
             threads_per_rank=plan.threads_per_rank,
             visible_devices=visible_devices(plan.local_gpus) if plan.use_gpu else None,
             cwd=os.getcwd(),
@@ -51,7 +75,7 @@ def run_local(
         if timer is not None:
             timer.daemon = True
             timer.start()
-        outcome, pickled = run_node(spec, attempt.on_line, stop=stop if timer else None)
+        outcome, pickled = run_node(spec, attempt.on_line, stop=stop if timer else None, workdir=workdir)
     finally:
         if timer is not None:
             timer.cancel()

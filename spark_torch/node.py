@@ -22,7 +22,7 @@ from .env import RankIdentity, rank_env
 from .errors import RankFailure
 from .processes import RankProcess, kill_group, signal_name, spawn_rank
 
-__all__ = ["NodeSpec", "NodeOutcome", "run_node", "RANK_MAIN_MODULE"]
+__all__ = ["NodeSpec", "NodeOutcome", "NodeWorkdir", "run_node", "RANK_MAIN_MODULE"]
 
 RANK_MAIN_MODULE = "spark_torch.rank_main"
 REAPER_MODULE = "spark_torch.reaper"
@@ -129,14 +129,14 @@ def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: floa
     )
 
 
-def _start_reaper(spec: NodeSpec, workdir: str) -> subprocess.Popen[bytes] | None:
+def _start_reaper(python: str, workdir: str) -> subprocess.Popen[bytes] | None:
     """The watchdog that cleans up if this process dies before its own cleanup runs."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_TORCH_RUN_ID",)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     try:
         return subprocess.Popen(
-            [spec.python, "-S", "-m", REAPER_MODULE, workdir],
+            [python, "-S", "-m", REAPER_MODULE, workdir],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -158,30 +158,57 @@ def _tell_reaper(reaper: subprocess.Popen[bytes] | None, line: str) -> None:
         pass
 
 
+class NodeWorkdir:
+    """A node's temp dir (payload, results, data), guarded by a reaper; removed on exit."""
+
+    def __init__(self, run_id: str, node_rank: int, python: str = sys.executable) -> None:
+        self.path = tempfile.mkdtemp(prefix=f"spark-torch-{run_id}-node{node_rank}-")
+        self._reaper = _start_reaper(python, self.path)
+
+    def track(self, pgid: int) -> None:
+        """Tell the reaper about a process group to kill if this process dies."""
+        _tell_reaper(self._reaper, str(pgid))
+
+    def __enter__(self) -> NodeWorkdir:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._reaper is not None:
+            _tell_reaper(self._reaper, "done")
+            if self._reaper.stdin is not None:
+                self._reaper.stdin.close()
+            self._reaper.wait()
+
+
 def run_node(
     spec: NodeSpec,
     on_line: Callable[[int, str, str], None],
     *,
     stop: threading.Event | None = None,
-    on_started: Callable[[], None] | None = None,
+    workdir: NodeWorkdir | None = None,
 ) -> tuple[NodeOutcome, dict[int, str | None]]:
     """Run this node's ranks to completion (or first failure, or ``stop``) and clean up.
 
+    Uses (and leaves to the caller) ``workdir`` when given, else makes and removes its own.
     Returns the outcome and, per failed rank, its pickled exception (base64) when it wrote one.
     """
-    workdir = tempfile.mkdtemp(prefix=f"spark-torch-{spec.run_id}-node{spec.node_rank}-")
+    if workdir is None:
+        with NodeWorkdir(spec.run_id, spec.node_rank, spec.python) as own:
+            return run_node(spec, on_line, stop=stop, workdir=own)
+    guard = workdir
+    workdir_path = guard.path
     outcome = NodeOutcome()
     pickled: dict[int, str | None] = {}
     procs: list[RankProcess] = []
     exited: list[tuple[RankProcess, float]] = []
     changed = threading.Condition()
-    reaper = _start_reaper(spec, workdir)
     try:
         payload_path = None
         if spec.payload is not None:
-            payload_path = os.path.join(workdir, "payload.pkl")
+            payload_path = os.path.join(workdir_path, "payload.pkl")
             serialization.write_atomic(payload_path, spec.payload)
-        argv = _argv(spec, payload_path, workdir)
+        argv = _argv(spec, payload_path, workdir_path)
 
         def watch(proc: RankProcess) -> None:
             proc.popen.wait()
@@ -199,10 +226,8 @@ def run_node(
                 on_line=on_line,
             )
             procs.append(proc)
-            _tell_reaper(reaper, str(proc.pid))
+            guard.track(proc.pid)
             threading.Thread(target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
-        if on_started is not None:
-            on_started()
 
         seen = 0
         with changed:
@@ -219,8 +244,8 @@ def run_node(
                 if proc.popen.returncode != 0:
                     for pump in proc.pumps:
                         pump.join(timeout=2.0)
-                    outcome.failures.append(_failure(spec, proc, workdir, when))
-                    pickled[proc.rank] = (serialization.read_error(workdir, proc.rank) or {}).get("pickled")
+                    outcome.failures.append(_failure(spec, proc, workdir_path, when))
+                    pickled[proc.rank] = (serialization.read_error(workdir_path, proc.rank) or {}).get("pickled")
                     break
         still_running = [p for p in procs if p.popen.poll() is None]
         if outcome.stopped:
@@ -242,7 +267,7 @@ def run_node(
         if not outcome.failures and not outcome.stopped and spec.payload is not None:
             if spec.node_rank == 0:
                 try:
-                    with open(serialization.result_path(workdir, 0), "rb") as fh:
+                    with open(serialization.result_path(workdir_path, 0), "rb") as fh:
                         outcome.result = fh.read()
                 except FileNotFoundError:
                     outcome.failures.append(
@@ -255,9 +280,3 @@ def run_node(
     finally:
         if procs:
             kill_group([p for p in procs if p.popen.poll() is None], grace=0.0)
-        shutil.rmtree(workdir, ignore_errors=True)
-        if reaper is not None:
-            _tell_reaper(reaper, "done")
-            if reaper.stdin is not None:
-                reaper.stdin.close()
-            reaper.wait()

@@ -24,7 +24,8 @@ from typing import Any
 from . import serialization
 from .errors import RankFailure
 from .channel import LogClient
-from .node import NodeSpec, run_node
+from .dataframe import check_shards, data_env, write_node_data
+from .node import NodeSpec, NodeWorkdir, run_node
 from .processes import reserve_port
 
 __all__ = ["TaskSpec", "run_barrier_task", "RESULT_SCHEMA", "FAILURE_MARKER", "encode_failure", "decode_failure"]
@@ -52,6 +53,9 @@ class TaskSpec:
     driver_cwd: str | None = None
     restart_count: int = 0
     max_restarts: int = 0
+    #: run_on_dataframe: the columns arriving as the task's input rows (None: no data)
+    data_columns: tuple[str, ...] | None = None
+    data_explicit: bool = False
     #: the driver's log channel; the secret is never printed (repr=False)
     log_host: str | None = None
     log_port: int = 0
@@ -100,39 +104,64 @@ def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
-    for _ in batches:  # the input rows only shape the stage; one per node
-        pass
     context = BarrierTaskContext.get()
+    node_rank = context.partitionId()
+    with NodeWorkdir(spec.run_id, node_rank) as workdir:
+        outcome = _run_node_task(spec, context, batches, workdir)
+    if outcome is None:
+        return  # the driver asked us to stop (timeout, Ctrl-C, another node failed)
+    schema = pa.schema([("node", pa.int32()), ("seq", pa.int32()), ("data", pa.binary())])
+    # seq -1: "this node finished"; the driver checks that every node did
+    yield pa.RecordBatch.from_pydict({"node": [node_rank], "seq": [-1], "data": [b""]}, schema=schema)
+    if outcome.result is not None:
+        for seq, chunk in enumerate(serialization.chunks(outcome.result)):
+            yield pa.RecordBatch.from_pydict({"node": [node_rank], "seq": [seq], "data": [chunk]}, schema=schema)
+
+
+def _launch_error(rank: int, host: str, message: str, kind: str = "LaunchError") -> NodeFailed:
+    failure = RankFailure(rank=rank, host=host, exc_type=kind, exc_message=message)
+    return NodeFailed(f"{message}\n{encode_failure([failure], {})}")
+
+
+def _run_node_task(spec: TaskSpec, context: Any, batches: Iterator[Any], workdir: NodeWorkdir) -> Any:
+    """Stage data, rendezvous once, run the ranks; returns the outcome, or None when stopped."""
     node_rank = context.partitionId()
     infos = context.getTaskInfos()
     master_host = infos[0].address.rsplit(":", 1)[0]
     host = infos[node_rank].address.rsplit(":", 1)[0] or socket.gethostname()
+    extra_env = dict(spec.extra_env)
+    rows = 0
+    if spec.data_columns is not None:
+        path, rows = write_node_data(batches, workdir.path)
+        extra_env.update(data_env(path, spec.data_columns, spec.data_explicit))
+    else:
+        for _ in batches:  # the input rows only shape the stage; one per node
+            pass
+    first_rank = node_rank * spec.procs_per_node
     reservation = reserve_port(master_host) if node_rank == 0 else None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
-        here = {"node": node_rank, "port": port, "python": platform.python_version()}
+        here = {"node": node_rank, "port": port, "python": platform.python_version(), "rows": rows}
         messages = [json.loads(m) for m in context.allGather(json.dumps(here))]
         master_port = int(messages[0]["port"])
-        mismatched = sorted({m["python"] for m in messages} | {spec.driver_python})
-        if len(mismatched) > 1:
-            failure = RankFailure(
-                rank=node_rank * spec.procs_per_node,
-                host=host,
-                exc_type="LaunchError",
-                exc_message=f"Python versions differ between the driver and executors ({', '.join(mismatched)}); "
+        versions = sorted({m["python"] for m in messages} | {spec.driver_python})
+        if len(versions) > 1:
+            raise _launch_error(
+                first_rank, host,
+                f"Python versions differ between the driver and executors ({', '.join(versions)}); "
                 "set PYSPARK_PYTHON (or spark.pyspark.python) to the same interpreter everywhere",
             )
-            raise NodeFailed(encode_failure([failure], {}))
+        if spec.data_columns is not None:
+            problem = check_shards([int(m["rows"]) for m in messages], spec.procs_per_node)
+            if problem:
+                raise _launch_error(first_rank, host, problem, kind="ConfigurationError")
         if spec.script is not None and not os.path.isfile(spec.script):
-            failure = RankFailure(
-                rank=node_rank * spec.procs_per_node,
-                host=host,
-                exc_type="LaunchError",
-                exc_message=f"training script {spec.script} does not exist on executor host {host}; "
+            raise _launch_error(
+                first_rank, host,
+                f"training script {spec.script} does not exist on executor host {host}; "
                 "in distributed mode the script must be at the same path on every executor "
                 "(a shared filesystem, or ship it with spark.files / --files)",
             )
-            raise NodeFailed(encode_failure([failure], {}))
         visible = None
         if spec.use_gpu:
             addresses = list(context.resources()["gpu"].addresses)
@@ -147,7 +176,7 @@ def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
             payload=spec.payload,
             script=spec.script,
             script_argv=spec.script_argv,
-            extra_env=spec.extra_env,
+            extra_env=extra_env,
             threads_per_rank=spec.threads_per_rank,
             visible_devices=visible,
             host=host,
@@ -162,7 +191,7 @@ def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
             else None
         )
         try:
-            outcome, pickled = run_node(node, client or _print_to_executor_log(host), stop=stop)
+            outcome, pickled = run_node(node, client or _print_to_executor_log(host), stop=stop, workdir=workdir)
         finally:
             if client is not None:
                 client.close()
@@ -170,17 +199,11 @@ def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
         if reservation is not None:
             reservation.close()
     if outcome.stopped:
-        return  # the driver asked us to stop (timeout, Ctrl-C, another node failed)
+        return None
     if outcome.failures:
         root = outcome.failures[0]
         raise NodeFailed(
             f"rank {root.rank} on {host} failed: {root.cause()} "
             f"(report for the driver follows)\n{encode_failure(outcome.failures, pickled)}"
         )
-    seq = 0
-    if outcome.result is not None:
-        for seq, chunk in enumerate(serialization.chunks(outcome.result)):
-            yield pa.RecordBatch.from_pydict(
-                {"node": [node_rank], "seq": [seq], "data": [chunk]},
-                schema=pa.schema([("node", pa.int32()), ("seq", pa.int32()), ("data", pa.binary())]),
-            )
+    return outcome

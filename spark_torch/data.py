@@ -1,0 +1,318 @@
+"""Inside a rank started by :meth:`Distributor.run_on_dataframe`: this rank's rows as tensors.
+
+The node runner writes the node's share of the DataFrame to an Arrow IPC file
+(``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node owns every
+``LOCAL_WORLD_SIZE``-th row of it, so rows are spread evenly over ranks and each row belongs to
+exactly one rank. The file is memory-mapped and read batch by batch: a rank never holds its
+whole shard in memory, and numeric columns become tensors without copies where Arrow allows.
+
+Column types: integer/float/bool scalars -> 1-D tensors; arrays of numbers -> 2-D tensors
+(fixed length) or lists of 1-D tensors (ragged); Spark ML vectors (dense or sparse) -> 2-D
+float64 tensors; strings -> lists of str; binary -> lists of bytes.
+
+Example::
+
+    from spark_torch.data import rank_loader
+
+    def train():
+        for epoch in range(3):
+            for batch in rank_loader(batch_size=256, shuffle=True, seed=0):
+                x, y = batch["features"], batch["label"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["rank_dataset", "rank_loader", "RankDataset", "DATA_FILE_ENV", "DATA_COLUMNS_ENV", "column_kind"]
+
+DATA_FILE_ENV = "SPARK_TORCH_DATA_FILE"
+DATA_COLUMNS_ENV = "SPARK_TORCH_DATA_COLUMNS"
+#: Arrow struct layout of Spark ML's VectorUDT
+_VECTOR_FIELDS = {"type", "size", "indices", "values"}
+
+
+def column_kind(arrow_type: Any) -> str:
+    """How a column converts: 'scalar', 'array', 'vector', 'string', 'binary'; else TypeError."""
+    import pyarrow as pa
+    import pyarrow.types as t
+
+    if t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type):
+        return "scalar"
+    if (t.is_list(arrow_type) or t.is_large_list(arrow_type) or t.is_fixed_size_list(arrow_type)) and (
+        t.is_integer(arrow_type.value_type) or t.is_floating(arrow_type.value_type) or t.is_boolean(arrow_type.value_type)
+    ):
+        return "array"
+    if t.is_struct(arrow_type) and {arrow_type.field(i).name for i in range(arrow_type.num_fields)} == _VECTOR_FIELDS:
+        return "vector"
+    if t.is_string(arrow_type) or t.is_large_string(arrow_type):
+        return "string"
+    if t.is_binary(arrow_type) or t.is_large_binary(arrow_type):
+        return "binary"
+    raise TypeError(f"unsupported column type {arrow_type}")
+
+
+def _vectors_to_dense(column: Any) -> Any:
+    import numpy as np
+    import torch
+
+    rows = column.to_pylist()
+    if not rows:
+        return torch.empty((0, 0), dtype=torch.float64)
+    width = max((r["size"] if r["type"] == 0 else len(r["values"])) for r in rows)
+    out = np.zeros((len(rows), width), dtype=np.float64)
+    for i, r in enumerate(rows):
+        if r["type"] == 0:  # sparse
+            out[i, r["indices"]] = r["values"]
+        else:  # dense
+            out[i, : len(r["values"])] = r["values"]
+    return torch.from_numpy(out)
+
+
+def _to_tensor(column: Any, kind: str) -> Any:
+    import numpy as np
+    import torch
+
+    if kind == "scalar":
+        if column.null_count:
+            raise ValueError(f"column has {column.null_count} null value(s); fill or drop them first")
+        array = column.to_numpy(zero_copy_only=False)
+        return torch.from_numpy(np.ascontiguousarray(array))
+    if kind == "array":
+        import pyarrow as pa
+
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        offsets = column.offsets.to_numpy() if hasattr(column, "offsets") else None
+        values = column.flatten().to_numpy(zero_copy_only=False)
+        if offsets is None:  # fixed size list
+            width = column.type.list_size
+            return torch.from_numpy(np.ascontiguousarray(values)).reshape(len(column), width)
+        lengths = np.diff(offsets)
+        if len(lengths) and (lengths == lengths[0]).all():
+            return torch.from_numpy(np.ascontiguousarray(values)).reshape(len(column), int(lengths[0]))
+        return [torch.from_numpy(np.ascontiguousarray(values[a:b])) for a, b in zip(offsets[:-1], offsets[1:])]
+    if kind == "vector":
+        return _vectors_to_dense(column)
+    return column.to_pylist()  # string / binary
+
+
+class RankDataset:
+    """An ``IterableDataset`` of this rank's rows, yielding whole batches.
+
+    Each iteration is one epoch (or ``epochs`` epochs back to back); with ``shuffle``, the
+    order is a permutation seeded by ``seed`` and the epoch number, so it differs per epoch
+    and is reproducible. With DataLoader workers, each worker yields a disjoint set of batches.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        batch_size: int,
+        columns: Sequence[str] | None = None,
+        as_tuple: bool = False,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        epochs: int = 1,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
+        self.path = path
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epochs = epochs
+        self.epoch = 0
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        self.local_world_size = (
+            int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if local_world_size is None else local_world_size
+        )
+        schema = self._reader().schema
+        names = list(columns) if columns is not None else list(schema.names)
+        missing = [c for c in names if c not in schema.names]
+        if missing:
+            raise KeyError(f"columns {missing} are not in the data (available: {schema.names})")
+        self.columns = names
+        self.as_tuple = as_tuple
+        self.kinds: dict[str, str] = {}
+        for name in names:
+            try:
+                self.kinds[name] = column_kind(schema.field(name).type)
+            except TypeError as exc:
+                raise TypeError(f"column {name!r}: {exc}") from None
+
+    def _reader(self) -> Any:
+        import pyarrow as pa
+
+        return pa.ipc.open_file(pa.memory_map(self.path, "r"))
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (before splitting among DataLoader workers)."""
+        rows = self.num_rows()
+        return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
+
+    def num_rows(self) -> int:
+        """Rows owned by this rank."""
+        total = sum(batch.num_rows for batch in self._iter_batches(self._reader()))
+        return len(range(self.local_rank, total, self.local_world_size))
+
+    @staticmethod
+    def _iter_batches(reader: Any) -> Iterator[Any]:
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose shuffle order the next iteration uses."""
+        self.epoch = epoch
+
+    def _convert(self, table: Any) -> Any:
+        values = [_to_tensor(table.column(name), self.kinds[name]) for name in self.columns]
+        if self.as_tuple:
+            return tuple(values)
+        return dict(zip(self.columns, values))
+
+    def _epoch_batches(self, epoch: int, worker: int, workers: int) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+
+        reader = self._reader()
+        if not self.shuffle:
+            # stream: take this rank's rows batch by batch; never more than ~2 batches in memory
+            pending: list[Any] = []
+            pending_rows = 0
+            offset = 0
+            index = 0
+            for batch in self._iter_batches(reader):
+                start = (self.local_rank - offset) % self.local_world_size
+                mine = np.arange(start, batch.num_rows, self.local_world_size)
+                offset += batch.num_rows
+                if len(mine):
+                    pending.append(batch.select(self.columns).take(pa.array(mine)))
+                    pending_rows += len(mine)
+                while pending_rows >= self.batch_size:
+                    table = pa.Table.from_batches(pending).combine_chunks()
+                    head, rest = table.slice(0, self.batch_size), table.slice(self.batch_size)
+                    if index % workers == worker:
+                        yield self._convert(head)
+                    index += 1
+                    pending = rest.to_batches()
+                    pending_rows = rest.num_rows
+            if pending_rows and not self.drop_last and index % workers == worker:
+                yield self._convert(pa.Table.from_batches(pending))
+            return
+        # shuffle: a seeded permutation of this rank's row positions; rows are gathered from
+        # the memory-mapped file one batch at a time
+        table = reader.read_all()
+        positions = np.arange(self.local_rank, table.num_rows, self.local_world_size)
+        rng = np.random.default_rng([self.seed, epoch])
+        order = positions[rng.permutation(len(positions))]
+        stop = len(order) - (len(order) % self.batch_size if self.drop_last else 0)
+        for index, start in enumerate(range(0, stop, self.batch_size)):
+            if index % workers == worker:
+                yield self._convert(table.select(self.columns).take(pa.array(order[start : start + self.batch_size])))
+
+    def __iter__(self) -> Iterator[Any]:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        first = self.epoch
+        for epoch in range(first, first + self.epochs):
+            yield from self._epoch_batches(epoch, worker, workers)
+
+
+def _make_iterable_dataset(dataset: RankDataset) -> Any:
+    from torch.utils.data import IterableDataset
+
+    class _Iterable(IterableDataset):  # type: ignore[type-arg, misc]
+        def __init__(self, inner: RankDataset) -> None:
+            self.inner = inner
+
+        def __iter__(self) -> Iterator[Any]:
+            return iter(self.inner)
+
+        def __len__(self) -> int:
+            return len(self.inner)
+
+    return _Iterable(dataset)
+
+
+def _data_file() -> str:
+    path = os.environ.get(DATA_FILE_ENV)
+    if not path:
+        raise RuntimeError(
+            f"{DATA_FILE_ENV} is not set: spark_torch.data works inside a function started by "
+            "Distributor.run_on_dataframe(main, df, ...)"
+        )
+    return path
+
+
+def _default_columns(columns: Sequence[str] | None) -> tuple[list[str] | None, bool]:
+    if columns is not None:
+        return list(columns), True
+    chosen = os.environ.get(DATA_COLUMNS_ENV)
+    if chosen:
+        return list(json.loads(chosen)), True
+    return None, False
+
+
+def rank_dataset(
+    batch_size: int = 1,
+    *,
+    columns: Sequence[str] | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    drop_last: bool = False,
+    epochs: int = 1,
+) -> Any:
+    """This rank's rows as a ``torch.utils.data.IterableDataset`` that yields whole batches.
+
+    Batches are dicts of column name -> tensor (or list), or tuples in ``columns`` order when
+    columns were given here or to ``run_on_dataframe``.
+    """
+    cols, as_tuple = _default_columns(columns)
+    inner = RankDataset(
+        _data_file(), batch_size=batch_size, columns=cols, as_tuple=as_tuple, shuffle=shuffle,
+        seed=seed, drop_last=drop_last, epochs=epochs,
+    )
+    return _make_iterable_dataset(inner)
+
+
+def rank_loader(
+    batch_size: int,
+    *,
+    columns: Sequence[str] | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    epochs: int = 1,
+) -> Any:
+    """A ``DataLoader`` over this rank's rows; each ``iter()`` is the next epoch.
+
+    ``shuffle`` reorders rows per epoch from ``seed`` (reproducible); ``num_workers`` > 0
+    splits the batches of an epoch among worker processes (disjoint).
+    """
+    from torch.utils.data import DataLoader
+
+    dataset = rank_dataset(batch_size, columns=columns, shuffle=shuffle, seed=seed, drop_last=drop_last, epochs=epochs)
+
+    class _EpochLoader(DataLoader):  # type: ignore[type-arg, misc]
+        _next_epoch = 0
+
+        def __iter__(self) -> Any:
+            self.dataset.inner.set_epoch(self._next_epoch * epochs)
+            self._next_epoch += 1
+            return super().__iter__()
+
+    return _EpochLoader(dataset, batch_size=None, num_workers=num_workers)
