@@ -56,23 +56,52 @@ def column_kind(arrow_type: Any) -> str:
 
 
 def _vectors_to_dense(column: Any) -> Any:
+    """Spark ML vectors (struct<type, size, indices, values>) -> a dense float64 matrix, vectorised."""
     import numpy as np
+    import pyarrow as pa
     import torch
 
-    rows = column.to_pylist()
-    if not rows:
-        return torch.empty((0, 0), dtype=torch.float64)
-    width = max((r["size"] if r["type"] == 0 else len(r["values"])) for r in rows)
-    out = np.zeros((len(rows), width), dtype=np.float64)
-    for i, r in enumerate(rows):
-        if r["type"] == 0:  # sparse
-            out[i, r["indices"]] = r["values"]
-        else:  # dense
-            out[i, : len(r["values"])] = r["values"]
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    n = len(column)
+    kinds = column.field("type").to_numpy(zero_copy_only=False)
+    values = column.field("values")
+    value_offsets = values.offsets.to_numpy()
+    value_flat = values.flatten().to_numpy(zero_copy_only=False)
+    value_lengths = np.diff(value_offsets)
+    sizes = column.field("size").fill_null(0).to_numpy(zero_copy_only=False)
+    dense = kinds == 1
+    width = int(max(value_lengths[dense].max(initial=0), sizes[~dense].max(initial=0)))
+    if dense.all() and n and (value_lengths == width).all():
+        return torch.from_numpy(np.ascontiguousarray(value_flat)).reshape(n, width)
+    out = np.zeros((n, width), dtype=np.float64)
+    rows = np.repeat(np.arange(n), value_lengths)
+    dense_items = np.repeat(dense, value_lengths)
+    # dense rows: position inside the row; sparse rows: the stored index
+    positions = np.arange(len(value_flat)) - np.repeat(value_offsets[:-1], value_lengths)
+    indices = column.field("indices")
+    index_flat = indices.flatten().to_numpy(zero_copy_only=False) if indices.null_count < n else np.array([], dtype=np.int64)
+    cols = positions.copy()
+    if len(index_flat):
+        # dense rows have null indices, so the flattened indices are exactly the sparse rows'
+        # and line up one-to-one with their values
+        cols[~dense_items] = index_flat
+    out[rows, cols] = value_flat
     return torch.from_numpy(out)
 
 
 def _to_tensor(column: Any, kind: str) -> Any:
+    # The arrays come from Arrow buffers that ``take`` just produced (private heap memory, not
+    # the memory-mapped file), so sharing them with torch without a copy is safe; torch warns
+    # about every read-only numpy array, which is noise here.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return _to_tensor_unchecked(column, kind)
+
+
+def _to_tensor_unchecked(column: Any, kind: str) -> Any:
     import numpy as np
     import torch
 
@@ -96,7 +125,7 @@ def _to_tensor(column: Any, kind: str) -> Any:
             return torch.from_numpy(np.ascontiguousarray(values)).reshape(len(column), int(lengths[0]))
         return [torch.from_numpy(np.ascontiguousarray(values[a:b])) for a, b in zip(offsets[:-1], offsets[1:])]
     if kind == "vector":
-        return _vectors_to_dense(column)
+        return _vectors_to_dense(column)  # float64 matrix
     return column.to_pylist()  # string / binary
 
 
