@@ -36,6 +36,20 @@ EXECUTOR_WAIT_SECONDS = 15.0
 CANCEL_WAIT_SECONDS = 30.0
 
 
+def client_log_host() -> str:
+    """Address a Spark Connect client listens on for rank logs (executors must reach it).
+
+    ``SPARK_TORCH_LOG_HOST`` wins, then ``SPARK_LOCAL_IP``, then this host's resolved name.
+    """
+    import socket
+
+    return (
+        os.environ.get("SPARK_TORCH_LOG_HOST")
+        or os.environ.get("SPARK_LOCAL_IP")
+        or socket.gethostbyname(socket.gethostname())
+    )
+
+
 def available_slots(spark: Any) -> int | None:
     """Task slots the cluster offers at once for the default resource profile (None: unknown)."""
     if is_connect_session(spark):
@@ -141,7 +155,10 @@ def run_distributed(
         raise ConfigurationError("run_distributed called with a local-mode plan")
     check_slots(spark, plan.num_nodes)
     secret = new_secret()
-    server = None if is_connect_session(spark) else LogServer(driver_host, secret, attempt.on_line)
+    if is_connect_session(spark):
+        # the driver runs in the Connect server; the log channel ends here, on the client
+        driver_host = client_log_host()
+    server = LogServer(driver_host, secret, attempt.on_line)
     try:
         return _run_stage(spark, plan, entry, payload, attempt, server, secret, data)
     finally:

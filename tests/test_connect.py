@@ -1,0 +1,100 @@
+"""Spark Connect: a client session runs distributed and local mode, and gets the ranks' logs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from spark_torch import DistributedRunError, Distributor
+
+from .conftest import _stop_active
+
+
+@pytest.fixture(scope="session")
+def connect_spark(tmp_path_factory: Any) -> Iterator[Any]:
+    """A Spark Connect server (local[2]) on loopback started from the pyspark package, and a client."""
+    pytest.importorskip("grpc", reason="pyspark[connect] extras are not installed")
+    _stop_active()
+    home = os.environ["SPARK_HOME"]
+    logs = tmp_path_factory.mktemp("connect")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # Spark binds it itself; a race here only fails the fixture, loudly
+    env = dict(os.environ, SPARK_NO_DAEMONIZE="1", SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs))
+    server = subprocess.Popen(
+        [f"{home}/sbin/start-connect-server.sh", "--master", "local[2]",
+         "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    assert server.stdout is not None
+    deadline = time.monotonic() + 180
+    for line in server.stdout:
+        if "Spark Connect server started" in line:
+            break
+        if time.monotonic() > deadline:
+            break
+    else:
+        pytest.fail("the Spark Connect server did not start")
+    # keep draining its output so the server never blocks on a full pipe
+    import threading
+
+    threading.Thread(target=lambda: shutil.copyfileobj(server.stdout, open(os.devnull, "w")), daemon=True).start()  # type: ignore[arg-type]
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+    try:
+        yield spark
+    finally:
+        spark.stop()
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def all_reduce_and_say(x: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"hello from {dist.get_rank()} via connect", flush=True)
+    dist.destroy_process_group()
+    return t.item() * x
+
+
+@pytest.mark.slow
+def test_connect_distributed_result_and_logs(connect_spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert Distributor(num_processes=2, local_mode=False, spark=connect_spark).run(all_reduce_and_say, 5) == 10.0
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from 0 via connect" in out and "[rank 1] hello from 1 via connect" in out
+
+
+@pytest.mark.slow
+def test_connect_local_mode_runs_on_client(connect_spark: Any, no_leftovers: None) -> None:
+    assert Distributor(num_processes=2, local_mode=True, spark=connect_spark).run(all_reduce_and_say, 2) == 4.0
+
+
+def fail_on_rank1() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("connect failure")
+
+
+@pytest.mark.slow
+def test_connect_failure_report(connect_spark: Any) -> None:
+    with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: ValueError: connect failure"):
+        Distributor(num_processes=2, local_mode=False, spark=connect_spark).run(fail_on_rank1)
