@@ -30,8 +30,9 @@ __all__ = ["run_distributed", "available_slots", "check_slots"]
 
 logger = logging.getLogger(__name__)
 
-#: how long to wait for executors to register before declaring too few slots (cluster masters)
-EXECUTOR_WAIT_SECONDS = 15.0
+#: how long to wait for executors to register before declaring too few slots (cluster masters;
+#: cold executor JVMs were seen to take 20-40 s); SPARK_TORCH_EXECUTOR_WAIT overrides it
+EXECUTOR_WAIT_SECONDS = 60.0
 #: after cancelling the Spark job, how long to wait for the job thread to return
 CANCEL_WAIT_SECONDS = 30.0
 
@@ -67,7 +68,8 @@ def check_slots(spark: Any, needed: int) -> None:
     master = spark.sparkContext.master
     if not master.startswith("local["):
         # executors of a fresh cluster register over a few seconds
-        deadline = time.monotonic() + EXECUTOR_WAIT_SECONDS
+        wait = float(os.environ.get("SPARK_TORCH_EXECUTOR_WAIT", EXECUTOR_WAIT_SECONDS))
+        deadline = time.monotonic() + wait
         while slots is not None and slots < needed and time.monotonic() < deadline:
             time.sleep(0.25)
             slots = available_slots(spark)

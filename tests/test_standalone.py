@@ -1,0 +1,150 @@
+"""End to end on a real Spark standalone cluster: a master and two worker JVMs on loopback.
+
+One cluster and one SparkSession serve every test here (``standalone_spark`` sorts after the
+local and local-cluster sessions, see conftest's ``_ORDER``). Each worker offers 2 cores and
+the session takes one 1-core executor on each (``spark.cores.max=2``), so a second application
+(the spark-submit test) still finds one free core per worker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch import Distributor
+
+from .conftest import SCRIPTS, _stop_active, make_session, wait_for_slots
+from .standalone import (
+    StandaloneCluster,
+    check_submit_output,
+    leftover_processes,
+    standalone_cluster,
+    submit,
+)
+
+pytestmark = pytest.mark.slow
+
+#: executor settings shared by the pytest session and the spark-submit application
+EXECUTOR_CONF = {
+    "spark.executor.memory": "512m",
+    "spark.executor.cores": "1",
+    "spark.cores.max": "2",
+    "spark.task.cpus": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A standalone master + 2 workers (2 cores, 1g each) on 127.0.0.1, ports ephemeral."""
+    _stop_active()
+    with standalone_cluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=2, memory="1g") as cluster:
+        yield cluster
+    left = leftover_processes(cluster.daemons(), cluster.work_dirs)
+    assert not left, f"standalone cluster processes left after teardown: {left}"
+
+
+@pytest.fixture(scope="session")
+def standalone_spark(standalone: StandaloneCluster) -> Iterator[Any]:
+    """A SparkSession on the standalone cluster with one 1-core executor per worker."""
+    spark = make_session(standalone.url, **{k.replace(".", "_"): v for k, v in EXECUTOR_CONF.items()})
+    try:
+        wait_for_slots(spark, 2)
+        yield spark
+    finally:
+        spark.stop()
+
+
+def placement(tag: str) -> dict[str, Any]:
+    """On every rank: gloo all_reduce, torchrun env, and the executor JVM this rank runs under."""
+    import os
+
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+            "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    mine: dict[str, Any] = {k: os.environ[k] for k in keys}
+    for parent in psutil.Process().parents():
+        cmd = parent.cmdline()
+        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd:
+            mine["executor_id"] = cmd[cmd.index("--executor-id") + 1]
+            mine["worker_url"] = cmd[cmd.index("--worker-url") + 1]
+            mine["executor_cwd"] = parent.cwd()
+            break
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return {"tag": tag, "sum": t.item(), "ranks": gathered}
+
+
+def check_two_nodes(out: dict[str, Any]) -> list[dict[str, Any]]:
+    assert out["tag"] == "x" and out["sum"] == 2.0
+    ranks = out["ranks"]
+    assert [r["RANK"] for r in ranks] == ["0", "1"]
+    assert [r["NODE_RANK"] for r in ranks] == ["0", "1"] == [r["GROUP_RANK"] for r in ranks]
+    assert all(r["LOCAL_RANK"] == "0" and r["LOCAL_WORLD_SIZE"] == "1" and r["WORLD_SIZE"] == "2" for r in ranks)
+    assert {r["MASTER_ADDR"] for r in ranks} == {"127.0.0.1"}
+    assert len({r["MASTER_PORT"] for r in ranks}) == 1
+    assert all(r["OMP_NUM_THREADS"] == "1" for r in ranks)
+    return ranks
+
+
+def test_function_standalone(standalone_spark: Any, no_leftovers: None) -> None:
+    """2 nodes x 1 rank, a function: rank 0's result comes back."""
+    out = Distributor(num_processes=2, local_mode=False, spark=standalone_spark).run(placement, tag="x")
+    check_two_nodes(out)
+
+
+def test_script_standalone(standalone_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+    """2 nodes x 1 rank, a script with arguments and extra env."""
+    result = Distributor(num_processes=2, local_mode=False, spark=standalone_spark, env={"EXTRA_VAR": "y"}).run(
+        str(SCRIPTS / "env_dump.py"), tmp_path, "--batch_size=16"
+    )
+    assert result is None
+    infos = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert [i["RANK"] for i in infos] == ["0", "1"]
+    assert [i["NODE_RANK"] for i in infos] == ["0", "1"]
+    assert {i["MASTER_ADDR"] for i in infos} == {"127.0.0.1"}
+    assert all(i["sum"] == 2.0 and i["WORLD_SIZE"] == "2" and i["LOCAL_WORLD_SIZE"] == "1" for i in infos)
+    assert all(i["EXTRA_VAR"] == "y" and i["argv"] == ["--batch_size=16"] for i in infos)
+
+
+def test_ranks_spread_over_workers(
+    standalone_spark: Any, standalone: StandaloneCluster, no_leftovers: None
+) -> None:
+    """spark.task.cpus=1, 2 processes: one barrier task (node) on each worker's executor."""
+    assert standalone_spark.conf.get("spark.task.cpus") == "1"
+    out = Distributor(num_processes=2, local_mode=False, spark=standalone_spark).run(placement, "x")
+    ranks = check_two_nodes(out)
+    assert all("worker_url" in r for r in ranks), f"executor JVM not found above the ranks: {ranks}"
+    assert len({r["executor_id"] for r in ranks}) == 2
+    assert len({r["worker_url"] for r in ranks}) == 2, ranks
+    work_dirs = {str(p) for p in standalone.work_dirs}
+    used = {str(Path(r["executor_cwd"]).parents[1]) for r in ranks}
+    assert used == work_dirs, (used, work_dirs)
+
+
+def test_spark_submit_standalone(
+    standalone_spark: Any, standalone: StandaloneCluster, tmp_path: Path, no_leftovers: None
+) -> None:
+    """spark-submit of tests/scripts/submit_driver.py to the standalone master (a 2nd application)."""
+    conf = [arg for k, v in EXECUTOR_CONF.items() for arg in ("--conf", f"{k}={v}")]
+    proc = submit(
+        [
+            "--master", standalone.url,
+            "--conf", "spark.driver.host=127.0.0.1",
+            "--conf", "spark.ui.enabled=false",
+            *conf,
+            str(SCRIPTS / "submit_driver.py"),
+        ],
+        cwd=tmp_path,
+    )  # fmt: skip
+    check_submit_output(proc.returncode, proc.stdout)

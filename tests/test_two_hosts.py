@@ -1,0 +1,160 @@
+"""Two "hosts": network namespaces joined by a veth pair, a standalone cluster spread over them.
+
+Namespace A (10.231.0.1) runs the master, worker A and the driver (a spark-submit of
+tests/scripts/submit_driver.py); namespace B (10.231.0.2) runs worker B. Both veth ends are
+named ``st0`` inside their namespace, so one ``GLOO_SOCKET_IFNAME=st0`` fits every rank. The
+ranks' MASTER_ADDR must be node 0's namespace address, not loopback.
+
+Needs root and a working ``ip netns`` (CAP_NET_ADMIN, CAP_SYS_ADMIN); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import SCRIPTS, _stop_active
+from .standalone import (
+    Daemon,
+    check_submit_output,
+    leftover_processes,
+    start_master,
+    start_worker,
+    stop_daemons,
+    submit,
+    wait_for_workers,
+)
+
+pytestmark = pytest.mark.slow
+
+SUBNET = "10.231.0"
+IFNAME = "st0"
+
+
+@dataclass
+class TwoHosts:
+    """Two namespaces, their addresses, and the standalone cluster running in them."""
+
+    namespaces: tuple[str, str]
+    addresses: tuple[str, str] = (f"{SUBNET}.1", f"{SUBNET}.2")
+    url: str = ""
+    daemons: list[Daemon] = field(default_factory=list)
+
+    def prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.namespaces[i]]
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed ({proc.returncode}): {proc.stderr.strip()}")
+
+
+def _netns_unavailable() -> str | None:
+    """Why namespaces cannot be used here (None: they can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    probe = f"st-probe-{os.getpid()}"
+    try:
+        _ip("netns", "add", probe)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return f"`ip netns add` does not work here: {exc}"
+    try:
+        _ip("-n", probe, "link", "set", "lo", "up")
+        _ip("link", "add", f"stp{os.getpid() % 10**6}a", "type", "veth", "peer", "name", f"stp{os.getpid() % 10**6}b")
+        _ip("link", "del", f"stp{os.getpid() % 10**6}a")
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return f"network namespaces exist but cannot be configured (veth/lo): {exc}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
+    return None
+
+
+def _setup_network(hosts: TwoHosts) -> None:
+    tag = os.getpid() % 10**6
+    veth = (f"st{tag}a", f"st{tag}b")
+    for ns in hosts.namespaces:
+        _ip("netns", "add", ns)
+    _ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
+    for i, ns in enumerate(hosts.namespaces):
+        _ip("link", "set", veth[i], "netns", ns)
+        _ip("-n", ns, "link", "set", veth[i], "name", IFNAME)
+        _ip("-n", ns, "addr", "add", f"{hosts.addresses[i]}/24", "dev", IFNAME)
+        _ip("-n", ns, "link", "set", IFNAME, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+
+
+def _teardown_network(hosts: TwoHosts) -> list[str]:
+    errors = []
+    for ns in hosts.namespaces:  # deleting a namespace destroys the veth end inside it
+        proc = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0 and "No such file" not in proc.stderr:
+            errors.append(f"ip netns del {ns}: {proc.stderr.strip()}")
+    return errors
+
+
+@pytest.fixture(scope="session")
+def two_host_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHosts]:
+    """Master + worker A in namespace A, worker B in namespace B (1 core, 1g each)."""
+    reason = _netns_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    _stop_active()  # free the executors of an earlier in-process session (2-core machine)
+    base = tmp_path_factory.mktemp("two-hosts")
+    logs = base / "logs"
+    hosts = TwoHosts(namespaces=(f"st-a-{os.getpid()}", f"st-b-{os.getpid()}"))
+    try:
+        _setup_network(hosts)
+        master, hosts.url = start_master(logs, hosts.addresses[0], prefix=hosts.prefix(0))
+        hosts.daemons.append(master)
+        for i in (0, 1):
+            worker = start_worker(
+                f"worker-{'ab'[i]}", hosts.url, base / f"work-{'ab'[i]}", logs,
+                host=hosts.addresses[i], cores=1, memory="1g", prefix=hosts.prefix(i),
+            )  # fmt: skip
+            hosts.daemons.insert(0, worker)
+        registered = wait_for_workers(master, 2)
+        assert {r.rsplit(":", 1)[0] for r in registered} == set(hosts.addresses), registered
+        yield hosts
+    finally:
+        stop_daemons(hosts.daemons)
+        errors = _teardown_network(hosts)
+    left = leftover_processes(hosts.daemons, [base])
+    assert not errors and not left, f"teardown: {errors}, processes left: {left}"
+
+
+def test_two_hosts_gloo(two_host_spark: TwoHosts, tmp_path: Path, no_leftovers: None) -> None:
+    hosts = two_host_spark
+    proc = submit(
+        [
+            "--master", hosts.url,
+            "--conf", f"spark.driver.host={hosts.addresses[0]}",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.executor.memory=512m",
+            str(SCRIPTS / "submit_driver.py"),
+            "--env", f"GLOO_SOCKET_IFNAME={IFNAME}",
+        ],
+        host=hosts.addresses[0],
+        prefix=hosts.prefix(0),
+        cwd=tmp_path,
+    )  # fmt: skip
+    ranks: list[dict[str, Any]] = check_submit_output(proc.returncode, proc.stdout, master_addr=None)
+    print("ranks:", ranks)
+    print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("[rank ")))
+    # node 0's namespace address, not loopback; the ranks run in different namespaces
+    node0 = ranks[0]["local_addr"]
+    assert node0 in hosts.addresses and node0 != "127.0.0.1"
+    assert {r["MASTER_ADDR"] for r in ranks} == {node0}
+    assert sorted(r["local_addr"] for r in ranks) == sorted(hosts.addresses), ranks
+    assert all(r["SPARK_LOCAL_IP"] == r["local_addr"] for r in ranks), ranks
+    assert all(r["GLOO_SOCKET_IFNAME"] == IFNAME for r in ranks), ranks
+
