@@ -247,12 +247,12 @@ def _run_stage(
     rows = sorted(
         zip(table.column("node").to_pylist(), table.column("seq").to_pylist(), table.column("data").to_pylist())
     )
-    finished = {node for node, seq, _ in rows if seq == -1}
-    if len(finished) < plan.num_nodes:
-        if data is not None and not finished:
+    reported = {node for node, seq, _ in rows if seq == -1}
+    if len(reported) < plan.num_nodes:
+        if data is not None and not reported:
             raise ConfigurationError("the DataFrame is empty; there is nothing to train on")
         raise LaunchError(
-            f"only {len(finished)} of {plan.num_nodes} Spark barrier tasks reported back; "
+            f"only {len(reported)} of {plan.num_nodes} Spark barrier tasks reported back; "
             "check the executor logs"
         )
     if payload is None:

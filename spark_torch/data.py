@@ -37,7 +37,6 @@ _VECTOR_FIELDS = {"type", "size", "indices", "values"}
 
 def column_kind(arrow_type: Any) -> str:
     """How a column converts: 'scalar', 'array', 'vector', 'string', 'binary'; else TypeError."""
-    import pyarrow as pa
     import pyarrow.types as t
 
     if t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type):
@@ -263,7 +262,7 @@ class RankDataset:
 def _make_iterable_dataset(dataset: RankDataset) -> Any:
     from torch.utils.data import IterableDataset
 
-    class _Iterable(IterableDataset):  # type: ignore[type-arg, misc]
+    class _Iterable(IterableDataset):  # type: ignore[type-arg]
         def __init__(self, inner: RankDataset) -> None:
             self.inner = inner
 
@@ -336,11 +335,11 @@ def rank_loader(
 
     dataset = rank_dataset(batch_size, columns=columns, shuffle=shuffle, seed=seed, drop_last=drop_last, epochs=epochs)
 
-    class _EpochLoader(DataLoader):  # type: ignore[type-arg, misc]
+    class _EpochLoader(DataLoader):  # type: ignore[type-arg]
         _next_epoch = 0
 
         def __iter__(self) -> Any:
-            self.dataset.inner.set_epoch(self._next_epoch * epochs)
+            self.dataset.inner.set_epoch(self._next_epoch * epochs)  # type: ignore[attr-defined]
             self._next_epoch += 1
             return super().__iter__()
 

@@ -7,9 +7,8 @@ import threading
 
 from .attempt import Attempt
 from .dataframe import DataInput, check_shards, data_env, write_node_data
-from .errors import ConfigurationError
 from .entrypoint import Entrypoint, ScriptEntrypoint
-from .errors import DistributedRunError, RunTimeoutError
+from .errors import ConfigurationError, DistributedRunError, RunTimeoutError
 from .gpus import visible_devices
 from .node import NodeSpec, NodeWorkdir, run_node
 from .plan import LaunchPlan

@@ -128,7 +128,8 @@ def dump_function_payload(entry: FunctionEntrypoint) -> bytes:
     modules = _modules_to_ship_by_value(entry.fn)
     with _by_value(modules):
         try:
-            return cloudpickle.dumps((entry.fn, entry.args, entry.kwargs))
+            data: bytes = cloudpickle.dumps((entry.fn, entry.args, entry.kwargs))
+            return data
         except Exception as exc:  # noqa: BLE001 - every pickling failure gets the same advice
             culprit = _find_culprit(entry) or f"the function itself ({exc})"
             raise PicklingError(

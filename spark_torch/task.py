@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import serialization
-from .errors import RankFailure
 from .channel import LogClient
 from .dataframe import check_shards, data_env, write_node_data
+from .errors import RankFailure
 from .node import NodeSpec, NodeWorkdir, run_node
 from .processes import reserve_port
 

@@ -1,0 +1,46 @@
+"""The public surface is pinned; the package is lint-clean and type-checks (mypy strict)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import spark_torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_exported_members() -> None:
+    assert sorted(spark_torch.__all__) == sorted([
+        "Distributor", "SparkTorchError", "ConfigurationError", "InsufficientSlotsError", "PicklingError",
+        "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "__version__",
+    ])
+    for name in spark_torch.__all__:
+        assert getattr(spark_torch, name) is not None
+
+
+def test_import_is_cheap() -> None:
+    code = "import sys, spark_torch; print('torch' in sys.modules, 'pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_errors_pickle_and_subclass_builtins() -> None:
+    import pickle
+
+    error = spark_torch.DistributedRunError([spark_torch.RankFailure(rank=1, host="h", exit_code=3)])
+    again = pickle.loads(pickle.dumps(error))
+    assert str(again) == str(error) and again.rank == 1 and isinstance(again, RuntimeError)
+    assert issubclass(spark_torch.RunTimeoutError, TimeoutError)
+    assert issubclass(spark_torch.ConfigurationError, ValueError)
+
+
+def test_ruff() -> None:
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "spark_torch"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_strict() -> None:
+    done = subprocess.run([sys.executable, "-m", "mypy", "spark_torch"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
