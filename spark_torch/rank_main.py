@@ -78,8 +78,25 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _exit_fast(code: int) -> None:
+    """Run atexit handlers, flush, and leave without tearing the interpreter down.
+
+    Tearing down an interpreter that imported torch takes about a second (measured 1.0-1.7 s
+    vs 0.1 s on this project's 2-core machine), paid by every run after the result is already
+    written. User atexit handlers still run; only module/GC teardown is skipped.
+    """
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream must not turn success into failure
+                pass
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+    _exit_fast(main(sys.argv[1:]))

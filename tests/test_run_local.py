@@ -230,3 +230,15 @@ def test_max_restarts_resumes(tmp_path: Path, no_leftovers: None) -> None:
 def test_max_restarts_exhausted(tmp_path: Path, no_leftovers: None) -> None:
     with pytest.raises(DistributedRunError, match="simulated crash"):
         Distributor(num_processes=2, max_restarts=0).run(resumes_from_checkpoint, str(tmp_path / "ckpt"))
+
+
+def registers_atexit(path: str) -> int:
+    import atexit
+
+    atexit.register(lambda: open(f"{path}.{os.environ['RANK']}", "w").write("bye"))
+    return 1
+
+
+def test_atexit_handlers_run_despite_fast_exit(tmp_path: Path, no_leftovers: None) -> None:
+    assert Distributor(num_processes=2).run(registers_atexit, str(tmp_path / "done")) == 1
+    assert (tmp_path / "done.0").read_text() == "bye" and (tmp_path / "done.1").read_text() == "bye"
