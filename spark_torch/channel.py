@@ -58,11 +58,27 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return bytes(data)
 
 
+class FrameTooLarge(ValueError):
+    """A message that would exceed :data:`MAX_FRAME` once encoded."""
+
+
 def _send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     body = json.dumps(message, ensure_ascii=False).encode("utf-8")
     if len(body) > MAX_FRAME:
-        raise ValueError("frame too large")
+        raise FrameTooLarge("frame too large")
     sock.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _send_lines(sock: socket.socket, lines: list[list[Any]]) -> None:
+    """Send a batch of lines, halving it until each frame fits (one 64 KiB line always fits)."""
+    try:
+        _send_frame(sock, {"lines": lines})
+    except FrameTooLarge:
+        if len(lines) == 1:
+            raise
+        half = len(lines) // 2
+        _send_lines(sock, lines[:half])
+        _send_lines(sock, lines[half:])
 
 
 def _recv_frame(sock: socket.socket) -> dict[str, Any]:
@@ -150,7 +166,10 @@ class LogServer:
             conn.close()
 
     def _handle(self, message: dict[str, Any]) -> None:
-        if "line" in message:
+        if "lines" in message:
+            for rank, stream, text in message["lines"]:
+                self._on_line(int(rank), str(stream), str(text))
+        elif "line" in message:
             self._on_line(int(message["rank"]), str(message.get("stream", "stdout")), str(message["line"]))
         elif "dropped" in message:
             count = int(message["dropped"])
@@ -205,7 +224,10 @@ class LogServer:
 class LogClient:
     """Node-runner side: a non-blocking line sink that ships lines to the driver."""
 
-    QUEUE_LINES = 20000
+    #: lines queued before new ones are dropped (and counted); ~100 MB of 500-byte lines
+    QUEUE_LINES = 200_000
+    #: a frame carries up to this many bytes of queued lines
+    FRAME_TEXT_BYTES = MAX_FRAME // 2
 
     def __init__(self, host: str, port: int, secret: bytes, node_rank: int, on_stop: Callable[[str], None]) -> None:
         self._address = (host, port)
@@ -214,6 +236,7 @@ class LogClient:
         self._on_stop = on_stop
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(self.QUEUE_LINES)
         self._dropped = 0
+        self._queue_eof_next = False
         self._sock: socket.socket | None = None
         self._closing = threading.Event()
         self._sender = threading.Thread(target=self._send_loop, name="spark-torch-log-client", daemon=True)
@@ -255,16 +278,19 @@ class LogClient:
                     self._sock = self._connect()
                     backoff = 0.05
                 if pending is None:
-                    pending = self._queue.get()
-                    if pending is None:
-                        pending = {"eof": self._node}
+                    pending = self._next_frame()
                 if self._dropped:
                     count, self._dropped = self._dropped, 0
                     _send_frame(self._sock, {"dropped": count, "node": self._node, "rank": -1})
-                _send_frame(self._sock, pending)
+                if "lines" in pending:
+                    _send_lines(self._sock, pending["lines"])
+                else:
+                    _send_frame(self._sock, pending)
                 if "eof" in pending:
                     return
-                pending = None
+                pending = {"eof": self._node} if self._queue_eof_next else None
+            except FrameTooLarge:
+                pending = None  # cannot happen for lines cut at 64 KiB; never retry it forever
             except (OSError, ConnectionError, ValueError):
                 if self._sock is not None:
                     self._sock.close()
@@ -273,6 +299,25 @@ class LogClient:
                     return  # the driver is gone while we flush; give up
                 time.sleep(backoff)  # reconnect backoff, not synchronisation
                 backoff = min(backoff * 2, 2.0)
+
+    def _next_frame(self) -> dict[str, Any]:
+        """Block for one queued line, then batch whatever else is queued into one frame."""
+        first = self._queue.get()
+        if first is None:
+            return {"eof": self._node}
+        lines = [[first["rank"], first["stream"], first["line"]]]
+        size = len(first["line"])
+        while size < self.FRAME_TEXT_BYTES:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # end of stream: send it after this batch
+                self._queue_eof_next = True
+                break
+            lines.append([item["rank"], item["stream"], item["line"]])
+            size += len(item["line"]) + 16
+        return {"lines": lines}
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued, then an end-of-stream marker; bounded by ``timeout``."""
