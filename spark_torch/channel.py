@@ -100,6 +100,7 @@ class LogServer:
     def __init__(self, host: str, secret: bytes, on_line: LineHandler) -> None:
         self._secret = secret
         self._on_line = on_line
+        self._flush = getattr(on_line, "flush", None)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
@@ -169,6 +170,8 @@ class LogServer:
         if "lines" in message:
             for rank, stream, text in message["lines"]:
                 self._on_line(int(rank), str(stream), str(text))
+            if self._flush is not None:
+                self._flush()
         elif "line" in message:
             self._on_line(int(message["rank"]), str(message.get("stream", "stdout")), str(message["line"]))
         elif "dropped" in message:

@@ -1,7 +1,8 @@
 """Where rank output goes on the driver: prefixed lines on the driver's sys.stdout/sys.stderr.
 
 Lines are written through ``sys.stdout``/``sys.stderr`` (not file descriptors 1/2) so that in
-Jupyter they appear under the cell that called ``run()``; each line is flushed.
+Jupyter they appear under the cell that called ``run()``; they are flushed after each batch
+(one pipe read of a rank, or one frame from a node), so output stays live.
 """
 
 from __future__ import annotations
@@ -48,13 +49,19 @@ class DriverLogSink:
             if self._config.shows_rank(rank):
                 out = sys.stderr if stream == "stderr" else sys.stdout
                 out.write(format_line(rank, text) + "\n")
-                out.flush()
             if self._config.log_dir is not None:
                 fh = self._files.get(rank)
                 if fh is None:
                     path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
                     fh = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
                 fh.write(text + "\n")
+
+    def flush(self) -> None:
+        """Flush what was written; called after each batch of lines (a pipe read, a frame)."""
+        with self._lock:
+            for out in (sys.stdout, sys.stderr):
+                out.flush()
+            for fh in self._files.values():
                 fh.flush()
 
     def tail(self, rank: int) -> tuple[str, ...]:

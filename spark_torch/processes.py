@@ -69,29 +69,42 @@ class RankProcess:
 
 
 def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_line: LineCallback) -> None:
-    """Read one pipe line by line until EOF; very long lines are split and marked."""
+    """Read one pipe until EOF and hand over complete lines; very long lines are split and marked.
+
+    Reads whatever the pipe holds (up to 64 KiB) at once, so a chatty rank costs one flush of
+    the sink per read instead of one per line, while a quiet rank's lines still go out at once.
+    If ``on_line`` has a ``flush()`` method it is called after each read.
+    """
+    flush = getattr(on_line, "flush", None)
+    fd = stream.fileno()
     pending = b""
-    with stream:
-        while True:
-            chunk = stream.readline(MAX_LINE_BYTES)
-            if not chunk:
-                break
-            if not chunk.endswith(b"\n") and len(chunk) >= MAX_LINE_BYTES:
-                text = (pending + chunk).decode("utf-8", errors="replace") + CONTINUED
-                pending = b""
-            elif not chunk.endswith(b"\n"):
-                # a partial last line (EOF without newline) or a short read: keep for the next round
-                pending += chunk
-                continue
-            else:
-                text = (pending + chunk[:-1]).decode("utf-8", errors="replace").rstrip("\r")
-                pending = b""
-            proc.tail.append(text)
-            on_line(proc.rank, name, text)
-    if pending:
-        text = pending.decode("utf-8", errors="replace")
+
+    def emit(raw: bytes, continued: bool = False) -> None:
+        text = raw.decode("utf-8", errors="replace").rstrip("\r") + (CONTINUED if continued else "")
         proc.tail.append(text)
         on_line(proc.rank, name, text)
+
+    with stream:
+        while True:
+            chunk = os.read(fd, MAX_LINE_BYTES)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                while len(raw) > MAX_LINE_BYTES:
+                    emit(raw[:MAX_LINE_BYTES], continued=True)
+                    raw = raw[MAX_LINE_BYTES:]
+                emit(raw)
+            while len(pending) >= MAX_LINE_BYTES:
+                emit(pending[:MAX_LINE_BYTES], continued=True)
+                pending = pending[MAX_LINE_BYTES:]
+            if flush is not None:
+                flush()
+    if pending:
+        emit(pending)
+        if flush is not None:
+            flush()
 
 
 def spawn_rank(

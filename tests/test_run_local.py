@@ -218,6 +218,9 @@ def resumes_from_checkpoint(checkpoint: str) -> dict[str, object]:
     with open(path, "w") as fh:
         fh.write(str(step + 5))
     if restart == 0 and rank == 1:
+        deadline = time.monotonic() + 30  # crash only once every rank saved its checkpoint
+        while not os.path.exists(f"{checkpoint}.0") and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise RuntimeError("simulated crash after step 5")
     return {"restart": restart, "resumed_from": step, "run_id": os.environ["SPARK_TORCH_RUN_ID"]}
 
