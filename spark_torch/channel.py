@@ -69,18 +69,6 @@ def _send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_HEADER.pack(len(body)) + body)
 
 
-def _send_lines(sock: socket.socket, lines: list[list[Any]]) -> None:
-    """Send a batch of lines, halving it until each frame fits (one 64 KiB line always fits)."""
-    try:
-        _send_frame(sock, {"lines": lines})
-    except FrameTooLarge:
-        if len(lines) == 1:
-            raise
-        half = len(lines) // 2
-        _send_lines(sock, lines[:half])
-        _send_lines(sock, lines[half:])
-
-
 def _recv_frame(sock: socket.socket) -> dict[str, Any]:
     (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
     if size > MAX_FRAME:
@@ -109,6 +97,8 @@ class LogServer:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._peers: list[socket.socket] = []
+        self._send_locks: dict[socket.socket, threading.Lock] = {}
+        self._last_seq: dict[int, int] = {}
         self._eof = threading.Condition(self._lock)
         self.finished_nodes: set[int] = set()
         self.dropped = 0
@@ -152,10 +142,21 @@ class LogServer:
                 conn.close()
                 return
             self._peers.append(conn)
+            self._send_locks[conn] = threading.Lock()
         try:
             while True:
                 message = _recv_frame(conn)
-                self._handle(message)
+                seq, node = message.get("seq"), message.get("node")
+                if isinstance(seq, int) and isinstance(node, int):
+                    with self._lock:
+                        fresh = seq > self._last_seq.get(node, 0)
+                        if fresh:
+                            self._last_seq[node] = seq
+                    if fresh:  # a frame resent after a reconnect is acknowledged, not repeated
+                        self._handle(message)
+                    self._send(conn, {"ack": seq})
+                else:
+                    self._handle(message)
         except ConnectionError:
             pass
         except (ValueError, OSError, UnicodeDecodeError) as exc:
@@ -164,7 +165,16 @@ class LogServer:
             with self._lock:
                 if conn in self._peers:
                     self._peers.remove(conn)
+                self._send_locks.pop(conn, None)
             conn.close()
+
+    def _send(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        with self._lock:
+            lock = self._send_locks.get(conn)
+        if lock is None:
+            return
+        with lock:
+            _send_frame(conn, message)
 
     def _handle(self, message: dict[str, Any]) -> None:
         if "lines" in message:
@@ -178,7 +188,7 @@ class LogServer:
             count = int(message["dropped"])
             with self._lock:
                 self.dropped += count
-            self._on_line(int(message.get("rank", -1)), "stderr", f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}")
+            self._on_line(-1, "stderr", f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}")
         elif "eof" in message:
             with self._eof:
                 self.finished_nodes.add(int(message["eof"]))
@@ -203,7 +213,7 @@ class LogServer:
             peers = list(self._peers)
         for peer in peers:
             try:
-                _send_frame(peer, {"stop": reason})
+                self._send(peer, {"stop": reason})
             except OSError:
                 pass
 
@@ -225,22 +235,33 @@ class LogServer:
 
 
 class LogClient:
-    """Node-runner side: a non-blocking line sink that ships lines to the driver."""
+    """Node-runner side: a non-blocking line sink that ships lines to the driver.
+
+    Lines are queued without blocking (a full queue drops and counts them), batched into
+    numbered frames, and kept until the driver acknowledges them; after a dropped connection
+    the client reconnects and resends what was not acknowledged (the driver ignores repeats),
+    so a connection drop loses no line.
+    """
 
     #: lines queued before new ones are dropped (and counted); ~100 MB of 500-byte lines
     QUEUE_LINES = 200_000
-    #: a frame carries up to this many bytes of queued lines
-    FRAME_TEXT_BYTES = MAX_FRAME // 2
+    #: a frame carries up to this many characters of queued lines
+    FRAME_TEXT_BYTES = MAX_FRAME // 8
+    #: frames sent but not yet acknowledged before the sender waits for the driver
+    WINDOW = 64
 
     def __init__(self, host: str, port: int, secret: bytes, node_rank: int, on_stop: Callable[[str], None]) -> None:
         self._address = (host, port)
         self._secret = secret
         self._node = node_rank
         self._on_stop = on_stop
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(self.QUEUE_LINES)
+        self._queue: queue.Queue[tuple[int, str, str] | None] = queue.Queue(self.QUEUE_LINES)
         self._dropped = 0
-        self._queue_eof_next = False
+        self._seq = 0
+        self._unacked: list[dict[str, Any]] = []
+        self._acks = threading.Condition()
         self._sock: socket.socket | None = None
+        self._sock_alive = False
         self._closing = threading.Event()
         self._sender = threading.Thread(target=self._send_loop, name="spark-torch-log-client", daemon=True)
         self._sender.start()
@@ -248,7 +269,7 @@ class LogClient:
     def __call__(self, rank: int, stream: str, text: str) -> None:
         """Queue one line; never blocks (drops and counts when the queue is full)."""
         try:
-            self._queue.put_nowait({"rank": rank, "stream": stream, "line": text})
+            self._queue.put_nowait((rank, stream, text))
         except queue.Full:
             self._dropped += 1
 
@@ -259,6 +280,8 @@ class LogClient:
         if _recv_exact(sock, len(_OK)) != _OK:
             raise ConnectionError("handshake refused")
         sock.settimeout(None)
+        with self._acks:
+            self._sock_alive = True
         threading.Thread(target=self._read_loop, args=(sock,), name="spark-torch-log-control", daemon=True).start()
         return sock
 
@@ -268,70 +291,105 @@ class LogClient:
                 message = _recv_frame(sock)
                 if "stop" in message:
                     self._on_stop(str(message["stop"]))
+                elif "ack" in message:
+                    acked = int(message["ack"])
+                    with self._acks:
+                        self._unacked = [f for f in self._unacked if f["seq"] > acked]
+                        self._acks.notify_all()
         except (ConnectionError, OSError, ValueError):
-            return
+            pass
+        with self._acks:
+            if self._sock is sock:
+                self._sock_alive = False
+            self._acks.notify_all()
 
-    def _send_loop(self) -> None:
-        backoff = 0.05
-        pending: dict[str, Any] | None = None
-        while True:
-            try:
-                if self._sock is None:
-                    # connect before the first line: the driver's stop must reach silent nodes too
-                    self._sock = self._connect()
-                    backoff = 0.05
-                if pending is None:
-                    pending = self._next_frame()
-                if self._dropped:
-                    count, self._dropped = self._dropped, 0
-                    _send_frame(self._sock, {"dropped": count, "node": self._node, "rank": -1})
-                if "lines" in pending:
-                    _send_lines(self._sock, pending["lines"])
-                else:
-                    _send_frame(self._sock, pending)
-                if "eof" in pending:
-                    return
-                pending = {"eof": self._node} if self._queue_eof_next else None
-            except FrameTooLarge:
-                pending = None  # cannot happen for lines cut at 64 KiB; never retry it forever
-            except (OSError, ConnectionError, ValueError):
-                if self._sock is not None:
-                    self._sock.close()
-                    self._sock = None
-                if self._closing.is_set():
-                    return  # the driver is gone while we flush; give up
-                time.sleep(backoff)  # reconnect backoff, not synchronisation
-                backoff = min(backoff * 2, 2.0)
+    def _numbered(self, frame: dict[str, Any]) -> dict[str, Any]:
+        self._seq += 1
+        frame.update(seq=self._seq, node=self._node)
+        return frame
 
-    def _next_frame(self) -> dict[str, Any]:
-        """Block for one queued line, then batch whatever else is queued into one frame."""
+    def _next_frames(self) -> list[dict[str, Any]]:
+        """Block for one queued line, then batch what else is queued; frames that fit MAX_FRAME."""
         first = self._queue.get()
+        frames: list[dict[str, Any]] = []
+        if self._dropped:
+            count, self._dropped = self._dropped, 0
+            frames.append(self._numbered({"dropped": count, "rank": -1}))
         if first is None:
-            return {"eof": self._node}
-        lines = [[first["rank"], first["stream"], first["line"]]]
-        size = len(first["line"])
+            return [*frames, self._numbered({"eof": self._node})]
+        lines = [list(first)]
+        size = len(first[2])
+        eof = False
         while size < self.FRAME_TEXT_BYTES:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is None:  # end of stream: send it after this batch
-                self._queue_eof_next = True
+            if item is None:
+                eof = True
                 break
-            lines.append([item["rank"], item["stream"], item["line"]])
-            size += len(item["line"]) + 16
-        return {"lines": lines}
+            lines.append(list(item))
+            size += len(item[2]) + 16
+        frames += [self._numbered({"lines": part}) for part in _fit(lines)]
+        if eof:
+            frames.append(self._numbered({"eof": self._node}))
+        return frames
+
+    def _send_loop(self) -> None:
+        backoff = 0.05
+        eof_sent = False
+        while True:
+            try:
+                if self._sock is None or not self._sock_alive:
+                    if self._sock is not None:
+                        self._sock.close()
+                    # connect before the first line: the driver's stop must reach silent nodes too
+                    self._sock = self._connect()
+                    backoff = 0.05
+                    with self._acks:
+                        resend = list(self._unacked)
+                    for frame in resend:
+                        _send_frame(self._sock, frame)
+                with self._acks:
+                    if eof_sent and not self._unacked:
+                        return
+                    if eof_sent or len(self._unacked) >= self.WINDOW:
+                        self._acks.wait(0.5)  # until acknowledged or the connection died
+                        continue
+                for frame in self._next_frames():
+                    with self._acks:
+                        self._unacked.append(frame)
+                    eof_sent = eof_sent or "eof" in frame
+                    _send_frame(self._sock, frame)
+            except (OSError, ConnectionError, ValueError):
+                with self._acks:
+                    self._sock_alive = False
+                if self._closing.is_set():
+                    return  # the driver is gone while we flush; give up
+                time.sleep(backoff)  # reconnect backoff, not synchronisation
+                backoff = min(backoff * 2, 2.0)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued, then an end-of-stream marker; bounded by ``timeout``."""
+        """Send what is queued and an end-of-stream marker, until acknowledged; bounded by ``timeout``."""
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
             pass
         self._sender.join(timeout)
         self._closing.set()
+        with self._acks:
+            self._acks.notify_all()
         if self._sock is not None:
             try:
                 self._sock.close()
             except OSError:
                 pass
+
+
+def _fit(lines: list[list[Any]]) -> list[list[list[Any]]]:
+    """Split a batch of lines into parts whose JSON frames fit MAX_FRAME (one 64 KiB line always fits)."""
+    body = len(json.dumps({"lines": lines}, ensure_ascii=False).encode("utf-8")) + 64
+    if body <= MAX_FRAME or len(lines) == 1:
+        return [lines]
+    half = len(lines) // 2
+    return _fit(lines[:half]) + _fit(lines[half:])

@@ -83,3 +83,15 @@ def test_doctor_local() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "executor torch" in done.stdout and "2-rank gloo all_reduce" in done.stdout
     assert "0 failed" in done.stdout
+
+
+def test_encrypted_cluster_refused() -> None:
+    """A cluster that requires encryption is refused (torch traffic is not encrypted), with the key to override."""
+    done = cli(
+        "run", "--distributed", "--master", "local[1]", "--conf", "spark.driver.host=127.0.0.1",
+        "--conf", "spark.authenticate=true", "--conf", "spark.authenticate.secret=test-only-secret",
+        "--conf", "spark.network.crypto.enabled=true", "-n", "1", str(SCRIPTS / "exit_code.py"), "0",
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "not encrypted" in done.stderr and "pytorch.spark.distributor.ignoreSsl=true" in done.stderr
+    assert "test-only-secret" not in done.stderr + done.stdout

@@ -130,3 +130,30 @@ def _environment_and_cmdline() -> list[str]:
     with open("/proc/self/cmdline", "rb") as fh:
         mine = fh.read().decode("latin-1")
     return [parent, mine, repr(dict(os.environ))]
+
+
+def test_client_reconnects_after_connection_drop() -> None:
+    """The driver side drops every connection mid-stream; the node runner reconnects and goes on."""
+    lines = Lines()
+    secret = new_secret()
+    server = LogServer("127.0.0.1", secret, lines)
+    try:
+        client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
+        for i in range(100):
+            client(0, "stdout", f"before {i}")
+        deadline = time.monotonic() + 10
+        while len(lines.items) < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with server._lock:  # what a network failure does: the connection is gone
+            peers = list(server._peers)
+        for peer in peers:
+            peer.shutdown(socket.SHUT_RDWR)
+        for i in range(100):
+            client(0, "stdout", f"after {i}")
+        client.close()
+        assert server.wait_for_nodes(1, timeout=15)
+        texts = [t for _, _, t in lines.items]
+        assert texts[:100] == [f"before {i}" for i in range(100)]
+        assert [t for t in texts if t.startswith("after")] == [f"after {i}" for i in range(100)]
+    finally:
+        server.close()
