@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="environment variable for every rank (repeatable)")
     run.add_argument("--timeout", type=float, default=None, metavar="S", help="bound on the whole run, seconds")
     run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times")
+    run.add_argument("--ranks-per-task", type=int, default=None, metavar="N",
+                     help="distributed CPU mode: ranks per Spark task (node); default 1")
     run.add_argument("script", metavar="SCRIPT", help="path of the training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments of the script")
 
@@ -124,6 +126,7 @@ def _run(args: argparse.Namespace) -> int:
             env=dict(args.env),
             timeout=args.timeout,
             max_restarts=args.max_restarts,
+            ranks_per_task=args.ranks_per_task,
         )
         distributor.run(args.script, *args.script_args)
     except KeyboardInterrupt:

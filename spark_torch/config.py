@@ -64,10 +64,23 @@ class DistributorConfig:
     log_ranks: Any = "all"
     log_dir: str | None = None
     max_restarts: int = 0
+    ranks_per_task: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_processes", self.num_processes, 1)
         _check_int("max_restarts", self.max_restarts, 0)
+        if self.ranks_per_task is not None:
+            _check_int("ranks_per_task", self.ranks_per_task, 1)
+            if self.local_mode:
+                raise ConfigurationError(
+                    "ranks_per_task applies to distributed mode (local_mode=False); in local mode "
+                    "every rank runs on the driver"
+                )
+            if self.num_processes % self.ranks_per_task:
+                raise ConfigurationError(
+                    f"num_processes={self.num_processes} is not a multiple of ranks_per_task="
+                    f"{self.ranks_per_task}: every barrier task (node) runs the same number of ranks"
+                )
         if not isinstance(self.local_mode, bool):
             raise TypeError(f"local_mode must be True or False, got {self.local_mode!r}")
         if self.use_gpu is not None and not isinstance(self.use_gpu, bool):

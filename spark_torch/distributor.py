@@ -53,6 +53,8 @@ class Distributor:
             list of ranks such as ``[0]``.
         log_dir: also write each rank's output to ``log_dir/rank-N.log``.
         max_restarts: restart the whole gang up to this many times when a rank fails.
+        ranks_per_task: distributed CPU mode: ranks per barrier task (node), default 1; set
+            ``spark.task.cpus`` to the cores they share. With GPUs it is the task's GPU count.
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class Distributor:
         log_ranks: Any = "all",
         log_dir: str | None = None,
         max_restarts: int = 0,
+        ranks_per_task: int | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -77,6 +80,7 @@ class Distributor:
             log_ranks=log_ranks,
             log_dir=log_dir,
             max_restarts=max_restarts,
+            ranks_per_task=ranks_per_task,
         )
         self._spark = spark
 

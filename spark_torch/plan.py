@@ -74,7 +74,17 @@ def make_plan(config: DistributorConfig, cluster: ClusterInfo, cpu_count: int | 
             local_gpus=local_gpus,
             threads_per_rank=max(1, cpus // n),
         )
-    per_task = gpus.ranks_per_task(cluster.task_gpu_amount, n) if use_gpu else 1
+    if use_gpu:
+        per_task = gpus.ranks_per_task(cluster.task_gpu_amount, n)
+        if config.ranks_per_task is not None and config.ranks_per_task != per_task:
+            raise ConfigurationError(
+                f"ranks_per_task={config.ranks_per_task} but each task has {per_task} GPU(s) "
+                "(spark.task.resource.gpu.amount) and runs one rank per GPU; drop ranks_per_task "
+                "or change spark.task.resource.gpu.amount"
+            )
+    else:
+        # CPU: one rank per task unless asked; the task's spark.task.cpus are shared by its ranks
+        per_task = config.ranks_per_task or 1
     if n % per_task:  # pragma: no cover - ranks_per_task already checked
         raise ConfigurationError(f"num_processes={n} is not a multiple of {per_task}")
     return LaunchPlan(

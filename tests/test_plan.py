@@ -108,3 +108,15 @@ def test_rank_env_contract() -> None:
     assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["PATH"] == "/bin"
     assert "PYSPARK_GATEWAY_SECRET" not in env
     assert base["OMP_NUM_THREADS"] == "1"  # the input is not modified
+
+
+def test_ranks_per_task_cpu() -> None:
+    config = DistributorConfig(num_processes=4, local_mode=False, ranks_per_task=2)
+    plan = make_plan(config, ClusterInfo(task_cpus=4))
+    assert (plan.num_nodes, plan.procs_per_node, plan.threads_per_rank) == (2, 2, 2)
+    with pytest.raises(ValueError, match=r"num_processes=3 is not a multiple of ranks_per_task=2"):
+        DistributorConfig(num_processes=3, local_mode=False, ranks_per_task=2)
+    with pytest.raises(ValueError, match="ranks_per_task applies to distributed mode"):
+        DistributorConfig(num_processes=2, ranks_per_task=2)
+    with pytest.raises(ValueError, match=r"ranks_per_task=1 but each task has 2 GPU"):
+        make_plan(DistributorConfig(num_processes=4, local_mode=False, ranks_per_task=1), ClusterInfo(task_gpu_amount=2))

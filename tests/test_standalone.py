@@ -117,6 +117,16 @@ def test_script_standalone(standalone_spark: Any, tmp_path: Path, no_leftovers: 
     assert all(i["EXTRA_VAR"] == "y" and i["argv"] == ["--batch_size=16"] for i in infos)
 
 
+def test_one_node_two_ranks_standalone(standalone_spark: Any, no_leftovers: None) -> None:
+    """1 node x 2 ranks: one barrier task hosts both ranks (ranks_per_task=2) on one executor."""
+    out = Distributor(num_processes=2, local_mode=False, spark=standalone_spark, ranks_per_task=2).run(placement, "x")
+    ranks = out["ranks"]
+    assert out["sum"] == 2.0
+    assert [r["RANK"] for r in ranks] == ["0", "1"] and [r["LOCAL_RANK"] for r in ranks] == ["0", "1"]
+    assert {r["NODE_RANK"] for r in ranks} == {"0"} and {r["LOCAL_WORLD_SIZE"] for r in ranks} == {"2"}
+    assert len({r.get("executor_id") for r in ranks}) == 1
+
+
 def test_ranks_spread_over_workers(
     standalone_spark: Any, standalone: StandaloneCluster, no_leftovers: None
 ) -> None:
