@@ -34,6 +34,7 @@ def _local_versions() -> dict[str, str]:
     except ImportError:
         torch_version = "missing"
     return {
+        "java": "?",
         "python": platform.python_version(),
         "torch": torch_version,
         "pyspark": pyspark.__version__,
@@ -54,8 +55,20 @@ def _probe(batches: Any) -> Any:
             versions[module] = str(getattr(imported, "__version__", "?")).split("+")[0]
         except ImportError:
             versions[module] = "missing"
+    import os
+    import shutil
     import socket
+    import subprocess
 
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    versions["java"] = "missing"
+    if java:
+        try:
+            done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+            first = (done.stderr or done.stdout).splitlines()[0]
+            versions["java"] = first.split('"')[1] if '"' in first else first.strip()
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
     versions["host"] = socket.gethostname()
     yield pa.RecordBatch.from_pydict({"info": [json.dumps(versions)]})
 
@@ -100,6 +113,11 @@ def collect_checks(spark: Any) -> list[Check]:
     hosts = sorted({e["host"] for e in executors})
     if executors:
         checks.append(Check("executor hosts probed", f"{len(hosts)} ({', '.join(hosts[:4])}{'...' if len(hosts) > 4 else ''})"))
+    if executors:
+        java_seen = sorted({e.get("java", "?") for e in executors})
+        major = {v.split(".")[0] for v in java_seen} | ({java.split(".")[0]} if java != "?" else set())
+        checks.append(Check("executor java", ", ".join(java_seen), len(major) == 1 and "missing" not in java_seen,
+                            f"use the same Java major version as the driver ({java}) on every executor"))
     for key in ("python", "torch", "pyspark", "spark_torch"):
         seen = sorted({e[key] for e in executors})
         if not seen:

@@ -81,7 +81,7 @@ def test_ctrl_c_stops_every_rank(mode: list[str]) -> None:
 def test_doctor_local() -> None:
     done = cli("doctor", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "executor torch" in done.stdout and "2-rank gloo all_reduce" in done.stdout
+    assert "executor torch" in done.stdout and "executor java" in done.stdout and "2-rank gloo all_reduce" in done.stdout
     assert "0 failed" in done.stdout
 
 
@@ -95,3 +95,13 @@ def test_encrypted_cluster_refused() -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     assert "not encrypted" in done.stderr and "pytorch.spark.distributor.ignoreSsl=true" in done.stderr
     assert "test-only-secret" not in done.stderr + done.stdout
+
+
+def test_doctor_reports_a_blocking_problem_with_its_fix() -> None:
+    done = cli(
+        "doctor", "--master", "local[1]", "--conf", "spark.driver.host=127.0.0.1",
+        "--conf", "spark.authenticate=true", "--conf", "spark.authenticate.secret=test-only-secret",
+        "--conf", "spark.network.crypto.enabled=true",
+    )
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "FAIL  TLS" in done.stdout and "fix: torch traffic is not encrypted" in done.stdout
