@@ -92,6 +92,8 @@ def test_01_quickstart(tmp_path: Path, monkeypatch: Any) -> None:
     ]
     assert len(images) == 1
     assert base64.b64decode(images[0]).startswith(b"\x89PNG")
+    assert "[rank 0] dataframe epoch 5: train accuracy" in out
+    assert accuracy_from(out, "dataframe train accuracy") > 0.9
 
 
 def test_02_migrate_a_script(tmp_path: Path, monkeypatch: Any) -> None:
