@@ -84,8 +84,11 @@ def wait_for_slots(spark: Any, needed: int, seconds: float = 120.0) -> None:
         time.sleep(0.25)
 
 
-def make_session(master: str, **conf: str) -> Any:
-    """A fresh session on ``master`` (stopping any other) with test-friendly settings."""
+def make_session(master: str, conf: dict[str, str] | None = None, **underscored: str) -> Any:
+    """A fresh session on ``master`` (stopping any other) with test-friendly settings.
+
+    Extra settings come as ``conf`` (Spark keys) or keywords with dots written as underscores.
+    """
     from pyspark.sql import SparkSession
 
     _stop_active()
@@ -97,8 +100,10 @@ def make_session(master: str, **conf: str) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.catalogImplementation", "in-memory")
     )
-    for key, value in conf.items():
-        builder = builder.config(key.replace("_", "."), value)
+    settings = dict(conf or {})
+    settings.update({key.replace("_", "."): value for key, value in underscored.items()})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
@@ -123,24 +128,15 @@ def gpu_discovery_script(tmp_path_factory: Any) -> str:
 @pytest.fixture(scope="session")
 def gpu_cluster_spark(gpu_discovery_script: str) -> Iterator[Any]:
     """``local-cluster`` with 2 executors x 2 fake GPUs, 2 GPUs per task."""
-    from pyspark.sql import SparkSession
-
-    _stop_active()
-    spark = (
-        SparkSession.builder.master("local-cluster[2,2,1024]")
-        .appName("spark-torch-gpu-tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executor.cores", "2")
-        .config("spark.task.cpus", "2")
-        .config("spark.worker.resource.gpu.amount", "2")
-        .config("spark.worker.resource.gpu.discoveryScript", gpu_discovery_script)
-        .config("spark.executor.resource.gpu.amount", "2")
-        .config("spark.executor.resource.gpu.discoveryScript", gpu_discovery_script)
-        .config("spark.task.resource.gpu.amount", "2")
-        .getOrCreate()
-    )
+    spark = make_session("local-cluster[2,2,1024]", {
+        "spark.executor.cores": "2",
+        "spark.task.cpus": "2",
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": gpu_discovery_script,
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.executor.resource.gpu.discoveryScript": gpu_discovery_script,
+        "spark.task.resource.gpu.amount": "2",
+    })
     wait_for_slots(spark, 2)
     yield spark
     spark.stop()
@@ -149,28 +145,12 @@ def gpu_cluster_spark(gpu_discovery_script: str) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def gpu_local_spark(gpu_discovery_script: str) -> Iterator[Any]:
     """``local[2]`` whose driver owns two fake GPUs."""
-    from pyspark.sql import SparkSession
-
-    _stop_active()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("spark-torch-gpu-local-tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.resource.gpu.amount", "2")
-        .config("spark.driver.resource.gpu.discoveryScript", gpu_discovery_script)
-        .getOrCreate()
-    )
+    spark = make_session("local[2]", {
+        "spark.driver.resource.gpu.amount": "2",
+        "spark.driver.resource.gpu.discoveryScript": gpu_discovery_script,
+    })
     yield spark
     spark.stop()
-
-
-def pytest_unconfigure(config: Any) -> None:
-    """Remove this session's private temp dir."""
-    import shutil
-
-    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
