@@ -33,6 +33,8 @@ __all__ = ["LogServer", "LogClient", "MAX_FRAME", "new_secret"]
 logger = logging.getLogger(__name__)
 
 MAX_FRAME = 1024 * 1024
+#: pseudo stream of rank state changes (``started``/``finished``/``failed``) among the lines
+EVENT_STREAM = "event"
 NONCE_BYTES = 32
 HANDSHAKE_SECONDS = 5.0
 _HEADER = struct.Struct(">I")
@@ -89,6 +91,7 @@ class LogServer:
         self._secret = secret
         self._on_line = on_line
         self._flush = getattr(on_line, "flush", None)
+        self._rank_event = getattr(on_line, "rank_event", None)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
@@ -179,6 +182,10 @@ class LogServer:
     def _handle(self, message: dict[str, Any]) -> None:
         if "lines" in message:
             for rank, stream, text in message["lines"]:
+                if stream == EVENT_STREAM:
+                    if self._rank_event is not None:
+                        self._rank_event(int(rank), str(text))
+                    continue
                 self._on_line(int(rank), str(stream), str(text))
             if self._flush is not None:
                 self._flush()
@@ -272,6 +279,10 @@ class LogClient:
             self._queue.put_nowait((rank, stream, text))
         except queue.Full:
             self._dropped += 1
+
+    def rank_event(self, rank: int, state: str) -> None:
+        """Queue a rank's state change for the driver's live status (never blocks)."""
+        self(rank, EVENT_STREAM, state)
 
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self._address, timeout=HANDSHAKE_SECONDS)

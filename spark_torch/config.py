@@ -65,10 +65,13 @@ class DistributorConfig:
     log_dir: str | None = None
     max_restarts: int = 0
     ranks_per_task: int | None = None
+    progress: bool | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_processes", self.num_processes, 1)
         _check_int("max_restarts", self.max_restarts, 0)
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise TypeError(f"progress must be True, False or None (auto), got {self.progress!r}")
         if self.ranks_per_task is not None:
             _check_int("ranks_per_task", self.ranks_per_task, 1)
             if self.local_mode:

@@ -14,6 +14,7 @@ from .config import DistributorConfig
 from .entrypoint import FunctionEntrypoint, make_entrypoint
 from .logs import DriverLogSink
 from .plan import LaunchPlan, make_plan
+from .progress import RunStatus, interactive
 
 __all__ = ["Distributor"]
 
@@ -55,6 +56,8 @@ class Distributor:
         max_restarts: restart the whole gang up to this many times when a rank fails.
         ranks_per_task: distributed CPU mode: ranks per barrier task (node), default 1; set
             ``spark.task.cpus`` to the cores they share. With GPUs it is the task's GPU count.
+        progress: show a live status line (ranks started/running/finished/failed, elapsed) that
+            ends as one summary line; None shows it only in a terminal or Jupyter.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Distributor:
         log_dir: str | None = None,
         max_restarts: int = 0,
         ranks_per_task: int | None = None,
+        progress: bool | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -81,6 +85,7 @@ class Distributor:
             log_dir=log_dir,
             max_restarts=max_restarts,
             ranks_per_task=ranks_per_task,
+            progress=progress,
         )
         self._spark = spark
 
@@ -168,7 +173,10 @@ class Distributor:
         deadline = time.monotonic() + self.config.timeout if self.config.timeout else None
         sink = DriverLogSink(self.config)
         try:
+            show = interactive() if self.config.progress is None else self.config.progress
             for restart in range(self.config.max_restarts + 1):
+                sink.status.close()
+                sink.status = RunStatus(plan.world_size, enabled=show)
                 attempt = Attempt(
                     run_id=run_id,
                     restart_count=restart,
@@ -192,6 +200,7 @@ class Distributor:
                         run_id, str(exc).splitlines()[0], restart + 1, self.config.max_restarts,
                     )
         finally:
+            sink.status.close()
             sink.close()
         return _unpickle_result(result)
 

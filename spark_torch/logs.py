@@ -14,6 +14,7 @@ from collections import deque
 from typing import IO
 
 from .config import DistributorConfig
+from .progress import RunStatus
 
 __all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
 
@@ -35,6 +36,8 @@ class DriverLogSink:
         self._files: dict[int, IO[str]] = {}
         self.tails: dict[int, deque[str]] = {}
         self.lines = 0
+        #: the live status of the current attempt (disabled unless shown)
+        self.status = RunStatus(0, enabled=False)
         if config.log_dir is not None:
             os.makedirs(config.log_dir, exist_ok=True)
 
@@ -48,13 +51,22 @@ class DriverLogSink:
             tail.append(text)
             if self._config.shows_rank(rank):
                 out = sys.stderr if stream == "stderr" else sys.stdout
-                out.write(format_line(rank, text) + "\n")
+                if self.status.enabled:
+                    with self.status.around_output():
+                        out.write(format_line(rank, text) + "\n")
+                        out.flush()
+                else:
+                    out.write(format_line(rank, text) + "\n")
             if self._config.log_dir is not None:
                 fh = self._files.get(rank)
                 if fh is None:
                     path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
                     fh = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
                 fh.write(text + "\n")
+
+    def rank_event(self, rank: int, state: str) -> None:
+        """A rank ``started``, ``finished`` or ``failed`` (feeds the live status)."""
+        self.status.event(rank, state)
 
     def flush(self) -> None:
         """Flush what was written; called after each batch of lines (a pipe read, a frame)."""

@@ -210,8 +210,12 @@ def run_node(
             serialization.write_atomic(payload_path, spec.payload)
         argv = _argv(spec, payload_path, workdir_path)
 
+        rank_event = getattr(on_line, "rank_event", None)
+
         def watch(proc: RankProcess) -> None:
             proc.popen.wait()
+            if rank_event is not None:
+                rank_event(proc.rank, "finished" if proc.popen.returncode == 0 else "failed")
             with changed:
                 exited.append((proc, time.time()))
                 changed.notify_all()
@@ -227,6 +231,8 @@ def run_node(
             )
             procs.append(proc)
             guard.track(proc.pid)
+            if rank_event is not None:
+                rank_event(proc.rank, "started")
             threading.Thread(target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
 
         seen = 0

@@ -205,10 +205,13 @@ def ddp_training(steps: int = 5, lr: float = 0.1) -> dict[str, Any]:
     flattened parameters are bit-identical on every rank), ``losses`` (rank 0's per-step
     local loss) and ``reference_checksum``.
     """
+    import gc
+
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    model = opt = None
     dist.init_process_group("gloo", init_method="env://")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -251,4 +254,10 @@ def ddp_training(steps: int = 5, lr: float = 0.1) -> dict[str, Any]:
             result["initial_checksum_rank0"] = _checksum(_mlp(seed=0))
         return result
     finally:
+        # Free the DDP wrapper (it sits in reference cycles, so only the collector frees it)
+        # while its process group still exists. Left to interpreter shutdown, the rank that
+        # exits first intermittently dies with "terminate called without an active exception"
+        # (SIGABRT) after returning -- seen with plain subprocesses too, without spark_torch.
+        model = opt = None
+        gc.collect()
         dist.destroy_process_group()

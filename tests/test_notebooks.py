@@ -93,6 +93,7 @@ def test_01_quickstart(tmp_path: Path, monkeypatch: Any) -> None:
     assert len(images) == 1
     assert base64.b64decode(images[0]).startswith(b"\x89PNG")
     assert "[rank 0] dataframe epoch 5: train accuracy" in out
+    assert "spark_torch: 2 rank(s): 2 finished, 0 failed" in out  # the live status's summary
     assert accuracy_from(out, "dataframe train accuracy") > 0.9
 
 

@@ -1,0 +1,55 @@
+"""The live status: counts ranks in both modes, collapses into one summary line, off when not interactive."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import pytest
+
+from spark_torch import DistributedRunError, Distributor
+from spark_torch.progress import RunStatus
+
+
+def say_hello() -> int:
+    print(f"hello from {os.environ['RANK']}", flush=True)
+    return 1
+
+
+def fail_rank1() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("boom")
+
+
+def test_unit_counts_and_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    status = RunStatus(2, enabled=True)
+    for event in ("started", "started", "finished", "failed"):
+        status.event(0, event)
+    assert (status.started, status.running, status.finished, status.failed) == (2, 0, 1, 1)
+    with status.around_output():
+        print("a log line")
+    status.close()
+    err = capsys.readouterr().err
+    assert re.search(r"spark_torch: 2 rank\(s\): 1 finished, 1 failed, 0 stopped or not started, in \d+\.\ds", err)
+    assert "spark_torch ranks" in err  # the bar was drawn
+
+
+def test_local_summary_and_logs_intact(capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+    assert Distributor(num_processes=2, progress=True).run(say_hello) == 1
+    captured = capsys.readouterr()
+    assert "[rank 0] hello from 0" in captured.out and "[rank 1] hello from 1" in captured.out
+    assert "spark_torch: 2 rank(s): 2 finished, 0 failed" in captured.err
+
+
+def test_distributed_summary_counts_failure(spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+    assert Distributor(num_processes=2, local_mode=False, spark=spark_session, progress=True).run(say_hello) == 1
+    assert "spark_torch: 2 rank(s): 2 finished, 0 failed" in capsys.readouterr().err
+    with pytest.raises(DistributedRunError):
+        Distributor(num_processes=2, progress=True).run(fail_rank1)
+    assert re.search(r"2 rank\(s\): [01] finished, [12] failed", capsys.readouterr().err)
+
+
+def test_off_when_not_interactive(capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+    Distributor(num_processes=1).run(say_hello)
+    assert "spark_torch ranks" not in capsys.readouterr().err
