@@ -91,12 +91,10 @@ class NodeFailed(RuntimeError):
     """Raised in the task so that Spark aborts the barrier stage; carries the encoded report."""
 
 
-def _print_to_executor_log(host: str) -> Any:
-    def on_line(rank: int, stream: str, text: str) -> None:
-        sys.stderr.write(f"[rank {rank}] {text}\n")
-        sys.stderr.flush()
-
-    return on_line
+def _print_to_executor_log(rank: int, stream: str, text: str) -> None:
+    """Without a driver channel, rank output goes to the executor's stderr log."""
+    sys.stderr.write(f"[rank {rank}] {text}\n")
+    sys.stderr.flush()
 
 
 def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
@@ -191,7 +189,7 @@ def _run_node_task(spec: TaskSpec, context: Any, batches: Iterator[Any], workdir
             else None
         )
         try:
-            outcome, pickled = run_node(node, client or _print_to_executor_log(host), stop=stop, workdir=workdir)
+            outcome, pickled = run_node(node, client or _print_to_executor_log, stop=stop, workdir=workdir)
         finally:
             if client is not None:
                 client.close()
