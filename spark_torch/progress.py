@@ -20,8 +20,10 @@ __all__ = ["RunStatus", "interactive"]
 
 def interactive() -> bool:
     """True in a terminal or a Jupyter kernel; False in pipes, CI logs and test capture."""
-    if "ipykernel" in sys.modules:
-        return True
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        return True  # a Jupyter kernel (merely importing ipykernel does not count)
     try:
         return bool(sys.stderr.isatty())
     except (AttributeError, ValueError):

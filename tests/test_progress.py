@@ -53,3 +53,12 @@ def test_distributed_summary_counts_failure(spark_session: Any, capsys: pytest.C
 def test_off_when_not_interactive(capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
     Distributor(num_processes=1).run(say_hello)
     assert "spark_torch ranks" not in capsys.readouterr().err
+
+
+def test_importing_ipykernel_is_not_interactive() -> None:
+    """Only a running Jupyter kernel counts, not a process that merely imported ipykernel."""
+    import ipykernel  # noqa: F401
+
+    from spark_torch.progress import interactive
+
+    assert interactive() is False
