@@ -25,6 +25,7 @@ from .processes import RankProcess, kill_group, signal_name, spawn_rank
 __all__ = ["NodeSpec", "NodeOutcome", "NodeWorkdir", "run_node", "RANK_MAIN_MODULE"]
 
 RANK_MAIN_MODULE = "spark_torch.rank_main"
+SCRIPT_MAIN_MODULE = "spark_torch.script_main"
 REAPER_MODULE = "spark_torch.reaper"
 GRACE_SECONDS = 5.0
 
@@ -79,7 +80,7 @@ class NodeOutcome:
 
 def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
     if spec.script is not None:
-        return [spec.python, "-u", spec.script, *spec.script_argv]
+        return [spec.python, "-u", "-m", SCRIPT_MAIN_MODULE, spec.script, *spec.script_argv]
     assert payload_path is not None
     return [spec.python, "-u", "-m", RANK_MAIN_MODULE, payload_path, result_dir]
 
@@ -107,8 +108,7 @@ def _rank_env(spec: NodeSpec, local_rank: int) -> dict[str, str]:
     )
     # ranks import spark_torch.rank_main from wherever this process found spark_torch
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if spec.script is None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     return env
 
 

@@ -18,6 +18,7 @@ The environment contract (the same as ``torchrun`` gives a rank, in both modes):
 =====================  ==========================================================
 
 So ``torch.distributed.init_process_group(backend, init_method="env://")`` works unchanged.
+Scripts run through :mod:`spark_torch.script_main` with the same environment.
 This module never imports pyspark.
 """
 

@@ -1,0 +1,49 @@
+"""Entry point of one rank in script mode: ``python -m spark_torch.script_main SCRIPT ARGS...``.
+
+Runs SCRIPT exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``,
+``sys.argv``, ``sys.path[0]`` = the script's folder, ``__file__``), with the environment
+documented in :mod:`spark_torch.rank_main`. Then, like a function rank, it tears down a
+process group the script left open and exits without tearing the interpreter down: with
+torch/gloo loaded, teardown costs about a second and can abort the process ("terminate called
+without an active exception"), which would turn a successful rank into a SIGABRT. The script's
+atexit handlers still run. Exit status: the script's ``sys.exit`` code, 1 for an uncaught
+exception (its traceback goes to stderr, as with ``python``).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+from .rank_main import _destroy_process_group, _exit_fast
+
+__all__ = ["main"]
+
+
+def main(argv: list[str]) -> int:
+    """Run the script; return its exit status."""
+    script, *args = argv
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - reported like the interpreter would
+        traceback.print_exc()
+        code = 1
+    _destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    _exit_fast(main(sys.argv[1:]))
