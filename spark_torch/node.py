@@ -106,7 +106,11 @@ def _rank_env(spec: NodeSpec, local_rank: int) -> dict[str, str]:
         cuda_visible_devices=spec.visible_devices,
         extra=spec.extra_env,
     )
-    # ranks import spark_torch.rank_main from wherever this process found spark_torch
+    return _with_package_on_path(env)
+
+
+def _with_package_on_path(env: dict[str, str]) -> dict[str, str]:
+    """Children run ``python -m spark_torch.…`` from wherever this process found spark_torch."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     return env
@@ -131,9 +135,7 @@ def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: floa
 
 def _start_reaper(python: str, workdir: str) -> subprocess.Popen[bytes] | None:
     """The watchdog that cleans up if this process dies before its own cleanup runs."""
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_TORCH_RUN_ID",)}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env = _with_package_on_path(dict(os.environ))
     try:
         return subprocess.Popen(
             [python, "-S", "-m", REAPER_MODULE, workdir],
