@@ -22,9 +22,10 @@ from .errors import (
     RankFailure,
     RunTimeoutError,
 )
+from .node import NodeWorkdir
 from .plan import LaunchPlan
 from .serialization import rebuild_exception
-from .task import RESULT_SCHEMA, TaskSpec, decode_failure, run_barrier_task
+from .task import FINISHED_SEQ, HANDED_OVER_SEQ, RESULT_FILE, RESULT_SCHEMA, TaskSpec, decode_failure, run_barrier_task
 
 __all__ = ["run_distributed", "available_slots", "check_slots"]
 
@@ -143,6 +144,17 @@ def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading
         done.set()
 
 
+def _result_by_file() -> bool:
+    """``SPARK_TORCH_RESULT_TRANSFER``: ``auto`` (default: by file when node 0 can reach the
+    driver's temp dir, else through Spark) or ``spark`` (always through Spark's result channel)."""
+    value = os.environ.get("SPARK_TORCH_RESULT_TRANSFER", "auto").strip().lower()
+    if value not in ("auto", "spark"):
+        raise ConfigurationError(
+            f"SPARK_TORCH_RESULT_TRANSFER={value!r} is not valid; use 'auto' (the default) or 'spark'"
+        )
+    return value == "auto"
+
+
 def run_distributed(
     spark: Any,
     plan: LaunchPlan,
@@ -151,10 +163,11 @@ def run_distributed(
     attempt: Attempt,
     driver_host: str,
     data: DataInput | None = None,
-) -> bytes | None:
+) -> bytes | bytearray | None:
     """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
     if plan.local_mode:  # pragma: no cover - guarded by the caller
         raise ConfigurationError("run_distributed called with a local-mode plan")
+    by_file = payload is not None and _result_by_file()
     check_slots(spark, plan.num_nodes)
     secret = new_secret()
     if is_connect_session(spark):
@@ -162,7 +175,11 @@ def run_distributed(
         driver_host = client_log_host()
     server = LogServer(driver_host, secret, attempt.on_line)
     try:
-        return _run_stage(spark, plan, entry, payload, attempt, server, secret, data)
+        if not by_file:
+            return _run_stage(spark, plan, entry, payload, attempt, server, secret, data, None)
+        # node 0 moves rank 0's result in here when it shares this host (or filesystem)
+        with NodeWorkdir(attempt.run_id, 0, role="driver") as result_dir:
+            return _run_stage(spark, plan, entry, payload, attempt, server, secret, data, result_dir.path)
     finally:
         if server is not None:
             server.close()
@@ -177,7 +194,8 @@ def _run_stage(
     server: LogServer | None,
     secret: bytes,
     data: DataInput | None,
-) -> bytes | None:
+    result_dir: str | None,
+) -> bytes | bytearray | None:
     timeout = attempt.timeout
     spec = TaskSpec(
         run_id=attempt.run_id,
@@ -197,6 +215,7 @@ def _run_stage(
         log_secret=secret if server else b"",
         data_columns=data.columns if data else None,
         data_explicit=data.explicit if data else False,
+        result_dir=result_dir,
     )
     # one input partition per node: the node's share of the data (round-robin, deterministic
     # for a given DataFrame), or one placeholder row
@@ -244,10 +263,9 @@ def _run_stage(
     if server is not None:
         server.wait_for_nodes(plan.num_nodes, timeout=10.0)  # drain the last log lines
     table = box["table"]
-    rows = sorted(
-        zip(table.column("node").to_pylist(), table.column("seq").to_pylist(), table.column("data").to_pylist())
-    )
-    reported = {node for node, seq, _ in rows if seq == -1}
+    nodes = table.column("node").to_pylist()
+    seqs = table.column("seq").to_pylist()
+    reported = {node for node, seq in zip(nodes, seqs) if seq == FINISHED_SEQ}
     if len(reported) < plan.num_nodes:
         if data is not None and not reported:
             raise ConfigurationError("the DataFrame is empty; there is nothing to train on")
@@ -257,4 +275,32 @@ def _run_stage(
         )
     if payload is None:
         return None
-    return b"".join(chunk for node, seq, chunk in rows if node == 0 and seq >= 0)
+    return _assemble_result(table, nodes, seqs, result_dir)
+
+
+def _assemble_result(table: Any, nodes: list[int], seqs: list[int], result_dir: str | None) -> bytes | bytearray:
+    """Rank 0's pickled result: from the file node 0 handed over, or joined from its Arrow rows."""
+    data = table.column("data")
+    rows = sorted((seq, i) for i, (node, seq) in enumerate(zip(nodes, seqs)) if node == 0 and seq != FINISHED_SEQ)
+    if rows and rows[0][0] == HANDED_OVER_SEQ:
+        size = int(data[rows[0][1]].as_py().decode("ascii"))
+        path = os.path.join(result_dir or "", RESULT_FILE)
+        try:
+            with open(path, "rb") as fh:
+                result = fh.read()
+        except OSError as exc:
+            raise LaunchError(f"rank 0's result file {path} could not be read on the driver ({exc})") from exc
+        if len(result) != size:
+            raise LaunchError(
+                f"rank 0's result file {path} has {len(result)} bytes on the driver, node 0 wrote {size}; "
+                "is the driver's temp directory on a filesystem that does not show other hosts' writes at once?"
+            )
+        return result
+    pieces = [data[i].as_buffer() for seq, i in rows if seq >= 0]  # zero-copy views of Arrow memory
+    joined = bytearray(sum(p.size for p in pieces))
+    view = memoryview(joined)
+    offset = 0
+    for piece in pieces:
+        view[offset : offset + piece.size] = memoryview(piece).cast("B")
+        offset += piece.size
+    return joined

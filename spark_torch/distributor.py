@@ -213,7 +213,7 @@ class Distributor:
         payload: bytes | None,
         attempt: Attempt,
         data: Any,
-    ) -> bytes | None:
+    ) -> bytes | bytearray | None:
         if plan.local_mode:
             from .local_mode import run_local
 
@@ -223,7 +223,7 @@ class Distributor:
         return run_distributed(spark, plan, entry, payload, attempt, driver_host=cluster.driver_host, data=data)
 
 
-def _unpickle_result(result: bytes | None) -> Any:
+def _unpickle_result(result: bytes | bytearray | None) -> Any:
     """Rank 0's value; the bytes came from this run's own file or Spark's result channel."""
     if result is None:
         return None

@@ -93,4 +93,7 @@ def _run_here(
         if cause is not None:
             raise error from cause
         raise error
-    return outcome.result
+    if outcome.result_file is None:
+        return None
+    with open(outcome.result_file, "rb") as fh:
+        return fh.read()

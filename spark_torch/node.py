@@ -65,10 +65,11 @@ class NodeSpec:
 
 @dataclass
 class NodeOutcome:
-    """What happened on one node: failures by rank, and rank 0's pickled result if it ran here."""
+    """What happened on one node: failures by rank, and rank 0's result file if it ran here."""
 
     failures: list[RankFailure] = field(default_factory=list)
-    result: bytes | None = None
+    #: rank 0's pickled return value, inside the node's workdir (gone when the workdir is)
+    result_file: str | None = None
     stopped: bool = False  # stopped from outside (timeout / cancellation)
     running_at_stop: list[RankFailure] = field(default_factory=list)
 
@@ -163,8 +164,8 @@ def _tell_reaper(reaper: subprocess.Popen[bytes] | None, line: str) -> None:
 class NodeWorkdir:
     """A node's temp dir (payload, results, data), guarded by a reaper; removed on exit."""
 
-    def __init__(self, run_id: str, node_rank: int, python: str = sys.executable) -> None:
-        self.path = tempfile.mkdtemp(prefix=f"spark-torch-{run_id}-node{node_rank}-")
+    def __init__(self, run_id: str, node_rank: int, python: str = sys.executable, *, role: str = "node") -> None:
+        self.path = tempfile.mkdtemp(prefix=f"spark-torch-{run_id}-{role}{node_rank}-")
         self._reaper = _start_reaper(python, self.path)
 
     def track(self, pgid: int) -> None:
@@ -274,10 +275,10 @@ def run_node(
                 pump.join(timeout=2.0)
         if not outcome.failures and not outcome.stopped and spec.payload is not None:
             if spec.node_rank == 0:
-                try:
-                    with open(serialization.result_path(workdir_path, 0), "rb") as fh:
-                        outcome.result = fh.read()
-                except FileNotFoundError:
+                path = serialization.result_path(workdir_path, 0)
+                if os.path.isfile(path):
+                    outcome.result_file = path
+                else:
                     outcome.failures.append(
                         RankFailure(rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
                                     exc_message="rank 0 exited with code 0 but wrote no result "

@@ -34,7 +34,6 @@ __all__ = [
     "write_result",
     "write_error",
     "read_error",
-    "chunks",
     "rebuild_exception",
 ]
 
@@ -162,6 +161,24 @@ def write_atomic(path: str, data: bytes) -> None:
         raise
 
 
+def write_atomic_from(path: str, source: Any) -> None:
+    """Like :func:`write_atomic`, copying from the open binary file ``source``."""
+    import shutil
+
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            shutil.copyfileobj(source, fh, CHUNK_SIZE)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def result_path(result_dir: str, rank: int) -> str:
     """Where a rank writes its pickled return value."""
     return os.path.join(result_dir, f"rank-{rank}.result")
@@ -220,12 +237,3 @@ def rebuild_exception(failure: RankFailure, pickled: str | None) -> BaseExceptio
         except Exception:  # noqa: BLE001
             return None
     return None
-
-
-def chunks(data: bytes, size: int = CHUNK_SIZE) -> Iterator[bytes]:
-    """Split ``data`` into pieces small enough for one Arrow/Spark row each."""
-    view = memoryview(data)
-    for start in range(0, len(data), size):
-        yield bytes(view[start : start + size])
-    if not data:
-        yield b""

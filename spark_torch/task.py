@@ -60,6 +60,9 @@ class TaskSpec:
     log_host: str | None = None
     log_port: int = 0
     log_secret: bytes = field(default=b"", repr=False)
+    #: a directory the driver made for rank 0's result: used when node 0 can write it (same
+    #: host or a shared filesystem), else the result travels as Arrow rows
+    result_dir: str | None = None
 
 
 def encode_failure(failures: list[RankFailure], pickled: dict[int, str | None], headline: str | None = None) -> str:
@@ -99,21 +102,71 @@ def _print_to_executor_log(rank: int, stream: str, text: str) -> None:
 
 def run_barrier_task(spec: TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
     """``mapInArrow`` body: one node of the run."""
-    import pyarrow as pa
     from pyspark import BarrierTaskContext
 
     context = BarrierTaskContext.get()
     node_rank = context.partitionId()
     with NodeWorkdir(spec.run_id, node_rank) as workdir:
         outcome = _run_node_task(spec, context, batches, workdir)
-    if outcome is None:
-        return  # the driver asked us to stop (timeout, Ctrl-C, another node failed)
-    schema = pa.schema([("node", pa.int32()), ("seq", pa.int32()), ("data", pa.binary())])
-    # seq -1: "this node finished"; the driver checks that every node did
-    yield pa.RecordBatch.from_pydict({"node": [node_rank], "seq": [-1], "data": [b""]}, schema=schema)
-    if outcome.result is not None:
-        for seq, chunk in enumerate(serialization.chunks(outcome.result)):
-            yield pa.RecordBatch.from_pydict({"node": [node_rank], "seq": [seq], "data": [chunk]}, schema=schema)
+        if outcome is None:
+            return  # the driver asked us to stop (timeout, Ctrl-C, another node failed)
+        # seq -1: "this node finished"; the driver checks that every node did
+        yield _row(node_rank, FINISHED_SEQ, b"")
+        if outcome.result_file is not None:
+            yield from _result_rows(node_rank, outcome.result_file, spec.result_dir)
+
+
+#: row kinds besides the result's chunks (seq >= 0)
+FINISHED_SEQ = -1
+HANDED_OVER_SEQ = -2  # the result is in the driver's result_dir; data = its size in ASCII
+RESULT_FILE = "rank-0.result"
+
+
+def _row(node_rank: int, seq: int, data: Any) -> Any:
+    """One Arrow row of RESULT_SCHEMA; ``data`` may be bytes or a pyarrow Buffer (not copied)."""
+    import pyarrow as pa
+
+    buf = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    offsets = pa.py_buffer(bytes(4) + len(buf).to_bytes(4, "little", signed=True))
+    column = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, buf])
+    return pa.RecordBatch.from_arrays(
+        [pa.array([node_rank], pa.int32()), pa.array([seq], pa.int32()), column], names=["node", "seq", "data"]
+    )
+
+
+def _hand_over(result_file: str, result_dir: str | None) -> int | None:
+    """Move the result into the driver's ``result_dir`` if this host can; returns its size."""
+    if not result_dir or not os.path.isdir(result_dir) or not os.access(result_dir, os.W_OK):
+        return None
+    target = os.path.join(result_dir, RESULT_FILE)
+    try:
+        size = os.path.getsize(result_file)
+        try:
+            os.replace(result_file, target)  # same filesystem: no copy
+        except OSError:
+            with open(result_file, "rb") as src:
+                serialization.write_atomic_from(target, src)
+        return size
+    except OSError:
+        return None
+
+
+def _result_rows(node_rank: int, result_file: str, result_dir: str | None) -> Iterator[Any]:
+    """Rank 0's result: by file when the driver can see it, else as 16 MiB Arrow rows."""
+    size = _hand_over(result_file, result_dir)
+    if size is not None:
+        yield _row(node_rank, HANDED_OVER_SEQ, str(size).encode("ascii"))
+        return
+    with open(result_file, "rb") as fh:
+        seq = 0
+        while True:
+            piece = fh.read(serialization.CHUNK_SIZE)
+            if not piece and seq > 0:
+                break
+            yield _row(node_rank, seq, piece)
+            seq += 1
+            if len(piece) < serialization.CHUNK_SIZE:
+                break
 
 
 def _launch_error(rank: int, host: str, message: str, kind: str = "LaunchError") -> NodeFailed:

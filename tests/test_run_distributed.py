@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import DistributedRunError, Distributor, InsufficientSlotsError
+from spark_torch import ConfigurationError, DistributedRunError, Distributor, InsufficientSlotsError
 
 from .conftest import SCRIPTS
 
@@ -133,9 +133,31 @@ def big(megabytes: int) -> bytes:
     return os.urandom(1024) * (megabytes * 1024)
 
 
-def test_large_result_distributed(spark_session: Any, no_leftovers: None) -> None:
-    out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(big, 110)
+def big_with_digest(megabytes: int) -> tuple[str, bytes]:
+    import hashlib
+
+    data = big(megabytes)
+    return hashlib.sha256(data).hexdigest(), data
+
+
+@pytest.mark.parametrize("transfer", ["auto", "spark"])
+def test_large_result_distributed(
+    transfer: str, spark_session: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """auto: node 0 shares the driver's host, so the result is handed over by file; spark: as
+    16 MiB Arrow rows through Spark's result channel (what a result from another host takes)."""
+    import hashlib
+
+    monkeypatch.setenv("SPARK_TORCH_RESULT_TRANSFER", transfer)
+    digest, out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(big_with_digest, 110)
     assert len(out) == 110 * 1024 * 1024
+    assert hashlib.sha256(out).hexdigest() == digest
+
+
+def test_bad_result_transfer_setting(spark_session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARK_TORCH_RESULT_TRANSFER", "carrier-pigeon")
+    with pytest.raises(ConfigurationError, match=r"SPARK_TORCH_RESULT_TRANSFER='carrier-pigeon' is not valid; use 'auto'"):
+        Distributor(num_processes=1, local_mode=False, spark=spark_session).run(world_info, "x")
 
 
 def unpicklable_on_driver() -> Any:

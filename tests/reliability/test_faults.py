@@ -149,7 +149,17 @@ def big(megabytes: int) -> bytes:
     return os.urandom(1024) * (megabytes * 1024)
 
 
+def test_result_from_the_driver_host_skips_max_result_size(cluster_spark: Any, no_leftovers: None) -> None:
+    """An executor on the driver's host hands the result over by file: maxResultSize (64m) does not apply."""
+    out = Distributor(num_processes=2, local_mode=False, spark=cluster_spark).run(big, 80)
+    assert len(out) == 80 * 1024 * 1024
+
+
 @pytest.mark.slow
-def test_result_larger_than_max_result_size(cluster_spark: Any, no_leftovers: None) -> None:
+def test_result_larger_than_max_result_size(
+    cluster_spark: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a result from another host travels through Spark (on this host it is handed over by file)
+    monkeypatch.setenv("SPARK_TORCH_RESULT_TRANSFER", "spark")
     with pytest.raises(DistributedRunError, match=r"larger than spark\.driver\.maxResultSize"):
         Distributor(num_processes=2, local_mode=False, spark=cluster_spark).run(big, 80)
