@@ -90,10 +90,14 @@ def chatter(lines=100_000):
     return {"print_seconds": time.perf_counter() - start}
 
 
-def big_result(nbytes=256 << 20):
-    """Rank 0 returns ``nbytes`` of bytes (other ranks return None)."""
+def big_result(nbytes=256 << 20, returned=True):
+    """Rank 0 builds ``nbytes`` of bytes in touched memory (like a state dict; an untouched
+    ``bytes(n)`` maps the kernel's zero page and is slow to write to a file) and returns it
+    when ``returned``; the baseline run builds it too and returns None, so the difference is
+    the cost of the transfer alone. Other ranks return None."""
     import os
 
     if os.environ.get("RANK", "0") == "0" and nbytes:
-        return bytes(nbytes)
+        data = os.urandom(1 << 20) * (nbytes >> 20)
+        return data if returned else None
     return None

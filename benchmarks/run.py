@@ -66,6 +66,7 @@ class Job:
     master: str | None  # Spark master of the worker's session (None: no session)
     conf: tuple[tuple[str, str], ...] = ()
     quick: bool = True  # part of --quick
+    env: tuple[tuple[str, str], ...] = ()  # environment of the worker process
 
 
 JOBS = [
@@ -82,6 +83,15 @@ JOBS = [
         "distributed",
         "local[2]",
         (("spark.driver.maxResultSize", "2g"), ("spark.driver.memory", "4g")),
+    ),
+    # what a result from another host takes: 16 MiB Arrow rows through Spark's result channel
+    Job(
+        "result-dist-spark",
+        "result",
+        "distributed",
+        "local[2]",
+        (("spark.driver.maxResultSize", "2g"), ("spark.driver.memory", "4g")),
+        env=(("SPARK_TORCH_RESULT_TRANSFER", "spark"),),
     ),
     Job("scaling", "scaling", "local", None),
     Job("profile", "profile", "local", None),
@@ -424,27 +434,27 @@ class Worker:
         local = self.job.mode == "local"
         self.warm_up(local)
         rec = self.record("result", None, "in-process pickle", "seconds_roundtrip", "s", nbytes=RESULT_BYTES)
-        obj = bytes(RESULT_BYTES)
+        obj = os.urandom(1 << 20) * (RESULT_BYTES >> 20)  # the object big_result returns
         for _ in range(max(3, self.reps)):
             self.measure(rec, lambda: len(pickle.loads(pickle.dumps(obj))))
         del obj
 
-        def check(v: Any, nbytes: int) -> Any:
+        def check(v: Any, returned: bool) -> Any:
             # TorchDistributor's local mode may hand back another rank's value (None): record it,
             # keep the timing
-            ok = (isinstance(v, bytes) and len(v) == nbytes) if nbytes else v is None
+            ok = (isinstance(v, bytes) and len(v) == RESULT_BYTES) if returned else v is None
             return {"result_ok": ok, "result_type": type(v).__name__}
 
         launchers = [
-            (OURS, lambda nb: check(self.ours(n, local, b.big_result, nb), nb)),
-            (TD, lambda nb: check(self.td(n, local, b.big_result, nb), nb)),
+            (OURS, lambda ret: check(self.ours(n, local, b.big_result, RESULT_BYTES, ret), ret)),
+            (TD, lambda ret: check(self.td(n, local, b.big_result, RESULT_BYTES, ret), ret)),
         ]
         for rep in range(self.reps):
             for name, fn in self.rotate(launchers, rep):
-                for nbytes in (RESULT_BYTES, 0):
-                    metric = "seconds_256MB" if nbytes else "seconds_none"
-                    rec = self.record("result", n, name, metric, "s", nbytes=nbytes)
-                    self.measure(rec, lambda fn=fn, nb=nbytes: fn(nb))
+                for returned in (True, False):
+                    metric = "seconds_256MB" if returned else "seconds_none"
+                    rec = self.record("result", n, name, metric, "s", nbytes=RESULT_BYTES if returned else 0)
+                    self.measure(rec, lambda fn=fn, ret=returned: fn(ret))
 
     def scaling(self) -> None:
         b = self.bodies
@@ -551,6 +561,7 @@ def top_functions(stats: pstats.Stats, k: int) -> list[dict[str, Any]]:
 
 def worker_main(args: argparse.Namespace) -> int:
     job = next(j for j in JOBS if j.name == args.worker)
+    os.environ.update(dict(job.env))
     start = time.time()
     load0 = [round(x, 2) for x in os.getloadavg()]
     w = Worker(job, args.reps, args.quick)
@@ -667,8 +678,9 @@ def analyse(outputs: list[dict[str, Any]]) -> dict[str, Any]:
         slow = None if loud is None or not silent else loud / silent - 1
         target(f"logging 100k lines/rank slowdown ({mode})", slow, "<=", 0.10, "loud/silent - 1, N=2")
     res = [r for r in recs if r["bench"] == "result"]
-    for mode in sorted({r["mode"] for r in res}):
-        rs = [r for r in res if r["mode"] == mode]
+    for job in sorted({r["job"] for r in res}):
+        rs = [r for r in res if r["job"] == job]
+        mode = job.removeprefix("result-")
         inproc = med(rs, metric="seconds_roundtrip")
         big, none = med(rs, launcher=OURS, metric="seconds_256MB"), med(rs, launcher=OURS, metric="seconds_none")
         delta = None if big is None or none is None else big - none

@@ -13,7 +13,7 @@ from .gpus import visible_devices
 from .node import NodeSpec, NodeWorkdir, run_node
 from .plan import LaunchPlan
 from .processes import reserve_port
-from .serialization import rebuild_exception
+from .serialization import ResultBytes, map_file, rebuild_exception
 
 __all__ = ["run_local"]
 
@@ -26,7 +26,7 @@ def run_local(
     payload: bytes | None,
     attempt: Attempt,
     data: DataInput | None = None,
-) -> bytes | None:
+) -> ResultBytes | None:
     """Run all ranks here; return rank 0's pickled result (function mode) or None."""
     with NodeWorkdir(attempt.run_id, 0) as workdir:
         extra_env = dict(attempt.extra_env)
@@ -48,7 +48,7 @@ def _run_here(
     attempt: Attempt,
     workdir: NodeWorkdir,
     extra_env: dict[str, str],
-) -> bytes | None:
+) -> ResultBytes | None:
     reservation = reserve_port(LOCAL_HOST)
     timeout = attempt.timeout
     stop = threading.Event()
@@ -74,7 +74,7 @@ def _run_here(
         if timer is not None:
             timer.daemon = True
             timer.start()
-        outcome, pickled = run_node(spec, attempt.on_line, stop=stop if timer else None, workdir=workdir)
+        outcome, pickled = run_node(spec, attempt.on_lines, stop=stop if timer else None, workdir=workdir)
     finally:
         if timer is not None:
             timer.cancel()
@@ -95,5 +95,4 @@ def _run_here(
         raise error
     if outcome.result_file is None:
         return None
-    with open(outcome.result_file, "rb") as fh:
-        return fh.read()
+    return map_file(outcome.result_file)  # stays readable after the workdir is removed

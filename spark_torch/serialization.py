@@ -10,7 +10,9 @@ import base64
 import builtins
 import inspect
 import json
+import mmap
 import os
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -18,7 +20,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import cloudpickle
 
@@ -28,7 +30,10 @@ from .errors import PicklingError, RankFailure
 __all__ = [
     "dump_function_payload",
     "load_function_payload",
+    "atomic_file",
     "write_atomic",
+    "map_file",
+    "ResultBytes",
     "result_path",
     "error_path",
     "write_result",
@@ -145,38 +150,48 @@ def load_function_payload(data: bytes) -> tuple[Any, tuple[Any, ...], dict[str, 
     return fn, tuple(args), dict(kwargs)
 
 
+@contextmanager
+def atomic_file(path: str) -> Iterator[IO[bytes]]:
+    """A binary file that appears at ``path`` complete, or not at all (on any exception)."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see either nothing or the whole file."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_file(path) as fh:
+        fh.write(data)
 
 
-def write_atomic_from(path: str, source: Any) -> None:
+def write_atomic_from(path: str, source: IO[bytes]) -> None:
     """Like :func:`write_atomic`, copying from the open binary file ``source``."""
-    import shutil
+    with atomic_file(path) as fh:
+        shutil.copyfileobj(source, fh, CHUNK_SIZE)
 
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            shutil.copyfileobj(source, fh, CHUNK_SIZE)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+
+#: rank 0's pickled result as the driver holds it before unpickling
+ResultBytes = bytes | bytearray | mmap.mmap
+
+
+def map_file(path: str) -> bytes | mmap.mmap:
+    """The file's bytes without reading them into a new buffer (a read-only memory map).
+
+    The mapping stays valid after the file is deleted; ``pickle.loads`` reads it directly.
+    """
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 def result_path(result_dir: str, rank: int) -> str:
@@ -190,8 +205,13 @@ def error_path(result_dir: str, rank: int) -> str:
 
 
 def write_result(result_dir: str, rank: int, value: Any) -> None:
-    """Rank side: pickle the return value and publish it atomically."""
-    write_atomic(result_path(result_dir, rank), cloudpickle.dumps(value))
+    """Rank side: pickle the return value straight into its file and publish it atomically.
+
+    Large buffers (bytes, arrays, tensors' storage) go from the object to the file without an
+    intermediate copy of the whole pickle.
+    """
+    with atomic_file(result_path(result_dir, rank)) as fh:
+        cloudpickle.dump(value, fh)
 
 
 def write_error(result_dir: str, rank: int, exc: BaseException) -> None:
