@@ -24,7 +24,7 @@ from .errors import (
 )
 from .node import NodeWorkdir
 from .plan import LaunchPlan
-from .serialization import rebuild_exception
+from .serialization import ResultBytes, map_file, rebuild_exception
 from .task import FINISHED_SEQ, HANDED_OVER_SEQ, RESULT_FILE, RESULT_SCHEMA, TaskSpec, decode_failure, run_barrier_task
 
 __all__ = ["run_distributed", "available_slots", "check_slots"]
@@ -163,7 +163,7 @@ def run_distributed(
     attempt: Attempt,
     driver_host: str,
     data: DataInput | None = None,
-) -> bytes | bytearray | None:
+) -> ResultBytes | None:
     """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
     if plan.local_mode:  # pragma: no cover - guarded by the caller
         raise ConfigurationError("run_distributed called with a local-mode plan")
@@ -173,7 +173,7 @@ def run_distributed(
     if is_connect_session(spark):
         # the driver runs in the Connect server; the log channel ends here, on the client
         driver_host = client_log_host()
-    server = LogServer(driver_host, secret, attempt.on_line)
+    server = LogServer(driver_host, secret, attempt.on_lines)
     try:
         if not by_file:
             return _run_stage(spark, plan, entry, payload, attempt, server, secret, data, None)
@@ -195,7 +195,7 @@ def _run_stage(
     secret: bytes,
     data: DataInput | None,
     result_dir: str | None,
-) -> bytes | bytearray | None:
+) -> ResultBytes | None:
     timeout = attempt.timeout
     spec = TaskSpec(
         run_id=attempt.run_id,
@@ -278,7 +278,7 @@ def _run_stage(
     return _assemble_result(table, nodes, seqs, result_dir)
 
 
-def _assemble_result(table: Any, nodes: list[int], seqs: list[int], result_dir: str | None) -> bytes | bytearray:
+def _assemble_result(table: Any, nodes: list[int], seqs: list[int], result_dir: str | None) -> ResultBytes:
     """Rank 0's pickled result: from the file node 0 handed over, or joined from its Arrow rows."""
     data = table.column("data")
     rows = sorted((seq, i) for i, (node, seq) in enumerate(zip(nodes, seqs)) if node == 0 and seq != FINISHED_SEQ)
@@ -286,8 +286,7 @@ def _assemble_result(table: Any, nodes: list[int], seqs: list[int], result_dir: 
         size = int(data[rows[0][1]].as_py().decode("ascii"))
         path = os.path.join(result_dir or "", RESULT_FILE)
         try:
-            with open(path, "rb") as fh:
-                result = fh.read()
+            result = map_file(path)
         except OSError as exc:
             raise LaunchError(f"rank 0's result file {path} could not be read on the driver ({exc})") from exc
         if len(result) != size:

@@ -20,11 +20,11 @@ import hmac
 import json
 import logging
 import os
-import queue
 import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -64,11 +64,19 @@ class FrameTooLarge(ValueError):
     """A message that would exceed :data:`MAX_FRAME` once encoded."""
 
 
-def _send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+def _encode(message: dict[str, Any]) -> bytes:
     body = json.dumps(message, ensure_ascii=False).encode("utf-8")
     if len(body) > MAX_FRAME:
         raise FrameTooLarge("frame too large")
+    return body
+
+
+def _send_body(sock: socket.socket, body: bytes) -> None:
     sock.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    _send_body(sock, _encode(message))
 
 
 def _recv_frame(sock: socket.socket) -> dict[str, Any]:
@@ -81,17 +89,18 @@ def _recv_frame(sock: socket.socket) -> dict[str, Any]:
     return message
 
 
-LineHandler = Callable[[int, str, str], None]
+#: receives ``(rank, stream, lines)``
+LinesHandler = Callable[[int, str, list[str]], None]
 
 
 class LogServer:
     """Receives rank output from node runners; can tell them to stop."""
 
-    def __init__(self, host: str, secret: bytes, on_line: LineHandler) -> None:
+    def __init__(self, host: str, secret: bytes, on_lines: LinesHandler) -> None:
         self._secret = secret
-        self._on_line = on_line
-        self._flush = getattr(on_line, "flush", None)
-        self._rank_event = getattr(on_line, "rank_event", None)
+        self._on_lines = on_lines
+        self._flush = getattr(on_lines, "flush", None)
+        self._rank_event = getattr(on_lines, "rank_event", None)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.bind((host, 0))
@@ -181,21 +190,22 @@ class LogServer:
 
     def _handle(self, message: dict[str, Any]) -> None:
         if "lines" in message:
-            for rank, stream, text in message["lines"]:
+            # [[rank, stream, [line, ...]], ...]; the "event" stream carries one state string
+            for rank, stream, payload in message["lines"]:
                 if stream == EVENT_STREAM:
                     if self._rank_event is not None:
-                        self._rank_event(int(rank), str(text))
+                        self._rank_event(int(rank), str(payload))
                     continue
-                self._on_line(int(rank), str(stream), str(text))
+                if not isinstance(payload, list) or not all(isinstance(line, str) for line in payload):
+                    raise ValueError("lines must be a list of strings")
+                self._on_lines(int(rank), str(stream), payload)
             if self._flush is not None:
                 self._flush()
-        elif "line" in message:
-            self._on_line(int(message["rank"]), str(message.get("stream", "stdout")), str(message["line"]))
         elif "dropped" in message:
             count = int(message["dropped"])
             with self._lock:
                 self.dropped += count
-            self._on_line(-1, "stderr", f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}")
+            self._on_lines(-1, "stderr", [f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}"])
         elif "eof" in message:
             with self._eof:
                 self.finished_nodes.add(int(message["eof"]))
@@ -244,15 +254,15 @@ class LogServer:
 class LogClient:
     """Node-runner side: a non-blocking line sink that ships lines to the driver.
 
-    Lines are queued without blocking (a full queue drops and counts them), batched into
-    numbered frames, and kept until the driver acknowledges them; after a dropped connection
-    the client reconnects and resends what was not acknowledged (the driver ignores repeats),
-    so a connection drop loses no line.
+    Batches of lines are queued without blocking (beyond :attr:`QUEUE_LINES` queued lines new
+    batches are dropped and counted), packed into numbered frames, and kept until the driver
+    acknowledges them; after a dropped connection the client reconnects and resends what was
+    not acknowledged (the driver ignores repeats), so a connection drop loses no line.
     """
 
     #: lines queued before new ones are dropped (and counted); ~100 MB of 500-byte lines
     QUEUE_LINES = 200_000
-    #: a frame carries up to this many characters of queued lines
+    #: a frame carries about this many characters of queued lines
     FRAME_TEXT_BYTES = MAX_FRAME // 8
     #: frames sent but not yet acknowledged before the sender waits for the driver
     WINDOW = 64
@@ -262,10 +272,13 @@ class LogClient:
         self._secret = secret
         self._node = node_rank
         self._on_stop = on_stop
-        self._queue: queue.Queue[tuple[int, str, str] | None] = queue.Queue(self.QUEUE_LINES)
+        #: (rank, stream, lines) batches, (rank, "event", state), or None = end of stream
+        self._queue: deque[tuple[int, str, Any] | None] = deque()
+        self._queued_lines = 0
+        self._queue_ready = threading.Condition()
         self._dropped = 0
         self._seq = 0
-        self._unacked: list[dict[str, Any]] = []
+        self._unacked: list[tuple[int, bytes]] = []
         self._acks = threading.Condition()
         self._sock: socket.socket | None = None
         self._sock_alive = False
@@ -273,16 +286,21 @@ class LogClient:
         self._sender = threading.Thread(target=self._send_loop, name="spark-torch-log-client", daemon=True)
         self._sender.start()
 
-    def __call__(self, rank: int, stream: str, text: str) -> None:
-        """Queue one line; never blocks (drops and counts when the queue is full)."""
-        try:
-            self._queue.put_nowait((rank, stream, text))
-        except queue.Full:
-            self._dropped += 1
+    def __call__(self, rank: int, stream: str, lines: list[str]) -> None:
+        """Queue a batch of lines; never blocks (drops and counts when the queue is full)."""
+        with self._queue_ready:
+            if self._queued_lines + len(lines) > self.QUEUE_LINES:
+                self._dropped += len(lines)
+                return
+            self._queued_lines += len(lines)
+            self._queue.append((rank, stream, lines))
+            self._queue_ready.notify()
 
     def rank_event(self, rank: int, state: str) -> None:
         """Queue a rank's state change for the driver's live status (never blocks)."""
-        self(rank, EVENT_STREAM, state)
+        with self._queue_ready:
+            self._queue.append((rank, EVENT_STREAM, state))
+            self._queue_ready.notify()
 
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self._address, timeout=HANDSHAKE_SECONDS)
@@ -305,7 +323,7 @@ class LogClient:
                 elif "ack" in message:
                     acked = int(message["ack"])
                     with self._acks:
-                        self._unacked = [f for f in self._unacked if f["seq"] > acked]
+                        self._unacked = [f for f in self._unacked if f[0] > acked]
                         self._acks.notify_all()
         except (ConnectionError, OSError, ValueError):
             pass
@@ -314,37 +332,64 @@ class LogClient:
                 self._sock_alive = False
             self._acks.notify_all()
 
-    def _numbered(self, frame: dict[str, Any]) -> dict[str, Any]:
+    def _numbered(self, message: dict[str, Any]) -> tuple[int, bytes] | None:
+        """Encode ``message`` with the next sequence number; None (no number used) if too large."""
+        try:
+            body = _encode({**message, "seq": self._seq + 1, "node": self._node})
+        except FrameTooLarge:
+            return None
         self._seq += 1
-        frame.update(seq=self._seq, node=self._node)
+        return self._seq, body
+
+    def _frames_of(self, entries: list[list[Any]]) -> list[tuple[int, bytes]]:
+        """Encode ``entries`` as one frame, or split them until every part fits MAX_FRAME."""
+        frame = self._numbered({"lines": entries})
+        if frame is not None:
+            return [frame]
+        if len(entries) > 1:
+            half = len(entries) // 2
+            return self._frames_of(entries[:half]) + self._frames_of(entries[half:])
+        rank, stream, lines = entries[0]
+        if not isinstance(lines, list) or len(lines) < 2:  # cannot happen: a line is <= 64 KiB
+            raise FrameTooLarge("a single log line does not fit a frame")
+        half = len(lines) // 2
+        return self._frames_of([[rank, stream, lines[:half]]]) + self._frames_of([[rank, stream, lines[half:]]])
+
+    def _control(self, message: dict[str, Any]) -> tuple[int, bytes]:
+        frame = self._numbered(message)
+        assert frame is not None, "a control message always fits a frame"
         return frame
 
-    def _next_frames(self) -> list[dict[str, Any]]:
-        """Block for one queued line, then batch what else is queued; frames that fit MAX_FRAME."""
-        first = self._queue.get()
-        frames: list[dict[str, Any]] = []
-        if self._dropped:
-            count, self._dropped = self._dropped, 0
-            frames.append(self._numbered({"dropped": count, "rank": -1}))
-        if first is None:
-            return [*frames, self._numbered({"eof": self._node})]
-        lines = [list(first)]
-        size = len(first[2])
+    def _next_frames(self) -> tuple[list[tuple[int, bytes]], bool]:
+        """Block for queued output, then pack what is queued (about FRAME_TEXT_BYTES) into frames.
+
+        Returns the frames and whether the last one is the end-of-stream marker.
+        """
+        entries: list[list[Any]] = []
         eof = False
-        while size < self.FRAME_TEXT_BYTES:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                eof = True
-                break
-            lines.append(list(item))
-            size += len(item[2]) + 16
-        frames += [self._numbered({"lines": part}) for part in _fit(lines)]
+        size = 0
+        with self._queue_ready:
+            while not self._queue and not self._dropped:
+                self._queue_ready.wait()
+            dropped, self._dropped = self._dropped, 0
+            while self._queue and size < self.FRAME_TEXT_BYTES:
+                item = self._queue.popleft()
+                if item is None:
+                    eof = True
+                    break
+                rank, stream, payload = item
+                if stream != EVENT_STREAM:
+                    self._queued_lines -= len(payload)
+                    size += sum(map(len, payload)) + 16 * len(payload)
+                entries.append([rank, stream, payload])
+        frames: list[tuple[int, bytes]] = []
+        if dropped:
+            frames.append(self._control({"dropped": dropped, "rank": -1}))
+        if entries:
+            frames += self._frames_of(entries)
         if eof:
-            frames.append(self._numbered({"eof": self._node}))
-        return frames
+            frames.append(self._control({"eof": self._node}))
+        return frames, eof
 
     def _send_loop(self) -> None:
         backoff = 0.05
@@ -359,19 +404,20 @@ class LogClient:
                     backoff = 0.05
                     with self._acks:
                         resend = list(self._unacked)
-                    for frame in resend:
-                        _send_frame(self._sock, frame)
+                    for _seq, body in resend:
+                        _send_body(self._sock, body)
                 with self._acks:
                     if eof_sent and not self._unacked:
                         return
                     if eof_sent or len(self._unacked) >= self.WINDOW:
                         self._acks.wait(0.5)  # until acknowledged or the connection died
                         continue
-                for frame in self._next_frames():
-                    with self._acks:
-                        self._unacked.append(frame)
-                    eof_sent = eof_sent or "eof" in frame
-                    _send_frame(self._sock, frame)
+                frames, eof = self._next_frames()
+                with self._acks:
+                    self._unacked += frames
+                eof_sent = eof_sent or eof
+                for _seq, body in frames:
+                    _send_body(self._sock, body)
             except (OSError, ConnectionError, ValueError):
                 with self._acks:
                     self._sock_alive = False
@@ -382,10 +428,9 @@ class LogClient:
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued and an end-of-stream marker, until acknowledged; bounded by ``timeout``."""
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
+        with self._queue_ready:
+            self._queue.append(None)
+            self._queue_ready.notify()
         self._sender.join(timeout)
         self._closing.set()
         with self._acks:
@@ -395,12 +440,3 @@ class LogClient:
                 self._sock.close()
             except OSError:
                 pass
-
-
-def _fit(lines: list[list[Any]]) -> list[list[list[Any]]]:
-    """Split a batch of lines into parts whose JSON frames fit MAX_FRAME (one 64 KiB line always fits)."""
-    body = len(json.dumps({"lines": lines}, ensure_ascii=False).encode("utf-8")) + 64
-    if body <= MAX_FRAME or len(lines) == 1:
-        return [lines]
-    half = len(lines) // 2
-    return _fit(lines[:half]) + _fit(lines[half:])

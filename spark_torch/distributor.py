@@ -6,7 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .attempt import Attempt
 from .cluster import IGNORE_SSL_KEY, ClusterInfo, read_cluster
@@ -15,6 +15,9 @@ from .entrypoint import FunctionEntrypoint, make_entrypoint
 from .logs import DriverLogSink
 from .plan import LaunchPlan, make_plan
 from .progress import RunStatus, interactive
+
+if TYPE_CHECKING:
+    from .serialization import ResultBytes
 
 __all__ = ["Distributor"]
 
@@ -184,7 +187,7 @@ class Distributor:
                     timeout=None if deadline is None else max(0.001, deadline - time.monotonic()),
                     run_timeout=self.config.timeout,
                     extra_env=self.config.env,
-                    on_line=sink,
+                    on_lines=sink,
                     tail=sink.tail,
                 )
                 try:
@@ -213,7 +216,7 @@ class Distributor:
         payload: bytes | None,
         attempt: Attempt,
         data: Any,
-    ) -> bytes | bytearray | None:
+    ) -> ResultBytes | None:
         if plan.local_mode:
             from .local_mode import run_local
 
@@ -223,7 +226,7 @@ class Distributor:
         return run_distributed(spark, plan, entry, payload, attempt, driver_host=cluster.driver_host, data=data)
 
 
-def _unpickle_result(result: bytes | bytearray | None) -> Any:
+def _unpickle_result(result: ResultBytes | None) -> Any:
     """Rank 0's value; the bytes came from this run's own file or Spark's result channel."""
     if result is None:
         return None
@@ -231,7 +234,7 @@ def _unpickle_result(result: bytes | bytearray | None) -> Any:
 
     try:
         return cloudpickle.loads(result)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure gets the same advice
         from .errors import DistributedRunError
 
         raise DistributedRunError(
@@ -240,3 +243,7 @@ def _unpickle_result(result: bytes | bytearray | None) -> Any:
             f"({type(exc).__name__}: {exc}); return plain data (numbers, lists, dicts, tensors, "
             "state_dict()) or make the classes it uses importable on the driver",
         ) from exc
+    finally:
+        close = getattr(result, "close", None)  # a memory map of the result file
+        if close is not None:
+            close()

@@ -2,7 +2,7 @@
 
 Lines are written through ``sys.stdout``/``sys.stderr`` (not file descriptors 1/2) so that in
 Jupyter they appear under the cell that called ``run()``; they are flushed after each batch
-(one pipe read of a rank, or one frame from a node), so output stays live.
+(one pipe read of a rank, or one frame from a node), and a batch is written with one call, so output stays live.
 """
 
 from __future__ import annotations
@@ -41,28 +41,32 @@ class DriverLogSink:
         if config.log_dir is not None:
             os.makedirs(config.log_dir, exist_ok=True)
 
-    def __call__(self, rank: int, stream: str, text: str) -> None:
-        """Receive one line of one rank's stdout or stderr."""
+    def __call__(self, rank: int, stream: str, lines: list[str]) -> None:
+        """Receive a batch of complete lines of one rank's stdout or stderr."""
+        if not lines:
+            return
         with self._lock:
-            self.lines += 1
+            self.lines += len(lines)
             tail = self.tails.get(rank)
             if tail is None:
                 tail = self.tails[rank] = deque(maxlen=TAIL_LINES)
-            tail.append(text)
+            tail.extend(lines)
             if self._config.shows_rank(rank):
                 out = sys.stderr if stream == "stderr" else sys.stdout
+                prefix = format_line(rank, "")
+                text = prefix + ("\n" + prefix).join(lines) + "\n"
                 if self.status.enabled:
                     with self.status.around_output():
-                        out.write(format_line(rank, text) + "\n")
+                        out.write(text)
                         out.flush()
                 else:
-                    out.write(format_line(rank, text) + "\n")
+                    out.write(text)
             if self._config.log_dir is not None:
                 fh = self._files.get(rank)
                 if fh is None:
                     path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
                     fh = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
-                fh.write(text + "\n")
+                fh.write("\n".join(lines) + "\n")
 
     def rank_event(self, rank: int, state: str) -> None:
         """A rank ``started``, ``finished`` or ``failed`` (feeds the live status)."""

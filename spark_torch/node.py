@@ -81,9 +81,9 @@ class NodeOutcome:
 
 def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
     if spec.script is not None:
-        return [spec.python, "-u", "-m", SCRIPT_MAIN_MODULE, spec.script, *spec.script_argv]
+        return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.script, *spec.script_argv]
     assert payload_path is not None
-    return [spec.python, "-u", "-m", RANK_MAIN_MODULE, payload_path, result_dir]
+    return [spec.python, "-m", RANK_MAIN_MODULE, payload_path, result_dir]
 
 
 def _rank_env(spec: NodeSpec, local_rank: int) -> dict[str, str]:
@@ -186,7 +186,7 @@ class NodeWorkdir:
 
 def run_node(
     spec: NodeSpec,
-    on_line: Callable[[int, str, str], None],
+    on_lines: Callable[[int, str, list[str]], None],
     *,
     stop: threading.Event | None = None,
     workdir: NodeWorkdir | None = None,
@@ -198,7 +198,7 @@ def run_node(
     """
     if workdir is None:
         with NodeWorkdir(spec.run_id, spec.node_rank, spec.python) as own:
-            return run_node(spec, on_line, stop=stop, workdir=own)
+            return run_node(spec, on_lines, stop=stop, workdir=own)
     guard = workdir
     workdir_path = guard.path
     outcome = NodeOutcome()
@@ -213,7 +213,7 @@ def run_node(
             serialization.write_atomic(payload_path, spec.payload)
         argv = _argv(spec, payload_path, workdir_path)
 
-        rank_event = getattr(on_line, "rank_event", None)
+        rank_event = getattr(on_lines, "rank_event", None)
 
         def watch(proc: RankProcess) -> None:
             proc.popen.wait()
@@ -230,7 +230,7 @@ def run_node(
                 rank=spec.global_rank(local_rank),
                 local_rank=local_rank,
                 cwd=spec.cwd,
-                on_line=on_line,
+                on_lines=on_lines,
             )
             procs.append(proc)
             guard.track(proc.pid)

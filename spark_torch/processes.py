@@ -21,13 +21,22 @@ __all__ = [
     "reserve_port",
     "signal_name",
     "MAX_LINE_BYTES",
+    "LinesCallback",
+    "split_lines",
 ]
 
-#: longer lines are split into pieces of this size, each marked as continued
+#: longer lines are split into pieces of this many characters, each marked as continued
 MAX_LINE_BYTES = 64 * 1024
 CONTINUED = " [line continues]"
+#: one pipe read takes up to this much
+READ_BYTES = 64 * 1024
+#: after a read that emptied the pipe, wait this long so a chatty rank's next lines arrive as
+#: one batch (one read, one write, one flush on the driver) instead of one wake-up per line;
+#: the first line of a burst is never delayed
+COALESCE_SECONDS = 0.002
 
-LineCallback = Callable[[int, str, str], None]
+#: receives ``(rank, stream, lines)``: a batch of complete lines of one rank's stdout or stderr
+LinesCallback = Callable[[int, str, list[str]], None]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -68,43 +77,64 @@ class RankProcess:
         return self.popen.pid
 
 
-def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_line: LineCallback) -> None:
-    """Read one pipe until EOF and hand over complete lines; very long lines are split and marked.
+def split_lines(text: str) -> list[str]:
+    """Complete lines of ``text`` (no trailing newline), each at most MAX_LINE_BYTES characters."""
+    if text.endswith("\r"):  # the last line's "\r\n" (its "\n" was cut off)
+        text = text[:-1]
+    lines = text.replace("\r\n", "\n").split("\n")
+    if len(text) <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
+        return lines
+    out: list[str] = []
+    for line in lines:
+        while len(line) > MAX_LINE_BYTES:
+            out.append(line[:MAX_LINE_BYTES] + CONTINUED)
+            line = line[MAX_LINE_BYTES:]
+        out.append(line)
+    return out
 
-    Reads whatever the pipe holds (up to 64 KiB) at once, so a chatty rank costs one flush of
-    the sink per read instead of one per line, while a quiet rank's lines still go out at once.
-    If ``on_line`` has a ``flush()`` method it is called after each read.
+
+def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallback) -> None:
+    """Read one pipe until EOF and hand over complete lines in batches (one batch per read).
+
+    A chatty rank costs one call of ``on_lines`` (and one ``flush()``, if it has that method) per
+    read of up to 64 KiB instead of one per line; a quiet rank's line goes out at once.
+    Incomplete UTF-8 sequences at a read boundary are kept for the next read.
     """
-    flush = getattr(on_line, "flush", None)
+    flush = getattr(on_lines, "flush", None)
     fd = stream.fileno()
     pending = b""
 
-    def emit(raw: bytes, continued: bool = False) -> None:
-        text = raw.decode("utf-8", errors="replace").rstrip("\r") + (CONTINUED if continued else "")
-        proc.tail.append(text)
-        on_line(proc.rank, name, text)
+    def deliver(lines: list[str]) -> None:
+        proc.tail.extend(lines)
+        on_lines(proc.rank, name, lines)
+        if flush is not None:
+            flush()
 
     with stream:
         while True:
-            chunk = os.read(fd, MAX_LINE_BYTES)
+            chunk = os.read(fd, READ_BYTES)
             if not chunk:
                 break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                while len(raw) > MAX_LINE_BYTES:
-                    emit(raw[:MAX_LINE_BYTES], continued=True)
-                    raw = raw[MAX_LINE_BYTES:]
-                emit(raw)
-            while len(pending) >= MAX_LINE_BYTES:
-                emit(pending[:MAX_LINE_BYTES], continued=True)
-                pending = pending[MAX_LINE_BYTES:]
-            if flush is not None:
-                flush()
+            data = pending + chunk if pending else chunk
+            cut = data.rfind(b"\n")
+            lines: list[str] = []
+            if cut >= 0:
+                lines = split_lines(data[:cut].decode("utf-8", errors="replace"))
+                pending = data[cut + 1 :]
+            else:
+                pending = data
+            while len(pending) > MAX_LINE_BYTES:  # a line without end yet: pass on what we have
+                end = MAX_LINE_BYTES
+                while end > MAX_LINE_BYTES - 3 and pending[end] & 0xC0 == 0x80:
+                    end -= 1  # do not cut a UTF-8 sequence in two
+                lines.append(pending[:end].decode("utf-8", errors="replace") + CONTINUED)
+                pending = pending[end:]
+            if lines:
+                deliver(lines)
+            if len(chunk) < READ_BYTES:
+                time.sleep(COALESCE_SECONDS)
     if pending:
-        emit(pending)
-        if flush is not None:
-            flush()
+        deliver(split_lines(pending.decode("utf-8", errors="replace").rstrip("\r")))
 
 
 def spawn_rank(
@@ -114,7 +144,7 @@ def spawn_rank(
     rank: int,
     local_rank: int,
     cwd: str | None,
-    on_line: LineCallback,
+    on_lines: LinesCallback,
 ) -> RankProcess:
     """Start one rank in a new session (process group) that dies with its parent thread."""
     popen = subprocess.Popen(
@@ -132,7 +162,7 @@ def spawn_rank(
     for stream, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
         assert stream is not None
         thread = threading.Thread(
-            target=_pump, args=(stream, proc, name, on_line), name=f"spark-torch-pump-{rank}-{name}", daemon=True
+            target=_pump, args=(stream, proc, name, on_lines), name=f"spark-torch-pump-{rank}-{name}", daemon=True
         )
         thread.start()
         proc.pumps.append(thread)

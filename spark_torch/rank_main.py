@@ -79,6 +79,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _line_buffered_output() -> None:
+    """Send each complete line at once, as a terminal would (the ranks write into pipes).
+
+    ``python -u`` would do one write per ``print`` argument and newline (two system calls per
+    line); line buffering does one per line and still shows every line live.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):  # replaced or closed by a sitecustomize: leave it
+            pass
+
+
 def _exit_fast(code: int) -> None:
     """Run atexit handlers, flush, and leave without tearing the interpreter down.
 
@@ -100,4 +113,5 @@ def _exit_fast(code: int) -> None:
 
 
 if __name__ == "__main__":
+    _line_buffered_output()
     _exit_fast(main(sys.argv[1:]))

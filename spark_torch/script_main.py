@@ -17,7 +17,7 @@ import runpy
 import sys
 import traceback
 
-from .rank_main import _destroy_process_group, _exit_fast
+from .rank_main import _destroy_process_group, _exit_fast, _line_buffered_output
 
 __all__ = ["main"]
 
@@ -46,4 +46,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    _line_buffered_output()
     _exit_fast(main(sys.argv[1:]))

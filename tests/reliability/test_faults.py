@@ -78,6 +78,27 @@ def test_very_long_line_split_and_marked(capsys: pytest.CaptureFixture[str], no_
     assert lines[0].endswith("[line continues]") and not lines[-1].endswith("[line continues]")
 
 
+def mixed_output() -> int:
+    import sys
+
+    sys.stdout.write("crlf line\r\n")
+    sys.stdout.write("caf\u00e9 \u2603 " * 30_000 + "\n")  # multi-byte text across pipe reads
+    sys.stdout.write("no newline at the end")
+    return 0
+
+
+def test_line_endings_and_utf8_across_reads(capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+    Distributor(num_processes=1).run(mixed_output)
+    out = capsys.readouterr().out
+    assert "[rank 0] crlf line\n" in out
+    text = "".join(
+        line.removeprefix("[rank 0] ").removesuffix(" [line continues]")
+        for line in out.splitlines() if "caf" in line or "\u2603" in line
+    )
+    assert text == "caf\u00e9 \u2603 " * 30_000 and "\ufffd" not in out
+    assert out.endswith("[rank 0] no newline at the end\n")
+
+
 def run_id_after(seconds: float) -> str:
     time.sleep(seconds)
     return os.environ["SPARK_TORCH_RUN_ID"] + ":" + os.environ["MASTER_PORT"]

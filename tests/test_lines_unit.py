@@ -1,0 +1,21 @@
+"""Pure logic of turning pipe reads into log lines."""
+
+from __future__ import annotations
+
+from spark_torch.processes import CONTINUED, MAX_LINE_BYTES, split_lines
+
+
+def test_split_lines_plain_and_crlf() -> None:
+    assert split_lines("a\nb\r\nc") == ["a", "b", "c"]
+    assert split_lines("a\r\nb\r") == ["a", "b"]
+    assert split_lines("") == [""]
+
+
+def test_split_lines_marks_long_lines() -> None:
+    text = "short\n" + "y" * (2 * MAX_LINE_BYTES + 5) + "\nend"
+    lines = split_lines(text)
+    assert lines[0] == "short" and lines[-1] == "end"
+    pieces = lines[1:-1]
+    assert [p.endswith(CONTINUED) for p in pieces] == [True, True, False]
+    assert sum(p.count("y") for p in pieces) == 2 * MAX_LINE_BYTES + 5
+    assert all(len(p) <= MAX_LINE_BYTES + len(CONTINUED) for p in pieces)
