@@ -90,6 +90,29 @@ def chatter(lines=100_000):
     return {"print_seconds": time.perf_counter() - start}
 
 
+def chatter_work(lines=100_000, iters=3_000):
+    """A CPU-bound loop (``iters`` steps of a 192x192 matmul, one thread) that prints ``lines``
+    lines spread over its steps (0: the same loop, silent). Returns the loop's own duration:
+    what logging costs a training loop, the ranks' print calls included."""
+    import os
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank = os.environ.get("RANK", "0")
+    x = torch.randn(192, 192)
+    w = torch.randn(192, 192) / 14
+    per_step = lines // iters
+    start = time.perf_counter()
+    for i in range(iters):
+        x = torch.tanh(x @ w)
+        for j in range(per_step):
+            print(f"bench-line r{rank} {i * per_step + j}")
+    return {"loop_seconds": time.perf_counter() - start}
+
+
 def big_result(nbytes=256 << 20, returned=True):
     """Rank 0 builds ``nbytes`` of bytes in touched memory (like a state dict; an untouched
     ``bytes(n)`` maps the kernel's zero page and is slow to write to a file) and returns it
