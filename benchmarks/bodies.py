@@ -90,7 +90,7 @@ def chatter(lines=100_000):
     return {"print_seconds": time.perf_counter() - start}
 
 
-def chatter_work(lines=100_000, iters=3_000):
+def chatter_work(lines=100_000, iters=10_000):
     """A CPU-bound loop (``iters`` steps of a 192x192 matmul, one thread) that prints ``lines``
     lines spread over its steps (0: the same loop, silent). Returns the loop's own duration:
     what logging costs a training loop, the ranks' print calls included."""

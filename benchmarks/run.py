@@ -24,7 +24,6 @@ import os
 import platform
 import pstats
 import re
-import shutil
 import socket
 import statistics
 import subprocess
@@ -32,8 +31,9 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -42,7 +42,7 @@ DEFAULT_RESULTS = os.path.join(HERE, "results")
 WORKER_TIMEOUT = 15 * 60
 RUN_TIMEOUT = 600.0
 LOG_LINES = 100_000
-WORK_ITERS = 3_000  # steps of the CPU-bound loop that prints LOG_LINES lines (chatter_work)
+WORK_ITERS = 10_000  # steps of the CPU-bound loop that prints LOG_LINES lines (chatter_work)
 RESULT_BYTES = 256 << 20
 
 OURS = "spark_torch"
@@ -204,9 +204,8 @@ class Worker:
         self.records: list[dict[str, Any]] = []
         self.notes: dict[str, Any] = {}
         self.spark = None
-        import cloudpickle
-
         import bodies
+        import cloudpickle
 
         # ship the bodies by value with both cloudpickles (spark_torch's and PySpark's vendored
         # copy, which TorchDistributor uses), so ranks need not import benchmarks/bodies.py

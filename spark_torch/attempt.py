@@ -18,7 +18,7 @@ class Attempt:
     timeout: float | None = None  # what is left of the run's time for this attempt
     run_timeout: float | None = None  # the user's ``timeout``, for messages
     extra_env: Mapping[str, str] = field(default_factory=dict)
-    on_lines: Callable[[int, str, list[str]], None] = field(default=lambda rank, stream, text: None, repr=False)
+    on_lines: Callable[[int, str, str], None] = field(default=lambda rank, stream, text: None, repr=False)
     #: the last lines the driver received from a rank (for errors about ranks that did not report)
     tail: Callable[[int], tuple[str, ...]] = field(default=lambda rank: (), repr=False)
 

@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .processes import block_lines
+
 __all__ = ["LogServer", "LogClient", "MAX_FRAME", "new_secret"]
 
 logger = logging.getLogger(__name__)
@@ -89,8 +91,8 @@ def _recv_frame(sock: socket.socket) -> dict[str, Any]:
     return message
 
 
-#: receives ``(rank, stream, lines)``
-LinesHandler = Callable[[int, str, list[str]], None]
+#: receives ``(rank, stream, block)``: complete lines joined by "\n"
+LinesHandler = Callable[[int, str, str], None]
 
 
 class LogServer:
@@ -190,14 +192,15 @@ class LogServer:
 
     def _handle(self, message: dict[str, Any]) -> None:
         if "lines" in message:
-            # [[rank, stream, [line, ...]], ...]; the "event" stream carries one state string
+            # [[rank, stream, block], ...]: a block is lines joined by "\n"; the "event" stream
+            # carries a rank's state instead
             for rank, stream, payload in message["lines"]:
+                if not isinstance(payload, str):
+                    raise ValueError("a block of lines must be a string")
                 if stream == EVENT_STREAM:
                     if self._rank_event is not None:
-                        self._rank_event(int(rank), str(payload))
+                        self._rank_event(int(rank), payload)
                     continue
-                if not isinstance(payload, list) or not all(isinstance(line, str) for line in payload):
-                    raise ValueError("lines must be a list of strings")
                 self._on_lines(int(rank), str(stream), payload)
             if self._flush is not None:
                 self._flush()
@@ -205,7 +208,7 @@ class LogServer:
             count = int(message["dropped"])
             with self._lock:
                 self.dropped += count
-            self._on_lines(-1, "stderr", [f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}"])
+            self._on_lines(-1, "stderr", f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}")
         elif "eof" in message:
             with self._eof:
                 self.finished_nodes.add(int(message["eof"]))
@@ -254,8 +257,8 @@ class LogServer:
 class LogClient:
     """Node-runner side: a non-blocking line sink that ships lines to the driver.
 
-    Batches of lines are queued without blocking (beyond :attr:`QUEUE_LINES` queued lines new
-    batches are dropped and counted), packed into numbered frames, and kept until the driver
+    Blocks of lines are queued without blocking (beyond :attr:`QUEUE_LINES` queued lines new
+    blocks are dropped and counted), packed into numbered frames, and kept until the driver
     acknowledges them; after a dropped connection the client reconnects and resends what was
     not acknowledged (the driver ignores repeats), so a connection drop loses no line.
     """
@@ -272,8 +275,8 @@ class LogClient:
         self._secret = secret
         self._node = node_rank
         self._on_stop = on_stop
-        #: (rank, stream, lines) batches, (rank, "event", state), or None = end of stream
-        self._queue: deque[tuple[int, str, Any] | None] = deque()
+        #: (rank, stream, block), (rank, "event", state), or None = end of stream
+        self._queue: deque[tuple[int, str, str] | None] = deque()
         self._queued_lines = 0
         self._queue_ready = threading.Condition()
         self._dropped = 0
@@ -286,14 +289,15 @@ class LogClient:
         self._sender = threading.Thread(target=self._send_loop, name="spark-torch-log-client", daemon=True)
         self._sender.start()
 
-    def __call__(self, rank: int, stream: str, lines: list[str]) -> None:
-        """Queue a batch of lines; never blocks (drops and counts when the queue is full)."""
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        """Queue a block of lines; never blocks (drops and counts when the queue is full)."""
+        count = block_lines(block)
         with self._queue_ready:
-            if self._queued_lines + len(lines) > self.QUEUE_LINES:
-                self._dropped += len(lines)
+            if self._queued_lines + count > self.QUEUE_LINES:
+                self._dropped += count
                 return
-            self._queued_lines += len(lines)
-            self._queue.append((rank, stream, lines))
+            self._queued_lines += count
+            self._queue.append((rank, stream, block))
             self._queue_ready.notify()
 
     def rank_event(self, rank: int, state: str) -> None:
@@ -349,11 +353,13 @@ class LogClient:
         if len(entries) > 1:
             half = len(entries) // 2
             return self._frames_of(entries[:half]) + self._frames_of(entries[half:])
-        rank, stream, lines = entries[0]
-        if not isinstance(lines, list) or len(lines) < 2:  # cannot happen: a line is <= 64 KiB
+        rank, stream, block = entries[0]
+        middle = block.rfind("\n", 0, len(block) // 2)
+        if middle < 0:
+            middle = block.find("\n", len(block) // 2)
+        if middle < 0:  # cannot happen: a line is at most 64 Ki characters
             raise FrameTooLarge("a single log line does not fit a frame")
-        half = len(lines) // 2
-        return self._frames_of([[rank, stream, lines[:half]]]) + self._frames_of([[rank, stream, lines[half:]]])
+        return self._frames_of([[rank, stream, block[:middle]]]) + self._frames_of([[rank, stream, block[middle + 1 :]]])
 
     def _control(self, message: dict[str, Any]) -> tuple[int, bytes]:
         frame = self._numbered(message)
@@ -379,8 +385,8 @@ class LogClient:
                     break
                 rank, stream, payload = item
                 if stream != EVENT_STREAM:
-                    self._queued_lines -= len(payload)
-                    size += sum(map(len, payload)) + 16 * len(payload)
+                    self._queued_lines -= block_lines(payload)
+                    size += len(payload)
                 entries.append([rank, stream, payload])
         frames: list[tuple[int, bytes]] = []
         if dropped:

@@ -14,6 +14,7 @@ from collections import deque
 from typing import IO
 
 from .config import DistributorConfig
+from .processes import block_lines, last_lines
 from .progress import RunStatus
 
 __all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
@@ -41,20 +42,18 @@ class DriverLogSink:
         if config.log_dir is not None:
             os.makedirs(config.log_dir, exist_ok=True)
 
-    def __call__(self, rank: int, stream: str, lines: list[str]) -> None:
-        """Receive a batch of complete lines of one rank's stdout or stderr."""
-        if not lines:
-            return
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        """Receive a block of complete lines (joined by "\n") of one rank's stdout or stderr."""
         with self._lock:
-            self.lines += len(lines)
+            self.lines += block_lines(block)
             tail = self.tails.get(rank)
             if tail is None:
                 tail = self.tails[rank] = deque(maxlen=TAIL_LINES)
-            tail.extend(lines)
+            tail.extend(last_lines(block, TAIL_LINES))
             if self._config.shows_rank(rank):
                 out = sys.stderr if stream == "stderr" else sys.stdout
                 prefix = format_line(rank, "")
-                text = prefix + ("\n" + prefix).join(lines) + "\n"
+                text = prefix + block.replace("\n", "\n" + prefix) + "\n"
                 if self.status.enabled:
                     with self.status.around_output():
                         out.write(text)
@@ -66,7 +65,7 @@ class DriverLogSink:
                 if fh is None:
                     path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
                     fh = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
-                fh.write("\n".join(lines) + "\n")
+                fh.write(block + "\n")
 
     def rank_event(self, rank: int, state: str) -> None:
         """A rank ``started``, ``finished`` or ``failed`` (feeds the live status)."""

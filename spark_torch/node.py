@@ -186,7 +186,7 @@ class NodeWorkdir:
 
 def run_node(
     spec: NodeSpec,
-    on_lines: Callable[[int, str, list[str]], None],
+    on_lines: Callable[[int, str, str], None],
     *,
     stop: threading.Event | None = None,
     workdir: NodeWorkdir | None = None,

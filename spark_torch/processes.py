@@ -23,6 +23,9 @@ __all__ = [
     "MAX_LINE_BYTES",
     "LinesCallback",
     "split_lines",
+    "make_block",
+    "block_lines",
+    "last_lines",
 ]
 
 #: longer lines are split into pieces of this many characters, each marked as continued
@@ -35,8 +38,10 @@ READ_BYTES = 64 * 1024
 #: the first line of a burst is never delayed
 COALESCE_SECONDS = 0.002
 
-#: receives ``(rank, stream, lines)``: a batch of complete lines of one rank's stdout or stderr
-LinesCallback = Callable[[int, str, list[str]], None]
+#: receives ``(rank, stream, block)``: complete lines of one rank's stdout or stderr, joined by
+#: "\n" (no trailing newline). Handling a block with str methods (``replace``, ``rsplit``,
+#: ``count``) costs next to nothing per line, unlike a Python loop over lines.
+LinesCallback = Callable[[int, str, str], None]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -93,8 +98,30 @@ def split_lines(text: str) -> list[str]:
     return out
 
 
+def make_block(text: str) -> str:
+    """``text`` (complete lines, no trailing newline) as a block: "\r\n" made "\n", lines
+    longer than MAX_LINE_BYTES characters split and marked as continued."""
+    if text.endswith("\r"):
+        text = text[:-1]
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    if len(text) > MAX_LINE_BYTES:
+        return "\n".join(split_lines(text))
+    return text
+
+
+def block_lines(block: str) -> int:
+    """How many lines a block holds."""
+    return block.count("\n") + 1
+
+
+def last_lines(block: str, count: int) -> list[str]:
+    """The last ``count`` lines of a block."""
+    return block.rsplit("\n", count)[-count:]
+
+
 def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallback) -> None:
-    """Read one pipe until EOF and hand over complete lines in batches (one batch per read).
+    """Read one pipe until EOF and hand over complete lines as one block per read.
 
     A chatty rank costs one call of ``on_lines`` (and one ``flush()``, if it has that method) per
     read of up to 64 KiB instead of one per line; a quiet rank's line goes out at once.
@@ -103,10 +130,11 @@ def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallba
     flush = getattr(on_lines, "flush", None)
     fd = stream.fileno()
     pending = b""
+    keep = proc.tail.maxlen or 40
 
-    def deliver(lines: list[str]) -> None:
-        proc.tail.extend(lines)
-        on_lines(proc.rank, name, lines)
+    def deliver(block: str) -> None:
+        proc.tail.extend(last_lines(block, keep))
+        on_lines(proc.rank, name, block)
         if flush is not None:
             flush()
 
@@ -117,9 +145,9 @@ def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallba
                 break
             data = pending + chunk if pending else chunk
             cut = data.rfind(b"\n")
-            lines: list[str] = []
+            pieces: list[str] = []
             if cut >= 0:
-                lines = split_lines(data[:cut].decode("utf-8", errors="replace"))
+                pieces.append(make_block(data[:cut].decode("utf-8", errors="replace")))
                 pending = data[cut + 1 :]
             else:
                 pending = data
@@ -127,14 +155,14 @@ def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallba
                 end = MAX_LINE_BYTES
                 while end > MAX_LINE_BYTES - 3 and pending[end] & 0xC0 == 0x80:
                     end -= 1  # do not cut a UTF-8 sequence in two
-                lines.append(pending[:end].decode("utf-8", errors="replace") + CONTINUED)
+                pieces.append(pending[:end].decode("utf-8", errors="replace") + CONTINUED)
                 pending = pending[end:]
-            if lines:
-                deliver(lines)
+            if pieces:
+                deliver("\n".join(pieces))
             if len(chunk) < READ_BYTES:
                 time.sleep(COALESCE_SECONDS)
     if pending:
-        deliver(split_lines(pending.decode("utf-8", errors="replace").rstrip("\r")))
+        deliver(make_block(pending.decode("utf-8", errors="replace")))
 
 
 def spawn_rank(

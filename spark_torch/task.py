@@ -94,10 +94,10 @@ class NodeFailed(RuntimeError):
     """Raised in the task so that Spark aborts the barrier stage; carries the encoded report."""
 
 
-def _print_to_executor_log(rank: int, stream: str, lines: list[str]) -> None:
+def _print_to_executor_log(rank: int, stream: str, block: str) -> None:
     """Without a driver channel, rank output goes to the executor's stderr log."""
     prefix = f"[rank {rank}] "
-    sys.stderr.write(prefix + ("\n" + prefix).join(lines) + "\n")
+    sys.stderr.write(prefix + block.replace("\n", "\n" + prefix) + "\n")
     sys.stderr.flush()
 
 

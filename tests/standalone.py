@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
 import pyspark
 
 SPARK_HOME = os.environ.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)

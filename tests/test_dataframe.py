@@ -18,8 +18,17 @@ def make_df(spark: Any, rows: int = 103, partitions: int = 10) -> Any:
         data.append((i, float(i) / 10, i % 3 == 0, [float(i)] * 4, vec, f"row{i}", bytes([i % 256]), float(i % 2)))
     schema = "id long, x double, flag boolean, arr array<float>, vec vector, name string, blob binary, label double"
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DoubleType, FloatType, LongType, StringType,
-                                   StructField, StructType)
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        BooleanType,
+        DoubleType,
+        FloatType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
 
     struct = StructType([
         StructField("id", LongType()), StructField("x", DoubleType()), StructField("flag", BooleanType()),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_torch.processes import CONTINUED, MAX_LINE_BYTES, split_lines
+from spark_torch.processes import CONTINUED, MAX_LINE_BYTES, block_lines, last_lines, make_block, split_lines
 
 
 def test_split_lines_plain_and_crlf() -> None:
@@ -19,3 +19,11 @@ def test_split_lines_marks_long_lines() -> None:
     assert [p.endswith(CONTINUED) for p in pieces] == [True, True, False]
     assert sum(p.count("y") for p in pieces) == 2 * MAX_LINE_BYTES + 5
     assert all(len(p) <= MAX_LINE_BYTES + len(CONTINUED) for p in pieces)
+
+
+def test_blocks() -> None:
+    assert make_block("a\r\nb\r") == "a\nb"
+    long = make_block("x\n" + "y" * (MAX_LINE_BYTES + 1))
+    assert long.split("\n") == ["x", "y" * MAX_LINE_BYTES + CONTINUED, "y"]
+    assert block_lines("a\nb\nc") == 3 and block_lines("") == 1
+    assert last_lines("a\nb\nc", 2) == ["b", "c"] and last_lines("a", 5) == ["a"]

@@ -20,9 +20,9 @@ class Lines:
         self.items: list[tuple[int, str, str]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, rank: int, stream: str, lines: list[str]) -> None:
+    def __call__(self, rank: int, stream: str, block: str) -> None:
         with self.lock:
-            self.items.extend((rank, stream, text) for text in lines)
+            self.items.extend((rank, stream, text) for text in block.split("\n"))
 
 
 def test_client_delivers_in_order_and_drains() -> None:
@@ -32,7 +32,7 @@ def test_client_delivers_in_order_and_drains() -> None:
     try:
         client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
         for i in range(5000):
-            client(1, "stdout", [f"line {i}"])
+            client(1, "stdout", f"line {i}")
         client.close()
         assert server.wait_for_nodes(1, timeout=10)
         assert [t for _, _, t in lines.items] == [f"line {i}" for i in range(5000)]
@@ -49,8 +49,8 @@ def test_batches_larger_than_a_frame_are_split() -> None:
     try:
         client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
         batch = [f"{i:05d}" + "\x01" * 60_000 for i in range(40)]  # ~14 MB of JSON
-        client(0, "stderr", batch)
-        client(0, "stdout", ["after"])
+        client(0, "stderr", "\n".join(batch))
+        client(0, "stdout", "after")
         client.close()
         assert server.wait_for_nodes(1, timeout=30)
         assert [t for _, _, t in lines.items] == [*batch, "after"]
@@ -68,8 +68,8 @@ def test_full_queue_drops_and_reports() -> None:
         client = LogClient("127.0.0.1", server.port, secret, 3, on_stop=lambda _: None)
         with client._queue_ready:  # hold the sender off so the queue fills up
             start = time.monotonic()
-            client(0, "stdout", ["x"] * LogClient.QUEUE_LINES)
-            client(0, "stdout", ["lost"] * 5)
+            client(0, "stdout", "\n".join(["x"] * LogClient.QUEUE_LINES))
+            client(0, "stdout", "\n".join(["lost"] * 5))
             assert time.monotonic() - start < 1.0
         client.close(timeout=60)
         assert server.wait_for_nodes(1, timeout=60)
@@ -86,7 +86,7 @@ def test_wrong_secret_rejected() -> None:
     server = LogServer("127.0.0.1", new_secret(), lines)
     try:
         client = LogClient("127.0.0.1", server.port, b"wrong" * 8, 0, on_stop=lambda _: None)
-        client("x", "stdout", ["should not arrive"])  # type: ignore[arg-type]
+        client("x", "stdout", "should not arrive")  # type: ignore[arg-type]
         client.close(timeout=1.0)
         assert not lines.items and server.rejected >= 1
     finally:
@@ -181,7 +181,7 @@ def test_client_reconnects_after_connection_drop() -> None:
     try:
         client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
         for i in range(100):
-            client(0, "stdout", [f"before {i}"])
+            client(0, "stdout", f"before {i}")
         deadline = time.monotonic() + 10
         while len(lines.items) < 100 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -190,7 +190,7 @@ def test_client_reconnects_after_connection_drop() -> None:
         for peer in peers:
             peer.shutdown(socket.SHUT_RDWR)
         for i in range(100):
-            client(0, "stdout", [f"after {i}"])
+            client(0, "stdout", f"after {i}")
         client.close()
         assert server.wait_for_nodes(1, timeout=15)
         texts = [t for _, _, t in lines.items]
