@@ -400,14 +400,15 @@ class Worker:
     def training(self) -> None:
         b = self.bodies
         n = 2
-        steps = 60 if self.quick else 150
+        # ~7 s of loop per run on 2 cores: long enough to resolve a 2% difference
+        steps = 60 if self.quick else 1000
         self.warm_up(True)
         launchers = [
             (OURS, lambda: self.ours(n, True, b.train_ddp, steps)),
             (TD, lambda: self.td(n, True, b.train_ddp, steps)),
             (TORCHRUN, lambda: self.torchrun(n, "train_ddp", steps)),
         ]
-        for rep in range(self.reps):
+        for rep in range(self.reps if self.quick else max(5, self.reps)):
             for name, fn in self.rotate(launchers, rep):
                 rec = self.record("training", n, name, "samples_per_s", "samples/s", steps=steps)
                 self.measure(rec, fn, lambda s, v: v["samples_per_s"])
