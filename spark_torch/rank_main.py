@@ -82,12 +82,13 @@ def main(argv: list[str]) -> int:
 def _line_buffered_output() -> None:
     """Send each complete line at once, as a terminal would (the ranks write into pipes).
 
-    ``python -u`` would do one write per ``print`` argument and newline (two system calls per
-    line); line buffering does one per line and still shows every line live.
+    Unbuffered output (``PYTHONUNBUFFERED=1``, which the ranks' child processes inherit) does one
+    write per ``print`` argument and newline: two system calls per line. Line buffering
+    without write-through does one per line and still shows every line live.
     """
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+            stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
         except (AttributeError, ValueError):  # replaced or closed by a sitecustomize: leave it
             pass
 
