@@ -408,7 +408,7 @@ class Worker:
             (TD, lambda: self.td(n, True, b.train_ddp, steps)),
             (TORCHRUN, lambda: self.torchrun(n, "train_ddp", steps)),
         ]
-        for rep in range(self.reps if self.quick else max(5, self.reps)):
+        for rep in range(self.reps if self.quick else max(7, self.reps)):
             for name, fn in self.rotate(launchers, rep):
                 rec = self.record("training", n, name, "samples_per_s", "samples/s", steps=steps)
                 self.measure(rec, fn, lambda s, v: v["samples_per_s"])

@@ -174,6 +174,7 @@ def run_distributed(
         # the driver runs in the Connect server; the log channel ends here, on the client
         driver_host = client_log_host()
     server = LogServer(driver_host, secret, attempt.on_lines)
+    server.expect_nodes(plan.num_nodes)
     try:
         if not by_file:
             return _run_stage(spark, plan, entry, payload, attempt, server, secret, data, None)

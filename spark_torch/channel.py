@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 MAX_FRAME = 1024 * 1024
 #: pseudo stream of rank state changes (``started``/``finished``/``failed``) among the lines
 EVENT_STREAM = "event"
+#: queue marker: send this node's rendezvous hello
+HELLO_STREAM = "hello"
 NONCE_BYTES = 32
 HANDSHAKE_SECONDS = 5.0
 _HEADER = struct.Struct(">I")
@@ -118,6 +120,10 @@ class LogServer:
         self.dropped = 0
         self.rejected = 0
         self._closed = False
+        #: rendezvous: what each node said in its hello, and the reply once all nodes did
+        self._expected_nodes: int | None = None
+        self._hellos: dict[int, dict[str, Any]] = {}
+        self._peers_reply: dict[str, Any] | None = None
         self._accepter = threading.Thread(target=self._accept_loop, name="spark-torch-log-server", daemon=True)
         self._accepter.start()
 
@@ -167,10 +173,10 @@ class LogServer:
                         if fresh:
                             self._last_seq[node] = seq
                     if fresh:  # a frame resent after a reconnect is acknowledged, not repeated
-                        self._handle(message)
+                        self._handle(message, conn)
                     self._send(conn, {"ack": seq})
                 else:
-                    self._handle(message)
+                    self._handle(message, conn)
         except ConnectionError:
             pass
         except (ValueError, OSError, UnicodeDecodeError) as exc:
@@ -190,7 +196,37 @@ class LogServer:
         with lock:
             _send_frame(conn, message)
 
-    def _handle(self, message: dict[str, Any]) -> None:
+    def expect_nodes(self, nodes: int) -> None:
+        """Act as the rendezvous of ``nodes`` node runners (see :meth:`LogClient.rendezvous`)."""
+        with self._lock:
+            self._expected_nodes = nodes
+
+    def _hello(self, hello: Any, conn: socket.socket) -> None:
+        """A node's hello: once every node said hello, every node gets all hellos, in node order."""
+        if not isinstance(hello, dict) or not isinstance(hello.get("node"), int):
+            raise ValueError("a hello must be an object with an integer node")
+        with self._lock:
+            if self._expected_nodes is None or not 0 <= hello["node"] < self._expected_nodes:
+                raise ValueError(f"unexpected hello from node {hello.get('node')}")
+            self._hellos.setdefault(hello["node"], hello)
+            reply = self._peers_reply
+            if reply is None and len(self._hellos) == self._expected_nodes:
+                reply = self._peers_reply = {"peers": [self._hellos[n] for n in range(self._expected_nodes)]}
+                targets = list(self._peers)
+            else:
+                targets = [conn]  # a node that reconnected after the reply went out
+        if reply is not None:
+            for peer in targets:
+                try:
+                    self._send(peer, reply)
+                except OSError:
+                    pass  # that node reconnects and says hello again
+
+    def _handle(self, message: dict[str, Any], conn: socket.socket | None = None) -> None:
+        if "hello" in message:
+            if conn is not None:
+                self._hello(message["hello"], conn)
+            return
         if "lines" in message:
             # [[rank, stream, block], ...]: a block is lines joined by "\n"; the "event" stream
             # carries a rank's state instead
@@ -286,6 +322,9 @@ class LogClient:
         self._sock: socket.socket | None = None
         self._sock_alive = False
         self._closing = threading.Event()
+        self._hello: dict[str, Any] | None = None
+        self._peers: list[dict[str, Any]] | None = None
+        self._peers_ready = threading.Event()
         self._sender = threading.Thread(target=self._send_loop, name="spark-torch-log-client", daemon=True)
         self._sender.start()
 
@@ -306,6 +345,21 @@ class LogClient:
             self._queue.append((rank, EVENT_STREAM, state))
             self._queue_ready.notify()
 
+    def rendezvous(self, hello: dict[str, Any], stop: threading.Event) -> list[dict[str, Any]] | None:
+        """Say ``hello`` (with this node's ``node`` number) to the driver and wait for every node's
+        hello, in node order; None if ``stop`` is set first (the driver stopped the run).
+
+        This replaces a Spark barrier ``allGather`` round, which costs about a second.
+        """
+        with self._queue_ready:
+            self._hello = {**hello, "node": self._node}
+            self._queue.append((self._node, HELLO_STREAM, ""))
+            self._queue_ready.notify()
+        while not self._peers_ready.wait(0.2):
+            if stop.is_set():
+                return None
+        return self._peers
+
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self._address, timeout=HANDSHAKE_SECONDS)
         nonce = _recv_exact(sock, NONCE_BYTES)
@@ -324,6 +378,11 @@ class LogClient:
                 message = _recv_frame(sock)
                 if "stop" in message:
                     self._on_stop(str(message["stop"]))
+                elif "peers" in message:
+                    peers = message["peers"]
+                    if isinstance(peers, list) and all(isinstance(p, dict) for p in peers):
+                        self._peers = peers
+                        self._peers_ready.set()
                 elif "ack" in message:
                     acked = int(message["ack"])
                     with self._acks:
@@ -373,6 +432,7 @@ class LogClient:
         """
         entries: list[list[Any]] = []
         eof = False
+        hello = False
         size = 0
         with self._queue_ready:
             while not self._queue and not self._dropped:
@@ -384,11 +444,16 @@ class LogClient:
                     eof = True
                     break
                 rank, stream, payload = item
+                if stream == HELLO_STREAM:
+                    hello = True
+                    continue
                 if stream != EVENT_STREAM:
                     self._queued_lines -= block_lines(payload)
                     size += len(payload)
                 entries.append([rank, stream, payload])
         frames: list[tuple[int, bytes]] = []
+        if hello and self._hello is not None:
+            frames.append(self._control({"hello": self._hello}))
         if dropped:
             frames.append(self._control({"dropped": dropped, "rank": -1}))
         if entries:
@@ -412,6 +477,8 @@ class LogClient:
                         resend = list(self._unacked)
                     for _seq, body in resend:
                         _send_body(self._sock, body)
+                    if self._hello is not None and not self._peers_ready.is_set():
+                        _send_frame(self._sock, {"hello": self._hello})  # the reply may have been lost
                 with self._acks:
                     if eof_sent and not self._unacked:
                         return

@@ -1,7 +1,8 @@
 """Executor side of distributed mode: the body of one Spark barrier task (one node).
 
-It rendezvouses with the other tasks in ONE ``allGather`` round (node 0 publishes the port it
-reserved), runs the node's ranks, and returns rank 0's pickled result through Spark's own
+It rendezvouses with the other tasks through the driver's log/control channel (each node says
+hello; node 0's hello carries the port it reserved; a Spark ``allGather`` round, about a second,
+is only the fallback without a channel), runs the node's ranks, and returns rank 0's pickled result through Spark's own
 result channel as Arrow rows. A failure is raised as a task exception carrying a JSON report
 between markers: Spark then aborts the barrier stage at once (a barrier result stage is never
 retried), kills the other tasks (their ranks die with their worker) and hands the report to
@@ -190,11 +191,25 @@ def _run_node_task(spec: TaskSpec, context: Any, batches: Iterator[Any], workdir
         for _ in batches:  # the input rows only shape the stage; one per node
             pass
     first_rank = node_rank * spec.procs_per_node
+    stop = threading.Event()
+    client = (
+        LogClient(spec.log_host, spec.log_port, spec.log_secret, node_rank, on_stop=lambda _why: stop.set())
+        if spec.log_host
+        else None
+    )
     reservation = reserve_port(master_host) if node_rank == 0 else None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
         here = {"node": node_rank, "port": port, "python": platform.python_version(), "rows": rows}
-        messages = [json.loads(m) for m in context.allGather(json.dumps(here))]
+        if client is not None:
+            # the rendezvous goes through the driver's authenticated channel (milliseconds);
+            # a Spark allGather round costs about a second
+            peers = client.rendezvous(here, stop)
+            if peers is None:
+                return None  # the driver stopped the run before every node said hello
+            messages = peers
+        else:
+            messages = [json.loads(m) for m in context.allGather(json.dumps(here))]
         master_port = int(messages[0]["port"])
         versions = sorted({m["python"] for m in messages} | {spec.driver_python})
         if len(versions) > 1:
@@ -236,18 +251,10 @@ def _run_node_task(spec: TaskSpec, context: Any, batches: Iterator[Any], workdir
             max_restarts=spec.max_restarts,
             cwd=spec.driver_cwd if spec.driver_cwd and os.path.isdir(spec.driver_cwd) else None,
         )
-        stop = threading.Event()
-        client = (
-            LogClient(spec.log_host, spec.log_port, spec.log_secret, node_rank, on_stop=lambda _why: stop.set())
-            if spec.log_host
-            else None
-        )
-        try:
-            outcome, pickled = run_node(node, client or _print_to_executor_log, stop=stop, workdir=workdir)
-        finally:
-            if client is not None:
-                client.close()
+        outcome, pickled = run_node(node, client or _print_to_executor_log, stop=stop, workdir=workdir)
     finally:
+        if client is not None:
+            client.close()
         if reservation is not None:
             reservation.close()
     if outcome.stopped:

@@ -81,6 +81,50 @@ def test_full_queue_drops_and_reports() -> None:
         server.close()
 
 
+def test_rendezvous_through_the_channel() -> None:
+    """Every node says hello; each gets all hellos in node order (what a Spark allGather gave)."""
+    lines = Lines()
+    secret = new_secret()
+    server = LogServer("127.0.0.1", secret, lines)
+    server.expect_nodes(3)
+    clients = [LogClient("127.0.0.1", server.port, secret, n, on_stop=lambda _: None) for n in range(3)]
+    try:
+        got: dict[int, Any] = {}
+
+        def hello(n: int) -> None:
+            got[n] = clients[n].rendezvous({"port": 1000 + n}, threading.Event())
+
+        threads = [threading.Thread(target=hello, args=(n,)) for n in (2, 0, 1)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert time.monotonic() - start < 5
+        expected = [{"port": 1000 + n, "node": n} for n in range(3)]
+        assert got == {0: expected, 1: expected, 2: expected}
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+
+
+def test_rendezvous_stopped_before_every_node_said_hello() -> None:
+    secret = new_secret()
+    server = LogServer("127.0.0.1", secret, Lines())
+    server.expect_nodes(2)
+    stop = threading.Event()
+    client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: stop.set())
+    try:
+        threading.Timer(0.5, server.stop_nodes, args=("timeout",)).start()
+        start = time.monotonic()
+        assert client.rendezvous({"port": 1}, stop) is None
+        assert time.monotonic() - start < 5
+    finally:
+        client.close()
+        server.close()
+
+
 def test_wrong_secret_rejected() -> None:
     lines = Lines()
     server = LogServer("127.0.0.1", new_secret(), lines)
