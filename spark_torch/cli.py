@@ -145,11 +145,24 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stack_dumps_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints every thread's stack to stderr (for a run that seems stuck)."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (ValueError, RuntimeError, OSError):  # e.g. stderr is not a real file
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``spark-torch`` console script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    _stack_dumps_on_sigusr1()
     if args.command == "run":
         return _run(args)
     if args.command == "doctor":

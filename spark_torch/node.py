@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from . import serialization
 from .env import RankIdentity, rank_env
 from .errors import RankFailure
-from .processes import RankProcess, kill_group, signal_name, spawn_rank
+from .processes import RankProcess, interrupts_deferred, kill_group, signal_name, spawn_rank
 
 __all__ = ["NodeSpec", "NodeOutcome", "NodeWorkdir", "run_node", "RANK_MAIN_MODULE"]
 
@@ -224,19 +224,22 @@ def run_node(
                 changed.notify_all()
 
         for local_rank in range(spec.procs_per_node):
-            proc = spawn_rank(
-                argv,
-                _rank_env(spec, local_rank),
-                rank=spec.global_rank(local_rank),
-                local_rank=local_rank,
-                cwd=spec.cwd,
-                on_lines=on_lines,
-            )
-            procs.append(proc)
-            guard.track(proc.pid)
-            if rank_event is not None:
-                rank_event(proc.rank, "started")
-            threading.Thread(target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
+            with interrupts_deferred():  # a Ctrl-C now must not orphan a half-registered rank
+                proc = spawn_rank(
+                    argv,
+                    _rank_env(spec, local_rank),
+                    rank=spec.global_rank(local_rank),
+                    local_rank=local_rank,
+                    cwd=spec.cwd,
+                    on_lines=on_lines,
+                )
+                procs.append(proc)
+                guard.track(proc.pid)
+                if rank_event is not None:
+                    rank_event(proc.rank, "started")
+                threading.Thread(
+                    target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}"
+                ).start()
 
         seen = 0
         with changed:

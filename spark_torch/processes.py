@@ -10,7 +10,8 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_LINE_BYTES",
     "LinesCallback",
     "split_lines",
+    "interrupts_deferred",
     "make_block",
     "block_lines",
     "last_lines",
@@ -195,6 +197,29 @@ def spawn_rank(
         thread.start()
         proc.pumps.append(thread)
     return proc
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back until the block is done, then raise KeyboardInterrupt.
+
+    Used while a rank is being started, so an interrupt cannot land between the fork and the
+    bookkeeping that lets the caller stop that rank again. Only in the main thread and only
+    while Python's default SIGINT handler is installed; otherwise the block runs as is.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -62,7 +62,16 @@ def _interrupt_after_first_line(args: list[str]) -> tuple[int, float]:
             break
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    code = proc.wait(timeout=60)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # the CLI dumps every thread's stack (faulthandler)
+        time.sleep(1)
+        proc.kill()
+        rest = proc.stdout.read()
+        for rank in rank_processes():  # do not let one hang fail every later test
+            rank.kill()
+        pytest.fail(f"spark-torch run did not exit within 60 s of Ctrl-C; its last output:\n{rest[-8000:]}")
     return code, time.monotonic() - start
 
 

@@ -1,4 +1,4 @@
-"""Pure logic of turning pipe reads into log lines."""
+"""Pure logic of the process helpers: lines and blocks of rank output, deferred Ctrl-C."""
 
 from __future__ import annotations
 
@@ -27,3 +27,20 @@ def test_blocks() -> None:
     assert long.split("\n") == ["x", "y" * MAX_LINE_BYTES + CONTINUED, "y"]
     assert block_lines("a\nb\nc") == 3 and block_lines("") == 1
     assert last_lines("a\nb\nc", 2) == ["b", "c"] and last_lines("a", 5) == ["a"]
+
+
+def test_interrupts_deferred_until_the_block_ends() -> None:
+    import os
+    import signal
+
+    import pytest
+
+    from spark_torch.processes import interrupts_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("finished the block first")
+    assert done == ["finished the block first"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
