@@ -54,7 +54,12 @@ def test_bad_input_exit_2() -> None:
 
 def _interrupt_after_first_line(args: list[str]) -> tuple[int, float]:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # a shell starts background jobs with SIGINT ignored, and an ignored SIGINT is inherited;
+    # the CLI must get Ctrl-C the way it does in a terminal
+    proc = subprocess.Popen(
+        [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 180
     for line in proc.stdout:
