@@ -311,8 +311,8 @@ class LogClient:
         self._secret = secret
         self._node = node_rank
         self._on_stop = on_stop
-        #: (rank, stream, block), (rank, "event", state), or None = end of stream
-        self._queue: deque[tuple[int, str, str] | None] = deque()
+        #: (rank, stream, block, lines in it), (rank, "event", state, 0), or None = end of stream
+        self._queue: deque[tuple[int, str, str, int] | None] = deque()
         self._queued_lines = 0
         self._queue_ready = threading.Condition()
         self._dropped = 0
@@ -336,13 +336,13 @@ class LogClient:
                 self._dropped += count
                 return
             self._queued_lines += count
-            self._queue.append((rank, stream, block))
+            self._queue.append((rank, stream, block, count))
             self._queue_ready.notify()
 
     def rank_event(self, rank: int, state: str) -> None:
         """Queue a rank's state change for the driver's live status (never blocks)."""
         with self._queue_ready:
-            self._queue.append((rank, EVENT_STREAM, state))
+            self._queue.append((rank, EVENT_STREAM, state, 0))
             self._queue_ready.notify()
 
     def rendezvous(self, hello: dict[str, Any], stop: threading.Event) -> list[dict[str, Any]] | None:
@@ -353,7 +353,7 @@ class LogClient:
         """
         with self._queue_ready:
             self._hello = {**hello, "node": self._node}
-            self._queue.append((self._node, HELLO_STREAM, ""))
+            self._queue.append((self._node, HELLO_STREAM, "", 0))
             self._queue_ready.notify()
         while not self._peers_ready.wait(0.2):
             if stop.is_set():
@@ -443,12 +443,12 @@ class LogClient:
                 if item is None:
                     eof = True
                     break
-                rank, stream, payload = item
+                rank, stream, payload, count = item
                 if stream == HELLO_STREAM:
                     hello = True
                     continue
+                self._queued_lines -= count
                 if stream != EVENT_STREAM:
-                    self._queued_lines -= block_lines(payload)
                     size += len(payload)
                 entries.append([rank, stream, payload])
         frames: list[tuple[int, bytes]] = []

@@ -84,11 +84,17 @@ class RankProcess:
         return self.popen.pid
 
 
+def _without_carriage_returns(text: str) -> str:
+    """``text`` with "\r\n" made "\n", including the last line's (whose "\n" was cut off)."""
+    if text.endswith("\r"):
+        text = text[:-1]
+    return text.replace("\r\n", "\n") if "\r" in text else text
+
+
 def split_lines(text: str) -> list[str]:
     """Complete lines of ``text`` (no trailing newline), each at most MAX_LINE_BYTES characters."""
-    if text.endswith("\r"):  # the last line's "\r\n" (its "\n" was cut off)
-        text = text[:-1]
-    lines = text.replace("\r\n", "\n").split("\n")
+    text = _without_carriage_returns(text)
+    lines = text.split("\n")
     if len(text) <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
         return lines
     out: list[str] = []
@@ -103,13 +109,9 @@ def split_lines(text: str) -> list[str]:
 def make_block(text: str) -> str:
     """``text`` (complete lines, no trailing newline) as a block: "\r\n" made "\n", lines
     longer than MAX_LINE_BYTES characters split and marked as continued."""
-    if text.endswith("\r"):
-        text = text[:-1]
-    if "\r" in text:
-        text = text.replace("\r\n", "\n")
     if len(text) > MAX_LINE_BYTES:
         return "\n".join(split_lines(text))
-    return text
+    return _without_carriage_returns(text)
 
 
 def block_lines(block: str) -> int:
