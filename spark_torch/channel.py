@@ -1,48 +1,37 @@
-"""The authenticated log/control channel between node runners on executors and the driver.
+"""The per-run channel between the driver and the node runners, assembled from its layers.
 
-Driver side, :class:`LogServer`: listens on the driver host (never 0.0.0.0) on a port the OS
-picks, for one run. Every connection must answer a challenge with
-``HMAC-SHA256(secret, nonce)`` within a few seconds, or it is closed and logged. After that,
-frames are ``4-byte big-endian length + UTF-8 JSON`` of at most :data:`MAX_FRAME` bytes; a
-frame that is too large, not JSON, or not a known message closes that connection (the run is
-unaffected). Bytes are only ever decoded as text, never unpickled.
+- :mod:`spark_torch.wire`: framing and mutual authentication (per-frame HMAC);
+- :mod:`spark_torch.transport`: reconnects, acknowledgements, heartbeats, bounds;
+- :mod:`spark_torch.log_stream`: rank output (node queue, driver dispatch);
+- :mod:`spark_torch.control`: the rendezvous decision, and the driver's stop.
 
-Executor side, :class:`LogClient`: queues lines without blocking (a full queue drops lines and
-counts them), sends them from a thread, reconnects with backoff when the connection drops,
-and reports dropped counts. The driver can send ``{"stop": reason}`` to make the node stop its
-ranks (timeout, Ctrl-C, another node failed).
+:class:`DriverChannel` is the driver's end of one run, :class:`NodeChannel` a node's end.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import logging
+import mmap
 import os
-import socket
-import struct
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
 from typing import Any
 
-from .processes import block_lines
+from .control import RendezvousCoordinator, RendezvousOutcome, fallback_warning, parse_decision
+from .log_stream import LineQueue, LineReceiver, LinesHandler
+from .node_reports import NodeReports
+from .report_coordinator import ReportCoordinator
+from .reports import FailureReport, merge_reports, report_from_dict, report_to_dict
+from .spec import ChannelSpec
+from .transport import ChannelClient, ChannelServer
+from .wire import BINARY_HEADER_ROOM, MAX_FRAME
 
-__all__ = ["LogServer", "LogClient", "MAX_FRAME", "new_secret"]
+__all__ = ["DriverChannel", "NodeChannel", "new_secret"]
 
 logger = logging.getLogger(__name__)
 
-MAX_FRAME = 1024 * 1024
-#: pseudo stream of rank state changes (``started``/``finished``/``failed``) among the lines
-EVENT_STREAM = "event"
-#: queue marker: send this node's rendezvous hello
-HELLO_STREAM = "hello"
-NONCE_BYTES = 32
-HANDSHAKE_SECONDS = 5.0
-_HEADER = struct.Struct(">I")
-_OK = b"OK"
+#: after its deadline, how long a connected node waits for the driver's answer to "give up"
+GIVE_UP_SECONDS = 5.0
 
 
 def new_secret() -> bytes:
@@ -50,466 +39,365 @@ def new_secret() -> bytes:
     return os.urandom(32)
 
 
-def _digest(secret: bytes, nonce: bytes) -> bytes:
-    return hmac.new(secret, b"spark-torch-log-v1" + nonce, hashlib.sha256).digest()
+class DriverChannel:
+    """The driver's end of one run: receives rank output, runs the rendezvous, stops nodes.
 
+    Listens on ``bind_host`` (a port of ``ports``, or one the OS picks); nodes are told
+    ``advertise_host`` (and ``advertise_port``, default the bound port) through :attr:`spec`.
+    """
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        data += chunk
-    return bytes(data)
+    def __init__(
+        self,
+        sink: LinesHandler,
+        *,
+        nodes: int,
+        bind_host: str,
+        advertise_host: str,
+        secret: bytes,
+        advertise_port: int | None = None,
+        ports: tuple[int, int] | None = None,
+        heartbeat: float = 2.0,
+        rendezvous_timeout: float = 60.0,
+    ) -> None:
+        self._nodes = nodes
+        #: report() of the ranks (set by the caller: it needs this channel to answer)
+        self.reports: ReportCoordinator | None = None
+        #: failure reports the nodes sent over the channel (authenticated), by node
+        self.failures: dict[int, FailureReport] = {}
+        #: where rank 0's result goes when node 0 streams it over the channel (set by the caller)
+        self.result_path: str | None = None
+        self._result_fd: int | None = None
+        self._result_received = 0
+        self._receiver = LineReceiver(sink)
+        self._coordinator = RendezvousCoordinator(nodes)
+        self._lock = threading.Condition()
+        self._stop_reason: str | None = None
+        self._attached: set[int] = set()
+        self._finished: set[int] = set()
+        self._warned = False
+        self._server = ChannelServer(bind_host, secret, self, nodes=nodes, ports=ports, heartbeat=heartbeat)
+        self.spec = ChannelSpec(
+            host=advertise_host,
+            port=advertise_port or self._server.port,
+            secret=secret,
+            heartbeat=heartbeat,
+            rendezvous_timeout=rendezvous_timeout,
+        )
+        self._expiry: threading.Timer | None = None
 
+    @property
+    def port(self) -> int:
+        """The port actually bound."""
+        return self._server.port
 
-class FrameTooLarge(ValueError):
-    """A message that would exceed :data:`MAX_FRAME` once encoded."""
+    @property
+    def rejected(self) -> int:
+        """Connections refused (failed authentication, too many at once, bad attach)."""
+        return self._server.rejected
 
+    @property
+    def dropped(self) -> int:
+        """Lines the nodes dropped because their queue was full."""
+        return self._receiver.dropped
 
-def _encode(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, ensure_ascii=False).encode("utf-8")
-    if len(body) > MAX_FRAME:
-        raise FrameTooLarge("frame too large")
-    return body
-
-
-def _send_body(sock: socket.socket, body: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(body)) + body)
-
-
-def _send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    _send_body(sock, _encode(message))
-
-
-def _recv_frame(sock: socket.socket) -> dict[str, Any]:
-    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if size > MAX_FRAME:
-        raise ValueError(f"frame of {size} bytes exceeds the {MAX_FRAME} byte limit")
-    message = json.loads(_recv_exact(sock, size).decode("utf-8"))
-    if not isinstance(message, dict):
-        raise ValueError("frame is not a JSON object")
-    return message
-
-
-#: receives ``(rank, stream, block)``: complete lines joined by "\n"
-LinesHandler = Callable[[int, str, str], None]
-
-
-class LogServer:
-    """Receives rank output from node runners; can tell them to stop."""
-
-    def __init__(self, host: str, secret: bytes, on_lines: LinesHandler) -> None:
-        self._secret = secret
-        self._on_lines = on_lines
-        self._flush = getattr(on_lines, "flush", None)
-        self._rank_event = getattr(on_lines, "rank_event", None)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.bind((host, 0))
-        self._listener.listen(64)
-        self.host = host
-        self.port: int = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
-        self._peers: list[socket.socket] = []
-        self._send_locks: dict[socket.socket, threading.Lock] = {}
-        self._last_seq: dict[int, int] = {}
-        self._eof = threading.Condition(self._lock)
-        self.finished_nodes: set[int] = set()
-        self.dropped = 0
-        self.rejected = 0
-        self._closed = False
-        #: rendezvous: what each node said in its hello, and the reply once all nodes did
-        self._expected_nodes: int | None = None
-        self._hellos: dict[int, dict[str, Any]] = {}
-        self._peers_reply: dict[str, Any] | None = None
-        self._accepter = threading.Thread(target=self._accept_loop, name="spark-torch-log-server", daemon=True)
-        self._accepter.start()
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, addr = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(
-                target=self._serve, args=(conn, addr), name="spark-torch-log-conn", daemon=True
-            ).start()
-
-    def _reject(self, conn: socket.socket, addr: Any, why: str) -> None:
+    # ServerHandler
+    def attached(self, node: int) -> list[dict[str, Any]]:
+        """Replay the state a (re)connecting node must know."""
         with self._lock:
-            self.rejected += 1
-        logger.warning("spark_torch log channel: rejected connection from %s: %s", addr, why)
-        conn.close()
+            self._attached.add(node)
+            stop = self._stop_reason
+        replay: list[dict[str, Any]] = []
+        if self._coordinator.decision is not None:
+            replay.append({"rendezvous": self._coordinator.decision})
+        if stop is not None:
+            replay.append({"stop": stop})
+        if self.reports is not None and self.reports.last_answer is not None:
+            step, error = self.reports.last_answer
+            replay.append({"reported": {"step": step, "error": error}})
+        return replay
 
-    def _serve(self, conn: socket.socket, addr: Any) -> None:
-        try:
-            conn.settimeout(HANDSHAKE_SECONDS)
-            nonce = os.urandom(NONCE_BYTES)
-            conn.sendall(nonce)
-            answer = _recv_exact(conn, hashlib.sha256().digest_size)
-            if not hmac.compare_digest(answer, _digest(self._secret, nonce)):
-                self._reject(conn, addr, "authentication failed")
-                return
-            conn.sendall(_OK)
-            conn.settimeout(None)
-        except (OSError, ConnectionError) as exc:
-            self._reject(conn, addr, f"handshake failed ({exc})")
-            return
-        with self._lock:
-            if self._closed:
-                conn.close()
-                return
-            self._peers.append(conn)
-            self._send_locks[conn] = threading.Lock()
-        try:
-            while True:
-                message = _recv_frame(conn)
-                seq, node = message.get("seq"), message.get("node")
-                if isinstance(seq, int) and isinstance(node, int):
-                    with self._lock:
-                        fresh = seq > self._last_seq.get(node, 0)
-                        if fresh:
-                            self._last_seq[node] = seq
-                    if fresh:  # a frame resent after a reconnect is acknowledged, not repeated
-                        self._handle(message, conn)
-                    self._send(conn, {"ack": seq})
-                else:
-                    self._handle(message, conn)
-        except ConnectionError:
-            pass
-        except (ValueError, OSError, UnicodeDecodeError) as exc:
-            logger.warning("spark_torch log channel: dropped a connection from %s: %s", addr, exc)
-        finally:
-            with self._lock:
-                if conn in self._peers:
-                    self._peers.remove(conn)
-                self._send_locks.pop(conn, None)
-            conn.close()
-
-    def _send(self, conn: socket.socket, message: dict[str, Any]) -> None:
-        with self._lock:
-            lock = self._send_locks.get(conn)
-        if lock is None:
-            return
-        with lock:
-            _send_frame(conn, message)
-
-    def expect_nodes(self, nodes: int) -> None:
-        """Act as the rendezvous of ``nodes`` node runners (see :meth:`LogClient.rendezvous`)."""
-        with self._lock:
-            self._expected_nodes = nodes
-
-    def _hello(self, hello: Any, conn: socket.socket) -> None:
-        """A node's hello: once every node said hello, every node gets all hellos, in node order."""
-        if not isinstance(hello, dict) or not isinstance(hello.get("node"), int):
-            raise ValueError("a hello must be an object with an integer node")
-        with self._lock:
-            if self._expected_nodes is None or not 0 <= hello["node"] < self._expected_nodes:
-                raise ValueError(f"unexpected hello from node {hello.get('node')}")
-            self._hellos.setdefault(hello["node"], hello)
-            reply = self._peers_reply
-            if reply is None and len(self._hellos) == self._expected_nodes:
-                reply = self._peers_reply = {"peers": [self._hellos[n] for n in range(self._expected_nodes)]}
-                targets = list(self._peers)
-            else:
-                targets = [conn]  # a node that reconnected after the reply went out
-        if reply is not None:
-            for peer in targets:
-                try:
-                    self._send(peer, reply)
-                except OSError:
-                    pass  # that node reconnects and says hello again
-
-    def _handle(self, message: dict[str, Any], conn: socket.socket | None = None) -> None:
-        if "hello" in message:
-            if conn is not None:
-                self._hello(message["hello"], conn)
-            return
+    def message(self, node: int, message: dict[str, Any]) -> None:
+        """One numbered message of a node, exactly once."""
         if "lines" in message:
-            # [[rank, stream, block], ...]: a block is lines joined by "\n"; the "event" stream
-            # carries a rank's state instead
-            for rank, stream, payload in message["lines"]:
-                if not isinstance(payload, str):
-                    raise ValueError("a block of lines must be a string")
-                if stream == EVENT_STREAM:
-                    if self._rank_event is not None:
-                        self._rank_event(int(rank), payload)
-                    continue
-                self._on_lines(int(rank), str(stream), payload)
-            if self._flush is not None:
-                self._flush()
+            self._receiver.lines(message["lines"])
+        elif "hello" in message:
+            decision = self._coordinator.hello(node, message["hello"])
+            if decision is not None:
+                self._server.broadcast({"rendezvous": decision})
+        elif "give_up" in message:
+            decision, new = self._coordinator.give_up(node, message["give_up"])
+            if new:
+                self._warn_fallback()  # before the nodes hear it: they may finish the run quickly
+                self._server.broadcast({"rendezvous": decision})
+            else:
+                self._server.send(node, {"rendezvous": decision})
+        elif "result" in message:
+            self._result_piece(node, message["result"], message.get("_bytes"))
+        elif "failure" in message:
+            report = report_from_dict(message["failure"])
+            with self._lock:  # a node's later report (with the ranks' last lines) completes its first
+                earlier = self.failures.get(node)
+                self.failures[node] = report if earlier is None else merge_reports([report, earlier]) or report
+        elif "report" in message:
+            if self.reports is None:
+                raise ValueError("a report, but this run has no report coordinator")
+            self.reports.node_report(node, message["report"])
         elif "dropped" in message:
-            count = int(message["dropped"])
-            with self._lock:
-                self.dropped += count
-            self._on_lines(-1, "stderr", f"[spark_torch] {count} log line(s) dropped on node {message.get('node')}")
+            self._receiver.dropped_lines(node, message["dropped"])
         elif "eof" in message:
-            with self._eof:
-                self.finished_nodes.add(int(message["eof"]))
-                self._eof.notify_all()
+            with self._lock:
+                self._finished.add(node)
+                self._lock.notify_all()
         else:
-            raise ValueError(f"unknown message {sorted(message)}")
+            raise ValueError(f"unknown message {sorted(message)[:5]}")
 
-    def wait_for_nodes(self, nodes: int, timeout: float) -> bool:
-        """Wait until ``nodes`` node runners said they sent everything (drain), bounded."""
+    def detached(self, node: int) -> None:
+        """A node's connection ended (nothing to do: it reconnects, or the run ends)."""
+
+    # run control
+    def start_rendezvous_clock(self) -> None:
+        """Give up on nodes that never reach the channel a while after their own deadline."""
+        if self._nodes == 0:
+            return
+        self._expiry = threading.Timer(self.spec.rendezvous_timeout * 1.5 + GIVE_UP_SECONDS, self._expire)
+        self._expiry.daemon = True
+        self._expiry.start()
+
+    def _expire(self) -> None:
+        decision, new = self._coordinator.expire()
+        if new:
+            self._warn_fallback()
+            self._server.broadcast({"rendezvous": decision})
+
+    def _warn_fallback(self, errors: list[str] | None = None) -> bool:
+        """The one fallback warning (address, missing nodes, errors known so far, the fix)."""
+        with self._lock:
+            if self._warned:
+                return False
+            self._warned = True
+        known = errors or [f"node {n}: {e}" for n, e in sorted(self._coordinator.reports.items()) if e]
+        missing = self._coordinator.missing()
+        logger.warning(fallback_warning(self.spec.address, self._nodes, missing, self.spec.rendezvous_timeout, known))
+        return True
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether the rendezvous went through Spark's allGather."""
+        return self._warned
+
+    def connect_errors(self, errors: dict[int, str]) -> None:
+        """What nodes that never reached the channel saw (reported through Spark when the stage
+        ends): the fallback warning if none was given yet, else the errors as its follow-up."""
+        if not errors:
+            return
+        detail = [f"node {n}: {e}" for n, e in sorted(errors.items())]
+        if not self._warn_fallback(detail):
+            logger.warning("spark_torch: the executors' last errors reaching the channel at %s: %s", self.spec.address, "; ".join(detail))
+
+    def _result_piece(self, node: int, header: Any, data: Any) -> None:
+        """A piece of rank 0's pickled result (authenticated frames, in order, exactly once)."""
+        if node != 0 or self.result_path is None:
+            raise ValueError(f"node {node} sent a result piece this run does not expect")
+        if not isinstance(header, dict) or not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError("a result piece needs a header object and binary data")
+        offset = header.get("offset")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset != self._result_received:
+            raise ValueError(f"a result piece at offset {offset!r}, expected {self._result_received}")
+        if self._result_fd is None:
+            self._result_fd = os.open(self.result_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._result_fd, view, offset)
+            view, offset = view[written:], offset + written
+        self._result_received = offset
+
+    def result_size(self) -> int:
+        """Bytes of rank 0's result received over the channel (the file is closed once asked)."""
+        if self._result_fd is not None:
+            os.close(self._result_fd)
+            self._result_fd = None
+        return self._result_received
+
+    def answer_reports(self, step: int, error: str | None) -> None:
+        """Tell every node that report step ``step`` is persisted (or failed)."""
+        self._server.broadcast({"reported": {"step": step, "error": error}})
+
+    def stop_nodes(self, reason: str) -> None:
+        """Tell every node to stop its ranks now (nodes that reconnect are told again)."""
+        with self._lock:
+            self._stop_reason = reason
+        self._server.broadcast({"stop": reason})
+
+    def wait_for_nodes(self, timeout: float) -> bool:
+        """Wait (bounded) until every node that ever attached sent its last line."""
         deadline = time.monotonic() + timeout
-        with self._eof:
-            while len(self.finished_nodes) < nodes:
+        with self._lock:
+            while not self._attached <= self._finished:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._eof.wait(remaining)
+                self._lock.wait(remaining)
         return True
 
-    def stop_nodes(self, reason: str) -> None:
-        """Ask every connected node runner to stop its ranks now."""
-        with self._lock:
-            peers = list(self._peers)
-        for peer in peers:
-            try:
-                self._send(peer, {"stop": reason})
-            except OSError:
-                pass
-
     def close(self) -> None:
-        """Stop listening and close every connection."""
-        with self._lock:
-            self._closed = True
-            peers = list(self._peers)
-        try:
-            self._listener.close()
-        except OSError:
-            pass
-        for peer in peers:
-            try:
-                peer.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            peer.close()
+        """Stop listening, close every connection, join every thread of this channel."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry.join(1.0)
+        self._server.close()
+        if self._result_fd is not None:
+            os.close(self._result_fd)
+            self._result_fd = None
 
 
-class LogClient:
-    """Node-runner side: a non-blocking line sink that ships lines to the driver.
+class NodeChannel:
+    """A node's end: ships its ranks' output, takes part in the rendezvous, hears the driver's stop.
 
-    Blocks of lines are queued without blocking (beyond :attr:`QUEUE_LINES` queued lines new
-    blocks are dropped and counted), packed into numbered frames, and kept until the driver
-    acknowledges them; after a dropped connection the client reconnects and resends what was
-    not acknowledged (the driver ignores repeats), so a connection drop loses no line.
+    Call it as a line sink (``channel(rank, stream, block)``); ``rank_event`` feeds the driver's
+    live status. ``stop`` is set when the driver says stop.
     """
 
-    #: lines queued before new ones are dropped (and counted); ~100 MB of 500-byte lines
-    QUEUE_LINES = 200_000
-    #: a frame carries about this many characters of queued lines
-    FRAME_TEXT_BYTES = MAX_FRAME // 8
-    #: frames sent but not yet acknowledged before the sender waits for the driver
-    WINDOW = 64
-
-    def __init__(self, host: str, port: int, secret: bytes, node_rank: int, on_stop: Callable[[str], None]) -> None:
-        self._address = (host, port)
-        self._secret = secret
-        self._node = node_rank
-        self._on_stop = on_stop
-        #: (rank, stream, block, lines in it), (rank, "event", state, 0), or None = end of stream
-        self._queue: deque[tuple[int, str, str, int] | None] = deque()
-        self._queued_lines = 0
-        self._queue_ready = threading.Condition()
-        self._dropped = 0
-        self._seq = 0
-        self._unacked: list[tuple[int, bytes]] = []
-        self._acks = threading.Condition()
-        self._sock: socket.socket | None = None
-        self._sock_alive = False
-        self._closing = threading.Event()
-        self._hello: dict[str, Any] | None = None
-        self._peers: list[dict[str, Any]] | None = None
-        self._peers_ready = threading.Event()
-        self._sender = threading.Thread(target=self._send_loop, name="spark-torch-log-client", daemon=True)
-        self._sender.start()
+    def __init__(self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event) -> None:
+        self._spec = spec
+        #: the node's report pipes (set by the node runner): answers from the driver go there
+        self.reports: NodeReports | None = None
+        self._node = node
+        self._nodes = nodes
+        self._stop = stop
+        self._decided = threading.Event()
+        self._outcome: RendezvousOutcome | None = None
+        self._detached = False
+        cond = threading.Condition()
+        self._queue = LineQueue(node, cond)
+        self._client = ChannelClient(
+            spec.host, spec.port, spec.secret, node, self._on_message, outbox=self._queue, heartbeat=spec.heartbeat, cond=cond
+        )
 
     def __call__(self, rank: int, stream: str, block: str) -> None:
-        """Queue a block of lines; never blocks (drops and counts when the queue is full)."""
-        count = block_lines(block)
-        with self._queue_ready:
-            if self._queued_lines + count > self.QUEUE_LINES:
-                self._dropped += count
-                return
-            self._queued_lines += count
-            self._queue.append((rank, stream, block, count))
-            self._queue_ready.notify()
+        self._queue(rank, stream, block)
 
     def rank_event(self, rank: int, state: str) -> None:
-        """Queue a rank's state change for the driver's live status (never blocks)."""
-        with self._queue_ready:
-            self._queue.append((rank, EVENT_STREAM, state, 0))
-            self._queue_ready.notify()
+        """A rank started/finished/failed."""
+        self._queue.rank_event(rank, state)
 
-    def rendezvous(self, hello: dict[str, Any], stop: threading.Event) -> list[dict[str, Any]] | None:
-        """Say ``hello`` (with this node's ``node`` number) to the driver and wait for every node's
-        hello, in node order; None if ``stop`` is set first (the driver stopped the run).
+    @property
+    def connected_ever(self) -> bool:
+        """Whether the driver ever accepted this node."""
+        return self._client.attached.is_set()
 
-        This replaces a Spark barrier ``allGather`` round, which costs about a second.
-        """
-        with self._queue_ready:
-            self._hello = {**hello, "node": self._node}
-            self._queue.append((self._node, HELLO_STREAM, "", 0))
-            self._queue_ready.notify()
-        while not self._peers_ready.wait(0.2):
-            if stop.is_set():
-                return None
-        return self._peers
+    @property
+    def last_error(self) -> str | None:
+        """The latest connection error, for messages."""
+        return self._client.last_error
 
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection(self._address, timeout=HANDSHAKE_SECONDS)
-        nonce = _recv_exact(sock, NONCE_BYTES)
-        sock.sendall(_digest(self._secret, nonce))
-        if _recv_exact(sock, len(_OK)) != _OK:
-            raise ConnectionError("handshake refused")
-        sock.settimeout(None)
-        with self._acks:
-            self._sock_alive = True
-        threading.Thread(target=self._read_loop, args=(sock,), name="spark-torch-log-control", daemon=True).start()
-        return sock
+    def forward_report(self, report: dict[str, Any]) -> None:
+        """Send this node's report of one step to the driver (answered through ``reports``)."""
+        if self._detached:
+            if self.reports is not None:
+                self.reports.persisted(
+                    int(report.get("step", 0)),
+                    f"this node cannot reach the driver's channel at {self._spec.address}, which report() "
+                    "needs (see the driver's warning about the channel)",
+                )
+            return
+        self._client.send({"report": report})
 
-    def _read_loop(self, sock: socket.socket) -> None:
+    def send_failure(self, report: FailureReport, timeout: float | None = 2.0) -> None:
+        """Tell the driver about this node's failed ranks (authenticated); waits up to ``timeout``
+        for the driver to have it (None: do not wait)."""
+        if self._detached or not self.connected_ever:
+            return
+        self._client.send({"failure": report_to_dict(report)})
+        if timeout is not None:
+            self._client.drain(timeout)
+
+    def send_result(self, path: str, timeout: float) -> bool:
+        """Stream the file of rank 0's pickled result to the driver in authenticated binary frames;
+        True once the driver acknowledged all of it (False: not connected, or no progress for
+        ``timeout`` seconds: the caller sends it through Spark instead)."""
+        if self._detached or not self.connected_ever:
+            return False
+        piece = MAX_FRAME - BINARY_HEADER_ROOM
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            # pieces are views of a memory map: the page cache goes to the socket without copies
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        # the map is unmapped when the last view of it is gone (pieces the client still holds
+        # for a resend keep it alive; closing it here could pull pages from under them)
+        view = memoryview(mapped) if mapped is not None else memoryview(b"")
         try:
+            offset = 0
             while True:
-                message = _recv_frame(sock)
-                if "stop" in message:
-                    self._on_stop(str(message["stop"]))
-                elif "peers" in message:
-                    peers = message["peers"]
-                    if isinstance(peers, list) and all(isinstance(p, dict) for p in peers):
-                        self._peers = peers
-                        self._peers_ready.set()
-                elif "ack" in message:
-                    acked = int(message["ack"])
-                    with self._acks:
-                        self._unacked = [f for f in self._unacked if f[0] > acked]
-                        self._acks.notify_all()
-        except (ConnectionError, OSError, ValueError):
-            pass
-        with self._acks:
-            if self._sock is sock:
-                self._sock_alive = False
-            self._acks.notify_all()
-
-    def _numbered(self, message: dict[str, Any]) -> tuple[int, bytes] | None:
-        """Encode ``message`` with the next sequence number; None (no number used) if too large."""
-        try:
-            body = _encode({**message, "seq": self._seq + 1, "node": self._node})
-        except FrameTooLarge:
-            return None
-        self._seq += 1
-        return self._seq, body
-
-    def _frames_of(self, entries: list[list[Any]]) -> list[tuple[int, bytes]]:
-        """Encode ``entries`` as one frame, or split them until every part fits MAX_FRAME."""
-        frame = self._numbered({"lines": entries})
-        if frame is not None:
-            return [frame]
-        if len(entries) > 1:
-            half = len(entries) // 2
-            return self._frames_of(entries[:half]) + self._frames_of(entries[half:])
-        rank, stream, block = entries[0]
-        middle = block.rfind("\n", 0, len(block) // 2)
-        if middle < 0:
-            middle = block.find("\n", len(block) // 2)
-        if middle < 0:  # cannot happen: a line is at most 64 Ki characters
-            raise FrameTooLarge("a single log line does not fit a frame")
-        return self._frames_of([[rank, stream, block[:middle]]]) + self._frames_of([[rank, stream, block[middle + 1 :]]])
-
-    def _control(self, message: dict[str, Any]) -> tuple[int, bytes]:
-        frame = self._numbered(message)
-        assert frame is not None, "a control message always fits a frame"
-        return frame
-
-    def _next_frames(self) -> tuple[list[tuple[int, bytes]], bool]:
-        """Block for queued output, then pack what is queued (about FRAME_TEXT_BYTES) into frames.
-
-        Returns the frames and whether the last one is the end-of-stream marker.
-        """
-        entries: list[list[Any]] = []
-        eof = False
-        hello = False
-        size = 0
-        with self._queue_ready:
-            while not self._queue and not self._dropped:
-                self._queue_ready.wait()
-            dropped, self._dropped = self._dropped, 0
-            while self._queue and size < self.FRAME_TEXT_BYTES:
-                item = self._queue.popleft()
-                if item is None:
-                    eof = True
+                data = view[offset : offset + piece]
+                self._client.send({"result": {"offset": offset}, "_bytes": data}, block_until=time.monotonic() + timeout)
+                offset += data.nbytes
+                if offset >= size:
                     break
-                rank, stream, payload, count = item
-                if stream == HELLO_STREAM:
-                    hello = True
-                    continue
-                self._queued_lines -= count
-                if stream != EVENT_STREAM:
-                    size += len(payload)
-                entries.append([rank, stream, payload])
-        frames: list[tuple[int, bytes]] = []
-        if hello and self._hello is not None:
-            frames.append(self._control({"hello": self._hello}))
-        if dropped:
-            frames.append(self._control({"dropped": dropped, "rank": -1}))
-        if entries:
-            frames += self._frames_of(entries)
-        if eof:
-            frames.append(self._control({"eof": self._node}))
-        return frames, eof
+            return self._client.drain(timeout)
+        except (TimeoutError, ConnectionError):
+            return False
 
-    def _send_loop(self) -> None:
-        backoff = 0.05
-        eof_sent = False
-        while True:
-            try:
-                if self._sock is None or not self._sock_alive:
-                    if self._sock is not None:
-                        self._sock.close()
-                    # connect before the first line: the driver's stop must reach silent nodes too
-                    self._sock = self._connect()
-                    backoff = 0.05
-                    with self._acks:
-                        resend = list(self._unacked)
-                    for _seq, body in resend:
-                        _send_body(self._sock, body)
-                    if self._hello is not None and not self._peers_ready.is_set():
-                        _send_frame(self._sock, {"hello": self._hello})  # the reply may have been lost
-                with self._acks:
-                    if eof_sent and not self._unacked:
-                        return
-                    if eof_sent or len(self._unacked) >= self.WINDOW:
-                        self._acks.wait(0.5)  # until acknowledged or the connection died
-                        continue
-                frames, eof = self._next_frames()
-                with self._acks:
-                    self._unacked += frames
-                eof_sent = eof_sent or eof
-                for _seq, body in frames:
-                    _send_body(self._sock, body)
-            except (OSError, ConnectionError, ValueError):
-                with self._acks:
-                    self._sock_alive = False
-                if self._closing.is_set():
-                    return  # the driver is gone while we flush; give up
-                time.sleep(backoff)  # reconnect backoff, not synchronisation
-                backoff = min(backoff * 2, 2.0)
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if "stop" in message:
+            self._stop.set()
+        elif "reported" in message:
+            answer = message["reported"]
+            if self.reports is not None and isinstance(answer, dict) and isinstance(answer.get("step"), int):
+                error = answer.get("error")
+                self.reports.persisted(answer["step"], str(error) if error else None)
+        elif "rendezvous" in message and not self._decided.is_set():
+            outcome = parse_decision(message["rendezvous"], self._nodes)
+            if outcome is not None:
+                self._outcome = outcome
+                self._decided.set()
+
+    def _wait_decision(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self._decided.is_set():
+            if self._stop.is_set():
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._decided.wait(min(remaining, 0.1))
+        return True
+
+    def rendezvous(self, hello: dict[str, Any]) -> RendezvousOutcome:
+        """Say hello and wait for the driver's decision, bounded by the rendezvous deadline.
+
+        Returns every node's hello (in node order), or a fallback outcome (then the caller goes
+        through Spark's allGather), or ``stopped`` when the driver stopped the run meanwhile.
+        """
+        self._client.send({"hello": {**hello, "node": self._node}})
+        if not self._wait_decision(self._spec.rendezvous_timeout) and not self._stop.is_set():
+            if self.connected_ever:  # ask the driver to decide; it may already have all hellos
+                self._client.send({"give_up": self.last_error})
+                self._wait_decision(GIVE_UP_SECONDS)
+        if self._stop.is_set():
+            return RendezvousOutcome(stopped=True)
+        if self._outcome is not None:
+            return self._outcome
+        return RendezvousOutcome(reason=self.last_error or f"no answer from the driver's channel at {self._spec.address}")
+
+    def detach_if_unreachable(self) -> bool:
+        """After a fallback: if the driver was never reached, stop trying (output goes elsewhere).
+
+        Returns True when this node keeps using the channel.
+        """
+        if self.connected_ever:
+            return True
+        self._detached = True
+        self._queue.disable()
+        self._client.close()
+        return False
 
     def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued and an end-of-stream marker, until acknowledged; bounded by ``timeout``."""
-        with self._queue_ready:
-            self._queue.append(None)
-            self._queue_ready.notify()
-        self._sender.join(timeout)
-        self._closing.set()
-        with self._acks:
-            self._acks.notify_all()
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            except OSError:
-                pass
+        """Send what is queued and an end-of-stream marker until acknowledged (bounded), then close.
+
+        A node whose attempts to reach the driver all failed so far gets a short grace only.
+        """
+        if not self._detached:
+            self._queue.end()
+            hopeless = not self.connected_ever and self.last_error is not None
+            self._client.drain(min(timeout, 1.0) if hopeless else timeout)
+        self._client.close()

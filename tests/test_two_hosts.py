@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,9 +133,9 @@ def two_host_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHost
     assert not errors and not left, f"teardown: {errors}, processes left: {left}"
 
 
-def test_two_hosts_gloo(two_host_spark: TwoHosts, tmp_path: Path, no_leftovers: None) -> None:
-    hosts = two_host_spark
-    proc = submit(
+def _submit_from_a(hosts: TwoHosts, cwd: Path, extra_env: dict[str, str] | None = None) -> Any:
+    """spark-submit tests/scripts/submit_driver.py in namespace A (the driver's host)."""
+    return submit(
         [
             "--master", hosts.url,
             "--conf", f"spark.driver.host={hosts.addresses[0]}",
@@ -145,8 +146,14 @@ def test_two_hosts_gloo(two_host_spark: TwoHosts, tmp_path: Path, no_leftovers: 
         ],
         host=hosts.addresses[0],
         prefix=hosts.prefix(0),
-        cwd=tmp_path,
+        cwd=cwd,
+        extra_env=extra_env,
     )  # fmt: skip
+
+
+def test_two_hosts_gloo(two_host_spark: TwoHosts, tmp_path: Path, no_leftovers: None) -> None:
+    hosts = two_host_spark
+    proc = _submit_from_a(hosts, tmp_path)
     ranks: list[dict[str, Any]] = check_submit_output(proc.returncode, proc.stdout, master_addr=None)
     print("ranks:", ranks)
     print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("[rank ")))
@@ -158,3 +165,31 @@ def test_two_hosts_gloo(two_host_spark: TwoHosts, tmp_path: Path, no_leftovers: 
     assert all(r["SPARK_LOCAL_IP"] == r["local_addr"] for r in ranks), ranks
     assert all(r["GLOO_SOCKET_IFNAME"] == IFNAME for r in ranks), ranks
 
+
+def test_channel_unreachable_from_one_host_falls_back(two_host_spark: TwoHosts, tmp_path: Path, no_leftovers: None) -> None:
+    """The driver advertises its channel on an address only its own namespace can route to
+    (what a driver in a container does with an internal address): the executor on the other
+    host gets "Network is unreachable". The run still completes, through one allGather round,
+    within the rendezvous deadline, with one warning naming the address and the fix."""
+    hosts = two_host_spark
+    private = "10.231.9.1"
+    _ip("-n", hosts.namespaces[0], "addr", "add", f"{private}/32", "dev", "lo")
+    try:
+        start = time.monotonic()
+        proc = _submit_from_a(
+            hosts, tmp_path,
+            extra_env={"SPARK_TORCH_LOG_HOST": private, "SPARK_TORCH_LOG_BIND": private, "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "8"},
+        )  # fmt: skip
+        elapsed = time.monotonic() - start
+    finally:
+        _ip("-n", hosts.namespaces[0], "addr", "del", f"{private}/32", "dev", "lo")
+    out = proc.stdout
+    print(out[-6000:])
+    assert proc.returncode == 0 and "RESULT 3" in out.splitlines(), out[-8000:]
+    warnings = [line for line in out.splitlines() if "could not reach the driver's channel" in line]
+    assert len(warnings) == 1, out[-8000:]
+    assert f"at {private}:" in warnings[0] and "SPARK_TORCH_LOG_HOST" in warnings[0]
+    assert "Network is unreachable" in out, out[-8000:]
+    # the node that did reach the driver still streamed its rank's lines
+    assert sum(line.startswith("[rank ") and "all_reduce sum=3" in line for line in out.splitlines()) == 1
+    assert elapsed < 200, elapsed

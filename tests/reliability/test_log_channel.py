@@ -12,29 +12,27 @@ from typing import Any
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.channel import MAX_FRAME, LogClient, LogServer, new_secret
+from spark_torch.channel import DriverChannel, NodeChannel
+from spark_torch.log_stream import QUEUE_LINES
+from spark_torch.spec import ChannelSpec
+from spark_torch.wire import MAX_FRAME
+
+from .channel_helpers import driver_channel as _driver
+from .channel_helpers import rendezvous_all
 
 
-class Lines:
-    def __init__(self) -> None:
-        self.items: list[tuple[int, str, str]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, rank: int, stream: str, block: str) -> None:
-        with self.lock:
-            self.items.extend((rank, stream, text) for text in block.split("\n"))
+def _node(spec: ChannelSpec, node: int = 0, nodes: int = 1, stop: threading.Event | None = None) -> NodeChannel:
+    return NodeChannel(spec, node, nodes, stop or threading.Event())
 
 
 def test_client_delivers_in_order_and_drains() -> None:
-    lines = Lines()
-    secret = new_secret()
-    server = LogServer("127.0.0.1", secret, lines)
+    server, lines = _driver()
     try:
-        client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
+        client = _node(server.spec)
         for i in range(5000):
             client(1, "stdout", f"line {i}")
         client.close()
-        assert server.wait_for_nodes(1, timeout=10)
+        assert server.wait_for_nodes(timeout=10)
         assert [t for _, _, t in lines.items] == [f"line {i}" for i in range(5000)]
     finally:
         server.close()
@@ -43,16 +41,14 @@ def test_client_delivers_in_order_and_drains() -> None:
 def test_batches_larger_than_a_frame_are_split() -> None:
     """Control characters escape to 6 bytes each in JSON: a batch that far exceeds MAX_FRAME
     once encoded still arrives complete and in order."""
-    lines = Lines()
-    secret = new_secret()
-    server = LogServer("127.0.0.1", secret, lines)
+    server, lines = _driver()
     try:
-        client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
+        client = _node(server.spec)
         batch = [f"{i:05d}" + "\x01" * 60_000 for i in range(40)]  # ~14 MB of JSON
         client(0, "stderr", "\n".join(batch))
         client(0, "stdout", "after")
-        client.close()
-        assert server.wait_for_nodes(1, timeout=30)
+        client.close(timeout=60)
+        assert server.wait_for_nodes(timeout=30)
         assert [t for _, _, t in lines.items] == [*batch, "after"]
         assert {s for _, s, _ in lines.items} == {"stderr", "stdout"}
     finally:
@@ -61,20 +57,18 @@ def test_batches_larger_than_a_frame_are_split() -> None:
 
 def test_full_queue_drops_and_reports() -> None:
     """Beyond QUEUE_LINES queued lines new batches are dropped, counted and reported, never blocking."""
-    lines = Lines()
-    secret = new_secret()
-    server = LogServer("127.0.0.1", secret, lines)
+    server, lines = _driver(nodes=4)
     try:
-        client = LogClient("127.0.0.1", server.port, secret, 3, on_stop=lambda _: None)
-        with client._queue_ready:  # hold the sender off so the queue fills up
+        client = _node(server.spec, 3, 4)
+        with client._queue.cond:  # hold the sender off so the queue fills up
             start = time.monotonic()
-            client(0, "stdout", "\n".join(["x"] * LogClient.QUEUE_LINES))
+            client(0, "stdout", "\n".join(["x"] * QUEUE_LINES))
             client(0, "stdout", "\n".join(["lost"] * 5))
             assert time.monotonic() - start < 1.0
         client.close(timeout=60)
-        assert server.wait_for_nodes(1, timeout=60)
+        assert server.wait_for_nodes(timeout=60)
         texts = [t for _, _, t in lines.items]
-        assert texts.count("x") == LogClient.QUEUE_LINES and "lost" not in texts
+        assert texts.count("x") == QUEUE_LINES and "lost" not in texts
         assert "[spark_torch] 5 log line(s) dropped on node 3" in texts
         assert server.dropped == 5
     finally:
@@ -83,23 +77,11 @@ def test_full_queue_drops_and_reports() -> None:
 
 def test_rendezvous_through_the_channel() -> None:
     """Every node says hello; each gets all hellos in node order (what a Spark allGather gave)."""
-    lines = Lines()
-    secret = new_secret()
-    server = LogServer("127.0.0.1", secret, lines)
-    server.expect_nodes(3)
-    clients = [LogClient("127.0.0.1", server.port, secret, n, on_stop=lambda _: None) for n in range(3)]
+    server, _ = _driver(nodes=3)
+    clients = [_node(server.spec, n, 3) for n in range(3)]
     try:
-        got: dict[int, Any] = {}
-
-        def hello(n: int) -> None:
-            got[n] = clients[n].rendezvous({"port": 1000 + n}, threading.Event())
-
-        threads = [threading.Thread(target=hello, args=(n,)) for n in (2, 0, 1)]
         start = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(10)
+        got = {n: outcome.peers for n, outcome in rendezvous_all(clients, timeout=10).items()}
         assert time.monotonic() - start < 5
         expected = [{"port": 1000 + n, "node": n} for n in range(3)]
         assert got == {0: expected, 1: expected, 2: expected}
@@ -110,15 +92,13 @@ def test_rendezvous_through_the_channel() -> None:
 
 
 def test_rendezvous_stopped_before_every_node_said_hello() -> None:
-    secret = new_secret()
-    server = LogServer("127.0.0.1", secret, Lines())
-    server.expect_nodes(2)
+    server, _ = _driver(nodes=2)
     stop = threading.Event()
-    client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: stop.set())
+    client = _node(server.spec, 0, 2, stop)
     try:
         threading.Timer(0.5, server.stop_nodes, args=("timeout",)).start()
         start = time.monotonic()
-        assert client.rendezvous({"port": 1}, stop) is None
+        assert client.rendezvous({"port": 1}).stopped
         assert time.monotonic() - start < 5
     finally:
         client.close()
@@ -126,13 +106,14 @@ def test_rendezvous_stopped_before_every_node_said_hello() -> None:
 
 
 def test_wrong_secret_rejected() -> None:
-    lines = Lines()
-    server = LogServer("127.0.0.1", new_secret(), lines)
+    server, lines = _driver()
     try:
-        client = LogClient("127.0.0.1", server.port, b"wrong" * 8, 0, on_stop=lambda _: None)
-        client("x", "stdout", "should not arrive")  # type: ignore[arg-type]
+        spec = ChannelSpec(host="127.0.0.1", port=server.port, secret=b"wrong" * 8)
+        client = _node(spec)
+        client(0, "stdout", "should not arrive")
         client.close(timeout=1.0)
-        assert not lines.items and server.rejected >= 1
+        assert not lines.items and server.rejected >= 1 and not client.connected_ever
+        assert "did not prove" in (client.last_error or "") or "closed" in (client.last_error or "")
     finally:
         server.close()
 
@@ -155,12 +136,9 @@ def hello_lines(count: int) -> int:
 
 def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
     """Garbage, huge frames and bad handshakes on the log port are rejected and logged."""
-    import spark_torch.channel as channel
+    seen: list[DriverChannel] = []
 
-    real_server = channel.LogServer
-    seen: list[LogServer] = []
-
-    class Spy(real_server):  # type: ignore[misc, valid-type]
+    class Spy(DriverChannel):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             seen.append(self)
@@ -169,22 +147,22 @@ def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.Captur
 
     import spark_torch.barrier as barrier
 
-    barrier.LogServer = Spy  # type: ignore[misc]
+    barrier.DriverChannel = Spy  # type: ignore[misc]
     try:
         out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(hello_lines, 300)
     finally:
-        barrier.LogServer = real_server  # type: ignore[misc]
+        barrier.DriverChannel = DriverChannel  # type: ignore[misc]
     assert out == 300
     text = capsys.readouterr().out
     for rank in (0, 1):
         for i in (0, 150, 299):
             assert f"[rank {rank}] hello {i}" in text
-    assert seen and seen[0].host == "127.0.0.1"
+    assert seen and seen[0].spec.host == "127.0.0.1"
     deadline = time.monotonic() + 10
     while seen[0].rejected < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert seen[0].rejected >= 3
-    assert "rejected connection" in caplog.text
+    assert "rejected a connection" in caplog.text
 
 
 def test_secret_not_in_command_lines_or_env(spark_session: Any, no_leftovers: None) -> None:
@@ -219,24 +197,22 @@ def _environment_and_cmdline() -> list[str]:
 
 def test_client_reconnects_after_connection_drop() -> None:
     """The driver side drops every connection mid-stream; the node runner reconnects and goes on."""
-    lines = Lines()
-    secret = new_secret()
-    server = LogServer("127.0.0.1", secret, lines)
+    server, lines = _driver()
     try:
-        client = LogClient("127.0.0.1", server.port, secret, 0, on_stop=lambda _: None)
+        client = _node(server.spec)
         for i in range(100):
             client(0, "stdout", f"before {i}")
         deadline = time.monotonic() + 10
         while len(lines.items) < 100 and time.monotonic() < deadline:
             time.sleep(0.01)
-        with server._lock:  # what a network failure does: the connection is gone
-            peers = list(server._peers)
-        for peer in peers:
-            peer.shutdown(socket.SHUT_RDWR)
+        with server._server._lock:  # what a network failure does: the connection is gone
+            links = list(server._server._links.values())
+        for link in links:
+            link.sock.shutdown(socket.SHUT_RDWR)
         for i in range(100):
             client(0, "stdout", f"after {i}")
         client.close()
-        assert server.wait_for_nodes(1, timeout=15)
+        assert server.wait_for_nodes(timeout=15)
         texts = [t for _, _, t in lines.items]
         assert texts[:100] == [f"before {i}" for i in range(100)]
         assert [t for t in texts if t.startswith("after")] == [f"after {i}" for i in range(100)]

@@ -1,0 +1,54 @@
+"""Blocks of log lines: complete lines of one rank's stream joined by "\\n" (pure helpers).
+
+A block is what a pump hands over per pipe read and what a log frame carries. Handling a block
+with str methods (``replace``, ``rsplit``, ``count``) costs next to nothing per line, unlike a
+Python loop over lines.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines"]
+
+#: longer lines are split into pieces of this many characters, each marked as continued
+MAX_LINE_BYTES = 64 * 1024
+CONTINUED = " [line continues]"
+
+
+def _without_carriage_returns(text: str) -> str:
+    """``text`` with "\\r\\n" made "\\n", including the last line's (whose "\\n" was cut off)."""
+    if text.endswith("\r"):
+        text = text[:-1]
+    return text.replace("\r\n", "\n") if "\r" in text else text
+
+
+def split_lines(text: str) -> list[str]:
+    """Complete lines of ``text`` (no trailing newline), each at most MAX_LINE_BYTES characters."""
+    text = _without_carriage_returns(text)
+    lines = text.split("\n")
+    if len(text) <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
+        return lines
+    out: list[str] = []
+    for line in lines:
+        while len(line) > MAX_LINE_BYTES:
+            out.append(line[:MAX_LINE_BYTES] + CONTINUED)
+            line = line[MAX_LINE_BYTES:]
+        out.append(line)
+    return out
+
+
+def make_block(text: str) -> str:
+    """``text`` (complete lines, no trailing newline) as a block: "\\r\\n" made "\\n", lines
+    longer than MAX_LINE_BYTES characters split and marked as continued."""
+    if len(text) > MAX_LINE_BYTES:
+        return "\n".join(split_lines(text))
+    return _without_carriage_returns(text)
+
+
+def block_lines(block: str) -> int:
+    """How many lines a block holds."""
+    return block.count("\n") + 1
+
+
+def last_lines(block: str, count: int) -> list[str]:
+    """The last ``count`` lines of a block."""
+    return block.rsplit("\n", count)[-count:]

@@ -1,0 +1,105 @@
+"""The immutable description of one run, resolved once on the driver and read everywhere else.
+
+:class:`LaunchPlan` is how the run is laid out (from :func:`spark_torch.plan.make_plan`);
+:class:`RunSpec` adds what to run, the run's identity and where the driver's channel is. The
+same ``RunSpec`` object travels to every node (pickled into the barrier task in distributed
+mode) and is wrapped, not copied, by each node's :class:`~spark_torch.node.NodeSpec`. Pure data:
+imports nothing from Spark or torch, so the executor side may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "RunSpec"]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How a run is laid out: nodes (Spark tasks, or the driver), ranks per node, devices."""
+
+    local_mode: bool
+    num_nodes: int
+    procs_per_node: int
+    use_gpu: bool
+    #: GPUs of the driver machine when it runs the ranks, one per rank in rank order (local
+    #: mode: every rank sees all of them; distributed mode on a local master: node k gets its
+    #: slice). Empty when Spark assigns GPUs to tasks, or without GPUs.
+    local_gpus: tuple[str, ...] = ()
+    #: OMP/MKL threads per rank (Spark sets OMP_NUM_THREADS=1 for Python tasks); None: leave the
+    #: inherited value (the user or the cluster chose it)
+    threads_per_rank: int | None = 1
+
+    @property
+    def world_size(self) -> int:
+        """Total number of ranks."""
+        return self.num_nodes * self.procs_per_node
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """Where nodes reach the driver's channel, and the run's secret (never printed)."""
+
+    host: str
+    port: int
+    secret: bytes = field(repr=False)
+    #: a quiet connection sends a heartbeat this often; silence for 4 heartbeats drops it
+    heartbeat: float = 2.0
+    #: how long a node waits for the rendezvous through the channel before falling back to allGather
+    rendezvous_timeout: float = 60.0
+
+    @property
+    def address(self) -> str:
+        """``host:port`` (IPv6 in brackets), for messages."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """``run_on_dataframe``: the columns arriving as each node's rows; ``explicit``: tuples, not dicts."""
+
+    columns: tuple[str, ...]
+    explicit: bool = False
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One attempt of a run, as every node sees it."""
+
+    plan: LaunchPlan
+    run_id: str
+    restart_count: int = 0
+    max_restarts: int = 0
+    #: function mode: cloudpickled ``(fn, args, kwargs)``
+    payload: bytes | None = field(default=None, repr=False)
+    #: script mode: absolute path and arguments
+    script: str | None = None
+    script_argv: tuple[str, ...] = ()
+    #: the user's extra variables for every rank
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: the driver's working directory (ranks start there when it exists on their host)
+    cwd: str | None = None
+    #: the driver's Python version (``platform.python_version()``)
+    driver_python: str = ""
+    data: DataSpec | None = None
+    channel: ChannelSpec | None = None
+    #: distributed mode: a directory of the driver's for rank 0's result (handed over by file
+    #: when node 0 can write it: same host or shared filesystem)
+    result_dir: str | None = None
+    #: how rank 0's result reaches the driver: "auto" (file when node 0 sees result_dir, else
+    #: the channel, else Spark), "channel" (the channel, else Spark) or "spark"
+    result_transfer: str = "auto"
+    #: report()/checkpoints: the storage base (a directory or an fsspec URL; the run's data is
+    #: under ``storage_base/run_id``), and the checkpoint this attempt resumes from
+    storage_base: str | None = None
+    #: written into the run's directory by the driver: a rank that cannot read it back is on
+    #: a host that does not see the storage
+    storage_token: str = ""
+    resume_step: int = 0
+    resume_url: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Total number of ranks."""
+        return self.plan.world_size

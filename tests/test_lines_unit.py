@@ -1,0 +1,46 @@
+"""Pure logic of the process helpers: lines and blocks of rank output, deferred Ctrl-C."""
+
+from __future__ import annotations
+
+from spark_torch.lines import CONTINUED, MAX_LINE_BYTES, block_lines, last_lines, make_block, split_lines
+
+
+def test_split_lines_plain_and_crlf() -> None:
+    assert split_lines("a\nb\r\nc") == ["a", "b", "c"]
+    assert split_lines("a\r\nb\r") == ["a", "b"]
+    assert split_lines("") == [""]
+
+
+def test_split_lines_marks_long_lines() -> None:
+    text = "short\n" + "y" * (2 * MAX_LINE_BYTES + 5) + "\nend"
+    lines = split_lines(text)
+    assert lines[0] == "short" and lines[-1] == "end"
+    pieces = lines[1:-1]
+    assert [p.endswith(CONTINUED) for p in pieces] == [True, True, False]
+    assert sum(p.count("y") for p in pieces) == 2 * MAX_LINE_BYTES + 5
+    assert all(len(p) <= MAX_LINE_BYTES + len(CONTINUED) for p in pieces)
+
+
+def test_blocks() -> None:
+    assert make_block("a\r\nb\r") == "a\nb"
+    long = make_block("x\n" + "y" * (MAX_LINE_BYTES + 1))
+    assert long.split("\n") == ["x", "y" * MAX_LINE_BYTES + CONTINUED, "y"]
+    assert block_lines("a\nb\nc") == 3 and block_lines("") == 1
+    assert last_lines("a\nb\nc", 2) == ["b", "c"] and last_lines("a", 5) == ["a"]
+
+
+def test_interrupts_deferred_until_the_block_ends() -> None:
+    import os
+    import signal
+
+    import pytest
+
+    from spark_torch.processes import interrupts_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("finished the block first")
+    assert done == ["finished the block first"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
