@@ -2,9 +2,21 @@
 
 The node runner writes the node's share of the DataFrame to an Arrow IPC file
 (``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node owns every
-``LOCAL_WORLD_SIZE``-th row of it, so rows are spread evenly over ranks and each row belongs to
-exactly one rank. The file is memory-mapped and read batch by batch: a rank never holds its
-whole shard in memory, and numeric columns become tensors without copies where Arrow allows.
+``LOCAL_WORLD_SIZE``-th row of it, so each row belongs to exactly one rank. The file is
+memory-mapped and gathered batch by batch: a rank never holds its whole shard in memory, and
+numeric columns become tensors without copies where Arrow allows.
+
+**Every rank gets the same number of rows, and so the same number of batches**, with
+``torch.utils.data.DistributedSampler``'s semantics (DDP waits in every all-reduce for every
+rank; a rank with one batch more would wait until the collective timeout). Spark spreads rows
+over nodes unevenly (by up to the number of input partitions), so from every node's row count
+(``SPARK_TORCH_DATA_ROWS``, known after the rendezvous) each rank computes the common count:
+
+- ``drop_last=False`` (default): the largest share; a rank with fewer rows repeats its own
+  first rows (wrapping around) to reach it. No row is left out; at most ``max - min`` rows per
+  rank are seen twice in an epoch.
+- ``drop_last=True``: the smallest share; a rank with more rows leaves its last ones out (its
+  last ones in file order, before any shuffle), and the last incomplete batch is dropped too.
 
 Column types: integer/float/bool scalars -> 1-D tensors; arrays of numbers -> 2-D tensors
 (fixed length) or lists of 1-D tensors (ragged); Spark ML vectors (dense or sparse) -> 2-D
@@ -27,10 +39,21 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["rank_dataset", "rank_loader", "RankDataset", "DATA_FILE_ENV", "DATA_COLUMNS_ENV", "column_kind"]
+__all__ = [
+    "rank_dataset",
+    "rank_loader",
+    "RankDataset",
+    "DATA_FILE_ENV",
+    "DATA_COLUMNS_ENV",
+    "DATA_ROWS_ENV",
+    "column_kind",
+    "rank_positions",
+]
 
 DATA_FILE_ENV = "SPARK_TORCH_DATA_FILE"
 DATA_COLUMNS_ENV = "SPARK_TORCH_DATA_COLUMNS"
+#: every node's row count, in node order (JSON list)
+DATA_ROWS_ENV = "SPARK_TORCH_DATA_ROWS"
 #: Arrow struct layout of Spark ML's VectorUDT
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
 
@@ -128,6 +151,25 @@ def _to_tensor_unchecked(column: Any, kind: str) -> Any:
     return column.to_pylist()  # string / binary
 
 
+def rank_positions(
+    node_rows: int, local_rank: int, local_world_size: int, rows_per_node: Sequence[int] | None, drop_last: bool
+) -> list[int]:
+    """The row positions (in this node's file) one rank iterates per epoch (pure).
+
+    Its own rows are ``local_rank, local_rank + local_world_size, ...``; with ``rows_per_node``
+    (every node's row count) they are padded by wrapping around (``drop_last=False``) or cut
+    (``drop_last=True``) to the count every rank of the world gets.
+    """
+    own = list(range(local_rank, node_rows, local_world_size))
+    if not rows_per_node:
+        return own
+    shares = [len(range(j, rows, local_world_size)) for rows in rows_per_node for j in range(local_world_size)]
+    target = min(shares) if drop_last else max(shares)
+    if len(own) >= target or not own:
+        return own[:target]
+    return [own[i % len(own)] for i in range(target)]
+
+
 class RankDataset:
     """An ``IterableDataset`` of this rank's rows, yielding whole batches.
 
@@ -149,6 +191,7 @@ class RankDataset:
         epochs: int = 1,
         local_rank: int | None = None,
         local_world_size: int | None = None,
+        rows_per_node: Sequence[int] | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -165,6 +208,9 @@ class RankDataset:
         self.local_world_size = (
             int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if local_world_size is None else local_world_size
         )
+        if rows_per_node is None and os.environ.get(DATA_ROWS_ENV):
+            rows_per_node = [int(r) for r in json.loads(os.environ[DATA_ROWS_ENV])]
+        self.rows_per_node = list(rows_per_node) if rows_per_node is not None else None
         schema = self._reader().schema
         names = list(columns) if columns is not None else list(schema.names)
         missing = [c for c in names if c not in schema.names]
@@ -190,14 +236,13 @@ class RankDataset:
         return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
 
     def num_rows(self) -> int:
-        """Rows owned by this rank."""
-        total = sum(batch.num_rows for batch in self._iter_batches(self._reader()))
-        return len(range(self.local_rank, total, self.local_world_size))
+        """Rows this rank iterates per epoch (the same on every rank: see the module docstring)."""
+        return len(self._positions())
 
-    @staticmethod
-    def _iter_batches(reader: Any) -> Iterator[Any]:
-        for i in range(reader.num_record_batches):
-            yield reader.get_batch(i)
+    def _positions(self) -> list[int]:
+        reader = self._reader()
+        total = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        return rank_positions(total, self.local_rank, self.local_world_size, self.rows_per_node, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle order the next iteration uses."""
@@ -213,41 +258,15 @@ class RankDataset:
         import numpy as np
         import pyarrow as pa
 
-        reader = self._reader()
-        if not self.shuffle:
-            # stream: take this rank's rows batch by batch; never more than ~2 batches in memory
-            pending: list[Any] = []
-            pending_rows = 0
-            offset = 0
-            index = 0
-            for batch in self._iter_batches(reader):
-                start = (self.local_rank - offset) % self.local_world_size
-                mine = np.arange(start, batch.num_rows, self.local_world_size)
-                offset += batch.num_rows
-                if len(mine):
-                    pending.append(batch.select(self.columns).take(pa.array(mine)))
-                    pending_rows += len(mine)
-                while pending_rows >= self.batch_size:
-                    table = pa.Table.from_batches(pending).combine_chunks()
-                    head, rest = table.slice(0, self.batch_size), table.slice(self.batch_size)
-                    if index % workers == worker:
-                        yield self._convert(head)
-                    index += 1
-                    pending = rest.to_batches()
-                    pending_rows = rest.num_rows
-            if pending_rows and not self.drop_last and index % workers == worker:
-                yield self._convert(pa.Table.from_batches(pending))
-            return
-        # shuffle: a seeded permutation of this rank's row positions; rows are gathered from
-        # the memory-mapped file one batch at a time
-        table = reader.read_all()
-        positions = np.arange(self.local_rank, table.num_rows, self.local_world_size)
-        rng = np.random.default_rng([self.seed, epoch])
-        order = positions[rng.permutation(len(positions))]
+        # the file is memory-mapped: read_all maps it, take() gathers one batch at a time
+        table = self._reader().read_all().select(self.columns)
+        order = np.asarray(self._positions(), dtype=np.int64)
+        if self.shuffle:
+            order = order[np.random.default_rng([self.seed, epoch]).permutation(len(order))]
         stop = len(order) - (len(order) % self.batch_size if self.drop_last else 0)
         for index, start in enumerate(range(0, stop, self.batch_size)):
             if index % workers == worker:
-                yield self._convert(table.select(self.columns).take(pa.array(order[start : start + self.batch_size])))
+                yield self._convert(table.take(pa.array(order[start : start + self.batch_size])))
 
     def __iter__(self) -> Iterator[Any]:
         from torch.utils.data import get_worker_info

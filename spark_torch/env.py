@@ -7,16 +7,19 @@ from dataclasses import dataclass
 
 __all__ = ["RankIdentity", "rank_env", "SCRUBBED_ENV"]
 
-# Variables of the Spark Python worker or driver that must not reach user code: Py4J and
-# worker-factory secrets and ports, and a torchrun agent's store from an outer launcher.
+# Variables of the Spark Python worker or driver that must not reach user code: Spark's own
+# secrets (``_SPARK_AUTH_SECRET`` is set for executors and their Python workers when
+# spark.authenticate is on; the Py4J gateway and worker-factory secrets; a Spark Connect token),
+# the ports they protect, and a torchrun agent's store from an outer launcher.
 SCRUBBED_ENV = frozenset(
     {
+        "_SPARK_AUTH_SECRET",
         "PYSPARK_GATEWAY_SECRET",
         "PYSPARK_GATEWAY_PORT",
         "PYTHON_WORKER_FACTORY_SECRET",
         "PYTHON_WORKER_FACTORY_PORT",
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN",
         "TORCHELASTIC_USE_AGENT_STORE",
-        "SPARK_TORCH_LOG_SECRET",
     }
 )
 
@@ -44,17 +47,21 @@ def rank_env(
     run_id: str,
     restart_count: int = 0,
     max_restarts: int = 0,
-    threads: int = 1,
+    threads: int | None = 1,
     cuda_visible_devices: str | None = None,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The full environment of one rank: ``base`` minus secrets, plus torchrun's variables."""
     env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
     # Spark pins OMP_NUM_THREADS=1 for Python tasks; give each rank its share of the cores
-    # instead, unless the user chose a value in ``extra``.
-    for var in THREAD_VARS:
-        env[var] = str(threads)
+    # instead, unless the user (``extra``, or the driver's environment in local mode) or the
+    # cluster (spark.executorEnv) chose a value: then ``threads`` is None.
+    if threads is not None:
+        for var in THREAD_VARS:
+            env[var] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
+    # what torchrun sets: a failed NCCL collective raises instead of hanging
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     if extra:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
+import logging
 import os
 import signal
 import socket
@@ -13,7 +13,14 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
+
+import psutil
+
+from .deathsig import PARENT_PID_ENV
+from .lines import CONTINUED, MAX_LINE_BYTES, last_lines, make_block
+from .process_tree import create_time, terminate_trees
+from .warm import WarmProcess, warm_spawn
 
 __all__ = [
     "RankProcess",
@@ -21,18 +28,14 @@ __all__ = [
     "kill_group",
     "reserve_port",
     "signal_name",
-    "MAX_LINE_BYTES",
     "LinesCallback",
-    "split_lines",
     "interrupts_deferred",
-    "make_block",
-    "block_lines",
-    "last_lines",
 ]
 
-#: longer lines are split into pieces of this many characters, each marked as continued
-MAX_LINE_BYTES = 64 * 1024
-CONTINUED = " [line continues]"
+logger = logging.getLogger(__name__)
+
+#: after SIGKILL, how long to wait for a rank to be reaped before reporting it stuck
+REAP_SECONDS = 5.0
 #: one pipe read takes up to this much
 READ_BYTES = 64 * 1024
 #: after a read that emptied the pipe, wait this long so a chatty rank's next lines arrive as
@@ -44,18 +47,6 @@ COALESCE_SECONDS = 0.002
 #: "\n" (no trailing newline). Handling a block with str methods (``replace``, ``rsplit``,
 #: ``count``) costs next to nothing per line, unlike a Python loop over lines.
 LinesCallback = Callable[[int, str, str], None]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the launching thread dies (Linux only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the node runner's cleanup still applies
-        pass
-
 
 def signal_name(returncode: int | None) -> str | None:
     """``SIGKILL`` for a process killed by signal 9 (``returncode == -9``), else None."""
@@ -73,55 +64,18 @@ class RankProcess:
 
     rank: int
     local_rank: int
-    popen: subprocess.Popen[bytes]
+    #: a ``subprocess.Popen``, or a :class:`~spark_torch.warm.WarmProcess` (pid, poll, wait)
+    popen: Any
     started_at: float
+    #: psutil's creation time of the process: a stale pid is never signalled
+    created: float = 0.0
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
     pumps: list[threading.Thread] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
         """The process id (also its process-group id)."""
-        return self.popen.pid
-
-
-def _without_carriage_returns(text: str) -> str:
-    """``text`` with "\r\n" made "\n", including the last line's (whose "\n" was cut off)."""
-    if text.endswith("\r"):
-        text = text[:-1]
-    return text.replace("\r\n", "\n") if "\r" in text else text
-
-
-def split_lines(text: str) -> list[str]:
-    """Complete lines of ``text`` (no trailing newline), each at most MAX_LINE_BYTES characters."""
-    text = _without_carriage_returns(text)
-    lines = text.split("\n")
-    if len(text) <= MAX_LINE_BYTES or max(map(len, lines)) <= MAX_LINE_BYTES:
-        return lines
-    out: list[str] = []
-    for line in lines:
-        while len(line) > MAX_LINE_BYTES:
-            out.append(line[:MAX_LINE_BYTES] + CONTINUED)
-            line = line[MAX_LINE_BYTES:]
-        out.append(line)
-    return out
-
-
-def make_block(text: str) -> str:
-    """``text`` (complete lines, no trailing newline) as a block: "\r\n" made "\n", lines
-    longer than MAX_LINE_BYTES characters split and marked as continued."""
-    if len(text) > MAX_LINE_BYTES:
-        return "\n".join(split_lines(text))
-    return _without_carriage_returns(text)
-
-
-def block_lines(block: str) -> int:
-    """How many lines a block holds."""
-    return block.count("\n") + 1
-
-
-def last_lines(block: str, count: int) -> list[str]:
-    """The last ``count`` lines of a block."""
-    return block.rsplit("\n", count)[-count:]
+        return int(self.popen.pid)
 
 
 def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallback) -> None:
@@ -169,6 +123,25 @@ def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallba
         deliver(make_block(pending.decode("utf-8", errors="replace")))
 
 
+def _warm_start(
+    argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pass_fds: Sequence[int]
+) -> tuple[WarmProcess, tuple[IO[bytes], IO[bytes]]] | None:
+    """Fork the rank from the warm-start template (torch already imported), or None (cold)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        process = warm_spawn(argv[0], argv, env, cwd, [null, out_w, err_w, *pass_fds])
+    finally:
+        for fd in (out_w, err_w, null):
+            os.close(fd)
+    if process is None:
+        os.close(out_r)
+        os.close(err_r)
+        return None
+    return process, (os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", buffering=0))
+
+
 def spawn_rank(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -177,22 +150,38 @@ def spawn_rank(
     local_rank: int,
     cwd: str | None,
     on_lines: LinesCallback,
+    pass_fds: Sequence[int] = (),
 ) -> RankProcess:
-    """Start one rank in a new session (process group) that dies with its parent thread."""
-    popen = subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl
-        close_fds=True,
+    """Start one rank in a new session (its own process group).
+
+    Forked from the warm-start template when it can be (:mod:`spark_torch.warm`: torch is
+    already imported there), else a fresh interpreter. No ``preexec_fn`` (Python code between
+    fork and exec can deadlock a multi-threaded parent): the rank arms its own parent-death
+    signal first thing (:mod:`spark_torch.deathsig`), told who its parent is by
+    ``SPARK_TORCH_PARENT_PID``.
+    """
+    streams: tuple[IO[bytes], IO[bytes]]
+    popen: Any = _warm_start(argv, env, cwd, pass_fds)
+    if popen is not None:
+        popen, streams = popen
+    else:
+        popen = subprocess.Popen(
+            list(argv),
+            env={**env, PARENT_PID_ENV: str(os.getpid())},
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(pass_fds),
+        )
+        assert popen.stdout is not None and popen.stderr is not None
+        streams = (popen.stdout, popen.stderr)
+    proc = RankProcess(
+        rank=rank, local_rank=local_rank, popen=popen, started_at=time.time(), created=create_time(popen.pid)
     )
-    proc = RankProcess(rank=rank, local_rank=local_rank, popen=popen, started_at=time.time())
-    for stream, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
-        assert stream is not None
+    for stream, name in zip(streams, ("stdout", "stderr")):
         thread = threading.Thread(
             target=_pump, args=(stream, proc, name, on_lines), name=f"spark-torch-pump-{rank}-{name}", daemon=True
         )
@@ -224,31 +213,25 @@ def interrupts_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def kill_group(procs: Sequence[RankProcess], grace: float = 5.0, marker: Mapping[str, str] | None = None) -> None:
+    """Stop every rank's process tree: SIGTERM, up to ``grace`` seconds, SIGKILL (see
+    :mod:`spark_torch.process_tree`), then reap each rank, bounded.
 
-
-def kill_group(procs: Sequence[RankProcess], grace: float = 5.0) -> None:
-    """SIGTERM every rank's process group, wait up to ``grace`` seconds, then SIGKILL and reap.
-
-    The group is signalled even after its leader exited, so grandchildren (data loader
-    workers, a script's subprocesses) go too.
+    ``marker``: environment items every process of this node inherits (see
+    :func:`spark_torch.node.node_marker`), which finds descendants that left the rank's process group or were
+    orphaned by its exit.
     """
+    left = terminate_trees([(p.pid, p.created) for p in procs], grace, marker=marker)
     for proc in procs:
-        _signal_group(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        remaining = max(0.0, deadline - time.monotonic())
         try:
-            proc.popen.wait(timeout=remaining)
+            proc.popen.wait(timeout=REAP_SECONDS)
         except subprocess.TimeoutExpired:
-            pass
-    for proc in procs:
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.popen.wait()
+            left.append(psutil.Process(proc.pid))
+    if left:
+        logger.warning(
+            "spark_torch: %d process(es) did not exit after SIGKILL (stuck in the kernel?): %s",
+            len(left), ", ".join(str(p.pid) for p in left),
+        )
 
 
 def reserve_port(host: str) -> socket.socket:

@@ -28,7 +28,8 @@ def test_distributed_ranks_per_task_follow_gpus(gpu_cluster_spark: Any, no_lefto
     assert [r["RANK"] for r in ranks] == ["0", "1", "2", "3"]
     assert [r["NODE_RANK"] for r in ranks] == ["0", "0", "1", "1"]
     assert [r["LOCAL_RANK"] for r in ranks] == ["0", "1", "0", "1"]
-    assert all(r["LOCAL_WORLD_SIZE"] == "2" and r["CUDA_VISIBLE_DEVICES"] == "0,1" for r in ranks)
+    # Spark's addresses 0,1 are positions in the executors' own CUDA_VISIBLE_DEVICES=4,6
+    assert all(r["LOCAL_WORLD_SIZE"] == "2" and r["CUDA_VISIBLE_DEVICES"] == "4,6" for r in ranks)
 
 
 @pytest.mark.slow
@@ -46,7 +47,51 @@ def test_local_mode_uses_driver_gpus(gpu_local_spark: Any, no_leftovers: None) -
 
 
 def test_use_gpu_true_without_gpus(spark_session: Any) -> None:
-    with pytest.raises(ValueError, match=r"set spark\.task\.resource\.gpu\.amount"):
+    # a local master runs every task in the driver: the driver's GPUs are what counts
+    with pytest.raises(RuntimeError, match=r"local master local\[2\] runs every task in the driver, which has no GPUs: set spark\.driver\.resource\.gpu\.amount"):
         Distributor(num_processes=2, local_mode=False, use_gpu=True, spark=spark_session).run(visible_devices)
     with pytest.raises(ValueError, match=r"set spark\.driver\.resource\.gpu\.amount"):
         Distributor(num_processes=2, use_gpu=True, spark=spark_session).run(visible_devices)
+
+
+def test_cpu_runs_see_no_gpu(spark_session: Any, no_leftovers: None) -> None:
+    """use_gpu=False (or no GPUs) hides every GPU from the ranks, as TorchDistributor does, even
+    when the driver or executor had CUDA_VISIBLE_DEVICES set."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+    local = Distributor(num_processes=2, use_gpu=False).run(visible_devices)
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in local["ranks"]] == ["", ""]
+    distributed = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(visible_devices)
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in distributed["ranks"]] == ["", ""]
+
+
+def test_local_mode_finds_gpus_without_spark(spark_session: Any, fake_nvidia_smi: str, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+    """No Spark GPU resources (or no session at all): local mode asks nvidia-smi, not torch."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="spark_torch"):
+        out = Distributor(num_processes=2).run(visible_devices)
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in out["ranks"]] == ["0,1", "0,1"]
+    assert "local mode on 2 GPU(s) of this machine found by nvidia-smi (0,1)" in caplog.text
+    os.environ["CUDA_VISIBLE_DEVICES"] = "3"  # already restricted: that is what the ranks get
+    out = Distributor(num_processes=1).run(visible_devices)
+    assert out["ranks"][0]["CUDA_VISIBLE_DEVICES"] == "3"
+    with pytest.raises(ValueError, match=r"num_processes=2 but the driver has only 1 GPU"):
+        Distributor(num_processes=2).run(visible_devices)
+    assert Distributor(num_processes=1, use_gpu=False).run(visible_devices)["ranks"][0]["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.slow
+def test_local_mode_maps_driver_gpus_through_visible_devices(gpu_local_spark: Any, no_leftovers: None) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = "5,7"
+    out = Distributor(num_processes=2, spark=gpu_local_spark).run(visible_devices)
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in out["ranks"]] == ["5,7", "5,7"]
+
+
+@pytest.mark.slow
+def test_distributed_on_a_local_master_splits_the_driver_gpus(gpu_local_spark: Any, no_leftovers: None) -> None:
+    """local[2] on a 2-GPU machine, local_mode=False: each node gets its own GPU (Spark does not
+    schedule task GPUs on a local master), not every rank cuda:0."""
+    out = Distributor(num_processes=2, local_mode=False, spark=gpu_local_spark).run(visible_devices)
+    assert [(r["NODE_RANK"], r["CUDA_VISIBLE_DEVICES"]) for r in out["ranks"]] == [("0", "0"), ("1", "1")]
+    with pytest.raises(RuntimeError, match=r"num_processes=3 but the driver has only 2 GPU"):
+        Distributor(num_processes=3, local_mode=False, spark=gpu_local_spark).run(visible_devices)

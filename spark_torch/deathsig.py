@@ -1,0 +1,32 @@
+"""Rank side, first thing at start-up: die with the node runner (Linux ``PR_SET_PDEATHSIG``).
+
+The node runner starts ranks without ``preexec_fn`` (Python code between ``fork`` and ``exec``
+can deadlock a multi-threaded parent), so each rank arms the signal itself, then checks that its
+parent is still the node runner (``SPARK_TORCH_PARENT_PID``): if the runner died in between, the
+rank has been re-parented and exits at once. Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+__all__ = ["die_with_parent", "PARENT_PID_ENV"]
+
+PARENT_PID_ENV = "SPARK_TORCH_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+#: exit status of a rank whose node runner was already gone when it started (128 + SIGKILL)
+ORPHAN_EXIT = 137
+
+
+def die_with_parent() -> None:
+    """Get SIGKILL when the thread that started this process dies; exit now if it already did."""
+    expected = os.environ.get(PARENT_PID_ENV)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the node runner's and the reaper's cleanup apply
+        return
+    if expected and expected.isdigit() and os.getppid() != int(expected):
+        os._exit(ORPHAN_EXIT)

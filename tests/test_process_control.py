@@ -1,0 +1,107 @@
+"""Process control: whole process trees stopped (also descendants in a session of their own),
+never a recycled pid, a short grace on Ctrl-C, a run finishing at its deadline is no timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from spark_torch import DistributedRunError, Distributor
+from spark_torch.node import NodeSpec, run_node
+from spark_torch.process_tree import create_time, terminate_trees
+from spark_torch.reaper import parse_line
+from spark_torch.spec import LaunchPlan, RunSpec
+
+from .conftest import SCRIPTS
+from .test_cli import _interrupt_after_first_line
+
+
+def spawn_escaped_child_and_fail(pid_file: str) -> None:
+    """A rank whose child starts a session of its own (out of the rank's process group) and
+    ignores SIGTERM, then the rank fails."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+        start_new_session=True,
+    )
+    with open(pid_file, "w") as fh:
+        fh.write(f"{child.pid} {psutil.Process(child.pid).create_time()!r}")
+    raise RuntimeError("the rank failed after starting a daemon")
+
+
+def test_descendant_in_its_own_session_is_stopped(tmp_path: Path, no_leftovers: None) -> None:
+    pid_file = tmp_path / "child.pid"
+    with pytest.raises(DistributedRunError, match="the rank failed after starting a daemon"):
+        Distributor(num_processes=1).run(spawn_escaped_child_and_fail, str(pid_file))
+    pid, created = pid_file.read_text().split()
+    try:
+        child = psutil.Process(int(pid))
+        alive = child.create_time() == float(created) and child.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        alive = False
+    assert not alive, "the rank's escaped child survived the run"
+
+
+def test_a_recycled_pid_is_never_signalled() -> None:
+    """A group reference whose leader's creation time does not match is left alone."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        stale = (bystander.pid, create_time(bystander.pid) - 100.0)
+        assert terminate_trees([stale], grace=0.1, marker={"SPARK_TORCH_RUN_ID": "not-this-one"}) == []
+        assert bystander.poll() is None, "a process with a recycled pid was killed"
+        terminate_trees([(bystander.pid, create_time(bystander.pid))], grace=0.1)
+        assert bystander.wait(5) is not None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_reaper_lines() -> None:
+    assert parse_line("1234 1700000000.25") == (1234, 1700000000.25)
+    assert parse_line("done") is None and parse_line("12 x") is None and parse_line("-1 2.0") is None
+
+
+@pytest.mark.parametrize("mode", [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]], ids=["local", "distributed"])
+def test_ctrl_c_gives_ranks_a_grace_period(mode: list[str], tmp_path: Path) -> None:
+    """On Ctrl-C the ranks get SIGTERM and a moment to shut down before SIGKILL."""
+    code, _took = _interrupt_after_first_line(["run", "-n", "2", *mode, str(SCRIPTS / "graceful.py"), str(tmp_path)], lines=2)
+    assert code == 130
+    deadline = time.monotonic() + 10
+    while len(list(tmp_path.glob("rank-*.terminated"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(p.name for p in tmp_path.glob("rank-*.terminated")) == ["rank-0.terminated", "rank-1.terminated"]
+
+
+class _DeadlineAtTheLastExit:
+    """A line sink whose rank events set ``stop`` (the run's deadline) just as the last rank
+    is recorded as finished: the node runner then sees the exit and the deadline together."""
+
+    def __init__(self, stop: threading.Event, ranks: int) -> None:
+        self.stop = stop
+        self.left = ranks
+
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        pass
+
+    def rank_event(self, rank: int, state: str) -> None:
+        if state == "finished":
+            self.left -= 1
+            if self.left == 0:
+                self.stop.set()
+
+
+def test_a_run_that_finished_at_its_deadline_is_not_a_timeout() -> None:
+    spec = RunSpec(
+        plan=LaunchPlan(local_mode=True, num_nodes=1, procs_per_node=2, use_gpu=False),
+        run_id="deadline", script=str(SCRIPTS / "exit_code.py"), script_argv=("0",),
+    )  # fmt: skip
+    stop = threading.Event()
+    node = NodeSpec(run=spec, node_rank=0, master_addr="127.0.0.1", master_port=1, cwd=os.getcwd())
+    outcome, _ = run_node(node, _DeadlineAtTheLastExit(stop, 2), stop=stop)
+    assert stop.is_set() and not outcome.stopped and not outcome.failures
