@@ -91,3 +91,43 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env
     )
     assert done.returncode == 0, f"{page.name} blocks failed:\n{done.stdout}\n{done.stderr}"
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    import spark_torch
+    import spark_torch.data
+
+    api = (DOCS / "api.md").read_text(encoding="utf-8")
+    missing = [n for n in spark_torch.__all__ if n != "__version__" and n not in api]
+    missing += [f"data.{n}" for n in spark_torch.data.__all__ if not n.isupper() and n not in api and n != "RankDataset"]
+    assert not missing, f"public names not in docs/api.md: {missing}"
+
+
+def test_every_cli_flag_is_in_the_cli_page() -> None:
+    import argparse
+
+    from spark_torch.cli import build_parser
+
+    page = (DOCS / "cli.md").read_text(encoding="utf-8")
+    parser = build_parser()
+    flags = set()
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for sub in [parser, *[p for a in subparsers for p in a.choices.values()]]:
+        for action in sub._actions:
+            flags.update(o for o in action.option_strings if o.startswith("--") and o != "--help")
+    missing = sorted(f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", page))
+    assert not missing, f"CLI flags not in docs/cli.md: {missing}"
+
+
+def test_every_environment_variable_is_documented() -> None:
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "spark_torch").glob("*.py"))
+    variables = set(re.findall(r"\bSPARK_TORCH_[A-Z0-9_]+\b", source))
+    internal = {  # set by spark_torch for its own processes, not knobs for users
+        "SPARK_TORCH_PARENT_PID", "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_START_STEP",
+        "SPARK_TORCH_DATA_FILE", "SPARK_TORCH_DATA_COLUMNS", "SPARK_TORCH_DATA_ROWS", "SPARK_TORCH_CHECKPOINT",
+        "SPARK_TORCH_TEST_SESSION",
+        "SPARK_TORCH_FAILURE",  # the failure report's marker in Spark's error text, not a variable
+    }
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in DOCS.glob("*.md"))
+    missing = sorted(v for v in variables - internal if v not in docs)
+    assert not missing, f"environment variables read by spark_torch but not documented in docs/: {missing}"

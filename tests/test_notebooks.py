@@ -8,53 +8,35 @@ sessions live in the kernel process, so they do not clash with the test process'
 from __future__ import annotations
 
 import base64
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-CELL_TIMEOUT = 300
+from . import notebook_runner
 
 pytestmark = pytest.mark.slow
 
 
-def _kernel_name(tmp_dir: Path) -> tuple[str, dict[str, str]]:
-    """A kernelspec named python3 that runs sys.executable (installed under a temp prefix when
-    the venv has none), and the environment that makes jupyter_client find it."""
-    env: dict[str, str] = {}
-    spec = Path(sys.prefix) / "share" / "jupyter" / "kernels" / "python3" / "kernel.json"
-    if not spec.exists():
-        from ipykernel.kernelspec import install
-
-        install(prefix=str(tmp_dir), kernel_name="python3")
-        env["JUPYTER_PATH"] = os.pathsep.join(
-            [str(tmp_dir / "share" / "jupyter"), os.environ.get("JUPYTER_PATH", "")]
-        ).rstrip(os.pathsep)
-    return "python3", env
-
-
 def execute(name: str, tmp_path: Path, monkeypatch: Any) -> Any:
+    """Execute the notebook afresh and check that its stored outputs are current: the same
+    cells have outputs of the same kinds and print the same lines, numbers aside (the docs
+    site shows the stored outputs; refresh them with `python -m tests.notebook_runner`)."""
     import nbformat
-    from nbclient import NotebookClient
 
-    kernel, env = _kernel_name(tmp_path)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    # the kernel must start the venv's interpreter: jupyter_client maps "python" in a
-    # kernelspec's argv to sys.executable; PATH first so nothing else can win
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    client = NotebookClient(
-        book,
-        timeout=CELL_TIMEOUT,
-        kernel_name=kernel,
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
-    )
-    client.execute()
+    book = notebook_runner.execute(name, tmp_path)
+    stored = nbformat.read(notebook_runner.NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    fresh_sig, stored_sig = notebook_runner.signature(book), notebook_runner.signature(stored)
+    assert len(stored_sig) == len(fresh_sig), f"{name}: code cells changed; run python -m tests.notebook_runner {name}"
+    for (index, kinds, lines), (_, stored_kinds, stored_lines) in zip(fresh_sig, stored_sig):
+        assert stored_kinds == kinds, (
+            f"{name}: cell {index} now outputs {kinds}, the stored notebook {stored_kinds}; "
+            f"run python -m tests.notebook_runner {name}"
+        )
+        assert stored_lines == lines, (
+            f"{name}: cell {index} prints other lines than stored: new {sorted(lines - stored_lines)[:5]}, "
+            f"gone {sorted(stored_lines - lines)[:5]}; run python -m tests.notebook_runner {name}"
+        )
     return book
 
 
@@ -126,3 +108,32 @@ def test_04_troubleshooting(tmp_path: Path, monkeypatch: Any) -> None:
     assert "RunTimeoutError (a TimeoutError: True)" in out
     assert "InsufficientSlotsError (a ValueError: True)" in out
     assert "ConfigurationError" in out
+
+
+def images(book: Any) -> list[bytes]:
+    return [
+        base64.b64decode(out.data["image/png"])
+        for cell in book.cells
+        for out in cell.get("outputs", [])
+        if out.output_type == "display_data" and "image/png" in out.get("data", {})
+    ]
+
+
+def test_05_report_and_resume(tmp_path: Path, monkeypatch: Any) -> None:
+    book = execute("05_report_and_resume", tmp_path, monkeypatch)
+    out = texts(book)
+    assert "final weights equal to the uninterrupted run: True" in out
+    assert "steps: [1, 2, 3, 4, 5, 6, 7, 8]" in out and "restarts: 1" in out
+    assert "[rank 0] resuming after epoch 4" in out and "[rank 0] resuming after epoch 7" in out
+    assert "restarting the gang (1 of 1)" in out
+    charts = images(book)  # the live chart of each training cell, left as a static image
+    assert len(charts) == 3 and all(c.startswith(b"\x89PNG") for c in charts)
+
+
+def test_stored_notebooks_have_outputs() -> None:
+    import nbformat
+
+    for path in sorted(notebook_runner.NOTEBOOKS.glob("*.ipynb")):
+        book = nbformat.read(path, as_version=4)
+        code = [c for c in book.cells if c.cell_type == "code"]
+        assert any(c.get("outputs") for c in code), f"{path.name} is stored without outputs"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Packaging check: build the wheel and sdist, install the wheel WITHOUT extras in a clean venv
+# (torch pinned to the local CPU wheel first), and check that it does not pull pyspark, that
+# `spark-torch --version` works and that a local-mode run (no Spark at all) works.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+BUILD_PY=${BUILD_PY:-.venv/bin/python}   # an environment that has `build` (the test extra)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$BUILD_PY" -m build --wheel --sdist --outdir "$work/dist" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; echo "package check: build failed"; exit 1; }
+if grep -i "license" "$work/build.log" | grep -qi "warn"; then echo "package check: license warning while building:"; grep -i "license" "$work/build.log"; exit 1; fi
+ls "$work/dist"
+"$PYTHON" -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install --quiet --upgrade pip
+# the CPU build of torch from the local wheel index; other torch requests may pull CUDA
+"$work/venv/bin/python" -m pip install --quiet torch==2.13.0
+"$work/venv/bin/python" -m pip install --quiet "$work"/dist/*.whl
+if "$work/venv/bin/python" -c "import pyspark" 2>/dev/null; then
+  echo "package check: a plain install pulled pyspark (it must stay an extra: spark-torch[spark])"; exit 1
+fi
+"$work/venv/bin/spark-torch" --version
+cd "$work"
+"$work/venv/bin/python" - <<'PY'
+from spark_torch import Distributor
+
+def rank_sum():
+    import os
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.tensor([float(os.environ["RANK"]) + 1])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+assert Distributor(num_processes=2, log_ranks=[]).run(rank_sum) == 3.0
+try:
+    Distributor(num_processes=2, local_mode=False).run(rank_sum)
+except ImportError as exc:
+    assert "spark-torch[spark]" in str(exc), exc
+else:
+    raise AssertionError("distributed mode without pyspark did not say what to install")
+print("package check: wheel installs without pyspark; local mode runs; distributed mode asks for spark-torch[spark]")
+PY

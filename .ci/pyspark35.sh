@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The end-to-end suites (distributed, local-cluster, faults, DataFrame, CLI, GPUs, process
+# control) once more on PySpark 3.5, in a venv of their own (.venv35). Spark Connect tests skip
+# there: pip's pyspark 3.5 ships no Connect server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV35:-.venv35}
+if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ] || [ .ci/requirements-pyspark35.txt -nt "$VENV/.installed" ]; then
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  # the CPU build of torch from the local wheel index; other torch requests may pull CUDA
+  "$VENV/bin/python" -m pip install --quiet torch==2.13.0
+  "$VENV/bin/python" -m pip install --quiet -r .ci/requirements-pyspark35.txt
+  "$VENV/bin/python" -m pip install --quiet --no-deps -e .
+  touch "$VENV/.installed"
+fi
+"$VENV/bin/python" -c "import pyspark; assert pyspark.__version__.startswith('3.5'), pyspark.__version__; print('pyspark', pyspark.__version__)"
+SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider \
+  tests/test_run_distributed.py tests/test_dataframe.py tests/reliability tests/test_cli.py \
+  tests/test_run_local.py tests/test_gpu.py tests/test_process_control.py tests/test_env_parity.py \
+  tests/test_concurrent_runs.py tests/test_spark_submit.py tests/test_connect.py "$@"

@@ -1,0 +1,122 @@
+"""Execute the notebooks in notebooks/ in a real Jupyter kernel; store their outputs.
+
+    .venv/bin/python -m tests.notebook_runner [NAME...]     # re-execute and store the outputs
+
+The stored outputs are what the docs site shows; ``tests/test_notebooks.py`` executes every
+notebook again and checks that the stored outputs are current (see :func:`signature`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+CELL_TIMEOUT = 300
+
+
+def kernel_environment(tmp_dir: Path) -> tuple[str, dict[str, str]]:
+    """A kernelspec named python3 that runs sys.executable (installed under a temp prefix when
+    the venv has none), and the environment that makes jupyter_client find and use it."""
+    env = {
+        # the kernel must start this venv's interpreter: jupyter_client maps "python" in a
+        # kernelspec's argv to sys.executable; PATH first so nothing else can win
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    spec = Path(sys.prefix) / "share" / "jupyter" / "kernels" / "python3" / "kernel.json"
+    if not spec.exists():
+        from ipykernel.kernelspec import install
+
+        install(prefix=str(tmp_dir), kernel_name="python3")
+        env["JUPYTER_PATH"] = os.pathsep.join(
+            [str(tmp_dir / "share" / "jupyter"), os.environ.get("JUPYTER_PATH", "")]
+        ).rstrip(os.pathsep)
+    return "python3", env
+
+
+def execute(name: str, tmp_dir: Path) -> Any:
+    """Run notebooks/NAME.ipynb top to bottom from the notebooks directory; the executed book."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    kernel, env = kernel_environment(tmp_dir)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+        NotebookClient(
+            book, timeout=CELL_TIMEOUT, kernel_name=kernel, resources={"metadata": {"path": str(NOTEBOOKS)}}
+        ).execute()
+        return book
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_VOLATILE = [
+    (re.compile(r"\x1b\[[0-9;]*[A-Za-z]"), ""),  # terminal colours
+    (re.compile(r"/\S*/site-packages/"), "<site-packages>/"),  # where the checkout's venv lives
+    (re.compile(r"/[\w./-]*(spark-torch|tmp|pytest)[\w./-]*"), "<path>"),
+    (re.compile(r"\b[0-9a-f]{12}\b"), "<id>"),  # run ids
+    (re.compile(r"\d+(\.\d+)?(e-?\d+)?"), "#"),  # numbers: losses, timings, ports, pids
+]
+
+
+def _normalise(line: str) -> str:
+    for pattern, replacement in _VOLATILE:
+        line = pattern.sub(replacement, line)
+    return line.strip()
+
+
+def signature(book: Any) -> list[tuple[int, tuple[str, ...], frozenset[str]]]:
+    """What must stay the same between the stored and a fresh execution: per code cell, the
+    kinds of outputs it has (stream / image / table / error), and its `[rank N]` lines and
+    printed lines with numbers, paths and ids blanked out (Spark's own log lines ignored)."""
+    result = []
+    for index, cell in enumerate(book.cells):
+        if cell.cell_type != "code":
+            continue
+        kinds = set()
+        lines: set[str] = set()
+        for out in cell.get("outputs", []):
+            if out.output_type == "stream":
+                kinds.add(f"stream:{out.name}")
+                lines.update(
+                    _normalise(line)
+                    for line in out.text.splitlines()
+                    if line.strip() and " WARN " not in line and "spark_torch ranks:" not in line
+                    and not line.startswith(("Using Spark", "Setting default log", "To adjust logging", "WARNING:"))
+                )
+            elif out.output_type in ("display_data", "execute_result"):
+                data = out.get("data", {})
+                kinds.add("image" if "image/png" in data else "html" if "text/html" in data else "text")
+            else:
+                kinds.add(out.output_type)
+        result.append((index, tuple(sorted(kinds)), frozenset(lines)))
+    return result
+
+
+def store(names: list[str]) -> None:
+    """Re-execute the notebooks and write them back with their outputs."""
+    import nbformat
+
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            book = execute(name, Path(tmp))
+        for cell in book.cells:  # execution timestamps would make every refresh a diff
+            cell.get("metadata", {}).pop("execution", None)
+        nbformat.write(book, NOTEBOOKS / f"{name}.ipynb")
+        print(f"stored the outputs of notebooks/{name}.ipynb")
+
+
+if __name__ == "__main__":
+    store(sys.argv[1:] or sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")))
