@@ -1,0 +1,123 @@
+"""Node runner side of :func:`spark_torch.report`: gather the ranks' reports, answer them.
+
+Each rank gets a private pair of pipes (``SPARK_TORCH_REPORT_FDS``): it writes one JSON line
+per ``report()`` and blocks until the node writes the answer. Once every rank of the node has
+reported step N, the node forwards one message for the node (rank 0's metrics, which ranks
+passed a checkpoint) to the driver's coordinator; when the driver has persisted step N on
+every node, :meth:`NodeReports.persisted` answers every rank. Lines from a rank are only ever
+parsed as JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import IO, Any
+
+__all__ = ["NodeReports"]
+
+logger = logging.getLogger(__name__)
+
+#: a report line longer than this is refused (rank 0's metrics, a few hundred bytes normally)
+MAX_LINE = 1 << 20
+
+
+class NodeReports:
+    """The report pipes of one node's ranks."""
+
+    def __init__(self, node_rank: int, forward: Callable[[dict[str, Any]], None]) -> None:
+        self._node = node_rank
+        self._forward = forward
+        self._lock = threading.Lock()
+        self._answers: dict[int, IO[str]] = {}
+        self._pending: dict[int, dict[int, dict[str, Any]]] = {}
+        self._ranks: set[int] = set()
+        self._threads: list[threading.Thread] = []
+        self._child_fds: dict[int, tuple[int, int]] = {}
+
+    def open(self, rank: int) -> tuple[int, int]:
+        """Create the pipes of ``rank``; returns the child's (write, read) fds to pass to it."""
+        report_read, report_write = os.pipe()
+        answer_read, answer_write = os.pipe()
+        with self._lock:
+            self._ranks.add(rank)
+            self._answers[rank] = os.fdopen(answer_write, "w", encoding="utf-8")
+            self._child_fds[rank] = (report_write, answer_read)
+        thread = threading.Thread(
+            target=self._read, args=(rank, os.fdopen(report_read, "r", encoding="utf-8")),
+            name=f"spark-torch-reports-{rank}", daemon=True,
+        )  # fmt: skip
+        self._threads.append(thread)
+        thread.start()
+        return report_write, answer_read
+
+    def started(self, rank: int) -> None:
+        """The rank process exists: close the node's copies of its ends of the pipes."""
+        with self._lock:
+            fds = self._child_fds.pop(rank, ())
+        for fd in fds:
+            os.close(fd)
+
+    def _read(self, rank: int, stream: IO[str]) -> None:
+        with stream:
+            for line in stream:
+                try:
+                    if len(line) > MAX_LINE:
+                        raise ValueError("report line too long")
+                    message = json.loads(line)
+                    step = message["step"]
+                    if isinstance(step, bool) or not isinstance(step, int):
+                        raise ValueError("step must be an int")
+                except (ValueError, KeyError, TypeError) as exc:
+                    logger.warning("spark_torch: ignored a malformed report from rank %d: %s", rank, exc)
+                    continue
+                self._arrived(rank, step, message)
+
+    def _arrived(self, rank: int, step: int, message: dict[str, Any]) -> None:
+        with self._lock:
+            reports = self._pending.setdefault(step, {})
+            reports[rank] = message
+            complete = len(reports) == len(self._ranks)
+            if complete:
+                del self._pending[step]
+        if not complete:
+            return
+        first = min(reports)
+        self._forward({
+            "node": self._node,
+            "step": step,
+            "metrics": reports[first].get("metrics") if first == 0 else None,
+            "checkpoint_ranks": sorted(r for r, m in reports.items() if m.get("checkpoint")),
+        })  # fmt: skip
+
+    def persisted(self, step: int, error: str | None = None) -> None:
+        """The driver answered step ``step``: tell every rank of this node."""
+        line = json.dumps({"step": step, "error": error} if error else {"step": step}) + "\n"
+        with self._lock:
+            answers = list(self._answers.values())
+        for answer in answers:
+            try:
+                answer.write(line)
+                answer.flush()
+            except (OSError, ValueError):  # that rank is gone
+                pass
+
+    def close(self) -> None:
+        """Close the node's ends (ranks blocked in report() see EOF and fail)."""
+        with self._lock:
+            answers = list(self._answers.values())
+            self._answers.clear()
+            child = [fd for pair in self._child_fds.values() for fd in pair]
+            self._child_fds.clear()
+        for answer in answers:
+            try:
+                answer.close()
+            except OSError:
+                pass
+        for fd in child:
+            os.close(fd)
+        for thread in self._threads:
+            thread.join(2.0)

@@ -1,0 +1,109 @@
+"""Training functions for the report/checkpoint/resume tests (shipped to ranks by value).
+
+``deterministic_ddp`` trains a tiny DDP model on CPU where every step's data depends only on
+(step, rank): a run resumed from a checkpoint ends with exactly the weights of an
+uninterrupted run, which is how the chaos tests prove nothing was lost or repeated.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from typing import Any
+
+
+def deterministic_ddp(steps: int, ckpt_every: int = 2, die_at: int | None = None, die_rank: int = 1, sharded: bool = False) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    import spark_torch
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    start = 0
+    resumed_from = None
+    checkpoint = spark_torch.get_checkpoint()
+    if checkpoint is not None:
+        state = torch.load(checkpoint / "state.pt")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = resumed_from = state["step"]
+        if sharded:
+            assert (checkpoint / f"shard-{rank}.pt").exists(), sorted(os.listdir(checkpoint))
+    for step in range(start + 1, steps + 1):
+        g = torch.Generator().manual_seed(step * 10 + rank)
+        x = torch.randn(8, 4, generator=g)
+        loss = ((ddp(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if die_at == step and rank == die_rank and os.environ["SPARK_TORCH_RESTART_COUNT"] == "0":
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step: this step was never reported
+        save = step % ckpt_every == 0
+        with tempfile.TemporaryDirectory() as tmp:
+            if save and rank == 0:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, f"{tmp}/state.pt")
+            if save and sharded:
+                torch.save({"rank": rank}, f"{tmp}/shard-{rank}.pt")
+            passes = save and (rank == 0 or sharded)
+            spark_torch.report({"loss": loss.detach(), "rank0_step": step}, checkpoint=tmp if passes else None)
+    dist.destroy_process_group()
+    return {"weights": [p.detach().clone() for p in model.parameters()], "resumed_from": resumed_from}
+
+
+def report_bad_metric() -> None:
+    import spark_torch
+
+    spark_torch.report({"weights": [1.0, 2.0]})
+
+
+def report_after_hiding_storage(storage_dir: str) -> None:
+    """Remove the run's marker as if this host saw other storage, then report a checkpoint."""
+    import glob
+
+    import spark_torch
+
+    for marker in glob.glob(os.path.join(storage_dir, "*", ".spark_torch_run")):
+        os.remove(marker)
+    with tempfile.TemporaryDirectory() as tmp:
+        spark_torch.report({"x": 1}, checkpoint=tmp)
+
+
+def report_steps(count: int) -> int:
+    import spark_torch
+
+    for i in range(count):
+        spark_torch.report({"i": i})
+    return count
+
+
+def kill_my_executor_at(step_to_die: int, steps: int) -> Any:
+    """deterministic_ddp, but at ``step_to_die`` (first attempt only) rank 1 SIGKILLs the
+    executor JVM that runs its barrier task, and itself: a lost machine takes both at once."""
+    import psutil
+
+    import spark_torch
+
+    original = spark_torch.report
+    count = {"n": 0}
+
+    def report_then_maybe_kill(metrics: Any, *, checkpoint: Any = None) -> None:
+        original(metrics, checkpoint=checkpoint)
+        count["n"] += 1
+        if count["n"] == step_to_die and os.environ["RANK"] == "1" and os.environ["SPARK_TORCH_RESTART_COUNT"] == "0":
+            for parent in psutil.Process().parents():
+                if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+                    parent.kill()
+                    break
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    spark_torch.report = report_then_maybe_kill  # type: ignore[assignment]
+    try:
+        return deterministic_ddp(steps, 2)
+    finally:
+        spark_torch.report = original  # type: ignore[assignment]

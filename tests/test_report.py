@@ -1,0 +1,182 @@
+"""report(), get_checkpoint(), resume: metrics recorded once per step, checkpoints persisted
+before report() returns, runs that lose a rank restart from the latest checkpoint and end with
+the weights of an uninterrupted run; in function and script mode, local and distributed mode."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch import DistributedRunError, Distributor, get_checkpoint, report
+from spark_torch.storage import MANIFEST, RunStorage
+
+from .conftest import SCRIPTS
+from .report_programs import deterministic_ddp, report_after_hiding_storage, report_bad_metric, report_steps
+
+
+def _same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import torch
+
+    return all(torch.equal(x, y) for x, y in zip(a["weights"], b["weights"]))
+
+
+def _steps(distributor: Distributor) -> list[int]:
+    assert distributor.last_run is not None
+    return [row["step"] for row in distributor.last_run.rows]
+
+
+def test_metrics_rows_and_result(tmp_path: Path, no_leftovers: None) -> None:
+    d = Distributor(num_processes=2, storage_path=tmp_path)
+    out = d.run(deterministic_ddp, 6, 3)
+    result = d.last_run
+    assert result is not None and result.error is None and result.restarts == 0 and out["resumed_from"] is None
+    assert _steps(d) == [1, 2, 3, 4, 5, 6] and {r["attempt"] for r in result.rows} == {0}
+    frame = result.metrics
+    assert list(frame.columns) == ["loss", "rank0_step", "step", "time", "attempt"]
+    assert frame["rank0_step"].tolist() == frame["step"].tolist() and frame["loss"].dtype == float
+    assert result.checkpoint == str(tmp_path / result.run_id / "checkpoint_000006")
+    assert sorted(os.listdir(tmp_path / result.run_id)) == [
+        ".spark_torch_run", "checkpoint_000003", "checkpoint_000006", "metrics.jsonl"
+    ]  # fmt: skip
+    manifest = json.loads((Path(result.checkpoint) / MANIFEST).read_text())
+    assert manifest["step"] == 6 and manifest["ranks"] == [0]
+    logged = [json.loads(line) for line in (tmp_path / result.run_id / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == [1, 2, 3, 4, 5, 6]
+
+
+def test_rank_killed_mid_run_resumes_from_the_checkpoint(tmp_path: Path, no_leftovers: None) -> None:
+    """Rank 1 SIGKILLs itself in step 8 of 10 (checkpoints every 3 steps, so step 7 was
+    reported after the last checkpoint): the gang restarts from step 6; the weights equal an
+    uninterrupted run's; every step appears exactly once (step 7 from the second attempt)."""
+    clean = Distributor(num_processes=2, storage_path=tmp_path).run(deterministic_ddp, 10, 3)
+    chaos = Distributor(num_processes=2, storage_path=tmp_path, max_restarts=1)
+    out = chaos.run(deterministic_ddp, 10, 3, die_at=8)
+    assert chaos.last_run is not None and chaos.last_run.restarts == 1
+    assert out["resumed_from"] == 6 and _same_weights(clean, out)
+    assert _steps(chaos) == list(range(1, 11))
+    assert [r["attempt"] for r in chaos.last_run.rows] == [0] * 6 + [1] * 4
+
+
+def test_distributed_rank_killed_mid_run(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
+    clean = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=tmp_path).run(deterministic_ddp, 8)
+    chaos = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=tmp_path, max_restarts=1)
+    out = chaos.run(deterministic_ddp, 8, die_at=5, die_rank=0)
+    assert out["resumed_from"] == 4 and _same_weights(clean, out)
+    assert _steps(chaos) == list(range(1, 9)) and chaos.last_run is not None and chaos.last_run.restarts == 1
+
+
+def test_resume_by_run_id_in_a_new_run(tmp_path: Path, no_leftovers: None) -> None:
+    """A run that stopped (here: ran out of restarts) resumes when run() is called again with its run_id."""
+    first = Distributor(num_processes=2, storage_path=tmp_path, run_id="exp-1")
+    with pytest.raises(DistributedRunError, match="killed by SIGKILL"):
+        first.run(deterministic_ddp, 8, die_at=5)
+    assert first.last_run is not None and first.last_run.error is not None
+    assert first.last_run.checkpoint is not None and first.last_run.checkpoint.endswith("checkpoint_000004")
+    assert _steps(first) == [1, 2, 3, 4]
+    again = Distributor(num_processes=2, storage_path=tmp_path, run_id="exp-1")
+    out = again.run(deterministic_ddp, 8)
+    clean = Distributor(num_processes=2, storage_path=tmp_path).run(deterministic_ddp, 8)
+    assert out["resumed_from"] == 4 and _same_weights(clean, out)
+    assert _steps(again) == [5, 6, 7, 8]
+
+
+def test_sharded_checkpoints_merge_and_keep_checkpoints(tmp_path: Path, no_leftovers: None) -> None:
+    d = Distributor(num_processes=2, storage_path=tmp_path, keep_checkpoints=2)
+    d.run(deterministic_ddp, 8, sharded=True)
+    assert d.last_run is not None
+    run_dir = tmp_path / d.last_run.run_id
+    assert sorted(p.name for p in run_dir.glob("checkpoint_*")) == ["checkpoint_000006", "checkpoint_000008"]
+    assert sorted(os.listdir(run_dir / "checkpoint_000008")) == [MANIFEST, "shard-0.pt", "shard-1.pt", "state.pt"]
+    assert json.loads((run_dir / "checkpoint_000008" / MANIFEST).read_text())["ranks"] == [0, 1]
+
+
+def test_fsspec_url_storage(tmp_path: Path, no_leftovers: None) -> None:
+    """Storage given as an fsspec URL (file://) goes through fsspec, like s3:// would."""
+    url = f"file://{tmp_path}/remote"
+    clean = Distributor(num_processes=2, storage_path=tmp_path / "plain").run(deterministic_ddp, 6)
+    d = Distributor(num_processes=2, storage_path=url, max_restarts=1)
+    out = d.run(deterministic_ddp, 6, die_at=5)
+    assert d.last_run is not None and d.last_run.checkpoint == f"{url}/{d.last_run.run_id}/checkpoint_000006"
+    assert out["resumed_from"] == 4 and _same_weights(clean, out)
+
+
+def test_script_mode_reports_and_resumes(tmp_path: Path, no_leftovers: None) -> None:
+    os.environ["EPOCHS"] = "3"
+    d = Distributor(num_processes=2, storage_path=tmp_path, run_id="script-run")
+    assert d.run(str(SCRIPTS / "report_script.py")) is None
+    assert d.last_run is not None and [r["epoch"] for r in d.last_run.rows] == [0, 1, 2]
+    os.environ["EPOCHS"] = "5"  # train further: resumes after epoch 2
+    d.run(str(SCRIPTS / "report_script.py"))
+    assert [(r["step"], r["epoch"]) for r in d.last_run.rows] == [(4, 3), (5, 4)]
+
+
+def test_run_that_never_reports_leaves_no_directory(no_leftovers: None) -> None:
+    home = Path(os.path.expanduser("~/spark_torch_runs"))
+    d = Distributor(num_processes=1)
+    d.run(report_steps, 0)
+    assert d.last_run is not None and not (home / d.last_run.run_id).exists()
+
+
+def test_report_misuse() -> None:
+    with pytest.raises(RuntimeError, match="works inside ranks started by spark_torch"):
+        report({"loss": 1.0})
+    assert get_checkpoint() is None
+    with pytest.raises(DistributedRunError) as info:
+        Distributor(num_processes=1).run(report_bad_metric)
+    assert "TypeError: report(): metric 'weights' is a list" in str(info.value)
+    with pytest.raises(ValueError, match="run_id must be"):
+        Distributor(run_id="../escape")
+    with pytest.raises(ValueError, match="keep_checkpoints must be >= 1"):
+        Distributor(keep_checkpoints=0)
+
+
+def test_storage_not_visible_from_a_rank(tmp_path: Path, no_leftovers: None) -> None:
+    """A rank that cannot see the driver's storage (another host, a local path) says so."""
+    with pytest.raises(DistributedRunError) as info:
+        Distributor(num_processes=1, storage_path=tmp_path).run(report_after_hiding_storage, str(tmp_path))
+    assert "is not visible from" in str(info.value) and "storage every node can reach" in str(info.value)
+
+
+def test_unwritable_storage_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="cannot create the run's directory"):
+        Distributor(storage_path=blocker / "runs").run(report_steps, 0)
+
+
+def test_storage_unit(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path), "r1")
+    storage.create("tok")
+    assert storage.visible("tok") and not storage.visible("other")
+    for step in (1, 2, 3):
+        src = tmp_path / f"src{step}"
+        src.mkdir()
+        (src / "a.txt").write_text(str(step))
+        storage.upload(str(src), step)
+        if step < 3:
+            storage.complete(step, 0, [0])
+    complete, incomplete = storage.checkpoints()
+    assert [c.step for c in complete] == [1, 2] and incomplete == [3]
+    assert storage.latest() is not None and storage.latest().step == 2  # type: ignore[union-attr]
+    assert storage.prune(1) == [1] and [c.step for c in storage.checkpoints()[0]] == [2]
+    storage.discard_incomplete_after(2)
+    assert storage.checkpoints() == (storage.checkpoints()[0], [])
+
+
+@pytest.mark.slow
+def test_executor_jvm_killed_mid_run(cluster_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+    """local-cluster: the executor JVM of node 1 is SIGKILLed after step 5 was reported; Spark
+    loses the node, the gang restarts (on a fresh executor) from step 4's checkpoint."""
+    from .report_programs import kill_my_executor_at
+
+    clean = Distributor(num_processes=2, local_mode=False, spark=cluster_spark, storage_path=tmp_path).run(deterministic_ddp, 8)
+    chaos = Distributor(num_processes=2, local_mode=False, spark=cluster_spark, storage_path=tmp_path, max_restarts=1)
+    out = chaos.run(kill_my_executor_at, 5, 8)
+    assert chaos.last_run is not None and chaos.last_run.restarts == 1
+    assert out["resumed_from"] == 4 and _same_weights(clean, out)
+    assert _steps(chaos) == list(range(1, 9))
+    assert [r["attempt"] for r in chaos.last_run.rows] == [0] * 4 + [1] * 4
