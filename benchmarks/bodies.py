@@ -124,3 +124,12 @@ def big_result(nbytes=256 << 20, returned=True):
         data = os.urandom(1 << 20) * (nbytes >> 20)
         return data if returned else None
     return None
+
+
+def ray_trivial(config: dict) -> None:
+    """Ray Train's counterpart of trivial_pg: Ray has set up the process group."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)

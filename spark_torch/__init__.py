@@ -6,6 +6,7 @@ Importing this package is cheap: it imports neither pyspark nor torch.
 
 from .distributor import Distributor
 from .errors import (
+    ClusterConfigurationError,
     ConfigurationError,
     DistributedRunError,
     InsufficientSlotsError,
@@ -15,13 +16,21 @@ from .errors import (
     RunTimeoutError,
     SparkTorchError,
 )
+from .reporting import get_checkpoint, report
+from .result import RunResult
+from .torch_distributor import TorchDistributor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Distributor",
+    "TorchDistributor",
+    "RunResult",
+    "report",
+    "get_checkpoint",
     "SparkTorchError",
     "ConfigurationError",
+    "ClusterConfigurationError",
     "InsufficientSlotsError",
     "PicklingError",
     "LaunchError",

@@ -5,15 +5,19 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from .attempt import Attempt
-from .channel import LogServer, new_secret
+from .channel import DriverChannel, new_secret
 from .cluster import is_connect_session
+from .compat import cancel_tagged_job, collect_arrow, tagged_job
 from .dataframe import DataInput
-from .entrypoint import Entrypoint, ScriptEntrypoint
+from .endpoints import ChannelEndpoint
 from .errors import (
     ConfigurationError,
     DistributedRunError,
@@ -23,9 +27,19 @@ from .errors import (
     RunTimeoutError,
 )
 from .node import NodeWorkdir
-from .plan import LaunchPlan
+from .reports import FailureReport, decode_report, merge_reports
 from .serialization import ResultBytes, map_file, rebuild_exception
-from .task import FINISHED_SEQ, HANDED_OVER_SEQ, RESULT_FILE, RESULT_SCHEMA, TaskSpec, decode_failure, run_barrier_task
+from .spec import RunSpec
+from .task import (
+    CHANNEL_ERROR_SEQ,
+    FINISHED_SEQ,
+    HANDED_OVER_SEQ,
+    RESULT_FILE,
+    RESULT_SCHEMA,
+    STREAMED_RESULT_FILE,
+    STREAMED_SEQ,
+    run_barrier_task,
+)
 
 __all__ = ["run_distributed", "available_slots", "check_slots"]
 
@@ -36,26 +50,52 @@ logger = logging.getLogger(__name__)
 EXECUTOR_WAIT_SECONDS = 60.0
 #: after cancelling the Spark job, how long to wait for the job thread to return
 CANCEL_WAIT_SECONDS = 30.0
+#: after the driver stopped the nodes (timeout, Ctrl-C), how long they may take to stop their
+#: ranks gracefully before the Spark job is cancelled (the node runner's grace is 5 s)
+STOP_GRACE_SECONDS = 7.0
+#: after a failed job, how long to wait for the other nodes' failure reports over the channel
+FAILURE_REPORTS_SECONDS = 3.0
 
 
-def client_log_host() -> str:
-    """Address a Spark Connect client listens on for rank logs (executors must reach it).
-
-    ``SPARK_TORCH_LOG_HOST`` wins, then ``SPARK_LOCAL_IP``, then this host's resolved name.
-    """
-    import socket
-
-    return (
-        os.environ.get("SPARK_TORCH_LOG_HOST")
-        or os.environ.get("SPARK_LOCAL_IP")
-        or socket.gethostbyname(socket.gethostname())
-    )
+def slots_from_conf(conf: Callable[[str], str | None]) -> int | None:
+    """Task slots a cluster offers, from its configuration alone (Spark Connect clients cannot ask
+    the scheduler): ``local[N]``, ``local-cluster[N,C,M]``, or a static executor allocation.
+    None when the configuration does not say (``local[*]`` on an unknown server, dynamic
+    allocation)."""
+    try:
+        task_cpus = max(1, int(conf("spark.task.cpus") or "1"))
+    except ValueError:
+        task_cpus = 1
+    master = (conf("spark.master") or "").strip()
+    if master == "local":
+        return 1 // task_cpus
+    match = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", master)
+    if match:
+        return int(match.group(1)) // task_cpus
+    match = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    if match:
+        return int(match.group(1)) * (int(match.group(2)) // task_cpus)
+    if (conf("spark.dynamicAllocation.enabled") or "").lower() == "true":
+        return None
+    try:
+        instances, cores = int(conf("spark.executor.instances") or ""), int(conf("spark.executor.cores") or "")
+    except ValueError:
+        return None
+    return instances * (cores // task_cpus)
 
 
 def available_slots(spark: Any) -> int | None:
     """Task slots the cluster offers at once for the default resource profile (None: unknown)."""
     if is_connect_session(spark):
-        return None
+
+        def conf(key: str) -> str | None:
+            try:
+                value = spark.conf.get(key, None)
+            except Exception:  # noqa: BLE001 - an unknown key on some Connect versions
+                return None
+            return None if value is None else str(value)
+
+        return slots_from_conf(conf)
     jsc = spark.sparkContext._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     return int(jsc.maxNumConcurrentTasks(profile))
@@ -66,8 +106,8 @@ def check_slots(spark: Any, needed: int) -> None:
     slots = available_slots(spark)
     if slots is None or slots >= needed:
         return
-    master = spark.sparkContext.master
-    if not master.startswith("local["):
+    master = str(spark.conf.get("spark.master", "")) if is_connect_session(spark) else spark.sparkContext.master
+    if not is_connect_session(spark) and master != "local" and not master.startswith("local["):
         # executors of a fresh cluster register over a few seconds
         wait = float(os.environ.get("SPARK_TORCH_EXECUTOR_WAIT", EXECUTOR_WAIT_SECONDS))
         deadline = time.monotonic() + wait
@@ -83,21 +123,26 @@ def check_slots(spark: Any, needed: int) -> None:
     )
 
 
-def _failure_from_spark_error(exc: BaseException) -> BaseException:
-    """Turn a Spark job failure into the library's error, keeping the remote report."""
+def _failure_from_spark_error(exc: BaseException, secret: bytes, channel_reports: list[FailureReport]) -> BaseException:
+    """Turn a Spark job failure into the library's error, from the nodes' authenticated reports:
+    those sent over the channel, and the one inside Spark's exception text.
+
+    The exception text also holds whatever the failing rank printed or raised, so only a report
+    whose MAC verifies with this run's secret is used (and only then is an exception unpickled).
+    """
     text = str(exc)
-    report = decode_failure(text)
+    from_text = decode_report(text, secret)
+    report = merge_reports(channel_reports + ([from_text] if from_text is not None else []))
     if report is not None:
-        failures = [RankFailure.from_dict(f) for f in report.get("failures", [])]
-        if len(failures) == 1 and failures[0].exc_type == "LaunchError":
-            return LaunchError(failures[0].exc_message or "the ranks could not be started")
-        if len(failures) == 1 and failures[0].exc_type == "ConfigurationError":
-            return ConfigurationError(failures[0].exc_message or "invalid input")
-        error = DistributedRunError(failures, report.get("headline"))
-        pickled = report.get("pickled") or {}
+        failures = list(report.failures)
+        if report.kind == "LaunchError":
+            return LaunchError(failures[0].exc_message if failures else "the ranks could not be started")
+        if report.kind == "ConfigurationError":
+            return ConfigurationError(failures[0].exc_message if failures else "invalid input")
+        error = DistributedRunError(failures, report.headline)
         if error.failures:
             root = error.failures[0]
-            cause = rebuild_exception(root, pickled.get(str(root.rank)))
+            cause = rebuild_exception(root, report.pickled.get(root.rank))
             if cause is not None:
                 error.__cause__ = cause
         return error
@@ -108,6 +153,11 @@ def _failure_from_spark_error(exc: BaseException) -> BaseException:
                 "pandas<3) on every executor, or point PYSPARK_PYTHON / spark.pyspark.python at an "
                 "interpreter that has them"
             )
+    if "requires more slots than the total number of slots" in text:
+        return InsufficientSlotsError(
+            "the barrier stage needs more task slots than the cluster has free (Spark gave up "
+            "after retrying); use fewer processes, add executors/cores, or lower spark.task.cpus"
+        )
     lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
     if lost is not None:
         detail = lost[lost.index("ExecutorLostFailure"):][:500]
@@ -129,124 +179,114 @@ def _failure_from_spark_error(exc: BaseException) -> BaseException:
 
 def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading.Event) -> None:
     try:
-        if not is_connect_session(spark):
-            # cancelling must interrupt the task threads, so Spark kills the Python workers
-            # (and with them the ranks) instead of waiting for the tasks to finish
-            spark.sparkContext.setInterruptOnCancel(True)
-        spark.addTag(tag)
-        try:
-            box["table"] = df.toArrow()
-        finally:
-            spark.removeTag(tag)
+        with tagged_job(spark, tag):
+            box["table"] = collect_arrow(df)
     except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
         box["error"] = exc
     finally:
         done.set()
 
 
-def _result_by_file() -> bool:
+RESULT_TRANSFERS = ("auto", "channel", "spark")
+
+
+def _result_transfer() -> str:
     """``SPARK_TORCH_RESULT_TRANSFER``: ``auto`` (default: by file when node 0 can reach the
-    driver's temp dir, else through Spark) or ``spark`` (always through Spark's result channel)."""
+    driver's temp dir, else streamed over the run's channel, else through Spark), ``channel``
+    (the channel even on the driver's host) or ``spark`` (always Spark's result channel)."""
     value = os.environ.get("SPARK_TORCH_RESULT_TRANSFER", "auto").strip().lower()
-    if value not in ("auto", "spark"):
+    if value not in RESULT_TRANSFERS:
         raise ConfigurationError(
-            f"SPARK_TORCH_RESULT_TRANSFER={value!r} is not valid; use 'auto' (the default) or 'spark'"
+            f"SPARK_TORCH_RESULT_TRANSFER={value!r} is not valid; use 'auto' (the default), 'channel' or 'spark'"
         )
-    return value == "auto"
+    return value
+
+
+def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint) -> DriverChannel:
+    """Bind the run's channel, or say which address could not be bound and what to change."""
+    try:
+        return DriverChannel(
+            attempt.on_lines,
+            nodes=attempt.spec.plan.num_nodes,
+            bind_host=endpoint.bind_host,
+            advertise_host=endpoint.advertise_host,
+            advertise_port=endpoint.advertise_port,
+            secret=new_secret(),
+            ports=endpoint.ports,
+            heartbeat=endpoint.heartbeat,
+            rendezvous_timeout=endpoint.rendezvous_timeout,
+        )
+    except OSError as exc:
+        raise ConfigurationError(
+            f"spark_torch could not listen for its channel on {endpoint.bind_host}"
+            f"{f' (ports {endpoint.ports[0]}-{endpoint.ports[1]})' if endpoint.ports else ''}: {exc}. "
+            "The address comes from spark.driver.bindAddress, else spark.driver.host, else "
+            "SPARK_TORCH_LOG_HOST; it must be an address of this machine. Free or widen the port "
+            "range (SPARK_TORCH_CHANNEL_PORTS / spark.torch.channel.ports) if one is set"
+        ) from exc
 
 
 def run_distributed(
-    spark: Any,
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    payload: bytes | None,
-    attempt: Attempt,
-    driver_host: str,
-    data: DataInput | None = None,
+    spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None = None
 ) -> ResultBytes | None:
     """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
+    plan = attempt.spec.plan
     if plan.local_mode:  # pragma: no cover - guarded by the caller
         raise ConfigurationError("run_distributed called with a local-mode plan")
-    by_file = payload is not None and _result_by_file()
+    transfer = _result_transfer()
+    by_file = attempt.spec.payload is not None and transfer != "spark"
     check_slots(spark, plan.num_nodes)
-    secret = new_secret()
-    if is_connect_session(spark):
-        # the driver runs in the Connect server; the log channel ends here, on the client
-        driver_host = client_log_host()
-    server = LogServer(driver_host, secret, attempt.on_lines)
-    server.expect_nodes(plan.num_nodes)
+    channel = _open_channel(attempt, endpoint)
+    channel.reports = attempt.report_coordinator(answer=channel.answer_reports)
     try:
+        spec = replace(attempt.spec, channel=channel.spec, result_transfer=transfer)
         if not by_file:
-            return _run_stage(spark, plan, entry, payload, attempt, server, secret, data, None)
-        # node 0 moves rank 0's result in here when it shares this host (or filesystem)
-        with NodeWorkdir(attempt.run_id, 0, role="driver") as result_dir:
-            return _run_stage(spark, plan, entry, payload, attempt, server, secret, data, result_dir.path)
+            return _run_stage(spark, spec, attempt, channel, data)
+        # node 0 moves rank 0's result in here when it shares this host (or filesystem), or
+        # streams it over the channel into a file here
+        with NodeWorkdir(spec.run_id, 0, role="driver") as result_dir:
+            channel.result_path = os.path.join(result_dir.path, STREAMED_RESULT_FILE)
+            return _run_stage(spark, replace(spec, result_dir=result_dir.path), attempt, channel, data)
     finally:
-        if server is not None:
-            server.close()
+        channel.close()
 
 
 def _run_stage(
-    spark: Any,
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    payload: bytes | None,
-    attempt: Attempt,
-    server: LogServer | None,
-    secret: bytes,
-    data: DataInput | None,
-    result_dir: str | None,
+    spark: Any, spec: RunSpec, attempt: Attempt, channel: DriverChannel, data: DataInput | None
 ) -> ResultBytes | None:
-    timeout = attempt.timeout
-    spec = TaskSpec(
-        run_id=attempt.run_id,
-        restart_count=attempt.restart_count,
-        max_restarts=attempt.max_restarts,
-        num_nodes=plan.num_nodes,
-        procs_per_node=plan.procs_per_node,
-        payload=payload,
-        script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
-        script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
-        extra_env=attempt.extra_env,
-        threads_per_rank=plan.threads_per_rank,
-        use_gpu=plan.use_gpu,
-        driver_cwd=os.getcwd(),
-        log_host=server.host if server else None,
-        log_port=server.port if server else 0,
-        log_secret=secret if server else b"",
-        data_columns=data.columns if data else None,
-        data_explicit=data.explicit if data else False,
-        result_dir=result_dir,
-    )
-    # one input partition per node: the node's share of the data (round-robin, deterministic
-    # for a given DataFrame), or one placeholder row
+    plan = spec.plan
+    # one input partition per node: the node's share of the data, or one placeholder row
     source = (
         data.df.select(*data.columns).repartition(plan.num_nodes)
         if data is not None
         else spark.range(0, plan.num_nodes, 1, plan.num_nodes)
     )
-    df = source.mapInArrow(
-        functools.partial(run_barrier_task, spec), RESULT_SCHEMA, barrier=True
-    )
+    df = source.mapInArrow(functools.partial(run_barrier_task, spec), RESULT_SCHEMA, barrier=True)
     tag = attempt.tag
     box: dict[str, Any] = {}
     done = threading.Event()
     worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done), name=tag, daemon=True)
     worker.start()
+    channel.start_rendezvous_clock()
 
     def cancel(reason: str) -> None:
-        if server is not None:
-            server.stop_nodes(reason)
-        spark.interruptTag(tag)
-        done.wait(CANCEL_WAIT_SECONDS)
+        channel.stop_nodes(reason)
+        try:
+            # the nodes give their ranks SIGTERM and a grace period; cancelling the Spark job
+            # first would kill the Python workers, and with them the ranks, at once
+            channel.wait_for_nodes(timeout=STOP_GRACE_SECONDS)
+        finally:
+            cancel_tagged_job(spark, tag)
+            done.wait(CANCEL_WAIT_SECONDS)
 
     try:
-        finished = done.wait(timeout)
+        finished = done.wait(attempt.timeout)
     except BaseException:  # KeyboardInterrupt: stop every node, then re-raise
         cancel("cancelled on the driver")
         raise
     if not finished:
         cancel("timeout")
+    if not finished and "table" not in box:  # (a job that completed right at the deadline succeeded)
         running = [
             RankFailure(rank=r, host="?", exc_type="still running", exc_message="stopped", last_lines=attempt.tail(r))
             for r in range(plan.world_size)
@@ -257,15 +297,21 @@ def _run_stage(
             f"ranks of all {plan.num_nodes} node(s) were stopped",
         )
     if "error" in box:
-        if server is not None:  # the nodes Spark did not stop yet
-            server.stop_nodes("another node failed")
-        error = _failure_from_spark_error(box["error"])
+        channel.stop_nodes("another node failed")  # the nodes Spark did not stop yet
+        channel.wait_for_nodes(timeout=FAILURE_REPORTS_SECONDS)  # other failed nodes' reports
+        assert spec.channel is not None
+        error = _failure_from_spark_error(box["error"], spec.channel.secret, list(channel.failures.values()))
         raise error from (error.__cause__ or box["error"])
-    if server is not None:
-        server.wait_for_nodes(plan.num_nodes, timeout=10.0)  # drain the last log lines
+    channel.wait_for_nodes(timeout=10.0)  # drain the last log lines
     table = box["table"]
     nodes = table.column("node").to_pylist()
     seqs = table.column("seq").to_pylist()
+    errors = {
+        node: table.column("data")[i].as_py().decode("utf-8", errors="replace")
+        for i, (node, seq) in enumerate(zip(nodes, seqs))
+        if seq == CHANNEL_ERROR_SEQ
+    }
+    channel.connect_errors(errors)
     reported = {node for node, seq in zip(nodes, seqs) if seq == FINISHED_SEQ}
     if len(reported) < plan.num_nodes:
         if data is not None and not reported:
@@ -274,15 +320,25 @@ def _run_stage(
             f"only {len(reported)} of {plan.num_nodes} Spark barrier tasks reported back; "
             "check the executor logs"
         )
-    if payload is None:
+    if spec.payload is None:
         return None
-    return _assemble_result(table, nodes, seqs, result_dir)
+    return _assemble_result(table, nodes, seqs, spec.result_dir, channel)
 
 
-def _assemble_result(table: Any, nodes: list[int], seqs: list[int], result_dir: str | None) -> ResultBytes:
-    """Rank 0's pickled result: from the file node 0 handed over, or joined from its Arrow rows."""
+def _assemble_result(
+    table: Any, nodes: list[int], seqs: list[int], result_dir: str | None, channel: DriverChannel
+) -> ResultBytes:
+    """Rank 0's pickled result: from the file node 0 handed over or streamed over the channel,
+    or joined from its Arrow rows."""
     data = table.column("data")
-    rows = sorted((seq, i) for i, (node, seq) in enumerate(zip(nodes, seqs)) if node == 0 and seq != FINISHED_SEQ)
+    kinds = (HANDED_OVER_SEQ, STREAMED_SEQ)
+    rows = sorted((seq, i) for i, (node, seq) in enumerate(zip(nodes, seqs)) if node == 0 and (seq >= 0 or seq in kinds))
+    if rows and rows[0][0] == STREAMED_SEQ:
+        size = int(data[rows[0][1]].as_py().decode("ascii"))
+        received = channel.result_size()
+        if received != size or channel.result_path is None:
+            raise LaunchError(f"rank 0's result: node 0 streamed {size} bytes over the channel, the driver has {received}")
+        return map_file(channel.result_path)
     if rows and rows[0][0] == HANDED_OVER_SEQ:
         size = int(data[rows[0][1]].as_py().decode("ascii"))
         path = os.path.join(result_dir or "", RESULT_FILE)

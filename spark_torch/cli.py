@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times")
     run.add_argument("--ranks-per-task", type=int, default=None, metavar="N",
                      help="distributed CPU mode: ranks per Spark task (node); default 1")
+    run.add_argument("--storage-path", default=None, metavar="DIR_OR_URL",
+                     help="where spark_torch.report() keeps checkpoints and metrics (default ~/spark_torch_runs)")
+    run.add_argument("--run-id", default=None, metavar="ID",
+                     help="the run's name in the storage; an existing one resumes from its latest checkpoint")
+    run.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
+                     help="keep only the N newest checkpoints (default: all)")
     run.add_argument("script", metavar="SCRIPT", help="path of the training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments of the script")
 
@@ -127,8 +133,17 @@ def _run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             max_restarts=args.max_restarts,
             ranks_per_task=args.ranks_per_task,
+            storage_path=args.storage_path,
+            run_id=args.run_id,
+            keep_checkpoints=args.keep_checkpoints,
         )
         distributor.run(args.script, *args.script_args)
+        if distributor.last_run is not None and distributor.last_run.rows:
+            last = distributor.last_run
+            print(
+                f"spark-torch: run {last.run_id}: {len(last.rows)} report(s), latest checkpoint "
+                f"{last.checkpoint or '(none)'}", file=sys.stderr,
+            )
     except KeyboardInterrupt:
         print("spark-torch: interrupted; every rank was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -139,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         print(_paragraph(str(exc)), file=sys.stderr)
         root = exc.failures[0] if exc.failures else None
         return root.exit_code if root is not None and root.exit_code else 1
-    except LaunchError as exc:
+    except (LaunchError, ImportError) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)
         return 1
     return 0
@@ -167,11 +182,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     if args.command == "doctor":
         from .doctor import run_doctor
+        from .errors import LaunchError
 
         try:
             return run_doctor(_session(args, needed=True))
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
+        except (LaunchError, ImportError) as exc:
+            print(_paragraph(str(exc)), file=sys.stderr)
+            return 1
     parser.print_help()
     print(textwrap.dedent("\nerror: choose a command: run or doctor"), file=sys.stderr)
     return EXIT_USAGE

@@ -17,7 +17,7 @@ IGNORE_SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
 class ClusterInfo:
     """Spark facts a plan depends on; plain data so planning is testable without Spark."""
 
-    master: str = "local[1]"
+    master: str = ""
     driver_host: str = "127.0.0.1"
     task_cpus: int = 1
     task_gpu_amount: float = 0.0
@@ -27,6 +27,15 @@ class ClusterInfo:
     ssl_enabled: bool = False
     ignore_ssl: bool = False
     is_connect: bool = False
+    #: ``spark.driver.bindAddress`` (classic sessions), None when unset
+    driver_bind_address: str | None = None
+    #: Spark Connect: the host of the Connect server this client talks to
+    connect_host: str | None = None
+    #: raw ``spark.torch.channel.ports`` / ``spark.torch.rendezvous.timeout`` (checked in endpoints)
+    channel_ports: str | None = None
+    rendezvous_timeout: str | None = None
+    #: ``spark.executorEnv.OMP_NUM_THREADS``: the cluster chose the ranks' thread count
+    executor_threads: str | None = None
 
 
 def _conf(spark: Any, key: str, default: str | None = None) -> str | None:
@@ -69,6 +78,10 @@ def read_cluster(spark: Any) -> ClusterInfo:
         gpu = sc.resources.get("gpu")
         if gpu is not None:
             addresses = tuple(sorted(gpu.addresses, key=lambda a: (len(a), a)))
+    connect_host = None
+    if connect:
+        builder = getattr(getattr(spark, "client", None), "_builder", None)
+        connect_host = getattr(builder, "host", None)
     task_cpus_raw = _conf(spark, "spark.task.cpus", "1") or "1"
     try:
         task_cpus = int(task_cpus_raw)
@@ -86,4 +99,9 @@ def read_cluster(spark: Any) -> ClusterInfo:
         or _is_true(_conf(spark, "spark.network.crypto.enabled")),
         ignore_ssl=_is_true(_conf(spark, IGNORE_SSL_KEY)),
         is_connect=connect,
+        driver_bind_address=None if connect else _conf(spark, "spark.driver.bindAddress"),
+        connect_host=connect_host,
+        channel_ports=_conf(spark, "spark.torch.channel.ports"),
+        rendezvous_timeout=_conf(spark, "spark.torch.rendezvous.timeout"),
+        executor_threads=_conf(spark, "spark.executorEnv.OMP_NUM_THREADS"),
     )

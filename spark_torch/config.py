@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numbers
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -12,6 +14,7 @@ from .errors import ConfigurationError
 __all__ = ["DistributorConfig", "LogRanks"]
 
 LogRanks = Literal["all"] | frozenset[int] | None
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # Environment variables the launcher owns; a user-supplied ``env`` may not override them.
 RESERVED_ENV = frozenset(
@@ -29,11 +32,12 @@ RESERVED_ENV = frozenset(
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """``value`` as an int (numpy integers too), or TypeError/ConfigurationError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ConfigurationError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def _normalise_log_ranks(value: Any) -> LogRanks:
@@ -66,14 +70,19 @@ class DistributorConfig:
     max_restarts: int = 0
     ranks_per_task: int | None = None
     progress: bool | None = None
+    storage_path: str | None = None
+    run_id: str | None = None
+    keep_checkpoints: int | None = None
+    mlflow: bool | None = None
 
     def __post_init__(self) -> None:
-        _check_int("num_processes", self.num_processes, 1)
-        _check_int("max_restarts", self.max_restarts, 0)
+        self._check_reporting()
+        object.__setattr__(self, "num_processes", _check_int("num_processes", self.num_processes, 1))
+        object.__setattr__(self, "max_restarts", _check_int("max_restarts", self.max_restarts, 0))
         if self.progress is not None and not isinstance(self.progress, bool):
             raise TypeError(f"progress must be True, False or None (auto), got {self.progress!r}")
         if self.ranks_per_task is not None:
-            _check_int("ranks_per_task", self.ranks_per_task, 1)
+            object.__setattr__(self, "ranks_per_task", _check_int("ranks_per_task", self.ranks_per_task, 1))
             if self.local_mode:
                 raise ConfigurationError(
                     "ranks_per_task applies to distributed mode (local_mode=False); in local mode "
@@ -109,6 +118,20 @@ class DistributorConfig:
         object.__setattr__(self, "log_ranks", _normalise_log_ranks(self.log_ranks))
         if self.log_dir is not None:
             object.__setattr__(self, "log_dir", os.path.abspath(os.fspath(self.log_dir)))
+
+    def _check_reporting(self) -> None:
+        if self.storage_path is not None:
+            if not isinstance(self.storage_path, (str, os.PathLike)) or not os.fspath(self.storage_path):
+                raise TypeError(f"storage_path must be a directory or an fsspec URL, got {self.storage_path!r}")
+            object.__setattr__(self, "storage_path", os.fspath(self.storage_path))
+        if self.run_id is not None and (not isinstance(self.run_id, str) or not _RUN_ID.fullmatch(self.run_id)):
+            raise ConfigurationError(
+                f"run_id must be 1-64 letters, digits, '.', '_' or '-' (it names a directory), got {self.run_id!r}"
+            )
+        if self.keep_checkpoints is not None:
+            object.__setattr__(self, "keep_checkpoints", _check_int("keep_checkpoints", self.keep_checkpoints, 1))
+        if self.mlflow is not None and not isinstance(self.mlflow, bool):
+            raise TypeError(f"mlflow must be True, False or None (on when an MLflow run is active), got {self.mlflow!r}")
 
     def shows_rank(self, rank: int) -> bool:
         """Whether the driver prints this rank's output."""

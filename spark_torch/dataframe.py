@@ -82,11 +82,16 @@ class DataInput:
     explicit: bool = False
 
 
-def data_env(path: str, columns: Sequence[str], explicit: bool) -> dict[str, str]:
-    """The variables that tell :mod:`spark_torch.data` where this node's rows are."""
-    from .data import DATA_COLUMNS_ENV, DATA_FILE_ENV
+def data_env(path: str, columns: Sequence[str], explicit: bool, *, rows_per_node: Sequence[int] = ()) -> dict[str, str]:
+    """The variables that tell :mod:`spark_torch.data` where this node's rows are.
+
+    ``rows_per_node``: every node's row count, in node order (known after the rendezvous).
+    """
+    from .data import DATA_COLUMNS_ENV, DATA_FILE_ENV, DATA_ROWS_ENV
 
     env = {DATA_FILE_ENV: path}
+    if rows_per_node:
+        env[DATA_ROWS_ENV] = json.dumps([int(r) for r in rows_per_node])
     if explicit:
         env[DATA_COLUMNS_ENV] = json.dumps(list(columns))
     return env

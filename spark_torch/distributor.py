@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import logging
+import os
+import platform
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .attempt import Attempt
 from .cluster import IGNORE_SSL_KEY, ClusterInfo, read_cluster
 from .config import DistributorConfig
-from .entrypoint import FunctionEntrypoint, make_entrypoint
+from .endpoints import ChannelEndpoint, resolve_endpoint
+from .entrypoint import FunctionEntrypoint, ScriptEntrypoint, make_entrypoint
+from .errors import ConfigurationError
+from .gpus import detect_local_gpus
 from .logs import DriverLogSink
-from .plan import LaunchPlan, make_plan
+from .plan import HostFacts, make_plan
 from .progress import RunStatus, interactive
+from .report_tracker import ReportTracker
+from .result import RunResult
+from .spec import DataSpec, LaunchPlan, RunSpec
+from .storage import DEFAULT_STORAGE, RunStorage
 
 if TYPE_CHECKING:
     from .serialization import ResultBytes
@@ -59,8 +69,17 @@ class Distributor:
         max_restarts: restart the whole gang up to this many times when a rank fails.
         ranks_per_task: distributed CPU mode: ranks per barrier task (node), default 1; set
             ``spark.task.cpus`` to the cores they share. With GPUs it is the task's GPU count.
-        progress: show a live status line (ranks started/running/finished/failed, elapsed) that
-            ends as one summary line; None shows it only in a terminal or Jupyter.
+        progress: show a live status line (ranks started/running/finished/failed, elapsed, the
+            latest reported metrics) that ends as one summary line; None shows it only in a
+            terminal or Jupyter (where a chart of the reported metrics is drawn too).
+        storage_path: where :func:`spark_torch.report` persists checkpoints and metrics: a
+            directory or an fsspec URL (``s3://...``); default ``~/spark_torch_runs``. Runs
+            whose ranks are on several hosts need storage every host can reach.
+        run_id: the run's name under ``storage_path``; giving an existing one resumes from its
+            latest checkpoint (default: a fresh id, see ``last_run.run_id``).
+        keep_checkpoints: keep only this many newest checkpoints (default: all).
+        mlflow: log the reported metrics, parameters and the final checkpoint to one MLflow
+            run (None: when an MLflow run is active on the driver).
     """
 
     def __init__(
@@ -77,6 +96,10 @@ class Distributor:
         max_restarts: int = 0,
         ranks_per_task: int | None = None,
         progress: bool | None = None,
+        storage_path: str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
+        keep_checkpoints: int | None = None,
+        mlflow: bool | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -89,8 +112,14 @@ class Distributor:
             max_restarts=max_restarts,
             ranks_per_task=ranks_per_task,
             progress=progress,
+            storage_path=os.fspath(storage_path) if storage_path is not None else None,
+            run_id=run_id,
+            keep_checkpoints=keep_checkpoints,
+            mlflow=mlflow,
         )
         self._spark = spark
+        #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)
+        self.last_run: RunResult | None = None
 
     @property
     def num_processes(self) -> int:
@@ -109,11 +138,24 @@ class Distributor:
 
         return active_session() if self.config.local_mode else get_or_create_session()
 
+    def _host_facts(self, cluster: ClusterInfo) -> HostFacts:
+        """The driver machine's own facts; its GPUs are looked for only when local mode may use them."""
+        found: tuple[tuple[str, ...], str] = ((), "")
+        spark_gives_gpus = cluster.driver_gpu_amount > 0 and bool(cluster.driver_gpu_addresses)
+        if self.config.local_mode and self.config.use_gpu is not False and not spark_gives_gpus:
+            found = detect_local_gpus(os.environ)
+        return HostFacts(
+            omp_threads=os.environ.get("OMP_NUM_THREADS"),
+            cuda_visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            gpus_found=found[0],
+            gpus_found_by=found[1],
+        )
+
     def plan(self) -> LaunchPlan:
         """How a run would be laid out on the current Spark session (raises on bad settings)."""
         spark = self._session()
         cluster = read_cluster(spark) if spark is not None else ClusterInfo()
-        return make_plan(self.config, cluster)
+        return make_plan(self.config, cluster, host=self._host_facts(cluster))
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank and return rank 0's result.
@@ -145,7 +187,9 @@ class Distributor:
         Inside ``main``, :func:`spark_torch.data.rank_loader` (or ``rank_dataset``) iterates
         this rank's rows as batches of tensors: dicts by column name, or tuples in ``columns``
         order when ``columns`` is given. Rows go to ranks round-robin (deterministic for a
-        given DataFrame); each row belongs to exactly one rank. In distributed mode every node
+        given DataFrame), and every rank iterates the same number of rows per epoch (so DDP's
+        all-reduces stay in step): with ``drop_last=False`` ranks with fewer rows repeat some
+        of theirs, with ``drop_last=True`` ranks with more leave some out (docs/dataframe.md). In distributed mode every node
         receives its rows through the barrier stage itself (Arrow, no pandas); in local mode
         the driver reads the DataFrame. An empty DataFrame, or fewer rows than ranks, fails
         before training starts; so does a column type that cannot become a tensor.
@@ -165,33 +209,65 @@ class Distributor:
         entry = make_entrypoint(main, args, kwargs)
         spark = self._session()
         cluster = read_cluster(spark) if spark is not None else ClusterInfo()
-        plan = make_plan(self.config, cluster)
+        host = self._host_facts(cluster)
+        plan = make_plan(self.config, cluster, host=host)
+        if plan.use_gpu and host.gpus_found and self.config.use_gpu is None:
+            logger.info(
+                "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
+                len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
+            )
         if cluster.ssl_enabled and not plan.local_mode:
             logger.warning(
                 "spark_torch: Spark encryption is on but %s=true: rank-to-rank torch traffic is "
                 "NOT encrypted", IGNORE_SSL_KEY
             )
         payload = serialization.dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
-        run_id = uuid.uuid4().hex[:12]
+        endpoint = None if plan.local_mode else resolve_endpoint(cluster, os.environ)
+        run_id = self.config.run_id or uuid.uuid4().hex[:12]
+        token = uuid.uuid4().hex
+        storage = self._storage(run_id, token)
+        base = RunSpec(
+            plan=plan,
+            run_id=run_id,
+            max_restarts=self.config.max_restarts,
+            payload=payload,
+            script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
+            script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
+            extra_env=self.config.env,
+            cwd=os.getcwd(),
+            driver_python=platform.python_version(),
+            data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
+            storage_base=storage.base if storage is not None else None,
+            storage_token=token,
+        )
+        outcome = self.last_run = RunResult(run_id=run_id)
         deadline = time.monotonic() + self.config.timeout if self.config.timeout else None
         sink = DriverLogSink(self.config)
+        tracker = ReportTracker(outcome, sink, self.config, plan, run_id)
         try:
             show = interactive() if self.config.progress is None else self.config.progress
             for restart in range(self.config.max_restarts + 1):
+                latest = storage.latest() if storage is not None else None
+                resume = latest.step if latest is not None else 0
+                if storage is not None:
+                    storage.discard_incomplete_after(resume)
+                tracker.resume_from(resume)  # steps after the checkpoint will be reported again
                 sink.status.close()
                 sink.status = RunStatus(plan.world_size, enabled=show)
                 attempt = Attempt(
-                    run_id=run_id,
-                    restart_count=restart,
-                    max_restarts=self.config.max_restarts,
+                    spec=replace(
+                        base, restart_count=restart, resume_step=resume, resume_url=latest.url if latest else None
+                    ),
                     timeout=None if deadline is None else max(0.001, deadline - time.monotonic()),
                     run_timeout=self.config.timeout,
-                    extra_env=self.config.env,
                     on_lines=sink,
                     tail=sink.tail,
+                    on_row=tracker.row,
+                    keep_checkpoints=self.config.keep_checkpoints,
                 )
+                outcome.restarts = restart
                 try:
-                    result = self._run_attempt(spark, cluster, plan, entry, payload, attempt, data)
+                    result = self._run_attempt(spark, attempt, endpoint, data)
                     break
                 except RunTimeoutError:
                     raise
@@ -202,28 +278,49 @@ class Distributor:
                         "spark_torch: run %s failed (%s); restarting the gang (%d of %d)",
                         run_id, str(exc).splitlines()[0], restart + 1, self.config.max_restarts,
                     )
+            outcome.value = _unpickle_result(result)
+            return outcome.value
+        except BaseException as exc:
+            outcome.error = exc
+            raise
         finally:
+            if storage is not None:
+                latest = storage.latest()
+                outcome.checkpoint = latest.url if latest is not None else None
+            tracker.close()
             sink.status.close()
             sink.close()
-        return _unpickle_result(result)
+            if storage is not None and self.config.run_id is None and self.config.storage_path is None:
+                storage.remove_if_unused()  # a run that reported nothing leaves no empty directory
 
-    def _run_attempt(
-        self,
-        spark: Any,
-        cluster: ClusterInfo,
-        plan: LaunchPlan,
-        entry: Any,
-        payload: bytes | None,
-        attempt: Attempt,
-        data: Any,
-    ) -> ResultBytes | None:
-        if plan.local_mode:
+    def _storage(self, run_id: str, token: str) -> RunStorage | None:
+        """The run's storage, created and marked now; without an explicit ``storage_path`` a
+        default that cannot be created only disables checkpoints (with a warning)."""
+        storage = RunStorage(self.config.storage_path or DEFAULT_STORAGE, run_id)
+        try:
+            storage.create(token)
+        except (OSError, ValueError, ImportError) as exc:
+            if self.config.storage_path is not None:
+                raise ConfigurationError(
+                    f"storage_path={self.config.storage_path!r}: cannot create the run's directory {storage.url} "
+                    f"({type(exc).__name__}: {exc}); use a writable directory or an fsspec URL whose "
+                    "filesystem package is installed (s3fs for s3://, gcsfs for gs://, adlfs for abfss://)"
+                ) from exc
+            logger.warning(
+                "spark_torch: checkpoints are disabled: the default storage %s cannot be created (%s); "
+                "pass storage_path= to use report(checkpoint=...)", storage.url, exc,
+            )
+            return None
+        return storage
+
+    def _run_attempt(self, spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: Any) -> ResultBytes | None:
+        if endpoint is None:
             from .local_mode import run_local
 
-            return run_local(plan, entry, payload, attempt, data)
+            return run_local(attempt, data)
         from .barrier import run_distributed
 
-        return run_distributed(spark, plan, entry, payload, attempt, driver_host=cluster.driver_host, data=data)
+        return run_distributed(spark, attempt, endpoint, data)
 
 
 def _unpickle_result(result: ResultBytes | None) -> Any:

@@ -6,7 +6,8 @@ TorchDistributor keep working::
 
     SparkTorchError
     ├── ConfigurationError (ValueError)      bad arguments or Spark configuration
-    │   └── InsufficientSlotsError            the cluster cannot run all tasks at once
+    │   ├── InsufficientSlotsError            the cluster cannot run all tasks at once
+    │   └── ClusterConfigurationError (+ RuntimeError)  GPU resources / encryption settings
     ├── PicklingError (TypeError)             the function or its arguments do not pickle
     ├── LaunchError (RuntimeError)            ranks could not be started
     └── DistributedRunError (RuntimeError)    a rank failed; names the rank, host, cause
@@ -24,6 +25,7 @@ __all__ = [
     "SparkTorchError",
     "ConfigurationError",
     "InsufficientSlotsError",
+    "ClusterConfigurationError",
     "PicklingError",
     "LaunchError",
     "DistributedRunError",
@@ -42,6 +44,13 @@ class ConfigurationError(SparkTorchError, ValueError):
 
 class InsufficientSlotsError(ConfigurationError):
     """The cluster has fewer free task slots than the barrier stage needs."""
+
+
+class ClusterConfigurationError(ConfigurationError, RuntimeError):
+    """A Spark setting (GPU resources, encryption) makes the run impossible.
+
+    Also a ``RuntimeError``, which is what TorchDistributor raises for these settings.
+    """
 
 
 class PicklingError(SparkTorchError, TypeError):

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 from .attempt import Attempt
+from .compat import collect_arrow
 from .dataframe import DataInput, check_shards, data_env, write_node_data
-from .entrypoint import Entrypoint, ScriptEntrypoint
 from .errors import ConfigurationError, DistributedRunError, RunTimeoutError
 from .gpus import visible_devices
-from .node import NodeSpec, NodeWorkdir, run_node
-from .plan import LaunchPlan
+from .node import NodeSpec, NodeWorkdir, resume_env, run_node
+from .node_reports import NodeReports
 from .processes import reserve_port
 from .serialization import ResultBytes, map_file, rebuild_exception
 
@@ -20,64 +19,51 @@ __all__ = ["run_local"]
 LOCAL_HOST = "127.0.0.1"
 
 
-def run_local(
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    payload: bytes | None,
-    attempt: Attempt,
-    data: DataInput | None = None,
-) -> ResultBytes | None:
+def run_local(attempt: Attempt, data: DataInput | None = None) -> ResultBytes | None:
     """Run all ranks here; return rank 0's pickled result (function mode) or None."""
-    with NodeWorkdir(attempt.run_id, 0) as workdir:
-        extra_env = dict(attempt.extra_env)
+    spec = attempt.spec
+    with NodeWorkdir(spec.run_id, 0) as workdir:
+        node_env: dict[str, str] = {}
         if data is not None:
             # local mode: the driver reads the DataFrame and the ranks split its rows
-            batches = data.df.select(*data.columns).toArrow().to_batches()
+            batches = collect_arrow(data.df.select(*data.columns)).to_batches()
             path, rows = write_node_data(batches, workdir.path)
-            problem = check_shards([rows], plan.procs_per_node)
+            problem = check_shards([rows], spec.plan.procs_per_node)
             if problem:
                 raise ConfigurationError(problem)
-            extra_env.update(data_env(path, data.columns, data.explicit))
-        return _run_here(plan, entry, payload, attempt, workdir, extra_env)
+            node_env.update(data_env(path, data.columns, data.explicit, rows_per_node=[rows]))
+        node_env.update(resume_env(spec, workdir.path))
+        return _run_here(attempt, workdir, node_env)
 
 
-def _run_here(
-    plan: LaunchPlan,
-    entry: Entrypoint,
-    payload: bytes | None,
-    attempt: Attempt,
-    workdir: NodeWorkdir,
-    extra_env: dict[str, str],
-) -> ResultBytes | None:
+def _run_here(attempt: Attempt, workdir: NodeWorkdir, node_env: dict[str, str]) -> ResultBytes | None:
+    spec = attempt.spec
     reservation = reserve_port(LOCAL_HOST)
     timeout = attempt.timeout
     stop = threading.Event()
     timer = threading.Timer(timeout, stop.set) if timeout else None
+    # report(): the node runner is on the driver, so its reports go straight to the coordinator
+    reports = NodeReports(0, forward=lambda report: coordinator.node_report(0, report))
+    coordinator = attempt.report_coordinator(answer=reports.persisted)
     try:
-        spec = NodeSpec(
-            run_id=attempt.run_id,
-            restart_count=attempt.restart_count,
-            max_restarts=attempt.max_restarts,
+        node = NodeSpec(
+            run=spec,
             node_rank=0,
-            num_nodes=1,
-            procs_per_node=plan.procs_per_node,
             master_addr=LOCAL_HOST,
             master_port=reservation.getsockname()[1],
-            payload=payload,
-            script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
-            script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
-            extra_env=extra_env,
-            threads_per_rank=plan.threads_per_rank,
-            visible_devices=visible_devices(plan.local_gpus) if plan.use_gpu else None,
-            cwd=os.getcwd(),
+            # without GPUs the ranks see none (as with TorchDistributor), not whatever was inherited
+            visible_devices=visible_devices(spec.plan.local_gpus) if spec.plan.use_gpu else "",
+            node_env=node_env,
+            cwd=spec.cwd,
         )
         if timer is not None:
             timer.daemon = True
             timer.start()
-        outcome, pickled = run_node(spec, attempt.on_lines, stop=stop if timer else None, workdir=workdir)
+        outcome, pickled = run_node(node, attempt.on_lines, stop=stop if timer else None, workdir=workdir, reports=reports)
     finally:
         if timer is not None:
             timer.cancel()
+        reports.close()
         reservation.close()
     if outcome.stopped:
         raise RunTimeoutError(

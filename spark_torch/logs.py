@@ -14,7 +14,7 @@ from collections import deque
 from typing import IO
 
 from .config import DistributorConfig
-from .processes import block_lines, last_lines
+from .lines import block_lines, last_lines
 from .progress import RunStatus
 
 __all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
@@ -64,7 +64,10 @@ class DriverLogSink:
                 fh = self._files.get(rank)
                 if fh is None:
                     path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
-                    fh = self._files[rank] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+                    # logs may hold data or credentials a rank printed: owner-only, like a shell's umask 077
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                    os.fchmod(fd, 0o600)  # also when the file existed with wider permissions
+                    fh = self._files[rank] = os.fdopen(fd, "a", encoding="utf-8")
                 fh.write(block + "\n")
 
     def rank_event(self, rank: int, state: str) -> None:

@@ -20,43 +20,51 @@ from dataclasses import dataclass, field
 from . import serialization
 from .env import RankIdentity, rank_env
 from .errors import RankFailure
+from .node_reports import NodeReports
 from .processes import RankProcess, interrupts_deferred, kill_group, signal_name, spawn_rank
+from .reporting import CHECKPOINT_ENV, REPORT_FDS_ENV, START_STEP_ENV, STORAGE_ENV
+from .spec import RunSpec
 
-__all__ = ["NodeSpec", "NodeOutcome", "NodeWorkdir", "run_node", "RANK_MAIN_MODULE"]
+__all__ = [
+    "NodeSpec",
+    "NodeOutcome",
+    "NodeWorkdir",
+    "run_node",
+    "scratch_root",
+    "node_marker",
+    "resume_env",
+    "RANK_MAIN_MODULE",
+]
 
 RANK_MAIN_MODULE = "spark_torch.rank_main"
 SCRIPT_MAIN_MODULE = "spark_torch.script_main"
 REAPER_MODULE = "spark_torch.reaper"
 GRACE_SECONDS = 5.0
+#: after Ctrl-C (or another exception in the node runner), the ranks get this long to exit
+INTERRUPT_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """Everything one node needs; built on the driver, read-only afterwards."""
+    """One node of a run: the run's :class:`~spark_torch.spec.RunSpec` plus where this node sits."""
 
-    run_id: str
+    run: RunSpec
     node_rank: int
-    num_nodes: int
-    procs_per_node: int
     master_addr: str
     master_port: int
-    payload: bytes | None = None  # function mode: cloudpickled (fn, args, kwargs)
-    script: str | None = None  # script mode: absolute path
-    script_argv: tuple[str, ...] = ()
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    threads_per_rank: int = 1
+    host: str = field(default_factory=socket.gethostname)
     #: CUDA_VISIBLE_DEVICES of every rank of this node (None: leave as inherited)
     visible_devices: str | None = None
-    restart_count: int = 0
-    max_restarts: int = 0
-    host: str = field(default_factory=socket.gethostname)
+    #: variables for this node's ranks on top of the run's (e.g. where its data file is)
+    node_env: Mapping[str, str] = field(default_factory=dict)
+    #: where the ranks start (None: this process's cwd)
     cwd: str | None = None
     python: str = sys.executable
 
     @property
-    def world_size(self) -> int:
-        """Total ranks over all nodes."""
-        return self.num_nodes * self.procs_per_node
+    def procs_per_node(self) -> int:
+        """Ranks on this node."""
+        return self.run.plan.procs_per_node
 
     def global_rank(self, local_rank: int) -> int:
         """Global rank of a local rank on this node."""
@@ -80,33 +88,40 @@ class NodeOutcome:
 
 
 def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
-    if spec.script is not None:
-        return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.script, *spec.script_argv]
+    if spec.run.script is not None:
+        return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.run.script, *spec.run.script_argv]
     assert payload_path is not None
     return [spec.python, "-m", RANK_MAIN_MODULE, payload_path, result_dir]
 
 
-def _rank_env(spec: NodeSpec, local_rank: int) -> dict[str, str]:
+def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
+    run = spec.run
     identity = RankIdentity(
         rank=spec.global_rank(local_rank),
         local_rank=local_rank,
-        world_size=spec.world_size,
+        world_size=run.world_size,
         local_world_size=spec.procs_per_node,
         node_rank=spec.node_rank,
-        num_nodes=spec.num_nodes,
+        num_nodes=run.plan.num_nodes,
     )
     env = rank_env(
         os.environ,
         identity,
         master_addr=spec.master_addr,
         master_port=spec.master_port,
-        run_id=spec.run_id,
-        restart_count=spec.restart_count,
-        max_restarts=spec.max_restarts,
-        threads=spec.threads_per_rank,
+        run_id=run.run_id,
+        restart_count=run.restart_count,
+        max_restarts=run.max_restarts,
+        threads=run.plan.threads_per_rank,
         cuda_visible_devices=spec.visible_devices,
-        extra=spec.extra_env,
+        extra={**run.extra_env, **spec.node_env},
     )
+    # like torchrun: torch's @record writes the rank's error there; it becomes the traceback
+    if "TORCHELASTIC_ERROR_FILE" not in run.extra_env:
+        env["TORCHELASTIC_ERROR_FILE"] = serialization.elastic_error_path(workdir, identity.rank)
+    if run.storage_base is not None:
+        env[STORAGE_ENV] = f"{run.storage_base}\n{run.run_id}\n{run.storage_token}"
+        env[START_STEP_ENV] = str(run.resume_step)
     return _with_package_on_path(env)
 
 
@@ -119,7 +134,11 @@ def _with_package_on_path(env: dict[str, str]) -> dict[str, str]:
 
 def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: float) -> RankFailure:
     code = proc.popen.returncode
-    report = serialization.read_error(result_dir, proc.rank) or {}
+    report = (
+        serialization.read_error(result_dir, proc.rank)
+        or serialization.read_elastic_error(serialization.elastic_error_path(result_dir, proc.rank))
+        or {}
+    )
     return RankFailure(
         rank=proc.rank,
         host=spec.host,
@@ -130,16 +149,22 @@ def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: floa
         traceback=report.get("traceback"),
         last_lines=tuple(proc.tail),
         started_at=proc.started_at,
-        failed_at=failed_at,
+        failed_at=float(report["time"]) if isinstance(report.get("time"), (int, float)) else failed_at,
     )
 
 
-def _start_reaper(python: str, workdir: str) -> subprocess.Popen[bytes] | None:
+def node_marker(run_id: str, node_rank: int) -> dict[str, str]:
+    """Environment items every rank of this node, and everything they start, inherits: how the
+    node's processes are found even after they left the rank's process group."""
+    return {"SPARK_TORCH_RUN_ID": run_id, "NODE_RANK": str(node_rank)}
+
+
+def _start_reaper(python: str, workdir: str, marker: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
     """The watchdog that cleans up if this process dies before its own cleanup runs."""
     env = _with_package_on_path(dict(os.environ))
     try:
         return subprocess.Popen(
-            [python, "-S", "-m", REAPER_MODULE, workdir],
+            [python, "-m", REAPER_MODULE, workdir, *(f"{k}={v}" for k, v in marker.items())],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -161,16 +186,46 @@ def _tell_reaper(reaper: subprocess.Popen[bytes] | None, line: str) -> None:
         pass
 
 
+def scratch_root(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where a node keeps its files: the first usable of Spark's local dirs (``SPARK_LOCAL_DIRS``,
+    which Spark gives its Python workers; ``LOCAL_DIRS`` on YARN), else None (the temp dir).
+
+    Spark's local dirs are the disks the cluster meant for scratch data, and Spark removes
+    them with the executor; ``/tmp`` is often small or a RAM disk.
+    """
+    env = os.environ if environ is None else environ
+    for var in ("SPARK_LOCAL_DIRS", "LOCAL_DIRS"):
+        for directory in (env.get(var) or "").split(","):
+            directory = directory.strip()
+            if directory and os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK):
+                return directory
+    return None
+
+
+def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
+    """``SPARK_TORCH_CHECKPOINT`` for the ranks: the checkpoint this attempt resumes from, as a
+    local directory (storage that is not a local path is downloaded into the node's scratch)."""
+    if run.resume_url is None or run.storage_base is None:
+        return {}
+    from .storage import CheckpointInfo, RunStorage
+
+    local = RunStorage(run.storage_base, run.run_id).download(
+        CheckpointInfo(step=run.resume_step, url=run.resume_url), os.path.join(workdir, "checkpoint")
+    )
+    return {CHECKPOINT_ENV: local}
+
+
 class NodeWorkdir:
-    """A node's temp dir (payload, results, data), guarded by a reaper; removed on exit."""
+    """A node's scratch dir (payload, results, data; mode 0700), guarded by a reaper; removed on exit."""
 
     def __init__(self, run_id: str, node_rank: int, python: str = sys.executable, *, role: str = "node") -> None:
-        self.path = tempfile.mkdtemp(prefix=f"spark-torch-{run_id}-{role}{node_rank}-")
-        self._reaper = _start_reaper(python, self.path)
+        self.path = tempfile.mkdtemp(prefix=f"spark-torch-{run_id}-{role}{node_rank}-", dir=scratch_root())
+        # the driver's result dir guards no ranks; a node's reaper also finds the node's orphans
+        self._reaper = _start_reaper(python, self.path, node_marker(run_id, node_rank) if role == "node" else {})
 
-    def track(self, pgid: int) -> None:
-        """Tell the reaper about a process group to kill if this process dies."""
-        _tell_reaper(self._reaper, str(pgid))
+    def track(self, pgid: int, created: float) -> None:
+        """Tell the reaper about a process group (and its leader's creation time) to stop if this process dies."""
+        _tell_reaper(self._reaper, f"{pgid} {created!r}")
 
     def __enter__(self) -> NodeWorkdir:
         return self
@@ -190,6 +245,8 @@ def run_node(
     *,
     stop: threading.Event | None = None,
     workdir: NodeWorkdir | None = None,
+    reports: NodeReports | None = None,
+    on_failure: Callable[[RankFailure, str | None], None] | None = None,
 ) -> tuple[NodeOutcome, dict[int, str | None]]:
     """Run this node's ranks to completion (or first failure, or ``stop``) and clean up.
 
@@ -197,20 +254,22 @@ def run_node(
     Returns the outcome and, per failed rank, its pickled exception (base64) when it wrote one.
     """
     if workdir is None:
-        with NodeWorkdir(spec.run_id, spec.node_rank, spec.python) as own:
-            return run_node(spec, on_lines, stop=stop, workdir=own)
+        with NodeWorkdir(spec.run.run_id, spec.node_rank, spec.python) as own:
+            return run_node(spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure)
     guard = workdir
     workdir_path = guard.path
     outcome = NodeOutcome()
     pickled: dict[int, str | None] = {}
     procs: list[RankProcess] = []
+    marker = node_marker(spec.run.run_id, spec.node_rank)
+    cleaned = False
     exited: list[tuple[RankProcess, float]] = []
     changed = threading.Condition()
     try:
         payload_path = None
-        if spec.payload is not None:
+        if spec.run.payload is not None:
             payload_path = os.path.join(workdir_path, "payload.pkl")
-            serialization.write_atomic(payload_path, spec.payload)
+            serialization.write_atomic(payload_path, spec.run.payload)
         argv = _argv(spec, payload_path, workdir_path)
 
         rank_event = getattr(on_lines, "rank_event", None)
@@ -224,17 +283,27 @@ def run_node(
                 changed.notify_all()
 
         for local_rank in range(spec.procs_per_node):
+            env = _rank_env(spec, local_rank, workdir_path)
+            fds: tuple[int, ...] = ()
+            if reports is not None:
+                fds = reports.open(spec.global_rank(local_rank))
+                env[REPORT_FDS_ENV] = ",".join(map(str, fds))
             with interrupts_deferred():  # a Ctrl-C now must not orphan a half-registered rank
-                proc = spawn_rank(
-                    argv,
-                    _rank_env(spec, local_rank),
-                    rank=spec.global_rank(local_rank),
-                    local_rank=local_rank,
-                    cwd=spec.cwd,
-                    on_lines=on_lines,
-                )
+                try:
+                    proc = spawn_rank(
+                        argv,
+                        env,
+                        rank=spec.global_rank(local_rank),
+                        local_rank=local_rank,
+                        cwd=spec.cwd,
+                        on_lines=on_lines,
+                        pass_fds=fds,
+                    )
+                finally:
+                    if reports is not None:
+                        reports.started(spec.global_rank(local_rank))
                 procs.append(proc)
-                guard.track(proc.pid)
+                guard.track(proc.pid, proc.created)
                 if rank_event is not None:
                     rank_event(proc.rank, "started")
                 threading.Thread(
@@ -244,16 +313,21 @@ def run_node(
         seen = 0
         with changed:
             while seen < len(procs):
-                if stop is not None and stop.is_set():
-                    outcome.stopped = True
-                    break
                 if seen == len(exited):
+                    # exits that already happened count first: a run that finished right at
+                    # its deadline is a success, not a timeout
+                    if stop is not None and stop.is_set():
+                        outcome.stopped = True
+                        break
                     # wake up for exits right away; re-check ``stop`` a few times a second
                     changed.wait(timeout=0.2 if stop is not None else None)
                     continue
                 proc, when = exited[seen]
                 seen += 1
                 if proc.popen.returncode != 0:
+                    if on_failure is not None:  # at once: the rest of the gang is failing now too
+                        blob = (serialization.read_error(workdir_path, proc.rank) or {}).get("pickled")
+                        on_failure(_failure(spec, proc, workdir_path, when), blob)
                     for pump in proc.pumps:
                         pump.join(timeout=2.0)
                     outcome.failures.append(_failure(spec, proc, workdir_path, when))
@@ -272,11 +346,12 @@ def run_node(
                 )
                 for p in still_running
             ]
-        kill_group(procs, grace=GRACE_SECONDS)
+        kill_group(procs, grace=GRACE_SECONDS, marker=marker)
+        cleaned = True
         for proc in procs:
             for pump in proc.pumps:
                 pump.join(timeout=2.0)
-        if not outcome.failures and not outcome.stopped and spec.payload is not None:
+        if not outcome.failures and not outcome.stopped and spec.run.payload is not None:
             if spec.node_rank == 0:
                 path = serialization.result_path(workdir_path, 0)
                 if os.path.isfile(path):
@@ -290,5 +365,5 @@ def run_node(
                     )
         return outcome, pickled
     finally:
-        if procs:
-            kill_group([p for p in procs if p.popen.poll() is None], grace=0.0)
+        if procs and not cleaned:  # an exception (Ctrl-C): a short grace, then SIGKILL
+            kill_group(procs, grace=INTERRUPT_GRACE_SECONDS, marker=marker)

@@ -15,15 +15,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["RunStatus", "interactive"]
+__all__ = ["RunStatus", "interactive", "in_jupyter"]
+
+
+def in_jupyter() -> bool:
+    """True inside a running Jupyter kernel (merely importing ipykernel does not count)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def interactive() -> bool:
     """True in a terminal or a Jupyter kernel; False in pipes, CI logs and test capture."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
-    if shell is not None and getattr(shell, "kernel", None) is not None:
-        return True  # a Jupyter kernel (merely importing ipykernel does not count)
+    if in_jupyter():
+        return True
     try:
         return bool(sys.stderr.isatty())
     except (AttributeError, ValueError):
@@ -39,6 +44,8 @@ class RunStatus:
         self.started = 0
         self.finished = 0
         self.failed = 0
+        #: the latest reported metrics, shown after the counts
+        self.latest = ""
         self._start = time.monotonic()
         self._lock = threading.RLock()
         self._bar: Any = None
@@ -65,9 +72,20 @@ class RunStatus:
         if self._bar is not None:
             self._bar.set_postfix_str(
                 f"{self.started}/{self.world_size} started, {self.running} running, "
-                f"{self.finished} finished, {self.failed} failed",
+                f"{self.finished} finished, {self.failed} failed{self.latest}",
                 refresh=True,
             )
+
+    def metrics(self, row: dict[str, Any]) -> None:
+        """A persisted report() step: show its step and first few metrics."""
+        shown = [
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in row.items()
+            if k not in ("step", "time", "attempt")
+        ][:4]
+        with self._lock:
+            self.latest = f" | step {row.get('step')}: " + ", ".join(shown)
+            self._render()
 
     def event(self, rank: int, state: str) -> None:
         """A rank ``started``, ``finished`` or ``failed``."""
@@ -98,7 +116,7 @@ class RunStatus:
         return (
             f"spark_torch: {self.world_size} rank(s): {self.finished} finished, {self.failed} failed, "
             f"{max(0, self.world_size - self.finished - self.failed)} stopped or not started, "
-            f"in {time.monotonic() - self._start:.1f}s"
+            f"in {time.monotonic() - self._start:.1f}s{self.latest.replace(' | ', '; last ', 1)}"
         )
 
     def close(self) -> None:

@@ -18,6 +18,8 @@ The environment contract (the same as ``torchrun`` gives a rank, in both modes):
 =====================  ==========================================================
 
 So ``torch.distributed.init_process_group(backend, init_method="env://")`` works unchanged.
+A rank ends like a Python program (non-daemon threads joined, atexit run, open files flushed
+and closed) without the slow interpreter teardown: see :mod:`spark_torch.rank_exit`.
 Scripts run through :mod:`spark_torch.script_main` with the same environment.
 This module never imports pyspark.
 """
@@ -28,24 +30,10 @@ import os
 import sys
 
 from . import serialization
+from .deathsig import die_with_parent
+from .rank_exit import destroy_process_group, finish, line_buffered_output
 
 __all__ = ["main"]
-
-
-def _destroy_process_group() -> None:
-    """Tear down a process group the function left open.
-
-    Exiting with a live gloo group can abort the interpreter ("terminate called without an
-    active exception"), which would turn a successful rank into a SIGABRT.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return
-    try:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - best effort at exit
-        pass
 
 
 def main(argv: list[str]) -> int:
@@ -65,7 +53,7 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
         serialization.write_error(result_dir, rank, exc)
         return 1
-    _destroy_process_group()
+    destroy_process_group()
     if rank == 0:
         try:
             serialization.write_result(result_dir, rank, value)
@@ -79,40 +67,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _line_buffered_output() -> None:
-    """Send each complete line at once, as a terminal would (the ranks write into pipes).
-
-    Unbuffered output (``PYTHONUNBUFFERED=1``, which the ranks' child processes inherit) does one
-    write per ``print`` argument and newline: two system calls per line. Line buffering
-    without write-through does one per line and still shows every line live.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-        except (AttributeError, ValueError):  # replaced or closed by a sitecustomize: leave it
-            pass
-
-
-def _exit_fast(code: int) -> None:
-    """Run atexit handlers, flush, and leave without tearing the interpreter down.
-
-    Tearing down an interpreter that imported torch takes about a second (measured 1.0-1.7 s
-    vs 0.1 s on this project's 2-core machine), paid by every run after the result is already
-    written. User atexit handlers still run; only module/GC teardown is skipped.
-    """
-    import atexit
-
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream must not turn success into failure
-                pass
-        os._exit(code)
-
-
 if __name__ == "__main__":
-    _line_buffered_output()
-    _exit_fast(main(sys.argv[1:]))
+    die_with_parent()
+    line_buffered_output()
+    finish(main(sys.argv[1:]))

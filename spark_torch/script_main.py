@@ -3,10 +3,11 @@
 Runs SCRIPT exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``,
 ``sys.argv``, ``sys.path[0]`` = the script's folder, ``__file__``), with the environment
 documented in :mod:`spark_torch.rank_main`. Then, like a function rank, it tears down a
-process group the script left open and exits without tearing the interpreter down: with
-torch/gloo loaded, teardown costs about a second and can abort the process ("terminate called
-without an active exception"), which would turn a successful rank into a SIGABRT. The script's
-atexit handlers still run. Exit status: the script's ``sys.exit`` code, 1 for an uncaught
+process group the script left open and ends like ``python`` would (non-daemon threads joined,
+atexit handlers run, open files flushed and closed: :mod:`spark_torch.rank_exit`) without
+tearing the interpreter down: with torch/gloo loaded, teardown costs about a second and can
+abort the process ("terminate called without an active exception"), which would turn a
+successful rank into a SIGABRT. Exit status: the script's ``sys.exit`` code, 1 for an uncaught
 exception (its traceback goes to stderr, as with ``python``).
 """
 
@@ -17,7 +18,8 @@ import runpy
 import sys
 import traceback
 
-from .rank_main import _destroy_process_group, _exit_fast, _line_buffered_output
+from .deathsig import die_with_parent
+from .rank_exit import destroy_process_group, finish, line_buffered_output
 
 __all__ = ["main"]
 
@@ -41,10 +43,11 @@ def main(argv: list[str]) -> int:
     except BaseException:  # noqa: BLE001 - reported like the interpreter would
         traceback.print_exc()
         code = 1
-    _destroy_process_group()
+    destroy_process_group()
     return code
 
 
 if __name__ == "__main__":
-    _line_buffered_output()
-    _exit_fast(main(sys.argv[1:]))
+    die_with_parent()
+    line_buffered_output()
+    finish(main(sys.argv[1:]))

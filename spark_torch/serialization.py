@@ -16,6 +16,8 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +41,8 @@ __all__ = [
     "write_result",
     "write_error",
     "read_error",
+    "elastic_error_path",
+    "read_elastic_error",
     "rebuild_exception",
 ]
 
@@ -86,6 +90,11 @@ def _modules_to_ship_by_value(obj: Any) -> list[ModuleType]:
     return list(found.values())
 
 
+#: cloudpickle's by-value registry is process-global: one payload is pickled at a time, so that
+#: one run() unregistering a module cannot change how another run() pickles it
+_PICKLE_LOCK = threading.Lock()
+
+
 @contextmanager
 def _by_value(modules: list[ModuleType]) -> Iterator[None]:
     registered = []
@@ -130,7 +139,7 @@ def dump_function_payload(entry: FunctionEntrypoint) -> bytes:
     Raises :class:`PicklingError` naming the object that failed.
     """
     modules = _modules_to_ship_by_value(entry.fn)
-    with _by_value(modules):
+    with _PICKLE_LOCK, _by_value(modules):
         try:
             data: bytes = cloudpickle.dumps((entry.fn, entry.args, entry.kwargs))
             return data
@@ -227,6 +236,9 @@ def write_error(result_dir: str, rank: int, exc: BaseException) -> None:
         "exc_message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),
         "pickled": pickled,
+        # when it happened, as the rank saw it: orders a root cause before the failures it
+        # caused on other ranks more precisely than when each node noticed a process exit
+        "time": time.time(),
     }
     write_atomic(error_path(result_dir, rank), json.dumps(report).encode("utf-8"))
 
@@ -239,6 +251,36 @@ def read_error(result_dir: str, rank: int) -> dict[str, Any] | None:
     except (FileNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def elastic_error_path(result_dir: str, rank: int) -> str:
+    """A rank's ``TORCHELASTIC_ERROR_FILE`` (what torch's ``@record`` writes on an exception)."""
+    return os.path.join(result_dir, f"rank-{rank}.torchelastic-error.json")
+
+
+def read_elastic_error(path: str) -> dict[str, Any] | None:
+    """The error ``torch.distributed.elastic.multiprocessing.errors.record`` wrote, as
+    ``exc_type``/``exc_message``/``traceback`` (text only), or None."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, str):
+        message = {"message": message}
+    if not isinstance(message, dict):
+        return None
+    text = str(message.get("message") or "")
+    exc_type, sep, exc_message = text.partition(": ")
+    extra = message.get("extraInfo")
+    if not isinstance(extra, dict):
+        extra = {}
+    return {
+        "exc_type": exc_type if sep else None,
+        "exc_message": exc_message if sep else text,
+        "traceback": str(extra.get("py_callstack") or "") or None,
+    }
 
 
 def rebuild_exception(failure: RankFailure, pickled: str | None) -> BaseException | None:

@@ -27,6 +27,8 @@ SESSION_MARK = uuid.uuid4().hex
 os.environ["SPARK_TORCH_TEST_SESSION"] = SESSION_MARK
 _SESSION_TMP = tempfile.mkdtemp(prefix="spark-torch-tests-")
 os.environ["TMPDIR"] = _SESSION_TMP
+# Spark's local dirs (where executors' Python workers, and so the node runners, keep scratch files)
+os.environ["SPARK_LOCAL_DIRS"] = _SESSION_TMP
 tempfile.tempdir = _SESSION_TMP
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -42,12 +44,13 @@ CLUSTER_MASTER = "local-cluster[2,1,1024]"
 # Fixture names that own a SparkContext, in the order their tests run (one context at a time).
 _ORDER = {
     "spark_session": 1,
-    "cluster_spark": 2,
-    "gpu_cluster_spark": 3,
-    "gpu_local_spark": 4,
-    "standalone_spark": 5,
-    "two_host_spark": 6,
-    "connect_spark": 7,
+    "plain_local_spark": 2,
+    "cluster_spark": 3,
+    "gpu_cluster_spark": 4,
+    "gpu_local_spark": 5,
+    "standalone_spark": 6,
+    "two_host_spark": 7,
+    "connect_spark": 8,
 }
 
 
@@ -108,6 +111,14 @@ def make_session(master: str, conf: dict[str, str] | None = None, **underscored:
 
 
 @pytest.fixture(scope="session")
+def plain_local_spark() -> Iterator[Any]:
+    """A ``local`` (one slot, no brackets) session."""
+    spark = make_session("local")
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="session")
 def cluster_spark() -> Iterator[Any]:
     """A ``local-cluster[2,1,1024]`` session: two executor JVMs with one core each (64m max result)."""
     spark = make_session(CLUSTER_MASTER, **{"spark_driver_maxResultSize": "64m"})
@@ -127,7 +138,7 @@ def gpu_discovery_script(tmp_path_factory: Any) -> str:
 
 @pytest.fixture(scope="session")
 def gpu_cluster_spark(gpu_discovery_script: str) -> Iterator[Any]:
-    """``local-cluster`` with 2 executors x 2 fake GPUs, 2 GPUs per task."""
+    """``local-cluster`` with 2 executors x 2 fake GPUs, 2 GPUs per task, CUDA_VISIBLE_DEVICES=4,6 on executors."""
     spark = make_session("local-cluster[2,2,1024]", {
         "spark.executor.cores": "2",
         "spark.task.cpus": "2",
@@ -136,6 +147,8 @@ def gpu_cluster_spark(gpu_discovery_script: str) -> Iterator[Any]:
         "spark.executor.resource.gpu.amount": "2",
         "spark.executor.resource.gpu.discoveryScript": gpu_discovery_script,
         "spark.task.resource.gpu.amount": "2",
+        # executors that already restrict CUDA: Spark's addresses are positions in this list
+        "spark.executorEnv.CUDA_VISIBLE_DEVICES": "4,6",
     })
     wait_for_slots(spark, 2)
     yield spark
@@ -153,6 +166,23 @@ def gpu_local_spark(gpu_discovery_script: str) -> Iterator[Any]:
     spark.stop()
 
 
+@pytest.fixture
+def fake_nvidia_smi(tmp_path: Path) -> str:
+    """An ``nvidia-smi`` on PATH that lists two GPUs (for local mode without Spark's GPU resources)."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        '#!/bin/sh\n[ "$1" = "-L" ] || exit 2\n'
+        'echo "GPU 0: Fake GPU (UUID: GPU-00000000-0000-0000-0000-000000000000)"\n'
+        'echo "GPU 1: Fake GPU (UUID: GPU-11111111-1111-1111-1111-111111111111)"\n'
+    )
+    smi.chmod(0o755)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    return str(smi)
+
+
 @pytest.fixture(autouse=True)
 def _restore_environ() -> Iterator[None]:
     """Tests may touch os.environ; the next test sees the original."""
@@ -163,21 +193,28 @@ def _restore_environ() -> Iterator[None]:
 
 
 def rank_processes() -> list[psutil.Process]:
-    """Rank processes of this test session (they carry SPARK_TORCH_RUN_ID and our marker)."""
+    """Rank processes of this test session: started cold they carry SPARK_TORCH_RUN_ID and our
+    marker in their environment; forked from a warm-start template (whose environment they
+    show) they are that template's children."""
     found = []
     for proc in psutil.process_iter(["pid"]):
         try:
             env = proc.environ()
-            if "SPARK_TORCH_RUN_ID" in env and env.get("SPARK_TORCH_TEST_SESSION") == SESSION_MARK:
+            if env.get("SPARK_TORCH_TEST_SESSION") != SESSION_MARK:
+                continue
+            if "SPARK_TORCH_RUN_ID" in env:
                 found.append(proc)
+            elif "spark_torch.template" in " ".join(proc.cmdline()):
+                found.extend(c for c in proc.children() if c.status() != psutil.STATUS_ZOMBIE)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 
 
 def run_temp_dirs() -> list[str]:
-    """Temp directories of this session's runs (spark-torch-<run id>-node*)."""
-    return glob.glob(os.path.join(_SESSION_TMP, "spark-torch-*"))
+    """Scratch directories of this session's runs (spark-torch-<run id>-node*): in the session's
+    temp dir, or one level down in a Spark local dir (blockmgr-*) of an executor."""
+    return glob.glob(os.path.join(_SESSION_TMP, "spark-torch-*")) + glob.glob(os.path.join(_SESSION_TMP, "*", "spark-torch-*"))
 
 
 def session_executors() -> list[psutil.Process]:

@@ -289,11 +289,13 @@ def submit(
     prefix: Sequence[str] = (),
     timeout: float = 240.0,
     cwd: str | os.PathLike[str] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``spark-submit args`` to completion (stdout and stderr merged) with our Python."""
     env = daemon_env(host, Path(cwd or os.getcwd()))
     for key in ("SPARK_MASTER_OPTS", "SPARK_DAEMON_MEMORY", "SPARK_LOG_DIR", "SPARK_PID_DIR"):
         env.pop(key, None)
+    env.update(extra_env or {})
     proc = subprocess.Popen(
         [*prefix, SPARK_SUBMIT, *args],
         stdin=subprocess.DEVNULL,
@@ -309,7 +311,7 @@ def submit(
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         out, _ = proc.communicate()
-        raise AssertionError(f"spark-submit {' '.join(args)} did not finish in {timeout:g}s:\n{out[-5000:]}")
+        raise AssertionError(f"spark-submit {' '.join(args)} did not finish in {timeout:g}s:\n{out[-5000:]}") from None
     except BaseException:
         _kill_group(proc.pid)
         proc.wait()

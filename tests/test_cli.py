@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,7 +53,8 @@ def test_bad_input_exit_2() -> None:
     assert cli("run", "--env", "NOEQUALS", "x.py").returncode == 2
 
 
-def _interrupt_after_first_line(args: list[str]) -> tuple[int, float]:
+def _interrupt_after_first_line(args: list[str], lines: int = 1) -> tuple[int, float]:
+    """Start the CLI, wait until ``lines`` lines said "hanging", send SIGINT; (exit code, seconds to exit)."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     # a shell starts background jobs with SIGINT ignored, and an ignored SIGINT is inherited;
     # the CLI must get Ctrl-C the way it does in a terminal
@@ -62,8 +64,10 @@ def _interrupt_after_first_line(args: list[str]) -> tuple[int, float]:
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 180
+    seen = 0
     for line in proc.stdout:
-        if "hanging" in line or time.monotonic() > deadline:
+        seen += "hanging" in line
+        if seen >= lines or time.monotonic() > deadline:
             break
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -119,3 +123,53 @@ def test_doctor_reports_a_blocking_problem_with_its_fix() -> None:
     )
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "FAIL  TLS" in done.stdout and "fix: torch traffic is not encrypted" in done.stdout
+
+
+@pytest.mark.parametrize("command", [["run", "--distributed", "-n", "1", str(SCRIPTS / "exit_code.py"), "0"], ["doctor"]])
+def test_wrong_master_is_one_line_in_seconds(command: list[str]) -> None:
+    """Nothing listens at the master's address: one line naming the URL and what to check,
+    within seconds (Spark itself retries for about a minute and prints a page of frames)."""
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    url = f"spark://127.0.0.1:{dead.getsockname()[1]}"
+    try:
+        start = time.monotonic()
+        done = cli(command[0], "--master", url, *command[1:])
+        took = time.monotonic() - start
+    finally:
+        dead.close()
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith(f"spark-torch: error: no Spark master answers at {url}"), done.stderr[-3000:]
+    assert "Connection refused" in lines[0] and "7077 by default" in lines[0]
+    assert took < 20, took
+
+
+def test_master_that_is_not_a_master() -> None:
+    """Something accepts TCP at the master's address but is no Spark master: Spark's own
+    'All masters are unresponsive' becomes one line."""
+    from spark_torch.session import _unresponsive
+
+    error = _unresponsive(RuntimeError("...\nAll masters are unresponsive! Giving up.\n..."), "spark://h:7077")
+    assert str(error).startswith("the Spark master at spark://h:7077 accepted a connection but never answered")
+
+
+def test_master_endpoints() -> None:
+    from spark_torch.session import master_endpoints
+
+    assert master_endpoints("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
+    assert master_endpoints("spark://a") == [("a", 7077)]
+    assert master_endpoints("sc://h:15003/;token=x") == [("h", 15003)] and master_endpoints("sc://h") == [("h", 15002)]
+    assert master_endpoints("spark://[::1]:7077") == [("::1", 7077)]
+    assert master_endpoints("local[2]") == [] and master_endpoints("yarn") == []
+
+
+def test_run_with_storage_and_resume(tmp_path: Path) -> None:
+    env = dict(os.environ, EPOCHS="2")
+    args = ["run", "-n", "2", "--storage-path", str(tmp_path), "--run-id", "cli-run", str(SCRIPTS / "report_script.py")]
+    first = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"spark-torch: run cli-run: 2 report(s), latest checkpoint {tmp_path}/cli-run/checkpoint_000002" in first.stderr
+    env["EPOCHS"] = "3"
+    again = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and "1 report(s), latest checkpoint" in again.stderr and "checkpoint_000003" in again.stderr

@@ -22,8 +22,10 @@ from .conftest import _stop_active
 def connect_spark(tmp_path_factory: Any) -> Iterator[Any]:
     """A Spark Connect server (local[2]) on loopback started from the pyspark package, and a client."""
     pytest.importorskip("grpc", reason="pyspark[connect] extras are not installed")
-    _stop_active()
     home = os.environ["SPARK_HOME"]
+    if not os.path.exists(f"{home}/sbin/start-connect-server.sh"):
+        pytest.skip("this pyspark has no Spark Connect server (pip's pyspark 3.5 ships none)")
+    _stop_active()
     logs = tmp_path_factory.mktemp("connect")
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
@@ -97,3 +99,26 @@ def fail_on_rank1() -> None:
 def test_connect_failure_report(connect_spark: Any) -> None:
     with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: ValueError: connect failure"):
         Distributor(num_processes=2, local_mode=False, spark=connect_spark).run(fail_on_rank1)
+
+
+@pytest.mark.slow
+def test_connect_too_few_slots_fails_fast(connect_spark: Any) -> None:
+    """A Connect client cannot ask the scheduler; the slots come from the server's conf
+    (local[2] here) instead of Spark's ~10 minute barrier retry loop."""
+    from spark_torch import InsufficientSlotsError
+
+    start = time.monotonic()
+    with pytest.raises(InsufficientSlotsError, match=r"needs 3 Spark task slots at once .* has 2"):
+        Distributor(num_processes=3, local_mode=False, spark=connect_spark).run(all_reduce_and_say, 1)
+    assert time.monotonic() - start < 30
+
+
+def _cuda_visible() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+@pytest.mark.slow
+def test_connect_local_mode_uses_the_clients_gpus(connect_spark: Any, fake_nvidia_smi: str, no_leftovers: None) -> None:
+    """With Spark Connect, local mode runs the ranks on the client: its GPUs count (found by
+    nvidia-smi there), not the Connect server's driver resources."""
+    assert Distributor(num_processes=2, use_gpu=True, spark=connect_spark).run(_cuda_visible) == "0,1"

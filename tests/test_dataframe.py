@@ -73,7 +73,9 @@ def train_on_rows(epochs: int, seed: int) -> dict[str, Any]:
 
 def _check(out: dict[str, Any], rows: int) -> None:
     for order in out["orders"]:
-        assert sorted(order) == list(range(rows))  # every row exactly once per epoch
+        # every row at least once per epoch; ranks with fewer rows repeat a few of theirs so
+        # that every rank has the same number of batches (DDP needs that)
+        assert set(order) == set(range(rows)) and len(order) - rows < 12
     assert out["orders"][0] != out["orders"][1]  # reshuffled per epoch
     assert out["checks"]["vec_shape"][1] == 3 and out["checks"]["arr_shape"][1] == 4
     assert out["checks"]["flag_dtype"] == "torch.bool" and out["checks"]["name"] == "row"

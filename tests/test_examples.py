@@ -180,3 +180,13 @@ def test_one_example_end_to_end_from_the_command_line() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[rank 2] ring all-reduce done" in done.stdout
     assert "max |ring - dist.all_reduce|" in done.stdout
+
+
+def test_report_script_reports_and_resumes(tmp_path: Path) -> None:
+    script = str(EXAMPLES / "report_script.py")
+    d = Distributor(num_processes=2, storage_path=tmp_path, run_id="digits", timeout=240)
+    d.run(script, "--epochs", "2")
+    assert d.last_run is not None and [r["epoch"] for r in d.last_run.rows] == [0, 1]
+    assert d.last_run.rows[-1]["accuracy"] > 0.5 and d.last_run.rows[-1]["loss"] < d.last_run.rows[0]["loss"]
+    d.run(script, "--epochs", "3")  # the same run_id: resumes after epoch 1
+    assert [(r["step"], r["epoch"]) for r in d.last_run.rows] == [(3, 2)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from spark_torch import ConfigurationError, Distributor
@@ -71,7 +73,10 @@ def test_gpus_per_task_must_divide() -> None:
 
 
 def test_local_gpus_deterministic_and_bounded() -> None:
-    assert local_gpu_addresses(("10", "2", "1", "0"), 3) == ("0", "1", "2")
+    from spark_torch.gpus import spark_order
+
+    assert local_gpu_addresses(spark_order(("10", "2", "1", "0")), 3) == ("0", "1", "2")
+    assert local_gpu_addresses(("3", "1"), 2) == ("3", "1")  # a CUDA_VISIBLE_DEVICES order is kept
     with pytest.raises(ValueError, match=r"num_processes=3 but the driver has only 2 GPU"):
         local_gpu_addresses(("0", "1"), 3)
 
@@ -120,3 +125,136 @@ def test_ranks_per_task_cpu() -> None:
         DistributorConfig(num_processes=2, ranks_per_task=2)
     with pytest.raises(ValueError, match=r"ranks_per_task=1 but each task has 2 GPU"):
         make_plan(DistributorConfig(num_processes=4, local_mode=False, ranks_per_task=1), ClusterInfo(task_gpu_amount=2))
+
+
+def test_endpoint_resolution() -> None:
+    from spark_torch.cluster import ClusterInfo
+    from spark_torch.endpoints import resolve_endpoint
+
+    classic = ClusterInfo(driver_host="10.0.0.5")
+    assert resolve_endpoint(classic, {}) == resolve_endpoint(classic, {}).__class__(
+        bind_host="10.0.0.5", advertise_host="10.0.0.5"
+    )
+    bound = ClusterInfo(driver_host="driver.svc", driver_bind_address="0.0.0.0")
+    e = resolve_endpoint(bound, {"SPARK_TORCH_CHANNEL_PORTS": "40000-40100", "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "5"})
+    assert (e.bind_host, e.advertise_host, e.ports, e.rendezvous_timeout) == ("0.0.0.0", "driver.svc", (40000, 40100), 5.0)
+    # the override applies in every mode; host:port is for NAT / port mapping
+    e = resolve_endpoint(bound, {"SPARK_TORCH_LOG_HOST": "203.0.113.9:31000"})
+    assert (e.bind_host, e.advertise_host, e.advertise_port) == ("0.0.0.0", "203.0.113.9", 31000)
+    e = resolve_endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "[::1]:5"})
+    assert (e.advertise_host, e.advertise_port, e.bind_host) == ("::1", 5, "127.0.0.1")
+    e = resolve_endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "::1", "SPARK_TORCH_LOG_BIND": "::1"})
+    assert (e.advertise_host, e.bind_host) == ("::1", "::1")
+    assert resolve_endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "fe80::1"}).advertise_host == "fe80::1"
+    # Spark conf keys when no environment variable is set
+    conf = ClusterInfo(channel_ports="41000", rendezvous_timeout="7.5")
+    e = resolve_endpoint(conf, {})
+    assert (e.ports, e.rendezvous_timeout) == ((41000, 41000), 7.5)
+    # a Connect client advertises the interface that routes to the Connect server, not 127.0.1.1
+    connect = ClusterInfo(is_connect=True, connect_host="127.0.0.1", driver_bind_address="10.9.9.9")
+    assert resolve_endpoint(connect, {}).advertise_host == "127.0.0.1"
+    assert resolve_endpoint(connect, {}).bind_host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SPARK_TORCH_CHANNEL_PORTS": "40100-40000"}, "SPARK_TORCH_CHANNEL_PORTS='40100-40000' is not a port range"),
+        ({"SPARK_TORCH_CHANNEL_PORTS": "many"}, "SPARK_TORCH_CHANNEL_PORTS='many' is not a port range"),
+        ({"SPARK_TORCH_RENDEZVOUS_TIMEOUT": "0"}, "SPARK_TORCH_RENDEZVOUS_TIMEOUT='0' must be a number of seconds > 0"),
+        ({"SPARK_TORCH_LOG_HOST": ""}, "SPARK_TORCH_LOG_HOST is empty"),
+        ({"SPARK_TORCH_LOG_HOST": "host:1-2"}, "give one port after the host"),
+        ({"SPARK_TORCH_HEARTBEAT_SECONDS": "-1"}, "SPARK_TORCH_HEARTBEAT_SECONDS='-1' must be"),
+    ],
+)
+def test_endpoint_errors(env: dict[str, str], message: str) -> None:
+    from spark_torch import ConfigurationError
+    from spark_torch.cluster import ClusterInfo
+    from spark_torch.endpoints import resolve_endpoint
+
+    with pytest.raises(ConfigurationError) as info:
+        resolve_endpoint(ClusterInfo(), env)
+    assert message in str(info.value)
+
+
+def test_rank_env_scrubs_spark_secrets() -> None:
+    from spark_torch.env import RankIdentity, rank_env
+
+    base = {"_SPARK_AUTH_SECRET": "x", "PYTHON_WORKER_FACTORY_SECRET": "y", "SPARK_CONNECT_AUTHENTICATE_TOKEN": "z", "HOME": "/h"}
+    env = rank_env(base, RankIdentity(0, 0, 1, 1, 0, 1), master_addr="h", master_port=1, run_id="r")
+    assert "HOME" in env and not {"_SPARK_AUTH_SECRET", "PYTHON_WORKER_FACTORY_SECRET", "SPARK_CONNECT_AUTHENTICATE_TOKEN"} & set(env)
+
+
+def test_numpy_integers_are_accepted_as_counts() -> None:
+    import numpy as np
+
+    config = DistributorConfig(num_processes=np.int64(4), local_mode=False, max_restarts=np.int32(1), ranks_per_task=np.int16(2))
+    assert (config.num_processes, config.max_restarts, config.ranks_per_task) == (4, 1, 2)
+    assert all(type(v) is int for v in (config.num_processes, config.max_restarts, config.ranks_per_task))
+    with pytest.raises(TypeError, match="num_processes must be an int"):
+        DistributorConfig(num_processes=np.float64(2.0))
+
+
+def test_gpu_and_tls_misconfiguration_is_also_a_runtime_error() -> None:
+    """TorchDistributor raises RuntimeError for these; ``except RuntimeError`` keeps working."""
+    from spark_torch import ClusterConfigurationError
+
+    with pytest.raises(ClusterConfigurationError) as info:
+        make_plan(DistributorConfig(num_processes=2, local_mode=False, use_gpu=True), ClusterInfo())
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)
+    with pytest.raises(RuntimeError, match="requires encryption"):
+        make_plan(DistributorConfig(num_processes=2, local_mode=False), ClusterInfo(ssl_enabled=True))
+
+
+@pytest.mark.parametrize(
+    ("conf", "slots"),
+    [
+        ({"spark.master": "local[4]"}, 4),
+        ({"spark.master": "local[4]", "spark.task.cpus": "2"}, 2),
+        ({"spark.master": "local"}, 1),
+        ({"spark.master": "local[*]"}, None),
+        ({"spark.master": "local-cluster[2,3,1024]"}, 6),
+        ({"spark.master": "spark://h:7077", "spark.executor.instances": "3", "spark.executor.cores": "4", "spark.task.cpus": "2"}, 6),
+        ({"spark.master": "yarn", "spark.executor.instances": "3", "spark.executor.cores": "4", "spark.dynamicAllocation.enabled": "true"}, None),
+        ({"spark.master": "k8s://h"}, None),
+    ],
+)
+def test_slots_from_conf(conf: dict[str, str], slots: int | None) -> None:
+    from spark_torch.barrier import slots_from_conf
+
+    assert slots_from_conf(conf.get) == slots
+
+
+def test_cgroup_quota() -> None:
+    from spark_torch.cpus import available_cpus, quota_cpus
+
+    assert quota_cpus("max 100000") is None and quota_cpus("150000 100000") == 2 and quota_cpus("50000 100000") == 1
+    assert quota_cpus(None, "-1", "100000") is None and quota_cpus(None, "400000", "100000") == 4
+    assert 1 <= available_cpus() <= (os.cpu_count() or 1)
+
+
+def test_python_versions_compare_major_minor() -> None:
+    """PySpark's rule: the same major.minor everywhere; a patch difference only warns."""
+    from spark_torch.task import python_mismatch
+
+    assert python_mismatch("3.11.9", ["3.11.9", "3.11.9"]) == (None, None)
+    error, warning = python_mismatch("3.11.9", ["3.11.4", "3.11.9"])
+    assert error is None and warning is not None and "3.11.4, 3.11.9" in warning
+    error, warning = python_mismatch("3.11.9", ["3.10.12"])
+    assert error is not None and "set PYSPARK_PYTHON" in error and warning is None
+
+
+def test_ipv6_hosts_lose_their_brackets_for_binding() -> None:
+    """Spark reports IPv6 task addresses as [addr]:port; bind() wants the bare address."""
+    from spark_torch.processes import reserve_port
+    from spark_torch.task import host_of
+
+    assert host_of("10.0.0.5:41234") == "10.0.0.5" and host_of("worker-3:7") == "worker-3"
+    host = host_of("[::1]:41234")
+    assert host == "::1"
+    try:
+        sock = reserve_port(host)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    assert sock.getsockname()[0] == "::1"
+    sock.close()

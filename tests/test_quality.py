@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_exported_members() -> None:
     assert sorted(spark_torch.__all__) == sorted([
-        "Distributor", "SparkTorchError", "ConfigurationError", "InsufficientSlotsError", "PicklingError",
+        "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
         "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "__version__",
+        "RunResult", "report", "get_checkpoint", "TorchDistributor",
     ])
     for name in spark_torch.__all__:
         assert getattr(spark_torch, name) is not None

@@ -140,18 +140,32 @@ def big_with_digest(megabytes: int) -> tuple[str, bytes]:
     return hashlib.sha256(data).hexdigest(), data
 
 
-@pytest.mark.parametrize("transfer", ["auto", "spark"])
+@pytest.mark.parametrize("transfer", ["auto", "channel", "spark"])
 def test_large_result_distributed(
     transfer: str, spark_session: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """auto: node 0 shares the driver's host, so the result is handed over by file; spark: as
-    16 MiB Arrow rows through Spark's result channel (what a result from another host takes)."""
+    """auto: node 0 shares the driver's host, so the result is handed over by file; channel: it
+    streams over the run's authenticated channel (what a result from another host takes); spark:
+    as 16 MiB Arrow rows through Spark's result channel (the fallback without a channel)."""
     import hashlib
 
+    import spark_torch.barrier as barrier
+    from spark_torch.channel import DriverChannel
+
+    channels: list[DriverChannel] = []
+
+    class Recorded(DriverChannel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            channels.append(self)
+
+    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
     monkeypatch.setenv("SPARK_TORCH_RESULT_TRANSFER", transfer)
     digest, out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(big_with_digest, 110)
     assert len(out) == 110 * 1024 * 1024
     assert hashlib.sha256(out).hexdigest() == digest
+    streamed = channels[0]._result_received
+    assert streamed > 110 * 1024 * 1024 if transfer == "channel" else streamed == 0
 
 
 def test_bad_result_transfer_setting(spark_session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,3 +219,47 @@ def test_user_module_not_importable_on_executors(cluster_spark: Any, tmp_path: P
         sys.path.remove(str(tmp_path))
         sys.modules.pop("my_training_lib", None)
     assert out == 12.0
+
+
+def test_plain_local_master_has_one_slot_at_once(plain_local_spark: Any) -> None:
+    """``local`` (no brackets) is one slot: no executor wait, the error comes at once."""
+    start = time.monotonic()
+    with pytest.raises(InsufficientSlotsError, match=r"needs 2 Spark task slots at once .*\(local\) has 1"):
+        Distributor(num_processes=2, local_mode=False, spark=plain_local_spark).run(world_info, "x")
+    assert time.monotonic() - start < 10
+
+
+def _scratch_dir() -> str:
+    return os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])
+
+
+def test_node_scratch_goes_to_spark_local_dirs(spark_session: Any, no_leftovers: None) -> None:
+    """Node files (payload, data shard, results) live in the executor's Spark local dir, which
+    Spark cleans up with the executor, not in /tmp."""
+    scratch = Distributor(num_processes=1, local_mode=False, spark=spark_session).run(_scratch_dir)
+    parent = os.path.basename(os.path.dirname(scratch))
+    assert parent.startswith("blockmgr-") and os.path.basename(scratch).startswith("spark-torch-"), scratch
+
+
+def rank1_fails_first_but_its_node_is_slow() -> None:
+    """Rank 1 raises first; a child it leaves behind keeps its output open, so its node runner
+    waits (up to 2 s) for the last lines and raises its task failure after node 0's, whose rank
+    0 then fails in all_reduce. Spark sees node 0's failure first."""
+    import subprocess
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    if dist.get_rank() == 1:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+        raise ValueError("the real cause")
+    dist.all_reduce(torch.ones(1))
+
+
+def test_root_cause_leads_whichever_task_spark_saw_fail_first(spark_session: Any, no_leftovers: None) -> None:
+    with pytest.raises(DistributedRunError) as info:
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(rank1_fails_first_but_its_node_is_slow)
+    assert str(info.value).startswith("rank 1 on 127.0.0.1 failed: ValueError: the real cause"), str(info.value)[:500]
+    assert isinstance(info.value.__cause__, ValueError) and [f.rank for f in info.value.failures][:1] == [1]

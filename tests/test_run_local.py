@@ -177,6 +177,7 @@ def test_log_ranks_and_log_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert "[rank 0] rank 0 done" in out and "[rank 1]" not in out
     assert "rank 1 done" in (tmp_path / "rank-1.log").read_text()
+    assert {(p.name, p.stat().st_mode & 0o777) for p in tmp_path.glob("rank-*.log")} == {("rank-0.log", 0o600), ("rank-1.log", 0o600)}
 
 
 def big_result(megabytes: int) -> bytes:
@@ -245,3 +246,18 @@ def registers_atexit(path: str) -> int:
 def test_atexit_handlers_run_despite_fast_exit(tmp_path: Path, no_leftovers: None) -> None:
     assert Distributor(num_processes=2).run(registers_atexit, str(tmp_path / "done")) == 1
     assert (tmp_path / "done.0").read_text() == "bye" and (tmp_path / "done.1").read_text() == "bye"
+
+
+def _secret_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if "SECRET" in k or "TOKEN" in k}
+
+
+def test_spark_secrets_do_not_reach_ranks(no_leftovers: None) -> None:
+    """Spark's own secrets (spark.authenticate's _SPARK_AUTH_SECRET, Py4J's, a Connect token)
+    are scrubbed; the user's own variables (e.g. a cloud key) are not."""
+    os.environ.update({
+        "_SPARK_AUTH_SECRET": "spark-auth", "PYSPARK_GATEWAY_SECRET": "py4j",
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN": "connect", "MY_API_SECRET": "mine",
+    })  # fmt: skip  (restored by the autouse _restore_environ fixture)
+    seen = Distributor(num_processes=1).run(_secret_env)
+    assert seen == {"MY_API_SECRET": "mine"}

@@ -1,0 +1,104 @@
+"""Warm rank starts: ranks forked from a template that already imported torch behave exactly
+like ranks started cold, runs do not leak state into each other, and a dead template is
+rebuilt."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from spark_torch import Distributor
+
+from .conftest import SCRIPTS
+
+IGNORED = {"SPARK_TORCH_PARENT_PID", "SPARK_TORCH_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
+           "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_WARM_START", "_"}
+
+
+def what_a_rank_sees(marker: str) -> dict[str, Any]:
+    import sys
+
+    import torch
+
+    leaked = getattr(sys.modules["json"], "leaked_by_an_earlier_run", None)
+    import json
+
+    json.leaked_by_an_earlier_run = marker  # type: ignore[attr-defined]
+    return {
+        "env": {k: v for k, v in os.environ.items() if k not in IGNORED},
+        "cwd": os.getcwd(),
+        "argv0": os.path.basename(sys.argv[0]),
+        "argc": len(sys.argv),
+        "path0": sys.path[0],
+        "main": sys.modules["__main__"].__spec__.name if sys.modules["__main__"].__spec__ else None,
+        "stdio": [os.readlink(f"/proc/self/fd/{fd}").split(":")[0] for fd in (0, 1, 2)],
+        "threads": torch.get_num_threads(),
+        "seed": torch.initial_seed(),
+        "leaked": leaked,
+        "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
+        "torch_imported_before": "torch" in sys.modules,
+    }
+
+
+def _both(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    os.chdir(tmp_path)
+    warm = Distributor(num_processes=2).run(what_a_rank_sees, "warm")
+    os.environ["SPARK_TORCH_WARM_START"] = "0"
+    cold = Distributor(num_processes=2).run(what_a_rank_sees, "cold")
+    return warm, cold
+
+
+def test_warm_ranks_see_what_cold_ranks_see(tmp_path: Path, no_leftovers: None) -> None:
+    cwd = os.getcwd()
+    try:
+        warm, cold = _both(tmp_path)
+    finally:
+        os.chdir(cwd)
+    assert "spark_torch.template" in warm["ppid_cmd"] and "spark_torch.template" not in cold["ppid_cmd"]
+    for key in ("cwd", "argv0", "argc", "path0", "main", "stdio", "threads"):
+        assert warm[key] == cold[key], key
+    assert warm["env"] == cold["env"]
+    assert warm["leaked"] is None and cold["leaked"] is None
+
+
+def test_runs_do_not_leak_into_each_other_and_seeds_differ(no_leftovers: None) -> None:
+    d = Distributor(num_processes=1)
+    first = d.run(what_a_rank_sees, "first")
+    second = d.run(what_a_rank_sees, "second")
+    assert first["leaked"] is None and second["leaked"] is None  # each run: a fresh fork
+    assert first["seed"] != second["seed"]  # not the template's random state
+
+
+def _templates() -> list[psutil.Process]:
+    return [c for c in psutil.Process().children() if "spark_torch.template" in " ".join(c.cmdline())]
+
+
+def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
+    Distributor(num_processes=1).run(what_a_rank_sees, "x")
+    (template,) = _templates()
+    assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # no thread in the template: fork is safe
+    template.kill()
+    template.wait(10)
+    out = Distributor(num_processes=2).run(what_a_rank_sees, "y")
+    (rebuilt,) = _templates()
+    assert rebuilt.pid != template.pid and "spark_torch.template" in out["ppid_cmd"]
+
+
+def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
+    import json
+
+    Distributor(num_processes=2).run(str(SCRIPTS / "env_dump.py"), tmp_path, "--x=1")
+    infos = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert [i["argv"] for i in infos] == [["--x=1"], ["--x=1"]] and all(i["sum"] == 2.0 for i in infos)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off"])
+def test_warm_start_can_be_turned_off(value: str, no_leftovers: None) -> None:
+    os.environ["SPARK_TORCH_WARM_START"] = value
+    out = Distributor(num_processes=1).run(what_a_rank_sees, "z")
+    assert "spark_torch.template" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
