@@ -102,3 +102,55 @@ def test_warm_start_can_be_turned_off(value: str, no_leftovers: None) -> None:
     os.environ["SPARK_TORCH_WARM_START"] = value
     out = Distributor(num_processes=1).run(what_a_rank_sees, "z")
     assert "spark_torch.template" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
+
+
+def template_of_rank() -> list[dict[str, Any]]:
+    """On every rank: the template that forked it and the owner it serves (its last argument)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    parent = psutil.Process(os.getppid())
+    mine = {"template": parent.pid, "cmdline": " ".join(parent.cmdline()), "owner": int(parent.cmdline()[-1])}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    dist.destroy_process_group()
+    return gathered
+
+
+def _kill_idle_python_workers() -> int:
+    """Kill the executors' Python workers (the forks of each pyspark.daemon; Spark discards dead
+    idle workers and forks new ones), leaving the daemons and templates alone."""
+    from .conftest import session_executors
+
+    killed = 0
+    for executor in session_executors():
+        for daemon in executor.children():
+            if "pyspark.daemon" not in " ".join(daemon.cmdline()):
+                continue
+            for worker in daemon.children():
+                if "pyspark.daemon" in " ".join(worker.cmdline()):
+                    worker.kill()
+                    worker.wait(10)
+                    killed += 1
+    return killed
+
+
+@pytest.mark.slow
+def test_executor_python_workers_share_one_template(cluster_spark: Any, no_leftovers: None) -> None:
+    """local-cluster: each executor JVM owns one template; new Python workers (Spark replaced
+    the ones of the first run) fork their ranks from it; it ends with its executor."""
+    from .conftest import session_executors, wait_for_slots
+
+    executors = {p.pid: p for p in session_executors()}
+    first = Distributor(num_processes=2, local_mode=False).run(template_of_rank)
+    assert all("spark_torch.template" in r["cmdline"] for r in first)
+    assert {r["owner"] for r in first} <= set(executors) and len({r["owner"] for r in first}) == 2
+    assert _kill_idle_python_workers() >= 2
+    second = Distributor(num_processes=2, local_mode=False).run(template_of_rank)
+    assert sorted(r["template"] for r in second) == sorted(r["template"] for r in first)
+
+    owner = executors[first[0]["owner"]]
+    template = psutil.Process(first[0]["template"])
+    owner.kill()
+    template.wait(15)  # watched through a pidfd: it goes with its executor
+    wait_for_slots(cluster_spark, 2)
