@@ -64,7 +64,8 @@ def execute(name: str, tmp_dir: Path) -> Any:
 
 _VOLATILE = [
     (re.compile(r"\x1b\[[0-9;]*[A-Za-z]"), ""),  # terminal colours
-    (re.compile(r"/\S*/site-packages/"), "<site-packages>/"),  # where the checkout's venv lives
+    # where the checkout and its venv live
+    (re.compile(r"/[^\s\"']*/(site-packages|spark_torch|tests|examples|notebooks)/"), r"<\1>/"),
     (re.compile(r"/[\w./-]*(spark-torch|tmp|pytest)[\w./-]*"), "<path>"),
     (re.compile(r"\b[0-9a-f]{12}\b"), "<id>"),  # run ids
     (re.compile(r"\d+(\.\d+)?(e-?\d+)?"), "#"),  # numbers: losses, timings, ports, pids
