@@ -123,6 +123,10 @@ def check_slots(spark: Any, needed: int) -> None:
     )
 
 
+#: a node runner that could not even start: an import failed in Spark's Python worker
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
 def _failure_from_spark_error(exc: BaseException, secret: bytes, channel_reports: list[FailureReport]) -> BaseException:
     """Turn a Spark job failure into the library's error, from the nodes' authenticated reports:
     those sent over the channel, and the one inside Spark's exception text.
@@ -146,13 +150,14 @@ def _failure_from_spark_error(exc: BaseException, secret: bytes, channel_reports
             if cause is not None:
                 error.__cause__ = cause
         return error
-    for module in ("spark_torch", "pyarrow", "pandas", "cloudpickle"):
-        if f"No module named '{module}'" in text:
-            return LaunchError(
-                f"the executors' Python cannot import {module}: install spark-torch (and pyarrow, "
-                "pandas<3) on every executor, or point PYSPARK_PYTHON / spark.pyspark.python at an "
-                "interpreter that has them"
-            )
+    missing = _MISSING_MODULE.search(text)
+    if missing is not None:
+        return LaunchError(
+            f"the executors' Python cannot import {missing.group(1)}, which spark_torch needs on every "
+            "executor: install spark-torch with its dependencies (psutil, fsspec, cloudpickle, pyarrow, "
+            "pandas<3) into the executors' Python, or point PYSPARK_PYTHON / spark.pyspark.python at an "
+            "interpreter that has them (docs/spark-submit.md)"
+        )
     if "requires more slots than the total number of slots" in text:
         return InsufficientSlotsError(
             "the barrier stage needs more task slots than the cluster has free (Spark gave up "

@@ -51,6 +51,7 @@ _ORDER = {
     "standalone_spark": 6,
     "two_host_spark": 7,
     "connect_spark": 8,
+    "no_psutil_spark": 9,
 }
 
 
@@ -162,6 +163,27 @@ def gpu_local_spark(gpu_discovery_script: str) -> Iterator[Any]:
         "spark.driver.resource.gpu.amount": "2",
         "spark.driver.resource.gpu.discoveryScript": gpu_discovery_script,
     })
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="session")
+def no_psutil_spark(tmp_path_factory: Any) -> Iterator[Any]:
+    """``local[2]`` whose executors' Python cannot import psutil (a dependency of spark_torch):
+    the Python workers run through a wrapper that puts a failing ``psutil`` first on the path."""
+    root = tmp_path_factory.mktemp("no_psutil")
+    (root / "shadow" / "psutil").mkdir(parents=True)
+    (root / "shadow" / "psutil" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'psutil'\", name='psutil')\n"
+    )
+    wrapper = root / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ["PYSPARK_PYTHON"] = str(wrapper)  # read once, when the context starts
+    try:
+        spark = make_session("local[2]")
+    finally:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     yield spark
     spark.stop()
 

@@ -263,3 +263,15 @@ def test_root_cause_leads_whichever_task_spark_saw_fail_first(spark_session: Any
         Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(rank1_fails_first_but_its_node_is_slow)
     assert str(info.value).startswith("rank 1 on 127.0.0.1 failed: ValueError: the real cause"), str(info.value)[:500]
     assert isinstance(info.value.__cause__, ValueError) and [f.rank for f in info.value.failures][:1] == [1]
+
+
+def test_executors_missing_a_dependency(no_psutil_spark: Any, no_leftovers: None) -> None:
+    """The executors' Python lacks a dependency: one LaunchError naming the module and the fix,
+    within seconds (not Py4J's 'An error occurred while calling ...getResult')."""
+    from spark_torch import LaunchError
+
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match=r"cannot import psutil, which spark_torch needs.*PYSPARK_PYTHON") as info:
+        Distributor(num_processes=2, local_mode=False).run(world_info, "x")
+    assert "getResult" not in str(info.value)
+    assert time.monotonic() - started < 60
