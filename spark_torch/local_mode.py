@@ -9,7 +9,7 @@ from .compat import collect_arrow
 from .dataframe import DataInput, check_shards, data_env, write_node_data
 from .errors import ConfigurationError, DistributedRunError, RunTimeoutError
 from .gpus import visible_devices
-from .node import NodeSpec, NodeWorkdir, resume_env, run_node
+from .node import NodeSpec, NodeWorkdir, resume_env, run_node, start_store_host
 from .node_reports import NodeReports
 from .processes import reserve_port
 from .serialization import ResultBytes, map_file, rebuild_exception
@@ -39,6 +39,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> ResultBytes | 
 def _run_here(attempt: Attempt, workdir: NodeWorkdir, node_env: dict[str, str]) -> ResultBytes | None:
     spec = attempt.spec
     reservation = reserve_port(LOCAL_HOST)
+    store = start_store_host(spec, reservation.getsockname()[1], spec.cwd)
     timeout = attempt.timeout
     stop = threading.Event()
     timer = threading.Timer(timeout, stop.set) if timeout else None
@@ -55,6 +56,7 @@ def _run_here(attempt: Attempt, workdir: NodeWorkdir, node_env: dict[str, str]) 
             visible_devices=visible_devices(spec.plan.local_gpus) if spec.plan.use_gpu else "",
             node_env=node_env,
             cwd=spec.cwd,
+            agent_store=store is not None,
         )
         if timer is not None:
             timer.daemon = True
@@ -64,6 +66,8 @@ def _run_here(attempt: Attempt, workdir: NodeWorkdir, node_env: dict[str, str]) 
         if timer is not None:
             timer.cancel()
         reports.close()
+        if store is not None:
+            store.close()
         reservation.close()
     if outcome.stopped:
         raise RunTimeoutError(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from . import serialization
+from .agent_store import AGENT_STORE_ENV, StoreHost, host_store
 from .env import RankIdentity, rank_env
 from .errors import RankFailure
 from .node_reports import NodeReports
@@ -60,6 +61,9 @@ class NodeSpec:
     #: where the ranks start (None: this process's cwd)
     cwd: str | None = None
     python: str = sys.executable
+    #: the rendezvous store is hosted before the ranks start (:mod:`spark_torch.agent_store`):
+    #: rank 0 connects to it instead of hosting it
+    agent_store: bool = False
 
     @property
     def procs_per_node(self) -> int:
@@ -122,7 +126,19 @@ def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
     if run.storage_base is not None:
         env[STORAGE_ENV] = f"{run.storage_base}\n{run.run_id}\n{run.storage_token}"
         env[START_STEP_ENV] = str(run.resume_step)
+    if spec.agent_store:
+        env[AGENT_STORE_ENV] = "True"
     return _with_package_on_path(env)
+
+
+def start_store_host(run: RunSpec, port: int, cwd: str | None, python: str = sys.executable) -> StoreHost | None:
+    """Node 0: host the run's rendezvous store on ``port`` before any rank starts (None: not
+    hosted; rank 0 hosts it as usual). Its environment has the ranks' import path, so it is
+    forked from the same warm-start template."""
+    if run.world_size < 2:  # nobody to race with
+        return None
+    env = _with_package_on_path({**os.environ, **run.extra_env})
+    return host_store(python, port, run.world_size, env, cwd)
 
 
 def _with_package_on_path(env: dict[str, str]) -> dict[str, str]:

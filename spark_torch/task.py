@@ -26,7 +26,7 @@ from .channel import NodeChannel
 from .dataframe import check_shards, data_env, write_node_data
 from .errors import ClusterConfigurationError, RankFailure
 from .gpus import node_gpus, through_visible
-from .node import NodeSpec, NodeWorkdir, resume_env, run_node
+from .node import NodeSpec, NodeWorkdir, resume_env, run_node, start_store_host
 from .node_reports import NodeReports
 from .processes import reserve_port
 from .reports import FailureReport, encode_report
@@ -266,9 +266,12 @@ def _run_node_task(
         for _ in batches:  # the input rows only shape the stage; one per node
             pass
     reservation = reserve_port(node.master_host) if node.rank == 0 else None
+    store = None
     channel_error = None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
+        if reservation is not None:  # listening before any node's rank can ask for it
+            store = start_store_host(spec, port, spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None)
         hello = {"port": port, "python": platform.python_version(), "rows": rows}
         peers = node.rendezvous(hello)
         if node.channel is not None and not node.channel.connected_ever:
@@ -319,6 +322,7 @@ def _run_node_task(
             visible_devices=visible,
             node_env=node_env,
             cwd=spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else None,
+            agent_store=store is not None,
         )
         channel = node.channel
 
@@ -344,6 +348,8 @@ def _run_node_task(
     finally:
         if node.channel is not None:
             node.channel.close()
+        if store is not None:
+            store.close()
         if reservation is not None:
             reservation.close()
     if outcome.stopped:

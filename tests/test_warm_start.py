@@ -62,6 +62,9 @@ def test_warm_ranks_see_what_cold_ranks_see(tmp_path: Path, no_leftovers: None) 
     assert "spark_torch.template" in warm["ppid_cmd"] and "spark_torch.template" not in cold["ppid_cmd"]
     for key in ("cwd", "argv0", "argc", "path0", "main", "stdio", "threads"):
         assert warm[key] == cold[key], key
+    # the one difference: warm, the rendezvous store is hosted before the ranks start
+    assert warm["env"].pop("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in cold["env"]
     assert warm["env"] == cold["env"]
     assert warm["leaked"] is None and cold["leaked"] is None
 
@@ -154,3 +157,44 @@ def test_executor_python_workers_share_one_template(cluster_spark: Any, no_lefto
     owner.kill()
     template.wait(15)  # watched through a pidfd: it goes with its executor
     wait_for_slots(cluster_spark, 2)
+
+
+def who_hosts_the_store() -> list[dict[str, Any]]:
+    """Rank 0 arrives late (a non-zero rank asking before rank 0 hosts the store is what costs
+    torch's connect backoff); every rank says whether it listens on MASTER_PORT itself."""
+    import time
+
+    import torch.distributed as dist
+
+    if os.environ["RANK"] == "0":
+        time.sleep(0.3)
+    dist.init_process_group("gloo", init_method="env://")
+    port = int(os.environ["MASTER_PORT"])
+    listening = [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+    mine = {
+        "rank": dist.get_rank(),
+        "listens": any(c.pid == os.getpid() for c in listening),
+        "host_cmd": " ".join(psutil.Process(listening[0].pid).cmdline()) if listening and listening[0].pid else "",
+        "agent": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
+    }
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    dist.destroy_process_group()
+    return gathered
+
+
+def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
+    out = Distributor(num_processes=2).run(who_hosts_the_store)
+    assert [r["listens"] for r in out] == [False, False]
+    assert all("spark_torch.template" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert out[0]["agent"] == "True"
+    os.environ["SPARK_TORCH_WARM_START"] = "0"  # no template to fork it from: rank 0 hosts it, as before
+    cold = Distributor(num_processes=2).run(who_hosts_the_store)
+    assert [r["listens"] for r in cold] == [True, False] and cold[0]["agent"] is None
+
+
+def test_the_store_is_hosted_in_distributed_mode(spark_session: Any, no_leftovers: None) -> None:
+    out = Distributor(num_processes=2, local_mode=False).run(who_hosts_the_store)
+    assert [r["listens"] for r in out] == [False, False]
+    assert all("spark_torch.template" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert [r["agent"] for r in out] == ["True", None]  # only node 0's ranks are told
