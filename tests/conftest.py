@@ -50,8 +50,8 @@ _ORDER = {
     "gpu_local_spark": 5,
     "standalone_spark": 6,
     "two_host_spark": 7,
-    "connect_spark": 8,
-    "no_psutil_spark": 9,
+    "no_psutil_spark": 8,
+    "connect_spark": 9,  # last: after a Connect session, the classic builder asks for a remote URL
 }
 
 
