@@ -122,3 +122,27 @@ def test_connect_local_mode_uses_the_clients_gpus(connect_spark: Any, fake_nvidi
     """With Spark Connect, local mode runs the ranks on the client: its GPUs count (found by
     nvidia-smi there), not the Connect server's driver resources."""
     assert Distributor(num_processes=2, use_gpu=True, spark=connect_spark).run(_cuda_visible) == "0,1"
+
+
+@pytest.mark.slow
+def test_connect_unreachable_channel_falls_back(
+    connect_spark: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Connect client whose advertised address the executors cannot reach (the 127.0.1.1 /
+    container case): the run goes on through one allGather round after the deadline, with one
+    warning naming the address; never a silent wait."""
+    import logging
+
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    port = dead.getsockname()[1]
+    monkeypatch.setenv("SPARK_TORCH_LOG_HOST", f"127.0.0.1:{port}")
+    monkeypatch.setenv("SPARK_TORCH_RENDEZVOUS_TIMEOUT", "3")
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch"):
+            out = Distributor(num_processes=2, local_mode=False, spark=connect_spark, timeout=120).run(all_reduce_and_say, 5)
+    finally:
+        dead.close()
+    assert out == 10.0
+    assert caplog.text.count("could not reach the driver's channel") == 1
+    assert f"127.0.0.1:{port}" in caplog.text and "SPARK_TORCH_LOG_HOST" in caplog.text
