@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import subprocess
 from collections.abc import Mapping
 
 from .env import SCRUBBED_ENV
+from .process_tree import create_time, terminate_trees
 from .warm import WarmProcess, warm_spawn
 
 __all__ = ["StoreHost", "host_store", "AGENT_STORE_ENV"]
@@ -26,6 +26,8 @@ AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 STORE_MODULE = "spark_torch.store_host"
 #: a fork of the template is listening within milliseconds; this only bounds a broken one
 READY_SECONDS = 10.0
+#: the store holds no user state: it gets little time to exit on SIGTERM
+STOP_GRACE_SECONDS = 2.0
 
 
 class StoreHost:
@@ -33,6 +35,7 @@ class StoreHost:
 
     def __init__(self, process: WarmProcess) -> None:
         self.process = process
+        self.created = create_time(process.pid)  # its identity: a reused pid is never signalled
 
     @property
     def pid(self) -> int:
@@ -40,19 +43,14 @@ class StoreHost:
         return self.process.pid
 
     def close(self) -> None:
-        """Stop the store (its process group) and wait for it, bounded."""
+        """Stop the store like a rank (SIGTERM, a short grace, SIGKILL) and reap it, bounded."""
         if self.process.poll() is not None:
             return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                return
-            try:
-                self.process.wait(2.0)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        terminate_trees([(self.process.pid, self.created)], grace=STOP_GRACE_SECONDS)
+        try:
+            self.process.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            logger.warning("spark_torch: the rendezvous store host %d did not exit after SIGKILL", self.process.pid)
 
 
 def host_store(python: str, port: int, world_size: int, env: Mapping[str, str], cwd: str | None) -> StoreHost | None:
