@@ -542,7 +542,7 @@ class Worker:
             "python -c pass": [py, "-c", "pass"],
             "python -S -c pass (reaper's interpreter)": [py, "-S", "-c", "pass"],
             "import cloudpickle": [py, "-c", "import cloudpickle"],
-            "import spark_torch.rank_main (our rank, before user code)": [py, "-c", "import spark_torch.rank_main"],
+            "import spark_torch.rank.function_main (our rank, before user code)": [py, "-c", "import spark_torch.rank.function_main"],
             "import torch": [py, "-c", "import torch"],
             "import torch.distributed": [py, "-c", "import torch.distributed"],
             "import torch.distributed.run (torchrun agent)": [py, "-c", "import torch.distributed.run"],
@@ -554,7 +554,7 @@ class Worker:
                 self.measure(rec, lambda cmd=cmd: subprocess.run(cmd, check=True, env=env))
         # -X importtime of our rank's own imports: top cumulative
         proc = subprocess.run(
-            [py, "-X", "importtime", "-c", "import spark_torch.rank_main"], capture_output=True, text=True, env=env
+            [py, "-X", "importtime", "-c", "import spark_torch.rank.function_main"], capture_output=True, text=True, env=env
         )
         rows = []
         for line in proc.stderr.splitlines():
@@ -937,7 +937,7 @@ def write_markdown(path: str, meta: dict[str, Any], analysis: dict[str, Any], ou
               [r for r in recs if r["bench"] == "profile"])
         notes = prof["notes"]
         if notes.get("rank_importtime_top"):
-            L.append(f"`python -X importtime -c 'import spark_torch.rank_main'`: "
+            L.append(f"`python -X importtime -c 'import spark_torch.rank.function_main'`: "
                      f"{notes['rank_importtime_total_us'] / 1000:.0f} ms of imports in total; top cumulative:\n")
             L.append("| module | cumulative ms | self ms |")
             L.append("|---|---:|---:|")

@@ -4,8 +4,10 @@
 Importing this package is cheap: it imports neither pyspark nor torch.
 """
 
-from .distributor import Distributor
-from .errors import (
+from spark_torch.driver.distributor import Distributor
+from spark_torch.driver.result import RunResult
+from spark_torch.driver.torch_distributor import TorchDistributor
+from spark_torch.errors import (
     ClusterConfigurationError,
     ConfigurationError,
     DistributedRunError,
@@ -16,9 +18,7 @@ from .errors import (
     RunTimeoutError,
     SparkTorchError,
 )
-from .reporting import get_checkpoint, report
-from .result import RunResult
-from .torch_distributor import TorchDistributor
+from spark_torch.reporting.api import get_checkpoint, report
 
 __version__ = "0.1.0"
 

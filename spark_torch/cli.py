@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
+from spark_torch import __version__
 
 __all__ = ["main", "build_parser"]
 
@@ -102,7 +102,7 @@ def _spark_options(parser: argparse.ArgumentParser) -> None:
 def _session(args: argparse.Namespace, needed: bool) -> Any | None:
     if not needed and args.master is None and not args.conf:
         return None
-    from .session import get_or_create_session
+    from spark_torch.driver.session import get_or_create_session
 
     spark = get_or_create_session(master=args.master, conf=dict(args.conf))
     if not os.environ.get("SPARK_TORCH_CLI_VERBOSE"):
@@ -119,8 +119,8 @@ def _paragraph(message: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .distributor import Distributor
-    from .errors import ConfigurationError, DistributedRunError, LaunchError, PicklingError
+    from spark_torch.driver.distributor import Distributor
+    from spark_torch.errors import ConfigurationError, DistributedRunError, LaunchError, PicklingError
 
     try:
         spark = _session(args, needed=not args.local_mode)
@@ -181,8 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         return _run(args)
     if args.command == "doctor":
-        from .doctor import run_doctor
-        from .errors import LaunchError
+        from spark_torch.driver.doctor import run_doctor
+        from spark_torch.errors import LaunchError
 
         try:
             return run_doctor(_session(args, needed=True))

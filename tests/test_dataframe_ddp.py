@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.data import rank_positions
+from spark_torch.rank.data import rank_positions
 
 
 @pytest.mark.parametrize("local_world", [1, 2, 3])

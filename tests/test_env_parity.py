@@ -9,9 +9,9 @@ import os
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
-from spark_torch.cluster import ClusterInfo
-from spark_torch.config import DistributorConfig
-from spark_torch.plan import make_plan
+from spark_torch.driver.cluster import ClusterInfo
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.plan import make_plan
 
 from .conftest import SCRIPTS
 

@@ -35,7 +35,7 @@ def test_interrupts_deferred_until_the_block_ends() -> None:
 
     import pytest
 
-    from spark_torch.processes import interrupts_deferred
+    from spark_torch.node.processes import interrupts_deferred
 
     done = []
     with pytest.raises(KeyboardInterrupt):

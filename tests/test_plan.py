@@ -7,11 +7,11 @@ import os
 import pytest
 
 from spark_torch import ConfigurationError, Distributor
-from spark_torch.cluster import ClusterInfo
-from spark_torch.config import DistributorConfig
-from spark_torch.env import RankIdentity, rank_env
-from spark_torch.gpus import local_gpu_addresses, ranks_per_task
-from spark_torch.plan import make_plan
+from spark_torch.driver.cluster import ClusterInfo
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.plan import make_plan
+from spark_torch.node.gpus import local_gpu_addresses, ranks_per_task
+from spark_torch.node.rank_env import RankIdentity, rank_env
 
 
 @pytest.mark.parametrize("bad", [True, False, 1.0, "2", None])
@@ -73,7 +73,7 @@ def test_gpus_per_task_must_divide() -> None:
 
 
 def test_local_gpus_deterministic_and_bounded() -> None:
-    from spark_torch.gpus import spark_order
+    from spark_torch.node.gpus import spark_order
 
     assert local_gpu_addresses(spark_order(("10", "2", "1", "0")), 3) == ("0", "1", "2")
     assert local_gpu_addresses(("3", "1"), 2) == ("3", "1")  # a CUDA_VISIBLE_DEVICES order is kept
@@ -128,8 +128,8 @@ def test_ranks_per_task_cpu() -> None:
 
 
 def test_endpoint_resolution() -> None:
-    from spark_torch.cluster import ClusterInfo
-    from spark_torch.endpoints import resolve_endpoint
+    from spark_torch.driver.cluster import ClusterInfo
+    from spark_torch.driver.endpoints import resolve_endpoint
 
     classic = ClusterInfo(driver_host="10.0.0.5")
     assert resolve_endpoint(classic, {}) == resolve_endpoint(classic, {}).__class__(
@@ -169,8 +169,8 @@ def test_endpoint_resolution() -> None:
 )
 def test_endpoint_errors(env: dict[str, str], message: str) -> None:
     from spark_torch import ConfigurationError
-    from spark_torch.cluster import ClusterInfo
-    from spark_torch.endpoints import resolve_endpoint
+    from spark_torch.driver.cluster import ClusterInfo
+    from spark_torch.driver.endpoints import resolve_endpoint
 
     with pytest.raises(ConfigurationError) as info:
         resolve_endpoint(ClusterInfo(), env)
@@ -178,7 +178,7 @@ def test_endpoint_errors(env: dict[str, str], message: str) -> None:
 
 
 def test_rank_env_scrubs_spark_secrets() -> None:
-    from spark_torch.env import RankIdentity, rank_env
+    from spark_torch.node.rank_env import RankIdentity, rank_env
 
     base = {"_SPARK_AUTH_SECRET": "x", "PYTHON_WORKER_FACTORY_SECRET": "y", "SPARK_CONNECT_AUTHENTICATE_TOKEN": "z", "HOME": "/h"}
     env = rank_env(base, RankIdentity(0, 0, 1, 1, 0, 1), master_addr="h", master_port=1, run_id="r")
@@ -220,13 +220,13 @@ def test_gpu_and_tls_misconfiguration_is_also_a_runtime_error() -> None:
     ],
 )
 def test_slots_from_conf(conf: dict[str, str], slots: int | None) -> None:
-    from spark_torch.barrier import slots_from_conf
+    from spark_torch.driver.barrier import slots_from_conf
 
     assert slots_from_conf(conf.get) == slots
 
 
 def test_cgroup_quota() -> None:
-    from spark_torch.cpus import available_cpus, quota_cpus
+    from spark_torch.driver.cpus import available_cpus, quota_cpus
 
     assert quota_cpus("max 100000") is None and quota_cpus("150000 100000") == 2 and quota_cpus("50000 100000") == 1
     assert quota_cpus(None, "-1", "100000") is None and quota_cpus(None, "400000", "100000") == 4
@@ -235,7 +235,7 @@ def test_cgroup_quota() -> None:
 
 def test_python_versions_compare_major_minor() -> None:
     """PySpark's rule: the same major.minor everywhere; a patch difference only warns."""
-    from spark_torch.task import python_mismatch
+    from spark_torch.node.task import python_mismatch
 
     assert python_mismatch("3.11.9", ["3.11.9", "3.11.9"]) == (None, None)
     error, warning = python_mismatch("3.11.9", ["3.11.4", "3.11.9"])
@@ -246,8 +246,8 @@ def test_python_versions_compare_major_minor() -> None:
 
 def test_ipv6_hosts_lose_their_brackets_for_binding() -> None:
     """Spark reports IPv6 task addresses as [addr]:port; bind() wants the bare address."""
-    from spark_torch.processes import reserve_port
-    from spark_torch.task import host_of
+    from spark_torch.node.processes import reserve_port
+    from spark_torch.node.task import host_of
 
     assert host_of("10.0.0.5:41234") == "10.0.0.5" and host_of("worker-3:7") == "worker-3"
     host = host_of("[::1]:41234")

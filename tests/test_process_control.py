@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
-from spark_torch.node import NodeSpec, run_node
-from spark_torch.process_tree import create_time, terminate_trees
-from spark_torch.reaper import parse_line
+from spark_torch.node.process_tree import create_time, terminate_trees
+from spark_torch.node.reaper_main import parse_line
+from spark_torch.node.runner import NodeSpec, run_node
 from spark_torch.spec import LaunchPlan, RunSpec
 
 from .conftest import SCRIPTS

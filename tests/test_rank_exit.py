@@ -56,7 +56,7 @@ def test_distributed_exit(spark_session: Any, tmp_path: Path, no_leftovers: None
 
 ARMED_CHILD = (
     "import os, sys, time\n"
-    "from spark_torch.deathsig import die_with_parent\n"
+    "from spark_torch.rank.deathsig import die_with_parent\n"
     "die_with_parent()\n"
     "print(os.getpid(), flush=True)\n"
     "time.sleep(600)\n"
@@ -108,7 +108,7 @@ def test_text_files_are_flushed_before_their_binary_buffers(tmp_path: Path) -> N
     path = tmp_path / "text.txt"
     code = (
         f"import os\nf = open({str(path)!r}, 'w')\nf.write('kept')\n"
-        "from spark_torch.rank_exit import flush_open_files\n"
+        "from spark_torch.rank.shutdown import flush_open_files\n"
         "assert flush_open_files() >= 1\nos._exit(0)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spark_torch import DistributedRunError, Distributor, get_checkpoint, report
-from spark_torch.storage import MANIFEST, RunStorage
+from spark_torch.reporting.storage import MANIFEST, RunStorage
 
 from .conftest import SCRIPTS
 from .report_programs import deterministic_ddp, report_after_hiding_storage, report_bad_metric, report_steps

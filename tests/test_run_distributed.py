@@ -149,8 +149,8 @@ def test_large_result_distributed(
     as 16 MiB Arrow rows through Spark's result channel (the fallback without a channel)."""
     import hashlib
 
-    import spark_torch.barrier as barrier
-    from spark_torch.channel import DriverChannel
+    import spark_torch.driver.barrier as barrier
+    from spark_torch.channel.ends import DriverChannel
 
     channels: list[DriverChannel] = []
 

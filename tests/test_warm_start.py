@@ -59,7 +59,7 @@ def test_warm_ranks_see_what_cold_ranks_see(tmp_path: Path, no_leftovers: None) 
         warm, cold = _both(tmp_path)
     finally:
         os.chdir(cwd)
-    assert "spark_torch.template" in warm["ppid_cmd"] and "spark_torch.template" not in cold["ppid_cmd"]
+    assert "spark_torch.node.template_main" in warm["ppid_cmd"] and "spark_torch.node.template_main" not in cold["ppid_cmd"]
     for key in ("cwd", "argv0", "argc", "path0", "main", "stdio", "threads"):
         assert warm[key] == cold[key], key
     # the one difference: warm, the rendezvous store is hosted before the ranks start
@@ -78,7 +78,7 @@ def test_runs_do_not_leak_into_each_other_and_seeds_differ(no_leftovers: None) -
 
 
 def _templates() -> list[psutil.Process]:
-    return [c for c in psutil.Process().children() if "spark_torch.template" in " ".join(c.cmdline())]
+    return [c for c in psutil.Process().children() if "spark_torch.node.template_main" in " ".join(c.cmdline())]
 
 
 def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
@@ -89,7 +89,7 @@ def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
     template.wait(10)
     out = Distributor(num_processes=2).run(what_a_rank_sees, "y")
     (rebuilt,) = _templates()
-    assert rebuilt.pid != template.pid and "spark_torch.template" in out["ppid_cmd"]
+    assert rebuilt.pid != template.pid and "spark_torch.node.template_main" in out["ppid_cmd"]
 
 
 def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
@@ -104,7 +104,7 @@ def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
 def test_warm_start_can_be_turned_off(value: str, no_leftovers: None) -> None:
     os.environ["SPARK_TORCH_WARM_START"] = value
     out = Distributor(num_processes=1).run(what_a_rank_sees, "z")
-    assert "spark_torch.template" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
+    assert "spark_torch.node.template_main" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
 
 
 def template_of_rank() -> list[dict[str, Any]]:
@@ -146,7 +146,7 @@ def test_executor_python_workers_share_one_template(cluster_spark: Any, no_lefto
 
     executors = {p.pid: p for p in session_executors()}
     first = Distributor(num_processes=2, local_mode=False).run(template_of_rank)
-    assert all("spark_torch.template" in r["cmdline"] for r in first)
+    assert all("spark_torch.node.template_main" in r["cmdline"] for r in first)
     assert {r["owner"] for r in first} <= set(executors) and len({r["owner"] for r in first}) == 2
     assert _kill_idle_python_workers() >= 2
     second = Distributor(num_processes=2, local_mode=False).run(template_of_rank)
@@ -186,7 +186,7 @@ def who_hosts_the_store() -> list[dict[str, Any]]:
 def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
     out = Distributor(num_processes=2).run(who_hosts_the_store)
     assert [r["listens"] for r in out] == [False, False]
-    assert all("spark_torch.template" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert all("spark_torch.node.template_main" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
     assert out[0]["agent"] == "True"
     os.environ["SPARK_TORCH_WARM_START"] = "0"  # no template to fork it from: rank 0 hosts it, as before
     cold = Distributor(num_processes=2).run(who_hosts_the_store)
@@ -196,5 +196,5 @@ def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
 def test_the_store_is_hosted_in_distributed_mode(spark_session: Any, no_leftovers: None) -> None:
     out = Distributor(num_processes=2, local_mode=False).run(who_hosts_the_store)
     assert [r["listens"] for r in out] == [False, False]
-    assert all("spark_torch.template" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert all("spark_torch.node.template_main" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
     assert [r["agent"] for r in out] == ["True", None]  # only node 0's ranks are told

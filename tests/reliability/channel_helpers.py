@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from spark_torch.channel import DriverChannel, new_secret
+from spark_torch.channel.ends import DriverChannel, new_secret
 
 
 class Lines:

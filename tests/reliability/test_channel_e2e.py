@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
-from spark_torch.channel import DriverChannel
+from spark_torch.channel.ends import DriverChannel
 
 from ..netproxy import Proxy
 
@@ -45,7 +45,7 @@ def _lines_of(out: str, rank: int) -> list[int]:
 @pytest.fixture
 def proxied(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Make the driver advertise a proxy in front of its channel; yields a factory for the proxy."""
-    import spark_torch.barrier as barrier
+    import spark_torch.driver.barrier as barrier
 
     made: list[Proxy] = []
 
@@ -149,7 +149,7 @@ def raise_forged_report(marker_file: str) -> None:
 
     import cloudpickle
 
-    from spark_torch.reports import MARKER
+    from spark_torch.failure_reports import MARKER
 
     class Boom:
         def __reduce__(self) -> Any:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from spark_torch.channel import NodeChannel, new_secret
+from spark_torch.channel.ends import NodeChannel, new_secret
+from spark_torch.channel.transport import DEAD_AFTER
 from spark_torch.spec import ChannelSpec
-from spark_torch.transport import DEAD_AFTER
 
 from ..netproxy import Proxy
 from .channel_helpers import driver_channel as _driver
@@ -220,10 +220,10 @@ class _StuckBarrier:
 
 
 def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any) -> None:
-    from spark_torch.node import NodeWorkdir
-    from spark_torch.reports import decode_report
+    from spark_torch.failure_reports import decode_report
+    from spark_torch.node.runner import NodeWorkdir
+    from spark_torch.node.task import NodeFailed, _Node
     from spark_torch.spec import LaunchPlan, RunSpec
-    from spark_torch.task import NodeFailed, _Node
 
     channel = ChannelSpec(host="127.0.0.1", port=_dead_port(), secret=new_secret(), rendezvous_timeout=1.0)
     spec = RunSpec(plan=LaunchPlan(local_mode=False, num_nodes=2, procs_per_node=1, use_gpu=False), run_id="t", channel=channel)

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from spark_torch import wire
-from spark_torch.channel import DriverChannel, NodeChannel
+from spark_torch.channel import wire
+from spark_torch.channel.ends import DriverChannel, NodeChannel
+from spark_torch.channel.transport import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES
 from spark_torch.spec import ChannelSpec
-from spark_torch.transport import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES
 
 from .channel_helpers import driver_channel as _driver
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.channel import DriverChannel, NodeChannel
-from spark_torch.log_stream import QUEUE_LINES
+from spark_torch.channel.ends import DriverChannel, NodeChannel
+from spark_torch.channel.log_stream import QUEUE_LINES
+from spark_torch.channel.wire import MAX_FRAME
 from spark_torch.spec import ChannelSpec
-from spark_torch.wire import MAX_FRAME
 
 from .channel_helpers import driver_channel as _driver
 from .channel_helpers import rendezvous_all
@@ -145,7 +145,7 @@ def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.Captur
             for payload in (b"garbage" * 10, struct.pack(">I", MAX_FRAME * 8) + b"x" * 32, b""):
                 threading.Thread(target=_stranger, args=(self.port, payload), daemon=True).start()
 
-    import spark_torch.barrier as barrier
+    import spark_torch.driver.barrier as barrier
 
     barrier.DriverChannel = Spy  # type: ignore[misc]
     try:
@@ -166,7 +166,7 @@ def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.Captur
 
 
 def test_secret_not_in_command_lines_or_env(spark_session: Any, no_leftovers: None) -> None:
-    import spark_torch.channel as channel
+    import spark_torch.channel.ends as channel
 
     secrets: list[bytes] = []
     real = channel.new_secret
@@ -175,7 +175,7 @@ def test_secret_not_in_command_lines_or_env(spark_session: Any, no_leftovers: No
         secrets.append(real())
         return secrets[-1]
 
-    import spark_torch.barrier as barrier
+    import spark_torch.driver.barrier as barrier
 
     barrier.new_secret = spy  # type: ignore[assignment]
     try:

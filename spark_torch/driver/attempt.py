@@ -1,0 +1,45 @@
+"""One attempt of a run on the driver: the run spec plus what only the driver needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_torch.reporting.coordinator import ReportCoordinator
+from spark_torch.reporting.storage import RunStorage
+from spark_torch.spec import RunSpec
+
+__all__ = ["Attempt"]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One (re)start of the whole gang. ``spec.run_id`` is stable across restarts."""
+
+    spec: RunSpec
+    timeout: float | None = None  # what is left of the run's time for this attempt
+    run_timeout: float | None = None  # the user's ``timeout``, for messages
+    on_lines: Callable[[int, str, str], None] = field(default=lambda rank, stream, text: None, repr=False)
+    #: the last lines the driver received from a rank (for errors about ranks that did not report)
+    tail: Callable[[int], tuple[str, ...]] = field(default=lambda rank: (), repr=False)
+    #: receives rank 0's metrics row of every persisted report() step
+    on_row: Callable[[dict[str, Any]], None] = field(default=lambda row: None, repr=False)
+    keep_checkpoints: int | None = None
+
+    def report_coordinator(self, answer: Callable[[int, str | None], None]) -> ReportCoordinator:
+        """The coordinator of this attempt's report() steps; ``answer`` tells the nodes."""
+        storage = RunStorage(self.spec.storage_base, self.spec.run_id) if self.spec.storage_base else None
+        return ReportCoordinator(
+            nodes=self.spec.plan.num_nodes,
+            attempt=self.spec.restart_count,
+            storage=storage,
+            on_row=self.on_row,
+            answer=answer,
+            keep_checkpoints=self.keep_checkpoints,
+        )
+
+    @property
+    def tag(self) -> str:
+        """Spark job tag of this attempt (unique per run and restart)."""
+        return f"spark-torch-{self.spec.run_id}-{self.spec.restart_count}"

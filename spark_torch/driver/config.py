@@ -1,0 +1,138 @@
+"""Validated, immutable options of a :class:`~spark_torch.Distributor`."""
+
+from __future__ import annotations
+
+import numbers
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from spark_torch.errors import ConfigurationError
+
+__all__ = ["DistributorConfig", "LogRanks"]
+
+LogRanks = Literal["all"] | frozenset[int] | None
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+# Environment variables the launcher owns; a user-supplied ``env`` may not override them.
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int (numpy integers too), or TypeError/ConfigurationError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ConfigurationError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _normalise_log_ranks(value: Any) -> LogRanks:
+    if value is None or value == "all":
+        return "all"
+    if value == "none" or value == [] or value == ():
+        return frozenset()
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        ranks = list(value)
+        if all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+            return frozenset(ranks)
+    raise ConfigurationError(
+        f"log_ranks must be 'all', None (all), or a list of rank numbers like [0], got {value!r}"
+    )
+
+
+@dataclass(frozen=True)
+class DistributorConfig:
+    """Everything a user chose, checked once. Errors name the field, the value and the rule."""
+
+    num_processes: int = 1
+    local_mode: bool = True
+    use_gpu: bool | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    log_ranks: Any = "all"
+    log_dir: str | None = None
+    max_restarts: int = 0
+    ranks_per_task: int | None = None
+    progress: bool | None = None
+    storage_path: str | None = None
+    run_id: str | None = None
+    keep_checkpoints: int | None = None
+    mlflow: bool | None = None
+
+    def __post_init__(self) -> None:
+        self._check_reporting()
+        object.__setattr__(self, "num_processes", _check_int("num_processes", self.num_processes, 1))
+        object.__setattr__(self, "max_restarts", _check_int("max_restarts", self.max_restarts, 0))
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise TypeError(f"progress must be True, False or None (auto), got {self.progress!r}")
+        if self.ranks_per_task is not None:
+            object.__setattr__(self, "ranks_per_task", _check_int("ranks_per_task", self.ranks_per_task, 1))
+            if self.local_mode:
+                raise ConfigurationError(
+                    "ranks_per_task applies to distributed mode (local_mode=False); in local mode "
+                    "every rank runs on the driver"
+                )
+            if self.num_processes % self.ranks_per_task:
+                raise ConfigurationError(
+                    f"num_processes={self.num_processes} is not a multiple of ranks_per_task="
+                    f"{self.ranks_per_task}: every barrier task (node) runs the same number of ranks"
+                )
+        if not isinstance(self.local_mode, bool):
+            raise TypeError(f"local_mode must be True or False, got {self.local_mode!r}")
+        if self.use_gpu is not None and not isinstance(self.use_gpu, bool):
+            raise TypeError(f"use_gpu must be True, False or None (auto), got {self.use_gpu!r}")
+        if not isinstance(self.env, Mapping):
+            raise TypeError(f"env must be a dict of str to str, got {type(self.env).__name__}")
+        env: dict[str, str] = {}
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not key or "=" in key:
+                raise ConfigurationError(f"env has an invalid variable name {key!r}")
+            if key in RESERVED_ENV:
+                raise ConfigurationError(
+                    f"env may not set {key}: spark_torch sets it for every rank "
+                    f"(reserved: {', '.join(sorted(RESERVED_ENV))})"
+                )
+            env[key] = str(value)
+        object.__setattr__(self, "env", env)
+        if self.timeout is not None:
+            if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)):
+                raise TypeError(f"timeout must be a number of seconds or None, got {self.timeout!r}")
+            if not self.timeout > 0:
+                raise ConfigurationError(f"timeout must be > 0 seconds, got {self.timeout}")
+        object.__setattr__(self, "log_ranks", _normalise_log_ranks(self.log_ranks))
+        if self.log_dir is not None:
+            object.__setattr__(self, "log_dir", os.path.abspath(os.fspath(self.log_dir)))
+
+    def _check_reporting(self) -> None:
+        if self.storage_path is not None:
+            if not isinstance(self.storage_path, (str, os.PathLike)) or not os.fspath(self.storage_path):
+                raise TypeError(f"storage_path must be a directory or an fsspec URL, got {self.storage_path!r}")
+            object.__setattr__(self, "storage_path", os.fspath(self.storage_path))
+        if self.run_id is not None and (not isinstance(self.run_id, str) or not _RUN_ID.fullmatch(self.run_id)):
+            raise ConfigurationError(
+                f"run_id must be 1-64 letters, digits, '.', '_' or '-' (it names a directory), got {self.run_id!r}"
+            )
+        if self.keep_checkpoints is not None:
+            object.__setattr__(self, "keep_checkpoints", _check_int("keep_checkpoints", self.keep_checkpoints, 1))
+        if self.mlflow is not None and not isinstance(self.mlflow, bool):
+            raise TypeError(f"mlflow must be True, False or None (on when an MLflow run is active), got {self.mlflow!r}")
+
+    def shows_rank(self, rank: int) -> bool:
+        """Whether the driver prints this rank's output."""
+        return self.log_ranks == "all" or rank in self.log_ranks

@@ -1,0 +1,69 @@
+"""What to run on every rank: a Python function or a training script."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_torch.errors import ConfigurationError
+
+__all__ = ["FunctionEntrypoint", "ScriptEntrypoint", "Entrypoint", "make_entrypoint"]
+
+
+@dataclass(frozen=True)
+class FunctionEntrypoint:
+    """``fn(*args, **kwargs)`` on every rank; rank 0's return value is the result."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def description(self) -> str:
+        """A short human name, e.g. ``train`` or ``mymodule.train``."""
+        name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        module = getattr(self.fn, "__module__", None)
+        return name if module in (None, "__main__") else f"{module}.{name}"
+
+
+@dataclass(frozen=True)
+class ScriptEntrypoint:
+    """``python SCRIPT ARGV...`` on every rank, like ``torchrun SCRIPT ARGV...``."""
+
+    path: str
+    argv: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        """The script path."""
+        return self.path
+
+
+Entrypoint = FunctionEntrypoint | ScriptEntrypoint
+
+
+def make_entrypoint(main: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Entrypoint:
+    """Decide once whether ``main`` is a function or a script path, and check it."""
+    if callable(main):
+        return FunctionEntrypoint(main, tuple(args), dict(kwargs))
+    if isinstance(main, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(main))
+        if kwargs:
+            raise ConfigurationError(
+                f"keyword arguments {sorted(kwargs)} cannot be passed to a script ({path}); "
+                "pass them as command-line arguments, e.g. run(path, '--lr=0.01')"
+            )
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"training script not found: {path}")
+        if os.path.isdir(path):
+            raise IsADirectoryError(
+                f"training script {path} is a directory; pass the path of a .py file inside it"
+            )
+        if not os.access(path, os.R_OK):
+            raise PermissionError(f"training script {path} is not readable")
+        return ScriptEntrypoint(path, tuple(str(a) for a in args))
+    raise TypeError(
+        f"main must be a function or the path of a training script, got {type(main).__name__}: {main!r}"
+    )

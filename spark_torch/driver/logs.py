@@ -1,0 +1,95 @@
+"""Where rank output goes on the driver: prefixed lines on the driver's sys.stdout/sys.stderr.
+
+Lines are written through ``sys.stdout``/``sys.stderr`` (not file descriptors 1/2) so that in
+Jupyter they appear under the cell that called ``run()``; they are flushed after each batch
+(one pipe read of a rank, or one frame from a node), and a batch is written with one call, so output stays live.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections import deque
+from typing import IO
+
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.progress import RunStatus
+from spark_torch.lines import block_lines, last_lines
+
+__all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
+
+#: lines of each rank kept on the driver for error messages
+TAIL_LINES = 20
+
+
+def format_line(rank: int, text: str) -> str:
+    """``[rank 1] text``."""
+    return f"[rank {rank}] {text}"
+
+
+class DriverLogSink:
+    """Prints the ranks' lines that ``log_ranks`` selects and keeps per-rank files in ``log_dir``."""
+
+    def __init__(self, config: DistributorConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._files: dict[int, IO[str]] = {}
+        self.tails: dict[int, deque[str]] = {}
+        self.lines = 0
+        #: the live status of the current attempt (disabled unless shown)
+        self.status = RunStatus(0, enabled=False)
+        if config.log_dir is not None:
+            os.makedirs(config.log_dir, exist_ok=True)
+
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        """Receive a block of complete lines (joined by "\n") of one rank's stdout or stderr."""
+        with self._lock:
+            self.lines += block_lines(block)
+            tail = self.tails.get(rank)
+            if tail is None:
+                tail = self.tails[rank] = deque(maxlen=TAIL_LINES)
+            tail.extend(last_lines(block, TAIL_LINES))
+            if self._config.shows_rank(rank):
+                out = sys.stderr if stream == "stderr" else sys.stdout
+                prefix = format_line(rank, "")
+                text = prefix + block.replace("\n", "\n" + prefix) + "\n"
+                if self.status.enabled:
+                    with self.status.around_output():
+                        out.write(text)
+                        out.flush()
+                else:
+                    out.write(text)
+            if self._config.log_dir is not None:
+                fh = self._files.get(rank)
+                if fh is None:
+                    path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
+                    # logs may hold data or credentials a rank printed: owner-only, like a shell's umask 077
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                    os.fchmod(fd, 0o600)  # also when the file existed with wider permissions
+                    fh = self._files[rank] = os.fdopen(fd, "a", encoding="utf-8")
+                fh.write(block + "\n")
+
+    def rank_event(self, rank: int, state: str) -> None:
+        """A rank ``started``, ``finished`` or ``failed`` (feeds the live status)."""
+        self.status.event(rank, state)
+
+    def flush(self) -> None:
+        """Flush what was written; called after each batch of lines (a pipe read, a frame)."""
+        with self._lock:
+            for out in (sys.stdout, sys.stderr):
+                out.flush()
+            for fh in self._files.values():
+                fh.flush()
+
+    def tail(self, rank: int) -> tuple[str, ...]:
+        """The last lines this driver received from ``rank``."""
+        with self._lock:
+            return tuple(self.tails.get(rank, ()))
+
+    def close(self) -> None:
+        """Close the per-rank files."""
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()

@@ -1,0 +1,114 @@
+"""Failure reports from a node to the driver, authenticated with the run's secret.
+
+Each failed node sends its report over the run's authenticated channel (so the driver hears
+every failed node, and the earliest failure leads even if another node's task failed first in
+Spark's eyes), and also raises it inside its task exception (for runs without a channel).
+
+A failed node raises a task exception whose text carries a report between markers; Spark hands
+that text to the driver. Text a rank controls (its exception message, which may echo data) is
+part of the same exception text, so a report counts only if its HMAC, keyed with the run's
+secret (which ranks never see), verifies. Only an authenticated report may carry a pickled
+exception for the driver to unpickle; without one, the driver builds its error from text.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_torch.errors import RankFailure
+
+__all__ = [
+    "FailureReport",
+    "encode_report",
+    "decode_report",
+    "report_to_dict",
+    "report_from_dict",
+    "merge_reports",
+    "MARKER",
+    "MAX_PICKLED_EXCEPTION",
+]
+
+MARKER = "SPARK_TORCH_FAILURE"
+#: bound on the pickled exception a report carries (it travels inside Spark's exception text)
+MAX_PICKLED_EXCEPTION = 64 * 1024
+_LABEL = b"spark-torch-failure-report-v2"
+_PATTERN = re.compile(MARKER + r"<([A-Za-z0-9+/=]+)\.([0-9a-f]{64})>" + MARKER)
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """What a node tells the driver about its failure."""
+
+    failures: tuple[RankFailure, ...]
+    #: the exception kind when the node itself could not start its ranks (LaunchError,
+    #: ConfigurationError), else None
+    kind: str | None = None
+    headline: str | None = None
+    #: per rank, the base64 pickle of its exception (only trusted because the report is authenticated)
+    pickled: dict[int, str] = field(default_factory=dict)
+
+
+def report_to_dict(report: FailureReport) -> dict[str, Any]:
+    """A report as JSON-ready data (also what travels over the authenticated channel)."""
+    return {
+        "failures": [f.to_dict() for f in report.failures],
+        "kind": report.kind,
+        "headline": report.headline,
+        "pickled": {str(r): p for r, p in report.pickled.items() if p and len(p) <= MAX_PICKLED_EXCEPTION},
+    }
+
+
+def report_from_dict(data: Any) -> FailureReport:
+    """Inverse of :func:`report_to_dict`; raises ValueError/TypeError/KeyError on malformed data."""
+    if not isinstance(data, dict):
+        raise ValueError("a failure report must be an object")
+    return FailureReport(
+        failures=tuple(RankFailure.from_dict(f) for f in data.get("failures") or ()),
+        kind=data.get("kind"),
+        headline=data.get("headline"),
+        pickled={int(r): str(p) for r, p in (data.get("pickled") or {}).items()},
+    )
+
+
+def merge_reports(reports: list[FailureReport]) -> FailureReport | None:
+    """One report from several nodes' (each rank once; the earliest failure leads)."""
+    if not reports:
+        return None
+    by_rank: dict[int, RankFailure] = {}
+    pickled: dict[int, str] = {}
+    for report in reports:
+        for failure in report.failures:
+            by_rank.setdefault(failure.rank, failure)
+        for rank, blob in report.pickled.items():
+            pickled.setdefault(rank, blob)
+    first = next((r for r in reports if r.kind is not None), reports[0])
+    return FailureReport(failures=tuple(by_rank.values()), kind=first.kind, headline=first.headline, pickled=pickled)
+
+
+def _mac(secret: bytes, blob: str) -> str:
+    return hmac.new(secret, _LABEL + blob.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def encode_report(report: FailureReport, secret: bytes) -> str:
+    """One line, marker-delimited, that survives inside Spark's exception text."""
+    blob = base64.b64encode(json.dumps(report_to_dict(report)).encode("utf-8")).decode("ascii")
+    return f"{MARKER}<{blob}.{_mac(secret, blob)}>{MARKER}"
+
+
+def decode_report(text: str, secret: bytes) -> FailureReport | None:
+    """The first report in ``text`` whose MAC verifies; forged or altered ones are ignored."""
+    for match in _PATTERN.finditer(text):
+        blob, mac = match.group(1), match.group(2)
+        if not hmac.compare_digest(mac, _mac(secret, blob)):
+            continue
+        try:
+            return report_from_dict(json.loads(base64.b64decode(blob).decode("utf-8")))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return None

@@ -1,0 +1,80 @@
+"""Node 0's side of the hosted rendezvous store (:mod:`spark_torch.node.store_host_main`).
+
+Only with warm starts: the store host is a fork of the template (torch already imported, about
+20 ms). Without a template (warm starts off or unavailable) nothing is hosted and rank 0 hosts
+the store itself, as before; the ranks of other nodes are clients either way, so only node 0's
+ranks are told (``TORCHELASTIC_USE_AGENT_STORE``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import subprocess
+from collections.abc import Mapping
+
+from spark_torch.node.process_tree import create_time, terminate_trees
+from spark_torch.node.rank_env import SCRUBBED_ENV
+from spark_torch.node.warm import WarmProcess, warm_spawn
+
+__all__ = ["StoreHost", "host_store", "AGENT_STORE_ENV"]
+
+logger = logging.getLogger(__name__)
+
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+STORE_MODULE = "spark_torch.node.store_host_main"
+#: a fork of the template is listening within milliseconds; this only bounds a broken one
+READY_SECONDS = 10.0
+#: the store holds no user state: it gets little time to exit on SIGTERM
+STOP_GRACE_SECONDS = 2.0
+
+
+class StoreHost:
+    """A running store host; :meth:`close` stops it (idempotent)."""
+
+    def __init__(self, process: WarmProcess) -> None:
+        self.process = process
+        self.created = create_time(process.pid)  # its identity: a reused pid is never signalled
+
+    @property
+    def pid(self) -> int:
+        """The store host's process id (its own process group)."""
+        return self.process.pid
+
+    def close(self) -> None:
+        """Stop the store like a rank (SIGTERM, a short grace, SIGKILL) and reap it, bounded."""
+        if self.process.poll() is not None:
+            return
+        terminate_trees([(self.process.pid, self.created)], grace=STOP_GRACE_SECONDS)
+        try:
+            self.process.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            logger.warning("spark_torch: the rendezvous store host %d did not exit after SIGKILL", self.process.pid)
+
+
+def host_store(python: str, port: int, world_size: int, env: Mapping[str, str], cwd: str | None) -> StoreHost | None:
+    """Start the store for ``world_size`` ranks on ``port``; None when it cannot be hosted here
+    (the ranks then fall back to rank 0 hosting it)."""
+    out_r, out_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    clean_env = {k: v for k, v in env.items() if k not in SCRUBBED_ENV}
+    try:
+        process = warm_spawn(python, [python, "-m", STORE_MODULE, str(port), str(world_size)], clean_env, cwd, [null, out_w, null])
+    finally:
+        os.close(out_w)
+        os.close(null)
+    if process is None:
+        os.close(out_r)
+        return None
+    host = StoreHost(process)
+    try:
+        ready, _, _ = select.select([out_r], [], [], READY_SECONDS)
+        line = os.read(out_r, 64) if ready else b""
+    finally:
+        os.close(out_r)
+    if line.strip() != b"ready":
+        host.close()
+        logger.warning("spark_torch: the rendezvous store could not be hosted on port %d; rank 0 hosts it", port)
+        return None
+    return host

@@ -1,0 +1,8 @@
+"""The rank layer: code that runs inside a rank process (never imports pyspark).
+
+Owns: the rank entry modules (``python -m spark_torch.rank.function_main`` / ``script_main``),
+how a rank ends (:mod:`~spark_torch.rank.shutdown`), its parent-death signal, and the
+DataFrame rows of a rank (:mod:`spark_torch.data`). The environment contract is in
+:mod:`spark_torch.rank.function_main`.
+May import: :mod:`spark_torch.reporting` and the shared top-level modules only.
+"""

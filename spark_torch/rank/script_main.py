@@ -1,0 +1,53 @@
+"""Entry point of one rank in script mode: ``python -m spark_torch.rank.script_main SCRIPT ARGS...``.
+
+Runs SCRIPT exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``,
+``sys.argv``, ``sys.path[0]`` = the script's folder, ``__file__``), with the environment
+documented in :mod:`spark_torch.rank.function_main`. Then, like a function rank, it tears down a
+process group the script left open and ends like ``python`` would (non-daemon threads joined,
+atexit handlers run, open files flushed and closed: :mod:`spark_torch.rank.shutdown`) without
+tearing the interpreter down: with torch/gloo loaded, teardown costs about a second and can
+abort the process ("terminate called without an active exception"), which would turn a
+successful rank into a SIGABRT. Exit status: the script's ``sys.exit`` code, 1 for an uncaught
+exception (its traceback goes to stderr, as with ``python``).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+from spark_torch.rank.deathsig import die_with_parent
+from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
+
+__all__ = ["main"]
+
+
+def main(argv: list[str]) -> int:
+    """Run the script; return its exit status."""
+    script, *args = argv
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - reported like the interpreter would
+        traceback.print_exc()
+        code = 1
+    destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    die_with_parent()
+    line_buffered_output()
+    finish(main(sys.argv[1:]))

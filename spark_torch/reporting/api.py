@@ -1,0 +1,170 @@
+"""Inside a rank: report metrics and checkpoints as training goes, and resume from the latest.
+
+::
+
+    import spark_torch
+
+    def train():
+        start = 0
+        checkpoint = spark_torch.get_checkpoint()     # None on a fresh start
+        if checkpoint is not None:
+            state = torch.load(checkpoint / "state.pt")
+            model.load_state_dict(state["model"]); start = state["epoch"] + 1
+        for epoch in range(start, 10):
+            ...
+            with tempfile.TemporaryDirectory() as tmp:
+                if dist.get_rank() == 0:
+                    torch.save({"model": model.state_dict(), "epoch": epoch}, f"{tmp}/state.pt")
+                spark_torch.report({"loss": loss, "epoch": epoch}, checkpoint=tmp)
+
+:func:`report` is a collective: every rank calls it the same number of times, in the same
+order. It returns on every rank only once rank 0's metrics are recorded and the checkpoint
+(the files every rank passed, merged into one directory) is persisted in the run's storage, so
+a rank that dies right after ``report()`` has lost nothing. Works in function and script mode,
+local and distributed mode. This module imports neither torch nor pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["report", "get_checkpoint", "REPORT_FDS_ENV", "STORAGE_ENV", "CHECKPOINT_ENV", "START_STEP_ENV"]
+
+#: "W,R": the pipe ends a rank writes its reports to and reads the answers from
+REPORT_FDS_ENV = "SPARK_TORCH_REPORT_FDS"
+#: the run's storage base, run id and marker token ("BASE\nRUN_ID\nTOKEN"), for checkpoint uploads
+STORAGE_ENV = "SPARK_TORCH_STORAGE"
+#: local directory of the checkpoint this attempt resumed from
+CHECKPOINT_ENV = "SPARK_TORCH_CHECKPOINT"
+#: the step of that checkpoint: the next report() is step START + 1
+START_STEP_ENV = "SPARK_TORCH_START_STEP"
+
+
+def get_checkpoint() -> Path | None:
+    """The latest persisted checkpoint of this run, as a local directory every rank can read;
+    None on a fresh start. (It is the checkpoint this attempt of the run started from: after a
+    restart, or a new ``run()`` with the same ``run_id``, the newest complete one.)"""
+    path = os.environ.get(CHECKPOINT_ENV)
+    return Path(path) if path else None
+
+
+def _number(key: str, value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    item = getattr(value, "item", None)  # a 0-d tensor or a numpy scalar
+    if callable(item) and not isinstance(value, numbers.Number):
+        try:
+            value = item()
+        except (ValueError, RuntimeError) as exc:
+            raise TypeError(f"report(): metric {key!r} is not a single number ({exc})") from None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else repr(value)  # nan/inf survive as text
+    raise TypeError(
+        f"report(): metric {key!r} is a {type(value).__name__}; metrics are numbers, strings, "
+        "booleans or None (use .item() on a tensor, or log arrays as files in the checkpoint)"
+    )
+
+
+def _clean(metrics: Any) -> dict[str, Any]:
+    if not isinstance(metrics, dict):
+        raise TypeError(f"report() takes a dict of metrics, got {type(metrics).__name__}")
+    clean = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TypeError(f"report(): metric names are strings, got {key!r}")
+        if key in ("step", "time", "attempt"):
+            raise ValueError(f"report(): {key!r} is recorded by spark_torch; name your metric differently")
+        clean[key] = _number(key, value)
+    return clean
+
+
+class _Reporter:
+    """This rank's end of the report pipes (one per process)."""
+
+    def __init__(self, fds: str) -> None:
+        write_fd, read_fd = (int(x) for x in fds.split(","))
+        self._out: IO[str] = os.fdopen(write_fd, "w", encoding="utf-8", closefd=False)
+        self._in: IO[str] = os.fdopen(read_fd, "r", encoding="utf-8", closefd=False)
+        self._lock = threading.Lock()
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.step = int(os.environ.get(START_STEP_ENV, "0") or 0)
+        self._storage: Any = None
+
+    def storage(self) -> Any:
+        if self._storage is None:
+            from spark_torch.reporting.storage import RunStorage
+
+            spec = os.environ.get(STORAGE_ENV)
+            if not spec:
+                raise RuntimeError(
+                    "report(checkpoint=...): this run has no storage for checkpoints (the default "
+                    "~/spark_torch_runs could not be created on the driver; see its warning): pass "
+                    "storage_path= to the Distributor"
+                )
+            base, run_id, token = spec.split("\n", 2)
+            self._storage = RunStorage(base, run_id)
+            if not self._storage.visible(token):
+                host = os.uname().nodename
+                raise RuntimeError(
+                    f"report(checkpoint=...): the run's storage {self._storage.url} is not visible from "
+                    f"{host}. Runs whose ranks are on several hosts need storage_path= on storage every "
+                    "node can reach: a shared filesystem, or an fsspec URL such as s3://bucket/runs"
+                )
+        return self._storage
+
+    def report(self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None) -> None:
+        with self._lock:
+            step = self.step + 1
+            if checkpoint is not None:
+                self.storage().upload(os.fspath(checkpoint), step)
+            message = {"step": step, "metrics": metrics if self.rank == 0 else None, "checkpoint": checkpoint is not None}
+            self._out.write(json.dumps(message) + "\n")
+            self._out.flush()
+            answer = self._in.readline()
+            if not answer:
+                raise RuntimeError("report(): the node runner is gone (the run was stopped)")
+            reply = json.loads(answer)
+            if reply.get("error"):
+                raise RuntimeError(f"report(): step {step} could not be persisted: {reply['error']}")
+            self.step = step
+
+
+_reporter: _Reporter | None = None
+_reporter_lock = threading.Lock()
+
+
+def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None = None) -> None:
+    """Record ``metrics`` (rank 0's are kept, with a ``step``) and persist ``checkpoint``.
+
+    A collective: every rank calls it the same number of times. ``checkpoint`` is a local
+    directory this rank wrote (any rank may pass one: sharded saves, where each rank writes
+    its own files, merge into one checkpoint; files with the same name: the last writer wins).
+    Returns once everything is persisted on every rank. Metric values are numbers, strings,
+    booleans or None (0-d tensors and numpy scalars are converted).
+
+    Raises:
+        RuntimeError: outside a rank started by spark_torch, or when persisting failed.
+        TypeError: a metric that is not a single value.
+    """
+    global _reporter
+    clean = _clean(metrics)
+    with _reporter_lock:
+        if _reporter is None:
+            fds = os.environ.get(REPORT_FDS_ENV)
+            if not fds:
+                raise RuntimeError(
+                    "spark_torch.report() works inside ranks started by spark_torch "
+                    "(Distributor.run or spark-torch run)"
+                )
+            _reporter = _Reporter(fds)
+        reporter = _reporter
+    reporter.report(clean, checkpoint)
