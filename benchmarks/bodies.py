@@ -1,9 +1,9 @@
 """Rank bodies shared by every launcher in the benchmarks (spark_torch, TorchDistributor, torchrun).
 
-``run.py`` registers this module with ``cloudpickle.register_pickle_by_value`` so both
-Distributors ship these functions by value; ``floor_script.py`` imports it directly (it sits
-next to the script, so it is on ``sys.path[0]``). Every body imports what it needs inside,
-like a user's training function would.
+The worker (``worker_base.py``) registers this module with
+``cloudpickle.register_pickle_by_value`` so both Distributors ship these functions by value;
+``floor_script.py`` imports it directly (it sits next to the script, so it is on
+``sys.path[0]``). Every body imports what it needs inside, like a user's training function would.
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""The launch-overhead and throughput benchmarks: launch latency, DDP training, scaling.
+
+``LaunchBenchmarks`` adds three benchmark bodies to the worker's harness: ``launch`` (a
+trivial process-group function under every launcher, alternating and rotating per repetition),
+``training`` (interleaved A/B pairs of DDP throughput, ours vs bare torchrun) and ``scaling``
+(our local-mode launch of a no-op for N=1..8, bare torchrun for reference).
+"""
+
+from __future__ import annotations
+
+import time
+
+from jobs import FLOOR, OURS, RAY, TD, TORCHRUN, TRAINING_PAIRS
+from worker_base import WorkerBase
+
+
+class LaunchBenchmarks(WorkerBase):
+    def launch(self) -> None:
+        b = self.bodies
+        local = self.job.mode == "local"
+        if local:
+            ns = [2] if self.quick else [1, 2, 4]
+        elif self.job.master.startswith("local-cluster"):
+            ns = [2]
+        else:
+            ns = [2] if self.quick else [1, 2, 4]
+        self.warm_up(local)
+        floor_name = TORCHRUN if local else FLOOR
+        for rep in range(self.reps):
+            for n in ns:
+                launchers = [
+                    (OURS, lambda n=n: self.ours(n, local, b.trivial_pg)),
+                    (TD, lambda n=n: self.td(n, local, b.trivial_pg)),
+                    (floor_name, (lambda n=n: self.torchrun(n, "trivial_pg")) if local
+                     else (lambda n=n: self.barrier_floor(n, "trivial_pg"))),
+                ]
+                if not local:
+                    launchers.append(("barrier job only", lambda n=n: self.barrier_floor(n, None)))
+                if n == 2 and not self.job.master.startswith("local-cluster") and self.ray_available():
+                    launchers.append((RAY, lambda n=n: self.ray_train(n)))
+                for name, fn in self.rotate(launchers, rep):
+                    rec = self.record("launch", n, name, "seconds", "s")
+                    self.measure(rec, fn)
+
+    def training(self) -> None:
+        """Interleaved A/B of DDP throughput, ours vs bare torchrun: pair i runs both back to back
+        (order alternating), so slow drifts of this VM hit both sides of a pair alike; the
+        analysis reports the mean pair ratio with a 95% confidence interval."""
+        b = self.bodies
+        n = 2
+        steps = 60 if self.quick else 300  # >= 2 s of loop per run on 2 cores
+        pairs = 2 if self.quick else max(TRAINING_PAIRS, self.reps)
+        self.warm_up(True)
+        ours = (OURS, lambda: self.ours(n, True, b.train_ddp, steps))
+        ref = (TORCHRUN, lambda: self.torchrun(n, "train_ddp", steps))
+        for pair in range(pairs):
+            for name, fn in (ours, ref) if pair % 2 == 0 else (ref, ours):
+                rec = self.record("training", n, name, "samples_per_s", "samples/s", steps=steps)
+                if self.measure(rec, fn, lambda s, v: v["samples_per_s"]) is not None:
+                    rec["extra"][-1]["pair"] = pair
+
+    def scaling(self) -> None:
+        b = self.bodies
+        ns = [1, 2] if self.quick else [1, 2, 4, 8]
+        self.warm_up_ours_only()
+        for rep in range(self.reps):
+            for n in self.rotate(ns, rep):
+                self.measure(self.record("scaling", n, OURS, "seconds", "s"), lambda n=n: self.ours(n, True, b.noop))
+                if not self.quick:
+                    self.measure(
+                        self.record("scaling", n, TORCHRUN, "seconds", "s"), lambda n=n: self.torchrun(n, "noop")
+                    )
+
+    def warm_up_ours_only(self) -> None:
+        t = time.perf_counter()
+        self.ours(1, True, self.bodies.noop)
+        self.notes["cold_first_run_seconds"] = {OURS: time.perf_counter() - t}
