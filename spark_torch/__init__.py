@@ -19,8 +19,7 @@ from spark_torch.errors import (
     SparkTorchError,
 )
 from spark_torch.reporting.api import get_checkpoint, report
-
-__version__ = "0.1.0"
+from spark_torch.version import __version__
 
 __all__ = [
     "Distributor",

@@ -14,7 +14,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from spark_torch import __version__
+from spark_torch import envnames
+from spark_torch.version import __version__
 
 __all__ = ["main", "build_parser"]
 
@@ -105,7 +106,7 @@ def _session(args: argparse.Namespace, needed: bool) -> Any | None:
     from spark_torch.driver.session import get_or_create_session
 
     spark = get_or_create_session(master=args.master, conf=dict(args.conf))
-    if not os.environ.get("SPARK_TORCH_CLI_VERBOSE"):
+    if not os.environ.get(envnames.CLI_VERBOSE):
         try:
             spark.sparkContext.setLogLevel("ERROR")
         except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext here

@@ -1,13 +1,33 @@
-"""Blocks of log lines: complete lines of one rank's stream joined by "\\n" (pure helpers).
+"""Blocks of log lines (complete lines of one rank's stream joined by "\\n") and where they go.
 
 A block is what a pump hands over per pipe read and what a log frame carries. Handling a block
 with str methods (``replace``, ``rsplit``, ``count``) costs next to nothing per line, unlike a
-Python loop over lines.
+Python loop over lines. :class:`RankOutput` is what every receiver of rank output is (the
+driver's printer, a node's channel, an executor's log).
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines"]
+from typing import Protocol
+
+__all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines", "RankOutput", "EVENTS"]
+
+#: the states of a rank that :meth:`RankOutput.rank_event` reports
+EVENTS = ("started", "finished", "failed")
+
+
+class RankOutput(Protocol):
+    """Receives the ranks' output and state changes (from pump threads: thread-safe)."""
+
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        """A block of complete lines of ``rank``'s ``stream`` ("stdout"/"stderr"); rank -1: spark_torch's own."""
+
+    def flush(self) -> None:
+        """A batch ended (one pipe read, one frame): make what was written visible."""
+
+    def rank_event(self, rank: int, state: str) -> None:
+        """A rank ``started``, ``finished`` or ``failed``."""
+
 
 #: longer lines are split into pieces of this many characters, each marked as continued
 MAX_LINE_BYTES = 64 * 1024

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from spark_torch.settings import Settings
+
 __all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "RunSpec"]
 
 
@@ -87,9 +89,8 @@ class RunSpec:
     #: distributed mode: a directory of the driver's for rank 0's result (handed over by file
     #: when node 0 can write it: same host or shared filesystem)
     result_dir: str | None = None
-    #: how rank 0's result reaches the driver: "auto" (file when node 0 sees result_dir, else
-    #: the channel, else Spark), "channel" (the channel, else Spark) or "spark"
-    result_transfer: str = "auto"
+    #: the user's settings, resolved once on the driver (:mod:`spark_torch.settings`)
+    settings: Settings = field(default_factory=Settings.defaults)
     #: report()/checkpoints: the storage base (a directory or an fsspec URL; the run's data is
     #: under ``storage_base/run_id``), and the checkpoint this attempt resumes from
     storage_base: str | None = None

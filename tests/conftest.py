@@ -79,7 +79,7 @@ def _stop_active() -> None:
 
 def wait_for_slots(spark: Any, needed: int, seconds: float = 120.0) -> None:
     """Block until the cluster's executors registered (bounded)."""
-    from spark_torch.driver.barrier import available_slots
+    from spark_torch.driver.cluster import available_slots
 
     deadline = time.monotonic() + seconds
     while (available_slots(spark) or 0) < needed:

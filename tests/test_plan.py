@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -127,33 +128,39 @@ def test_ranks_per_task_cpu() -> None:
         make_plan(DistributorConfig(num_processes=4, local_mode=False, ranks_per_task=1), ClusterInfo(task_gpu_amount=2))
 
 
-def test_endpoint_resolution() -> None:
-    from spark_torch.driver.cluster import ClusterInfo
+def _endpoint(cluster: ClusterInfo, env: dict[str, str]) -> Any:
+    """The channel endpoint as a run resolves it: settings from ``env`` and the cluster's conf."""
     from spark_torch.driver.endpoints import resolve_endpoint
+    from spark_torch.settings import resolve
+
+    return resolve_endpoint(cluster, resolve({}, env, cluster.torch_conf))
+
+
+def test_endpoint_resolution() -> None:
 
     classic = ClusterInfo(driver_host="10.0.0.5")
-    assert resolve_endpoint(classic, {}) == resolve_endpoint(classic, {}).__class__(
+    assert _endpoint(classic, {}) == _endpoint(classic, {}).__class__(
         bind_host="10.0.0.5", advertise_host="10.0.0.5"
     )
     bound = ClusterInfo(driver_host="driver.svc", driver_bind_address="0.0.0.0")
-    e = resolve_endpoint(bound, {"SPARK_TORCH_CHANNEL_PORTS": "40000-40100", "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "5"})
+    e = _endpoint(bound, {"SPARK_TORCH_CHANNEL_PORTS": "40000-40100", "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "5"})
     assert (e.bind_host, e.advertise_host, e.ports, e.rendezvous_timeout) == ("0.0.0.0", "driver.svc", (40000, 40100), 5.0)
     # the override applies in every mode; host:port is for NAT / port mapping
-    e = resolve_endpoint(bound, {"SPARK_TORCH_LOG_HOST": "203.0.113.9:31000"})
+    e = _endpoint(bound, {"SPARK_TORCH_LOG_HOST": "203.0.113.9:31000"})
     assert (e.bind_host, e.advertise_host, e.advertise_port) == ("0.0.0.0", "203.0.113.9", 31000)
-    e = resolve_endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "[::1]:5"})
+    e = _endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "[::1]:5"})
     assert (e.advertise_host, e.advertise_port, e.bind_host) == ("::1", 5, "127.0.0.1")
-    e = resolve_endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "::1", "SPARK_TORCH_LOG_BIND": "::1"})
+    e = _endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "::1", "SPARK_TORCH_LOG_BIND": "::1"})
     assert (e.advertise_host, e.bind_host) == ("::1", "::1")
-    assert resolve_endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "fe80::1"}).advertise_host == "fe80::1"
+    assert _endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "fe80::1"}).advertise_host == "fe80::1"
     # Spark conf keys when no environment variable is set
-    conf = ClusterInfo(channel_ports="41000", rendezvous_timeout="7.5")
-    e = resolve_endpoint(conf, {})
+    conf = ClusterInfo(torch_conf={"spark.torch.channel.ports": "41000", "spark.torch.rendezvous.timeout": "7.5"})
+    e = _endpoint(conf, {})
     assert (e.ports, e.rendezvous_timeout) == ((41000, 41000), 7.5)
     # a Connect client advertises the interface that routes to the Connect server, not 127.0.1.1
     connect = ClusterInfo(is_connect=True, connect_host="127.0.0.1", driver_bind_address="10.9.9.9")
-    assert resolve_endpoint(connect, {}).advertise_host == "127.0.0.1"
-    assert resolve_endpoint(connect, {}).bind_host == "127.0.0.1"
+    assert _endpoint(connect, {}).advertise_host == "127.0.0.1"
+    assert _endpoint(connect, {}).bind_host == "127.0.0.1"
 
 
 @pytest.mark.parametrize(
@@ -170,10 +177,9 @@ def test_endpoint_resolution() -> None:
 def test_endpoint_errors(env: dict[str, str], message: str) -> None:
     from spark_torch import ConfigurationError
     from spark_torch.driver.cluster import ClusterInfo
-    from spark_torch.driver.endpoints import resolve_endpoint
 
     with pytest.raises(ConfigurationError) as info:
-        resolve_endpoint(ClusterInfo(), env)
+        _endpoint(ClusterInfo(), env)
     assert message in str(info.value)
 
 
@@ -220,7 +226,7 @@ def test_gpu_and_tls_misconfiguration_is_also_a_runtime_error() -> None:
     ],
 )
 def test_slots_from_conf(conf: dict[str, str], slots: int | None) -> None:
-    from spark_torch.driver.barrier import slots_from_conf
+    from spark_torch.driver.cluster import slots_from_conf
 
     assert slots_from_conf(conf.get) == slots
 
@@ -235,7 +241,7 @@ def test_cgroup_quota() -> None:
 
 def test_python_versions_compare_major_minor() -> None:
     """PySpark's rule: the same major.minor everywhere; a patch difference only warns."""
-    from spark_torch.node.task import python_mismatch
+    from spark_torch.node.host import python_mismatch
 
     assert python_mismatch("3.11.9", ["3.11.9", "3.11.9"]) == (None, None)
     error, warning = python_mismatch("3.11.9", ["3.11.4", "3.11.9"])
@@ -246,8 +252,8 @@ def test_python_versions_compare_major_minor() -> None:
 
 def test_ipv6_hosts_lose_their_brackets_for_binding() -> None:
     """Spark reports IPv6 task addresses as [addr]:port; bind() wants the bare address."""
+    from spark_torch.node.host import host_of
     from spark_torch.node.processes import reserve_port
-    from spark_torch.node.task import host_of
 
     assert host_of("10.0.0.5:41234") == "10.0.0.5" and host_of("worker-3:7") == "worker-3"
     host = host_of("[::1]:41234")

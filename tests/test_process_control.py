@@ -89,6 +89,9 @@ class _DeadlineAtTheLastExit:
     def __call__(self, rank: int, stream: str, block: str) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
     def rank_event(self, rank: int, state: str) -> None:
         if state == "finished":
             self.left -= 1

@@ -150,7 +150,7 @@ def test_large_result_distributed(
     import hashlib
 
     import spark_torch.driver.barrier as barrier
-    from spark_torch.channel.ends import DriverChannel
+    from spark_torch.channel.driver_end import DriverChannel
 
     channels: list[DriverChannel] = []
 
@@ -164,7 +164,8 @@ def test_large_result_distributed(
     digest, out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(big_with_digest, 110)
     assert len(out) == 110 * 1024 * 1024
     assert hashlib.sha256(out).hexdigest() == digest
-    streamed = channels[0]._result_received
+    sink = channels[0].bulk_sink
+    streamed = sink.received if sink is not None else 0  # type: ignore[attr-defined]
     assert streamed > 110 * 1024 * 1024 if transfer == "channel" else streamed == 0
 
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from spark_torch.channel.wire import MAX_FRAME, FrameTooLarge, body_size, encode
-from spark_torch.lines import block_lines
+from spark_torch.lines import RankOutput, block_lines
 
 __all__ = ["LineQueue", "LineReceiver", "EVENT_STREAM", "QUEUE_LINES", "FRAME_TEXT_BYTES"]
 
@@ -29,8 +28,6 @@ FRAME_TEXT_BYTES = MAX_FRAME // 8
 #: room left in a frame for the sequence number the transport adds
 _SEQ_ROOM = 64
 
-#: receives ``(rank, stream, block)``: complete lines joined by "\n"
-LinesHandler = Callable[[int, str, str], None]
 
 
 def _fits(message: dict[str, Any]) -> bool:
@@ -140,10 +137,8 @@ class LineQueue:
 class LineReceiver:
     """Driver side: hands received blocks and rank events to the sink; counts drops."""
 
-    def __init__(self, sink: LinesHandler) -> None:
+    def __init__(self, sink: RankOutput) -> None:
         self._sink = sink
-        self._flush = getattr(sink, "flush", None)
-        self._rank_event = getattr(sink, "rank_event", None)
         self._lock = threading.Lock()
         self.dropped = 0
 
@@ -161,12 +156,10 @@ class LineReceiver:
             checked.append((rank, stream, block))
         for rank, stream, block in checked:
             if stream == EVENT_STREAM:
-                if self._rank_event is not None:
-                    self._rank_event(rank, block)
+                self._sink.rank_event(rank, block)
             else:
                 self._sink(rank, stream, block)
-        if self._flush is not None:
-            self._flush()
+        self._sink.flush()
 
     def dropped_lines(self, node: int, count: Any) -> None:
         """A node dropped ``count`` lines (its queue was full): counted and shown."""

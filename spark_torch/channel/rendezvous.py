@@ -17,10 +17,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RendezvousCoordinator", "RendezvousOutcome", "parse_decision", "fallback_warning", "PEERS", "FALLBACK"]
+__all__ = ["RendezvousCoordinator", "RendezvousOutcome", "parse_decision", "fallback_warning", "PEERS", "FALLBACK", "GIVE_UP_SECONDS"]
 
 PEERS = "peers"
 FALLBACK = "fallback"
+#: after its deadline, how long a connected node waits for the driver's answer to "give up"
+#: (the driver gives up on nodes that never reach it this long after their own deadline)
+GIVE_UP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)

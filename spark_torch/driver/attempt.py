@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.lines import RankOutput
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.storage import RunStorage
 from spark_torch.spec import RunSpec
@@ -18,9 +19,9 @@ class Attempt:
     """One (re)start of the whole gang. ``spec.run_id`` is stable across restarts."""
 
     spec: RunSpec
+    on_lines: RankOutput = field(repr=False)
     timeout: float | None = None  # what is left of the run's time for this attempt
     run_timeout: float | None = None  # the user's ``timeout``, for messages
-    on_lines: Callable[[int, str, str], None] = field(default=lambda rank, stream, text: None, repr=False)
     #: the last lines the driver received from a rank (for errors about ranks that did not report)
     tail: Callable[[int], tuple[str, ...]] = field(default=lambda rank: (), repr=False)
     #: receives rank 0's metrics row of every persisted report() step

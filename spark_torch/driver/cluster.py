@@ -1,12 +1,22 @@
-"""A snapshot of what Spark offers this run. The only module that reads Spark conf/resources."""
+"""What Spark offers this run. The only module that reads Spark conf, resources and slots.
+
+:func:`read_cluster` takes a snapshot of the conf a plan depends on (including the
+``spark.torch.*`` keys of :mod:`spark_torch.settings`); :func:`available_slots` asks the
+scheduler (or, for a Spark Connect client, the conf) how many tasks can run at once.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ClusterInfo", "read_cluster", "IGNORE_SSL_KEY"]
+from spark_torch.errors import ConfigurationError
+from spark_torch.settings import SETTINGS
+
+__all__ = ["ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "is_connect_session", "available_slots", "slots_from_conf"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +41,8 @@ class ClusterInfo:
     driver_bind_address: str | None = None
     #: Spark Connect: the host of the Connect server this client talks to
     connect_host: str | None = None
-    #: raw ``spark.torch.channel.ports`` / ``spark.torch.rendezvous.timeout`` (checked in endpoints)
-    channel_ports: str | None = None
-    rendezvous_timeout: str | None = None
+    #: the ``spark.torch.*`` keys of :data:`spark_torch.settings.SETTINGS` that are set (raw text)
+    torch_conf: Mapping[str, str] = field(default_factory=dict)
     #: ``spark.executorEnv.OMP_NUM_THREADS``: the cluster chose the ranks' thread count
     executor_threads: str | None = None
 
@@ -53,8 +62,6 @@ def _float(spark: Any, key: str) -> float:
     try:
         return float(raw)
     except ValueError as exc:
-        from spark_torch.errors import ConfigurationError
-
         raise ConfigurationError(f"Spark conf {key}={raw!r} is not a number") from exc
 
 
@@ -101,7 +108,47 @@ def read_cluster(spark: Any) -> ClusterInfo:
         is_connect=connect,
         driver_bind_address=None if connect else _conf(spark, "spark.driver.bindAddress"),
         connect_host=connect_host,
-        channel_ports=_conf(spark, "spark.torch.channel.ports"),
-        rendezvous_timeout=_conf(spark, "spark.torch.rendezvous.timeout"),
+        torch_conf={s.conf: v for s in SETTINGS if (v := _conf(spark, s.conf)) is not None},
         executor_threads=_conf(spark, "spark.executorEnv.OMP_NUM_THREADS"),
     )
+
+
+def slots_from_conf(conf: Callable[[str], str | None]) -> int | None:
+    """Task slots a cluster offers, from its configuration alone (Spark Connect clients cannot ask
+    the scheduler): ``local[N]``, ``local-cluster[N,C,M]``, or a static executor allocation.
+    None when the configuration does not say (``local[*]`` on an unknown server, dynamic
+    allocation)."""
+    try:
+        task_cpus = max(1, int(conf("spark.task.cpus") or "1"))
+    except ValueError:
+        task_cpus = 1
+    master = (conf("spark.master") or "").strip()
+    if master == "local":
+        return 1 // task_cpus
+    match = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", master)
+    if match:
+        return int(match.group(1)) // task_cpus
+    match = re.fullmatch(r"local-cluster\[(\d+),\s*(\d+),\s*\d+\]", master)
+    if match:
+        return int(match.group(1)) * (int(match.group(2)) // task_cpus)
+    if (conf("spark.dynamicAllocation.enabled") or "").lower() == "true":
+        return None
+    try:
+        instances, cores = int(conf("spark.executor.instances") or ""), int(conf("spark.executor.cores") or "")
+    except ValueError:
+        return None
+    return instances * (cores // task_cpus)
+
+
+def available_slots(spark: Any) -> int | None:
+    """Task slots the cluster offers at once for the default resource profile (None: unknown)."""
+    if is_connect_session(spark):
+        return slots_from_conf(lambda key: _conf(spark, key))
+    jsc = spark.sparkContext._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def master_of(spark: Any) -> str:
+    """The session's master URL (``spark.master`` of a Connect client's conf)."""
+    return str(_conf(spark, "spark.master", "") or "") if is_connect_session(spark) else str(spark.sparkContext.master)

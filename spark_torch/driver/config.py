@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from spark_torch import settings
+from spark_torch.envnames import RESERVED
 from spark_torch.errors import ConfigurationError
 
 __all__ = ["DistributorConfig", "LogRanks"]
@@ -16,19 +18,6 @@ __all__ = ["DistributorConfig", "LogRanks"]
 LogRanks = Literal["all"] | frozenset[int] | None
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
-# Environment variables the launcher owns; a user-supplied ``env`` may not override them.
-RESERVED_ENV = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "NODE_RANK",
-        "GROUP_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    }
-)
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -74,9 +63,20 @@ class DistributorConfig:
     run_id: str | None = None
     keep_checkpoints: int | None = None
     mlflow: bool | None = None
+    # the settings of spark_torch.settings.SETTINGS given as keywords (None: environment, Spark conf, default)
+    channel_host: Any = None
+    channel_bind_address: Any = None
+    channel_ports: Any = None
+    rendezvous_timeout: Any = None
+    heartbeat: Any = None
+    result_transfer: Any = None
+    executor_wait: Any = None
+    warm_start: Any = None
 
     def __post_init__(self) -> None:
         self._check_reporting()
+        for setting in settings.SETTINGS:
+            object.__setattr__(self, setting.name, settings.check_value(setting.name, getattr(self, setting.name)))
         object.__setattr__(self, "num_processes", _check_int("num_processes", self.num_processes, 1))
         object.__setattr__(self, "max_restarts", _check_int("max_restarts", self.max_restarts, 0))
         if self.progress is not None and not isinstance(self.progress, bool):
@@ -103,10 +103,10 @@ class DistributorConfig:
         for key, value in self.env.items():
             if not isinstance(key, str) or not key or "=" in key:
                 raise ConfigurationError(f"env has an invalid variable name {key!r}")
-            if key in RESERVED_ENV:
+            if key in RESERVED:
                 raise ConfigurationError(
                     f"env may not set {key}: spark_torch sets it for every rank "
-                    f"(reserved: {', '.join(sorted(RESERVED_ENV))})"
+                    f"(reserved: {', '.join(sorted(RESERVED))})"
                 )
             env[key] = str(value)
         object.__setattr__(self, "env", env)
@@ -132,6 +132,10 @@ class DistributorConfig:
             object.__setattr__(self, "keep_checkpoints", _check_int("keep_checkpoints", self.keep_checkpoints, 1))
         if self.mlflow is not None and not isinstance(self.mlflow, bool):
             raise TypeError(f"mlflow must be True, False or None (on when an MLflow run is active), got {self.mlflow!r}")
+
+    def given_settings(self) -> dict[str, Any]:
+        """The settings given as keywords (see :func:`spark_torch.settings.resolve`)."""
+        return {s.name: getattr(self, s.name) for s in settings.SETTINGS}
 
     def shows_rank(self, rank: int) -> bool:
         """Whether the driver prints this rank's output."""

@@ -1,18 +1,17 @@
-"""Driver/executor plumbing of ``run_on_dataframe``: check the schema, stage a node's rows."""
+"""Driver side of ``run_on_dataframe``: check the DataFrame's schema before anything starts.
+
+The node side (staging a node's rows) is :mod:`spark_torch.node.staging`.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spark_torch.errors import ConfigurationError
 
-__all__ = ["DataInput", "check_columns", "write_node_data", "data_env", "check_shards", "DATA_FILE_NAME"]
-
-DATA_FILE_NAME = "data.arrow"
+__all__ = ["DataInput", "check_columns"]
 
 
 def _kind(data_type: Any) -> str | None:
@@ -51,28 +50,6 @@ def check_columns(schema: Any, columns: Sequence[str] | None) -> list[str]:
     return chosen
 
 
-def write_node_data(batches: Iterable[Any], directory: str) -> tuple[str, int]:
-    """Stream Arrow record batches into ``directory/data.arrow``; returns (path, rows)."""
-    import pyarrow as pa
-
-    path = os.path.join(directory, DATA_FILE_NAME)
-    rows = 0
-    writer = None
-    try:
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_file(path, batch.schema)
-            if batch.num_rows:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:  # no batch at all: an empty file the ranks can still open
-        return path, 0
-    return path, rows
-
-
 @dataclass(frozen=True)
 class DataInput:
     """A DataFrame to spread over the ranks, and which columns (``explicit``: tuples, not dicts)."""
@@ -80,33 +57,3 @@ class DataInput:
     df: Any
     columns: tuple[str, ...]
     explicit: bool = False
-
-
-def data_env(path: str, columns: Sequence[str], explicit: bool, *, rows_per_node: Sequence[int] = ()) -> dict[str, str]:
-    """The variables that tell :mod:`spark_torch.rank.data` where this node's rows are.
-
-    ``rows_per_node``: every node's row count, in node order (known after the rendezvous).
-    """
-    from spark_torch.rank.data import DATA_COLUMNS_ENV, DATA_FILE_ENV, DATA_ROWS_ENV
-
-    env = {DATA_FILE_ENV: path}
-    if rows_per_node:
-        env[DATA_ROWS_ENV] = json.dumps([int(r) for r in rows_per_node])
-    if explicit:
-        env[DATA_COLUMNS_ENV] = json.dumps(list(columns))
-    return env
-
-
-def check_shards(rows_per_node: Sequence[int], procs_per_node: int) -> str | None:
-    """Why some rank would get no rows (a message), or None when every rank has data."""
-    total = sum(rows_per_node)
-    world = procs_per_node * len(rows_per_node)
-    if total == 0:
-        return "the DataFrame is empty; there is nothing to train on"
-    for node, rows in enumerate(rows_per_node):
-        if rows < procs_per_node:
-            return (
-                f"the DataFrame has {total} row(s) for {world} ranks and node {node} got {rows} for its "
-                f"{procs_per_node} rank(s): every rank needs at least one row. Use fewer processes or more data"
-            )
-    return None

@@ -24,6 +24,7 @@ from spark_torch.driver.tracker import ReportTracker
 from spark_torch.errors import ConfigurationError
 from spark_torch.node.gpus import detect_local_gpus
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage
+from spark_torch.settings import resolve as resolve_settings
 from spark_torch.spec import DataSpec, LaunchPlan, RunSpec
 
 if TYPE_CHECKING:
@@ -100,6 +101,14 @@ class Distributor:
         run_id: str | None = None,
         keep_checkpoints: int | None = None,
         mlflow: bool | None = None,
+        channel_host: str | None = None,
+        channel_bind_address: str | None = None,
+        channel_ports: str | tuple[int, int] | None = None,
+        rendezvous_timeout: float | None = None,
+        heartbeat: float | None = None,
+        result_transfer: str | None = None,
+        executor_wait: float | None = None,
+        warm_start: bool | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -116,6 +125,14 @@ class Distributor:
             run_id=run_id,
             keep_checkpoints=keep_checkpoints,
             mlflow=mlflow,
+            channel_host=channel_host,
+            channel_bind_address=channel_bind_address,
+            channel_ports=channel_ports,
+            rendezvous_timeout=rendezvous_timeout,
+            heartbeat=heartbeat,
+            result_transfer=result_transfer,
+            executor_wait=executor_wait,
+            warm_start=warm_start,
         )
         self._spark = spark
         #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)
@@ -203,7 +220,7 @@ class Distributor:
         return self._run(main, args, kwargs, data)
 
     def _run(self, main: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any) -> Any:
-        from spark_torch import envelopes
+        from spark_torch.driver.payload import dump_function_payload
         from spark_torch.errors import DistributedRunError, RunTimeoutError
 
         entry = make_entrypoint(main, args, kwargs)
@@ -221,8 +238,9 @@ class Distributor:
                 "spark_torch: Spark encryption is on but %s=true: rank-to-rank torch traffic is "
                 "NOT encrypted", IGNORE_SSL_KEY
             )
-        payload = envelopes.dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
-        endpoint = None if plan.local_mode else resolve_endpoint(cluster, os.environ)
+        payload = dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
+        settings = resolve_settings(self.config.given_settings(), os.environ, cluster.torch_conf)
+        endpoint = None if plan.local_mode else resolve_endpoint(cluster, settings)
         run_id = self.config.run_id or uuid.uuid4().hex[:12]
         token = uuid.uuid4().hex
         storage = self._storage(run_id, token)
@@ -239,6 +257,7 @@ class Distributor:
             data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
             storage_base=storage.base if storage is not None else None,
             storage_token=token,
+            settings=settings,
         )
         outcome = self.last_run = RunResult(run_id=run_id)
         deadline = time.monotonic() + self.config.timeout if self.config.timeout else None

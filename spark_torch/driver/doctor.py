@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from spark_torch import __version__
 from spark_torch.driver.cluster import IGNORE_SSL_KEY, is_connect_session, read_cluster
+from spark_torch.version import __version__
 
 __all__ = ["run_doctor", "Check"]
 
@@ -86,7 +86,7 @@ def _allreduce() -> float:
 
 def collect_checks(spark: Any) -> list[Check]:
     """Run every check against ``spark``."""
-    from spark_torch.driver.barrier import available_slots
+    from spark_torch.driver.cluster import available_slots
 
     checks: list[Check] = []
     driver = _local_versions()

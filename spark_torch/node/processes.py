@@ -10,17 +10,17 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 import psutil
 
-from spark_torch.lines import CONTINUED, MAX_LINE_BYTES, last_lines, make_block
+from spark_torch import envnames
+from spark_torch.lines import CONTINUED, MAX_LINE_BYTES, RankOutput, last_lines, make_block
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.warm import WarmProcess, warm_spawn
-from spark_torch.rank.deathsig import PARENT_PID_ENV
 
 __all__ = [
     "RankProcess",
@@ -28,8 +28,8 @@ __all__ = [
     "kill_group",
     "reserve_port",
     "signal_name",
-    "LinesCallback",
     "interrupts_deferred",
+    "with_package_on_path",
 ]
 
 logger = logging.getLogger(__name__)
@@ -43,10 +43,12 @@ READ_BYTES = 64 * 1024
 #: the first line of a burst is never delayed
 COALESCE_SECONDS = 0.002
 
-#: receives ``(rank, stream, block)``: complete lines of one rank's stdout or stderr, joined by
-#: "\n" (no trailing newline). Handling a block with str methods (``replace``, ``rsplit``,
-#: ``count``) costs next to nothing per line, unlike a Python loop over lines.
-LinesCallback = Callable[[int, str, str], None]
+
+def with_package_on_path(env: dict[str, str]) -> dict[str, str]:
+    """Children run ``python -m spark_torch.…`` from wherever this process found spark_torch."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
 
 def signal_name(returncode: int | None) -> str | None:
     """``SIGKILL`` for a process killed by signal 9 (``returncode == -9``), else None."""
@@ -78,14 +80,13 @@ class RankProcess:
         return int(self.popen.pid)
 
 
-def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallback) -> None:
+def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: RankOutput) -> None:
     """Read one pipe until EOF and hand over complete lines as one block per read.
 
-    A chatty rank costs one call of ``on_lines`` (and one ``flush()``, if it has that method) per
-    read of up to 64 KiB instead of one per line; a quiet rank's line goes out at once.
-    Incomplete UTF-8 sequences at a read boundary are kept for the next read.
+    A chatty rank costs one call of ``on_lines`` (and one ``flush()``) per read of up to 64 KiB
+    instead of one per line; a quiet rank's line goes out at once. Incomplete UTF-8 sequences at
+    a read boundary are kept for the next read.
     """
-    flush = getattr(on_lines, "flush", None)
     fd = stream.fileno()
     pending = b""
     keep = proc.tail.maxlen or 40
@@ -93,8 +94,7 @@ def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: LinesCallba
     def deliver(block: str) -> None:
         proc.tail.extend(last_lines(block, keep))
         on_lines(proc.rank, name, block)
-        if flush is not None:
-            flush()
+        on_lines.flush()
 
     with stream:
         while True:
@@ -149,25 +149,26 @@ def spawn_rank(
     rank: int,
     local_rank: int,
     cwd: str | None,
-    on_lines: LinesCallback,
+    on_lines: RankOutput,
     pass_fds: Sequence[int] = (),
+    warm: bool = True,
 ) -> RankProcess:
     """Start one rank in a new session (its own process group).
 
-    Forked from the warm-start template when it can be (:mod:`spark_torch.node.warm`: torch is
-    already imported there), else a fresh interpreter. No ``preexec_fn`` (Python code between
+    Forked from the warm-start template when ``warm`` and it can be (:mod:`spark_torch.node.warm`:
+    torch is already imported there), else a fresh interpreter. No ``preexec_fn`` (Python code between
     fork and exec can deadlock a multi-threaded parent): the rank arms its own parent-death
     signal first thing (:mod:`spark_torch.rank.deathsig`), told who its parent is by
     ``SPARK_TORCH_PARENT_PID``.
     """
     streams: tuple[IO[bytes], IO[bytes]]
-    popen: Any = _warm_start(argv, env, cwd, pass_fds)
+    popen: Any = _warm_start(argv, env, cwd, pass_fds) if warm else None
     if popen is not None:
         popen, streams = popen
     else:
         popen = subprocess.Popen(
             list(argv),
-            env={**env, PARENT_PID_ENV: str(os.getpid())},
+            env={**env, envnames.PARENT_PID: str(os.getpid())},
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

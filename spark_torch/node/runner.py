@@ -1,45 +1,40 @@
 """The node runner: start one node's ranks, pump their output, wait, collect, clean up.
 
-The same code runs on the driver (local mode) and inside a Spark barrier task (distributed
-mode). It imports neither pyspark nor torch.
+Called by the node host (:mod:`spark_torch.node.host`) on the driver (local mode) and inside a
+Spark barrier task (distributed mode). It imports neither pyspark nor torch; ranks are started
+by module name (``python -m spark_torch.rank.function_main`` / ``script_main``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spark_torch import envelopes
+from spark_torch import envelopes, envnames
 from spark_torch.errors import RankFailure
-from spark_torch.node.processes import RankProcess, interrupts_deferred, kill_group, signal_name, spawn_rank
+from spark_torch.lines import RankOutput
+from spark_torch.node.processes import (
+    RankProcess,
+    interrupts_deferred,
+    kill_group,
+    signal_name,
+    spawn_rank,
+    with_package_on_path,
+)
 from spark_torch.node.rank_env import RankIdentity, rank_env
-from spark_torch.node.store_host import AGENT_STORE_ENV, StoreHost, host_store
-from spark_torch.reporting.api import CHECKPOINT_ENV, REPORT_FDS_ENV, START_STEP_ENV, STORAGE_ENV
+from spark_torch.node.workdir import NodeWorkdir, node_marker
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
 
-__all__ = [
-    "NodeSpec",
-    "NodeOutcome",
-    "NodeWorkdir",
-    "run_node",
-    "scratch_root",
-    "node_marker",
-    "resume_env",
-    "RANK_MAIN_MODULE",
-]
+__all__ = ["NodeSpec", "NodeOutcome", "run_node", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE"]
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
 SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
-REAPER_MODULE = "spark_torch.node.reaper_main"
 GRACE_SECONDS = 5.0
 #: after Ctrl-C (or another exception in the node runner), the ranks get this long to exit
 INTERRUPT_GRACE_SECONDS = 2.0
@@ -121,31 +116,14 @@ def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
         extra={**run.extra_env, **spec.node_env},
     )
     # like torchrun: torch's @record writes the rank's error there; it becomes the traceback
-    if "TORCHELASTIC_ERROR_FILE" not in run.extra_env:
-        env["TORCHELASTIC_ERROR_FILE"] = envelopes.elastic_error_path(workdir, identity.rank)
+    if envnames.TORCHELASTIC_ERROR_FILE not in run.extra_env:
+        env[envnames.TORCHELASTIC_ERROR_FILE] = envelopes.elastic_error_path(workdir, identity.rank)
     if run.storage_base is not None:
-        env[STORAGE_ENV] = f"{run.storage_base}\n{run.run_id}\n{run.storage_token}"
-        env[START_STEP_ENV] = str(run.resume_step)
+        env[envnames.STORAGE] = f"{run.storage_base}\n{run.run_id}\n{run.storage_token}"
+        env[envnames.START_STEP] = str(run.resume_step)
     if spec.agent_store:
-        env[AGENT_STORE_ENV] = "True"
-    return _with_package_on_path(env)
-
-
-def start_store_host(run: RunSpec, port: int, cwd: str | None, python: str = sys.executable) -> StoreHost | None:
-    """Node 0: host the run's rendezvous store on ``port`` before any rank starts (None: not
-    hosted; rank 0 hosts it as usual). Its environment has the ranks' import path, so it is
-    forked from the same warm-start template."""
-    if run.world_size < 2:  # nobody to race with
-        return None
-    env = _with_package_on_path({**os.environ, **run.extra_env})
-    return host_store(python, port, run.world_size, env, cwd)
-
-
-def _with_package_on_path(env: dict[str, str]) -> dict[str, str]:
-    """Children run ``python -m spark_torch.…`` from wherever this process found spark_torch."""
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    return env
+        env[envnames.TORCHELASTIC_USE_AGENT_STORE] = "True"
+    return with_package_on_path(env)
 
 
 def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: float) -> RankFailure:
@@ -169,95 +147,9 @@ def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: floa
     )
 
 
-def node_marker(run_id: str, node_rank: int) -> dict[str, str]:
-    """Environment items every rank of this node, and everything they start, inherits: how the
-    node's processes are found even after they left the rank's process group."""
-    return {"SPARK_TORCH_RUN_ID": run_id, "NODE_RANK": str(node_rank)}
-
-
-def _start_reaper(python: str, workdir: str, marker: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
-    """The watchdog that cleans up if this process dies before its own cleanup runs."""
-    env = _with_package_on_path(dict(os.environ))
-    try:
-        return subprocess.Popen(
-            [python, "-m", REAPER_MODULE, workdir, *(f"{k}={v}" for k, v in marker.items())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-            env=env,
-        )
-    except OSError:
-        return None
-
-
-def _tell_reaper(reaper: subprocess.Popen[bytes] | None, line: str) -> None:
-    if reaper is None or reaper.stdin is None:
-        return
-    try:
-        reaper.stdin.write(line.encode("ascii") + b"\n")
-        reaper.stdin.flush()
-    except (BrokenPipeError, ValueError):
-        pass
-
-
-def scratch_root(environ: Mapping[str, str] | None = None) -> str | None:
-    """Where a node keeps its files: the first usable of Spark's local dirs (``SPARK_LOCAL_DIRS``,
-    which Spark gives its Python workers; ``LOCAL_DIRS`` on YARN), else None (the temp dir).
-
-    Spark's local dirs are the disks the cluster meant for scratch data, and Spark removes
-    them with the executor; ``/tmp`` is often small or a RAM disk.
-    """
-    env = os.environ if environ is None else environ
-    for var in ("SPARK_LOCAL_DIRS", "LOCAL_DIRS"):
-        for directory in (env.get(var) or "").split(","):
-            directory = directory.strip()
-            if directory and os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK):
-                return directory
-    return None
-
-
-def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
-    """``SPARK_TORCH_CHECKPOINT`` for the ranks: the checkpoint this attempt resumes from, as a
-    local directory (storage that is not a local path is downloaded into the node's scratch)."""
-    if run.resume_url is None or run.storage_base is None:
-        return {}
-    from spark_torch.reporting.storage import CheckpointInfo, RunStorage
-
-    local = RunStorage(run.storage_base, run.run_id).download(
-        CheckpointInfo(step=run.resume_step, url=run.resume_url), os.path.join(workdir, "checkpoint")
-    )
-    return {CHECKPOINT_ENV: local}
-
-
-class NodeWorkdir:
-    """A node's scratch dir (payload, results, data; mode 0700), guarded by a reaper; removed on exit."""
-
-    def __init__(self, run_id: str, node_rank: int, python: str = sys.executable, *, role: str = "node") -> None:
-        self.path = tempfile.mkdtemp(prefix=f"spark-torch-{run_id}-{role}{node_rank}-", dir=scratch_root())
-        # the driver's result dir guards no ranks; a node's reaper also finds the node's orphans
-        self._reaper = _start_reaper(python, self.path, node_marker(run_id, node_rank) if role == "node" else {})
-
-    def track(self, pgid: int, created: float) -> None:
-        """Tell the reaper about a process group (and its leader's creation time) to stop if this process dies."""
-        _tell_reaper(self._reaper, f"{pgid} {created!r}")
-
-    def __enter__(self) -> NodeWorkdir:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self._reaper is not None:
-            _tell_reaper(self._reaper, "done")
-            if self._reaper.stdin is not None:
-                self._reaper.stdin.close()
-            self._reaper.wait()
-
-
 def run_node(
     spec: NodeSpec,
-    on_lines: Callable[[int, str, str], None],
+    on_lines: RankOutput,
     *,
     stop: threading.Event | None = None,
     workdir: NodeWorkdir | None = None,
@@ -288,12 +180,9 @@ def run_node(
             envelopes.write_atomic(payload_path, spec.run.payload)
         argv = _argv(spec, payload_path, workdir_path)
 
-        rank_event = getattr(on_lines, "rank_event", None)
-
         def watch(proc: RankProcess) -> None:
             proc.popen.wait()
-            if rank_event is not None:
-                rank_event(proc.rank, "finished" if proc.popen.returncode == 0 else "failed")
+            on_lines.rank_event(proc.rank, "finished" if proc.popen.returncode == 0 else "failed")
             with changed:
                 exited.append((proc, time.time()))
                 changed.notify_all()
@@ -303,7 +192,7 @@ def run_node(
             fds: tuple[int, ...] = ()
             if reports is not None:
                 fds = reports.open(spec.global_rank(local_rank))
-                env[REPORT_FDS_ENV] = ",".join(map(str, fds))
+                env[envnames.REPORT_FDS] = ",".join(map(str, fds))
             with interrupts_deferred():  # a Ctrl-C now must not orphan a half-registered rank
                 try:
                     proc = spawn_rank(
@@ -314,14 +203,14 @@ def run_node(
                         cwd=spec.cwd,
                         on_lines=on_lines,
                         pass_fds=fds,
+                        warm=spec.run.settings.warm_start,
                     )
                 finally:
                     if reports is not None:
                         reports.started(spec.global_rank(local_rank))
                 procs.append(proc)
                 guard.track(proc.pid, proc.created)
-                if rank_event is not None:
-                    rank_event(proc.rank, "started")
+                on_lines.rank_event(proc.rank, "started")
                 threading.Thread(
                     target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}"
                 ).start()

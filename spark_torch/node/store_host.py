@@ -12,17 +12,20 @@ import logging
 import os
 import select
 import subprocess
+import sys
 from collections.abc import Mapping
 
+from spark_torch.envnames import SCRUBBED, TORCHELASTIC_USE_AGENT_STORE
 from spark_torch.node.process_tree import create_time, terminate_trees
-from spark_torch.node.rank_env import SCRUBBED_ENV
+from spark_torch.node.processes import with_package_on_path
 from spark_torch.node.warm import WarmProcess, warm_spawn
+from spark_torch.spec import RunSpec
 
-__all__ = ["StoreHost", "host_store", "AGENT_STORE_ENV"]
+__all__ = ["StoreHost", "host_store", "start_store_host", "AGENT_STORE_ENV"]
 
 logger = logging.getLogger(__name__)
 
-AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+AGENT_STORE_ENV = TORCHELASTIC_USE_AGENT_STORE
 STORE_MODULE = "spark_torch.node.store_host_main"
 #: a fork of the template is listening within milliseconds; this only bounds a broken one
 READY_SECONDS = 10.0
@@ -58,7 +61,7 @@ def host_store(python: str, port: int, world_size: int, env: Mapping[str, str], 
     (the ranks then fall back to rank 0 hosting it)."""
     out_r, out_w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
-    clean_env = {k: v for k, v in env.items() if k not in SCRUBBED_ENV}
+    clean_env = {k: v for k, v in env.items() if k not in SCRUBBED}
     try:
         process = warm_spawn(python, [python, "-m", STORE_MODULE, str(port), str(world_size)], clean_env, cwd, [null, out_w, null])
     finally:
@@ -78,3 +81,13 @@ def host_store(python: str, port: int, world_size: int, env: Mapping[str, str], 
         logger.warning("spark_torch: the rendezvous store could not be hosted on port %d; rank 0 hosts it", port)
         return None
     return host
+
+
+def start_store_host(run: RunSpec, port: int, cwd: str | None, python: str = sys.executable) -> StoreHost | None:
+    """Node 0: host the run's rendezvous store on ``port`` before any rank starts (None: not
+    hosted; rank 0 hosts it as usual). Its environment has the ranks' import path, so it is
+    forked from the same warm-start template; without warm starts nothing is hosted."""
+    if run.world_size < 2 or not run.settings.warm_start:  # nobody to race with / no template
+        return None
+    env = with_package_on_path({**os.environ, **run.extra_env})
+    return host_store(python, port, run.world_size, env, cwd)

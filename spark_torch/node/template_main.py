@@ -32,6 +32,8 @@ import struct
 import sys
 from typing import Any
 
+from spark_torch import envnames
+
 __all__ = ["main", "THREAD_ENV", "MAX_REQUEST"]
 
 #: the template's own thread pools: one thread each, so that it has no thread to lose in fork()
@@ -54,11 +56,11 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> None:
             os.dup2(fd, target)
         env = dict(request["env"])
         if extra:
-            env["SPARK_TORCH_REPORT_FDS"] = ",".join(str(fd) for fd in extra)
+            env[envnames.REPORT_FDS] = ",".join(str(fd) for fd in extra)
         for fd in (stdin, stdout, stderr):
             if fd > 2:
                 os.close(fd)
-        env["SPARK_TORCH_PARENT_PID"] = str(os.getppid())  # this template: it dies with the node runner
+        env[envnames.PARENT_PID] = str(os.getppid())  # this template: it dies with the node runner
         os.environ.clear()
         os.environ.update(env)
         os.chdir(request["cwd"] or "/")

@@ -6,8 +6,9 @@ likes; each would otherwise start its own). Templates listen in a private direct
 ``$TMPDIR/spark_torch_templates-<uid>``; the first process to need one starts it under a file
 lock, the others connect to it.
 
-``SPARK_TORCH_WARM_START=0`` turns warm starts off; so does any failure to start or reach the
-template (with one warning): ranks then start cold, as separate interpreters.
+The ``warm_start`` setting (:mod:`spark_torch.settings`) turns warm starts off; so does any
+failure to start or reach the template (with one warning): ranks then start cold, as separate
+interpreters.
 """
 
 from __future__ import annotations
@@ -32,22 +33,15 @@ from importlib import metadata
 
 import psutil
 
-from spark_torch.node.rank_env import SCRUBBED_ENV
+from spark_torch.envnames import SCRUBBED
 
-__all__ = ["WarmProcess", "warm_spawn", "enabled", "WARM_ENV", "shutdown_templates"]
+__all__ = ["WarmProcess", "warm_spawn", "shutdown_templates", "TEMPLATE_MODULE"]
 
 logger = logging.getLogger(__name__)
 
-WARM_ENV = "SPARK_TORCH_WARM_START"
 #: importing torch in the template on a cold page cache can take several seconds
 READY_SECONDS = 60.0
 TEMPLATE_MODULE = "spark_torch.node.template_main"
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether warm starts are on (``SPARK_TORCH_WARM_START``, default on)."""
-    value = (environ if environ is not None else os.environ).get(WARM_ENV, "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
 
 
 class WarmProcess:
@@ -217,7 +211,7 @@ _broken = False
 def _template_env(env: Mapping[str, str]) -> dict[str, str]:
     """The template's own environment: the rank's import path, none of Spark's secrets, and
     nothing rank-specific (each rank gets its own environment after the fork)."""
-    keep = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    keep = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     keep["PYTHONPATH"] = env.get("PYTHONPATH", "")
     return keep
 
@@ -243,10 +237,10 @@ def warm_spawn(
     python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int]
 ) -> WarmProcess | None:
     """Fork a rank from the template of this process's owner (the driver, or the executor),
-    starting it on first use; None when warm starts are off or the template cannot be used
-    (the caller starts the rank cold)."""
+    starting it on first use; None when the template cannot be used (the caller starts the
+    rank cold)."""
     global _broken
-    if _broken or not enabled() or not sys.platform.startswith("linux"):
+    if _broken or not sys.platform.startswith("linux"):
         return None
     module_argv = list(argv[2:]) if list(argv[1:2]) == ["-m"] else None
     if module_argv is None:

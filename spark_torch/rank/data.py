@@ -39,21 +39,16 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from spark_torch import envnames
+
 __all__ = [
     "rank_dataset",
     "rank_loader",
     "RankDataset",
-    "DATA_FILE_ENV",
-    "DATA_COLUMNS_ENV",
-    "DATA_ROWS_ENV",
     "column_kind",
     "rank_positions",
 ]
 
-DATA_FILE_ENV = "SPARK_TORCH_DATA_FILE"
-DATA_COLUMNS_ENV = "SPARK_TORCH_DATA_COLUMNS"
-#: every node's row count, in node order (JSON list)
-DATA_ROWS_ENV = "SPARK_TORCH_DATA_ROWS"
 #: Arrow struct layout of Spark ML's VectorUDT
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}
 
@@ -204,12 +199,12 @@ class RankDataset:
         self.drop_last = drop_last
         self.epochs = epochs
         self.epoch = 0
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        self.local_rank = int(os.environ.get(envnames.LOCAL_RANK, "0")) if local_rank is None else local_rank
         self.local_world_size = (
-            int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if local_world_size is None else local_world_size
+            int(os.environ.get(envnames.LOCAL_WORLD_SIZE, "1")) if local_world_size is None else local_world_size
         )
-        if rows_per_node is None and os.environ.get(DATA_ROWS_ENV):
-            rows_per_node = [int(r) for r in json.loads(os.environ[DATA_ROWS_ENV])]
+        if rows_per_node is None and os.environ.get(envnames.DATA_ROWS):
+            rows_per_node = [int(r) for r in json.loads(os.environ[envnames.DATA_ROWS])]
         self.rows_per_node = list(rows_per_node) if rows_per_node is not None else None
         schema = self._reader().schema
         names = list(columns) if columns is not None else list(schema.names)
@@ -295,10 +290,10 @@ def _make_iterable_dataset(dataset: RankDataset) -> Any:
 
 
 def _data_file() -> str:
-    path = os.environ.get(DATA_FILE_ENV)
+    path = os.environ.get(envnames.DATA_FILE)
     if not path:
         raise RuntimeError(
-            f"{DATA_FILE_ENV} is not set: spark_torch.rank.data works inside a function started by "
+            f"{envnames.DATA_FILE} is not set: spark_torch.rank.data works inside a function started by "
             "Distributor.run_on_dataframe(main, df, ...)"
         )
     return path
@@ -307,7 +302,7 @@ def _data_file() -> str:
 def _default_columns(columns: Sequence[str] | None) -> tuple[list[str] | None, bool]:
     if columns is not None:
         return list(columns), True
-    chosen = os.environ.get(DATA_COLUMNS_ENV)
+    chosen = os.environ.get(envnames.DATA_COLUMNS)
     if chosen:
         return list(json.loads(chosen)), True
     return None, False

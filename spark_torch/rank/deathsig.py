@@ -12,9 +12,10 @@ import ctypes
 import os
 import signal
 
-__all__ = ["die_with_parent", "PARENT_PID_ENV"]
+from spark_torch import envnames
 
-PARENT_PID_ENV = "SPARK_TORCH_PARENT_PID"
+__all__ = ["die_with_parent"]
+
 _PR_SET_PDEATHSIG = 1
 #: exit status of a rank whose node runner was already gone when it started (128 + SIGKILL)
 ORPHAN_EXIT = 137
@@ -22,7 +23,7 @@ ORPHAN_EXIT = 137
 
 def die_with_parent() -> None:
     """Get SIGKILL when the thread that started this process dies; exit now if it already did."""
-    expected = os.environ.get(PARENT_PID_ENV)
+    expected = os.environ.get(envnames.PARENT_PID)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -34,23 +34,16 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["report", "get_checkpoint", "REPORT_FDS_ENV", "STORAGE_ENV", "CHECKPOINT_ENV", "START_STEP_ENV"]
+from spark_torch import envnames
 
-#: "W,R": the pipe ends a rank writes its reports to and reads the answers from
-REPORT_FDS_ENV = "SPARK_TORCH_REPORT_FDS"
-#: the run's storage base, run id and marker token ("BASE\nRUN_ID\nTOKEN"), for checkpoint uploads
-STORAGE_ENV = "SPARK_TORCH_STORAGE"
-#: local directory of the checkpoint this attempt resumed from
-CHECKPOINT_ENV = "SPARK_TORCH_CHECKPOINT"
-#: the step of that checkpoint: the next report() is step START + 1
-START_STEP_ENV = "SPARK_TORCH_START_STEP"
+__all__ = ["report", "get_checkpoint"]
 
 
 def get_checkpoint() -> Path | None:
     """The latest persisted checkpoint of this run, as a local directory every rank can read;
     None on a fresh start. (It is the checkpoint this attempt of the run started from: after a
     restart, or a new ``run()`` with the same ``run_id``, the newest complete one.)"""
-    path = os.environ.get(CHECKPOINT_ENV)
+    path = os.environ.get(envnames.CHECKPOINT)
     return Path(path) if path else None
 
 
@@ -95,15 +88,15 @@ class _Reporter:
         self._out: IO[str] = os.fdopen(write_fd, "w", encoding="utf-8", closefd=False)
         self._in: IO[str] = os.fdopen(read_fd, "r", encoding="utf-8", closefd=False)
         self._lock = threading.Lock()
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.step = int(os.environ.get(START_STEP_ENV, "0") or 0)
+        self.rank = int(os.environ.get(envnames.RANK, "0"))
+        self.step = int(os.environ.get(envnames.START_STEP, "0") or 0)
         self._storage: Any = None
 
     def storage(self) -> Any:
         if self._storage is None:
             from spark_torch.reporting.storage import RunStorage
 
-            spec = os.environ.get(STORAGE_ENV)
+            spec = os.environ.get(envnames.STORAGE)
             if not spec:
                 raise RuntimeError(
                     "report(checkpoint=...): this run has no storage for checkpoints (the default "
@@ -159,7 +152,7 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
     clean = _clean(metrics)
     with _reporter_lock:
         if _reporter is None:
-            fds = os.environ.get(REPORT_FDS_ENV)
+            fds = os.environ.get(envnames.REPORT_FDS)
             if not fds:
                 raise RuntimeError(
                     "spark_torch.report() works inside ranks started by spark_torch "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from spark_torch.channel.ends import DriverChannel, new_secret
+from spark_torch.channel.driver_end import DriverChannel, new_secret
 
 
 class Lines:
@@ -18,6 +18,12 @@ class Lines:
     def __call__(self, rank: int, stream: str, block: str) -> None:
         with self.lock:
             self.items.extend((rank, stream, text) for text in block.split("\n"))
+
+    def flush(self) -> None:
+        pass
+
+    def rank_event(self, rank: int, state: str) -> None:
+        pass
 
     def texts(self) -> list[str]:
         with self.lock:

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
-from spark_torch.channel.ends import DriverChannel
+from spark_torch.channel.driver_end import DriverChannel
 
 from ..netproxy import Proxy
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from spark_torch.channel.ends import NodeChannel, new_secret
+from spark_torch.channel.driver_end import new_secret
+from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import DEAD_AFTER
 from spark_torch.spec import ChannelSpec
 
@@ -221,23 +222,21 @@ class _StuckBarrier:
 
 def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any) -> None:
     from spark_torch.failure_reports import decode_report
-    from spark_torch.node.runner import NodeWorkdir
-    from spark_torch.node.task import NodeFailed, _Node
+    from spark_torch.node.host import NodeProblem
+    from spark_torch.node.task import BarrierIO
     from spark_torch.spec import LaunchPlan, RunSpec
 
     channel = ChannelSpec(host="127.0.0.1", port=_dead_port(), secret=new_secret(), rendezvous_timeout=1.0)
     spec = RunSpec(plan=LaunchPlan(local_mode=False, num_nodes=2, procs_per_node=1, use_gpu=False), run_id="t", channel=channel)
-    with NodeWorkdir("t", 1) as workdir:
-        node = _Node(spec, _StuckBarrier(), workdir)
-        try:
-            start = time.monotonic()
-            with pytest.raises(NodeFailed) as info:
-                node.rendezvous({"port": 0, "python": "3", "rows": 0})
-            assert time.monotonic() - start < 1.0 + 1.0 + 2
-        finally:
-            assert node.channel is not None
-            node.channel.close()
-    report = decode_report(str(info.value), channel.secret)
+    node = BarrierIO(spec, _StuckBarrier())
+    try:
+        start = time.monotonic()
+        with pytest.raises(NodeProblem) as info:
+            node.rendezvous({"port": 0, "python": "3", "rows": 0})
+        assert time.monotonic() - start < 1.0 + 1.0 + 2
+    finally:
+        node.close()
+    report = decode_report(str(node.fail(info.value)), channel.secret)
     assert report is not None and report.kind == "LaunchError"
     message = report.failures[0].exc_message or ""
     assert f"127.0.0.1:{channel.port}" in message and "allGather fallback did not complete within 1s" in message

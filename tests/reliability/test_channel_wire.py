@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from spark_torch.channel import wire
-from spark_torch.channel.ends import DriverChannel, NodeChannel
+from spark_torch.channel.driver_end import DriverChannel
+from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES
 from spark_torch.spec import ChannelSpec
 

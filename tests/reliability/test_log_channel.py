@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.channel.ends import DriverChannel, NodeChannel
+from spark_torch.channel.driver_end import DriverChannel
 from spark_torch.channel.log_stream import QUEUE_LINES
+from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.wire import MAX_FRAME
 from spark_torch.spec import ChannelSpec
 
@@ -166,7 +167,7 @@ def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.Captur
 
 
 def test_secret_not_in_command_lines_or_env(spark_session: Any, no_leftovers: None) -> None:
-    import spark_torch.channel.ends as channel
+    import spark_torch.channel.driver_end as channel
 
     secrets: list[bytes] = []
     real = channel.new_secret

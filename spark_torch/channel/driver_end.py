@@ -1,0 +1,209 @@
+"""The driver's end of one run's channel: rank output in, the rendezvous, stops, reports."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from spark_torch.channel.log_stream import LineReceiver
+from spark_torch.channel.protocols import BulkSink, StepSink
+from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousCoordinator, fallback_warning
+from spark_torch.channel.server import ChannelServer
+from spark_torch.failure_reports import FailureReport, merge_reports, report_from_dict
+from spark_torch.lines import RankOutput
+from spark_torch.spec import ChannelSpec
+
+__all__ = ["DriverChannel", "new_secret"]
+
+logger = logging.getLogger(__name__)
+
+def new_secret() -> bytes:
+    """A fresh per-run key."""
+    return os.urandom(32)
+
+
+class DriverChannel:
+    """The driver's end of one run: receives rank output, runs the rendezvous, stops nodes.
+
+    Listens on ``bind_host`` (a port of ``ports``, or one the OS picks); nodes are told
+    ``advertise_host`` (and ``advertise_port``, default the bound port) through :attr:`spec`.
+    """
+
+    def __init__(
+        self,
+        sink: RankOutput,
+        *,
+        nodes: int,
+        bind_host: str,
+        advertise_host: str,
+        secret: bytes,
+        advertise_port: int | None = None,
+        ports: tuple[int, int] | None = None,
+        heartbeat: float = 2.0,
+        rendezvous_timeout: float = 60.0,
+    ) -> None:
+        self._nodes = nodes
+        #: report() of the ranks (set by the caller: it needs this channel to answer)
+        self.reports: StepSink | None = None
+        #: failure reports the nodes sent over the channel (authenticated), by node
+        self.failures: dict[int, FailureReport] = {}
+        #: where the nodes' bulk data goes (rank 0's result; set by the caller)
+        self.bulk_sink: BulkSink | None = None
+        self._receiver = LineReceiver(sink)
+        self._coordinator = RendezvousCoordinator(nodes)
+        self._lock = threading.Condition()
+        self._stop_reason: str | None = None
+        self._attached: set[int] = set()
+        self._finished: set[int] = set()
+        self._warned = False
+        self._server = ChannelServer(bind_host, secret, self, nodes=nodes, ports=ports, heartbeat=heartbeat)
+        self.spec = ChannelSpec(
+            host=advertise_host,
+            port=advertise_port or self._server.port,
+            secret=secret,
+            heartbeat=heartbeat,
+            rendezvous_timeout=rendezvous_timeout,
+        )
+        self._expiry: threading.Timer | None = None
+
+    @property
+    def port(self) -> int:
+        """The port actually bound."""
+        return self._server.port
+
+    @property
+    def rejected(self) -> int:
+        """Connections refused (failed authentication, too many at once, bad attach)."""
+        return self._server.rejected
+
+    @property
+    def dropped(self) -> int:
+        """Lines the nodes dropped because their queue was full."""
+        return self._receiver.dropped
+
+    # ServerHandler
+    def attached(self, node: int) -> list[dict[str, Any]]:
+        """Replay the state a (re)connecting node must know."""
+        with self._lock:
+            self._attached.add(node)
+            stop = self._stop_reason
+        replay: list[dict[str, Any]] = []
+        if self._coordinator.decision is not None:
+            replay.append({"rendezvous": self._coordinator.decision})
+        if stop is not None:
+            replay.append({"stop": stop})
+        if self.reports is not None and self.reports.last_answer is not None:
+            step, error = self.reports.last_answer
+            replay.append({"reported": {"step": step, "error": error}})
+        return replay
+
+    def message(self, node: int, message: dict[str, Any]) -> None:
+        """One numbered message of a node, exactly once."""
+        if "lines" in message:
+            self._receiver.lines(message["lines"])
+        elif "hello" in message:
+            decision = self._coordinator.hello(node, message["hello"])
+            if decision is not None:
+                self._server.broadcast({"rendezvous": decision})
+        elif "give_up" in message:
+            decision, new = self._coordinator.give_up(node, message["give_up"])
+            if new:
+                self._warn_fallback()  # before the nodes hear it: they may finish the run quickly
+                self._server.broadcast({"rendezvous": decision})
+            else:
+                self._server.send(node, {"rendezvous": decision})
+        elif "bulk" in message:
+            if self.bulk_sink is None:
+                raise ValueError(f"node {node} sent bulk data this run does not expect")
+            self.bulk_sink.piece(node, message["bulk"], message.get("_bytes"))
+        elif "failure" in message:
+            report = report_from_dict(message["failure"])
+            with self._lock:  # a node's later report (with the ranks' last lines) completes its first
+                earlier = self.failures.get(node)
+                self.failures[node] = report if earlier is None else merge_reports([report, earlier]) or report
+        elif "report" in message:
+            if self.reports is None:
+                raise ValueError("a report, but this run has no report coordinator")
+            self.reports.node_report(node, message["report"])
+        elif "dropped" in message:
+            self._receiver.dropped_lines(node, message["dropped"])
+        elif "eof" in message:
+            with self._lock:
+                self._finished.add(node)
+                self._lock.notify_all()
+        else:
+            raise ValueError(f"unknown message {sorted(message)[:5]}")
+
+    def detached(self, node: int) -> None:
+        """A node's connection ended (nothing to do: it reconnects, or the run ends)."""
+
+    # run control
+    def start_rendezvous_clock(self) -> None:
+        """Give up on nodes that never reach the channel a while after their own deadline."""
+        if self._nodes == 0:
+            return
+        self._expiry = threading.Timer(self.spec.rendezvous_timeout * 1.5 + GIVE_UP_SECONDS, self._expire)
+        self._expiry.daemon = True
+        self._expiry.start()
+
+    def _expire(self) -> None:
+        decision, new = self._coordinator.expire()
+        if new:
+            self._warn_fallback()
+            self._server.broadcast({"rendezvous": decision})
+
+    def _warn_fallback(self, errors: list[str] | None = None) -> bool:
+        """The one fallback warning (address, missing nodes, errors known so far, the fix)."""
+        with self._lock:
+            if self._warned:
+                return False
+            self._warned = True
+        known = errors or [f"node {n}: {e}" for n, e in sorted(self._coordinator.reports.items()) if e]
+        missing = self._coordinator.missing()
+        logger.warning(fallback_warning(self.spec.address, self._nodes, missing, self.spec.rendezvous_timeout, known))
+        return True
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether the rendezvous went through Spark's allGather."""
+        return self._warned
+
+    def connect_errors(self, errors: dict[int, str]) -> None:
+        """What nodes that never reached the channel saw (reported through Spark when the stage
+        ends): the fallback warning if none was given yet, else the errors as its follow-up."""
+        if not errors:
+            return
+        detail = [f"node {n}: {e}" for n, e in sorted(errors.items())]
+        if not self._warn_fallback(detail):
+            logger.warning("spark_torch: the executors' last errors reaching the channel at %s: %s", self.spec.address, "; ".join(detail))
+
+    def answer_reports(self, step: int, error: str | None) -> None:
+        """Tell every node that report step ``step`` is persisted (or failed)."""
+        self._server.broadcast({"reported": {"step": step, "error": error}})
+
+    def stop_nodes(self, reason: str) -> None:
+        """Tell every node to stop its ranks now (nodes that reconnect are told again)."""
+        with self._lock:
+            self._stop_reason = reason
+        self._server.broadcast({"stop": reason})
+
+    def wait_for_nodes(self, timeout: float) -> bool:
+        """Wait (bounded) until every node that ever attached sent its last line."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not self._attached <= self._finished:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Stop listening, close every connection, join every thread of this channel."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry.join(1.0)
+        self._server.close()

@@ -1,0 +1,168 @@
+"""A node's end of one run's channel: rank output out, the rendezvous, the driver's stop and
+answers, failure reports and bulk data (rank 0's result)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from spark_torch.channel.client import ChannelClient
+from spark_torch.channel.log_stream import LineQueue
+from spark_torch.channel.protocols import StepAnswers
+from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousOutcome, parse_decision
+from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
+from spark_torch.failure_reports import FailureReport, report_to_dict
+from spark_torch.spec import ChannelSpec
+
+__all__ = ["NodeChannel"]
+
+
+class NodeChannel:
+    """A node's end: ships its ranks' output, takes part in the rendezvous, hears the driver's stop.
+
+    Call it as a line sink (``channel(rank, stream, block)``); ``rank_event`` feeds the driver's
+    live status. ``stop`` is set when the driver says stop.
+    """
+
+    def __init__(self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event) -> None:
+        self._spec = spec
+        #: the node's report pipes (set by the node host): answers from the driver go there
+        self.reports: StepAnswers | None = None
+        self._node = node
+        self._nodes = nodes
+        self._stop = stop
+        self._decided = threading.Event()
+        self._outcome: RendezvousOutcome | None = None
+        self._detached = False
+        cond = threading.Condition()
+        self._queue = LineQueue(node, cond)
+        self._client = ChannelClient(
+            spec.host, spec.port, spec.secret, node, self._on_message, outbox=self._queue, heartbeat=spec.heartbeat, cond=cond
+        )
+
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        self._queue(rank, stream, block)
+
+    def rank_event(self, rank: int, state: str) -> None:
+        """A rank started/finished/failed."""
+        self._queue.rank_event(rank, state)
+
+    def flush(self) -> None:
+        """Nothing to do: queueing a block already woke the sender."""
+
+    @property
+    def connected_ever(self) -> bool:
+        """Whether the driver ever accepted this node."""
+        return self._client.attached.is_set()
+
+    @property
+    def last_error(self) -> str | None:
+        """The latest connection error, for messages."""
+        return self._client.last_error
+
+    def forward_report(self, report: dict[str, Any]) -> None:
+        """Send this node's report of one step to the driver (answered through ``reports``)."""
+        if self._detached:
+            if self.reports is not None:
+                self.reports.persisted(
+                    int(report.get("step", 0)),
+                    f"this node cannot reach the driver's channel at {self._spec.address}, which report() "
+                    "needs (see the driver's warning about the channel)",
+                )
+            return
+        self._client.send({"report": report})
+
+    def send_failure(self, report: FailureReport, timeout: float | None = 2.0) -> None:
+        """Tell the driver about this node's failed ranks (authenticated); waits up to ``timeout``
+        for the driver to have it (None: do not wait)."""
+        if self._detached or not self.connected_ever:
+            return
+        self._client.send({"failure": report_to_dict(report)})
+        if timeout is not None:
+            self._client.drain(timeout)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the driver was reached and the channel is still in use."""
+        return not self._detached and self.connected_ever
+
+    @property
+    def bulk_piece(self) -> int:
+        """The largest piece of binary data one bulk message carries."""
+        return MAX_FRAME - BINARY_HEADER_ROOM
+
+    def send_bulk(self, header: dict[str, Any], data: memoryview, deadline: float) -> None:
+        """Queue one piece of bulk data for the driver's bulk sink (authenticated binary frames;
+        memory stays bounded: waits while a window of messages is unacknowledged). Raises
+        ``TimeoutError`` at ``deadline`` (monotonic), ``ConnectionError`` when closing."""
+        self._client.send({"bulk": header, "_bytes": data}, block_until=deadline)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until the driver acknowledged everything sent; False on timeout."""
+        return self._client.drain(timeout)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if "stop" in message:
+            self._stop.set()
+        elif "reported" in message:
+            answer = message["reported"]
+            if self.reports is not None and isinstance(answer, dict) and isinstance(answer.get("step"), int):
+                error = answer.get("error")
+                self.reports.persisted(answer["step"], str(error) if error else None)
+        elif "rendezvous" in message and not self._decided.is_set():
+            outcome = parse_decision(message["rendezvous"], self._nodes)
+            if outcome is not None:
+                self._outcome = outcome
+                self._decided.set()
+
+    def _wait_decision(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self._decided.is_set():
+            if self._stop.is_set():
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._decided.wait(min(remaining, 0.1))
+        return True
+
+    def rendezvous(self, hello: dict[str, Any]) -> RendezvousOutcome:
+        """Say hello and wait for the driver's decision, bounded by the rendezvous deadline.
+
+        Returns every node's hello (in node order), or a fallback outcome (then the caller goes
+        through Spark's allGather), or ``stopped`` when the driver stopped the run meanwhile.
+        """
+        self._client.send({"hello": {**hello, "node": self._node}})
+        if not self._wait_decision(self._spec.rendezvous_timeout) and not self._stop.is_set():
+            if self.connected_ever:  # ask the driver to decide; it may already have all hellos
+                self._client.send({"give_up": self.last_error})
+                self._wait_decision(GIVE_UP_SECONDS)
+        if self._stop.is_set():
+            return RendezvousOutcome(stopped=True)
+        if self._outcome is not None:
+            return self._outcome
+        return RendezvousOutcome(reason=self.last_error or f"no answer from the driver's channel at {self._spec.address}")
+
+    def detach_if_unreachable(self) -> bool:
+        """After a fallback: if the driver was never reached, stop trying (output goes elsewhere).
+
+        Returns True when this node keeps using the channel.
+        """
+        if self.connected_ever:
+            return True
+        self._detached = True
+        self._queue.disable()
+        self._client.close()
+        return False
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued and an end-of-stream marker until acknowledged (bounded), then close.
+
+        A node whose attempts to reach the driver all failed so far gets a short grace only.
+        """
+        if not self._detached:
+            self._queue.end()
+            hopeless = not self.connected_ever and self.last_error is not None
+            self._client.drain(min(timeout, 1.0) if hopeless else timeout)
+        self._client.close()

@@ -1,0 +1,109 @@
+"""Every environment variable spark_torch sets for a rank or passes between its processes,
+named once (the user's settings are in :mod:`spark_torch.settings`, with their variables).
+
+Pure constants: imported by the driver, node and rank layers alike; nothing here reads the
+environment.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "THREAD_VARS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "RUN_ID",
+    "RESTART_COUNT",
+    "PARENT_PID",
+    "REPORT_FDS",
+    "STORAGE",
+    "CHECKPOINT",
+    "START_STEP",
+    "DATA_FILE",
+    "DATA_COLUMNS",
+    "DATA_ROWS",
+    "CLI_VERBOSE",
+    "RESERVED",
+    "SCRUBBED",
+]
+
+# torchrun's contract: every rank gets these (documented in spark_torch.rank.function_main)
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+NODE_RANK = "NODE_RANK"
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ROLE_RANK = "ROLE_RANK"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+ROLE_NAME = "ROLE_NAME"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: thread pools sized per rank (Spark pins OMP_NUM_THREADS=1 for Python tasks)
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+#: where torch's ``@record`` writes a rank's error (read back as its traceback)
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+#: the rendezvous store is hosted before the ranks start (node 0 only)
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+
+# ours, for every rank (and everything it starts: also the node's marker for orphan searches)
+RUN_ID = "SPARK_TORCH_RUN_ID"
+RESTART_COUNT = "SPARK_TORCH_RESTART_COUNT"
+
+# between a node runner and its ranks (internal)
+#: the process a rank must die with (its node runner, or the warm-start template)
+PARENT_PID = "SPARK_TORCH_PARENT_PID"
+#: "W,R": the pipe ends a rank writes its reports to and reads the answers from
+REPORT_FDS = "SPARK_TORCH_REPORT_FDS"
+#: the run's storage base, run id and marker token ("BASE\nRUN_ID\nTOKEN"), for checkpoint uploads
+STORAGE = "SPARK_TORCH_STORAGE"
+#: local directory of the checkpoint this attempt resumed from
+CHECKPOINT = "SPARK_TORCH_CHECKPOINT"
+#: the step of that checkpoint: the next report() is step START + 1
+START_STEP = "SPARK_TORCH_START_STEP"
+#: run_on_dataframe: the node's Arrow file, the explicit columns (JSON), every node's row count (JSON)
+DATA_FILE = "SPARK_TORCH_DATA_FILE"
+DATA_COLUMNS = "SPARK_TORCH_DATA_COLUMNS"
+DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
+
+#: the ``spark-torch`` command keeps Spark's own log level (``--verbose`` does the same)
+CLI_VERBOSE = "SPARK_TORCH_CLI_VERBOSE"
+
+#: set by the launcher for every rank; a user's ``env=`` may not override them
+RESERVED = frozenset({RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT})
+
+#: never reach user code: Spark's own secrets (``_SPARK_AUTH_SECRET`` is set for executors and
+#: their Python workers when spark.authenticate is on; the Py4J gateway and worker-factory
+#: secrets; a Spark Connect token), the ports they protect, and a torchrun agent's store from an
+#: outer launcher
+SCRUBBED = frozenset(
+    {
+        "_SPARK_AUTH_SECRET",
+        "PYSPARK_GATEWAY_SECRET",
+        "PYSPARK_GATEWAY_PORT",
+        "PYTHON_WORKER_FACTORY_SECRET",
+        "PYTHON_WORKER_FACTORY_PORT",
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN",
+        TORCHELASTIC_USE_AGENT_STORE,
+    }
+)

@@ -1,0 +1,70 @@
+"""A node's share of the DataFrame for ``run_on_dataframe``: staged to a file, checked, described.
+
+The node's Arrow record batches (from the barrier stage's input, or collected by the driver in
+local mode) are written to ``data.arrow`` in the node's scratch directory; after the rendezvous
+every node knows every node's row count, checks that each rank gets rows, and tells its ranks
+where the file is (:mod:`spark_torch.rank.data` reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from spark_torch import envnames
+
+__all__ = ["write_node_data", "data_env", "check_shards", "DATA_FILE_NAME"]
+
+DATA_FILE_NAME = "data.arrow"
+
+
+def write_node_data(batches: Iterable[Any], directory: str) -> tuple[str, int]:
+    """Stream Arrow record batches into ``directory/data.arrow``; returns (path, rows)."""
+    import pyarrow as pa
+
+    path = os.path.join(directory, DATA_FILE_NAME)
+    rows = 0
+    writer = None
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = pa.ipc.new_file(path, batch.schema)
+            if batch.num_rows:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:  # no batch at all: an empty file the ranks can still open
+        return path, 0
+    return path, rows
+
+
+def data_env(path: str, columns: Sequence[str], explicit: bool, *, rows_per_node: Sequence[int] = ()) -> dict[str, str]:
+    """The variables that tell :mod:`spark_torch.rank.data` where this node's rows are.
+
+    ``rows_per_node``: every node's row count, in node order (known after the rendezvous).
+    """
+    env = {envnames.DATA_FILE: path}
+    if rows_per_node:
+        env[envnames.DATA_ROWS] = json.dumps([int(r) for r in rows_per_node])
+    if explicit:
+        env[envnames.DATA_COLUMNS] = json.dumps(list(columns))
+    return env
+
+
+def check_shards(rows_per_node: Sequence[int], procs_per_node: int) -> str | None:
+    """Why some rank would get no rows (a message), or None when every rank has data."""
+    total = sum(rows_per_node)
+    world = procs_per_node * len(rows_per_node)
+    if total == 0:
+        return "the DataFrame is empty; there is nothing to train on"
+    for node, rows in enumerate(rows_per_node):
+        if rows < procs_per_node:
+            return (
+                f"the DataFrame has {total} row(s) for {world} ranks and node {node} got {rows} for its "
+                f"{procs_per_node} rank(s): every rank needs at least one row. Use fewer processes or more data"
+            )
+    return None

@@ -1,0 +1,48 @@
+"""The layers are enforced: the import contracts in pyproject.toml hold, and they break on an
+upward import (checked on a copy of the package with one injected)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"]
+
+
+def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return subprocess.run(
+        [*LINT, "--no-cache", "--config", str(cwd / "pyproject.toml")],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_import_contracts_hold() -> None:
+    done = _lint(ROOT, ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "upward", "contract"),
+    [
+        ("node/host.py", "import spark_torch.driver.barrier", "spark_torch.node.host -> spark_torch.driver.barrier"),
+        ("channel/node_end.py", "import spark_torch.reporting.pipes", "spark_torch.channel.node_end -> spark_torch.reporting.pipes"),
+        ("rank/function_main.py", "import pyspark", "spark_torch.rank.function_main -> pyspark"),
+        ("errors.py", "import spark_torch.spec", "spark_torch.errors -> spark_torch.spec"),
+    ],
+)
+def test_an_upward_import_breaks_the_contracts(tmp_path: Path, module: str, upward: str, contract: str) -> None:
+    shutil.copytree(ROOT / "spark_torch", tmp_path / "spark_torch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "spark_torch" / module
+    target.write_text(target.read_text() + f"\n{upward}  # an upward import\n")
+    done = _lint(tmp_path, tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert contract in done.stdout and "BROKEN" in done.stdout, done.stdout

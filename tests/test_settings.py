@@ -1,0 +1,99 @@
+"""The settings table: one resolution (keyword > environment > Spark conf > default), errors
+that name the source, the docs generated from it, and env names typed once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch import ConfigurationError, Distributor, settings
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.failure_reports import MARKER
+from spark_torch.settings import SETTINGS, Settings, resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "spark_torch"
+
+
+def test_every_setting_is_a_keyword_a_config_field_and_a_resolved_value() -> None:
+    import dataclasses
+    import inspect
+
+    keywords = inspect.signature(Distributor.__init__).parameters
+    fields = {f.name for f in dataclasses.fields(DistributorConfig)}
+    resolved = {f.name for f in dataclasses.fields(Settings)}
+    for setting in SETTINGS:
+        assert setting.name in keywords and setting.name in fields and setting.name in resolved, setting.name
+        assert setting.env.startswith("SPARK_TORCH_") and setting.conf.startswith("spark.torch."), setting
+    assert resolved == {s.name for s in SETTINGS}
+    assert len({s.env for s in SETTINGS}) == len({s.conf for s in SETTINGS}) == len(SETTINGS)
+
+
+def test_precedence_keyword_then_environment_then_conf_then_default() -> None:
+    env = {"SPARK_TORCH_RENDEZVOUS_TIMEOUT": "5", "SPARK_TORCH_CHANNEL_PORTS": "41000-41010"}
+    conf = {"spark.torch.rendezvous.timeout": "7", "spark.torch.channel.heartbeat": "0.5", "spark.torch.warmStart.enabled": "false"}
+    given = DistributorConfig(rendezvous_timeout=3).given_settings()
+    got = resolve(given, env, conf)
+    assert got.rendezvous_timeout == 3.0  # the keyword
+    assert got.channel_ports == (41000, 41010)  # the environment
+    assert got.heartbeat == 0.5 and got.warm_start is False  # the Spark conf
+    assert got.result_transfer == "auto" and got.executor_wait == 60.0  # the defaults
+    assert resolve({}, {}, {}) == Settings.defaults()
+    assert Settings.defaults().rendezvous_timeout == next(s.default for s in SETTINGS if s.name == "rendezvous_timeout")
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("keyword", {"channel_ports": "9-1"}, "channel_ports='9-1' is not a port range"),
+        ("keyword", {"result_transfer": "pigeon"}, "result_transfer='pigeon' is not valid"),
+        ("keyword", {"warm_start": "maybe"}, "warm_start='maybe' must be true or false"),
+        ("env", {"SPARK_TORCH_EXECUTOR_WAIT": "-1"}, "SPARK_TORCH_EXECUTOR_WAIT='-1' must be a number of seconds >= 0"),
+        ("env", {"SPARK_TORCH_HEARTBEAT_SECONDS": ""}, "SPARK_TORCH_HEARTBEAT_SECONDS='' must be a number of seconds > 0"),
+        ("conf", {"spark.torch.channel.host": "h:1-2"}, "spark.torch.channel.host='h:1-2': give one port after the host"),
+        ("conf", {"spark.torch.result.transfer": "x"}, "spark.torch.result.transfer='x' is not valid"),
+    ],
+)
+def test_bad_values_name_where_they_came_from(where: str, value: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        if where == "keyword":
+            Distributor(**value)
+        else:
+            resolve({}, value if where == "env" else {}, value if where == "conf" else {})
+    assert message in str(info.value)
+
+
+def test_keyword_types() -> None:
+    assert DistributorConfig(channel_ports=(40000, 40010)).channel_ports == (40000, 40010)
+    assert DistributorConfig(channel_ports=40000).channel_ports == (40000, 40000)
+    assert DistributorConfig(channel_host="[::1]:5").channel_host == ("::1", 5)
+    assert DistributorConfig(warm_start=False).warm_start is False
+    with pytest.raises(TypeError, match=r"heartbeat must be seconds, got \[1\]"):
+        DistributorConfig(heartbeat=[1])
+
+
+def test_configuration_page_is_generated_from_the_table() -> None:
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    start = page.index("-->\n", page.index("<!-- generated from")) + len("-->\n")
+    end = page.index("<!-- end of generated table -->")
+    assert page[start:end] == settings.markdown_table(), (
+        "docs/configuration.md is out of date; replace its table with the output of\n"
+        "  python -c 'from spark_torch.settings import markdown_table; print(markdown_table(), end=\"\")'"
+    )
+
+
+def test_env_names_are_typed_once() -> None:
+    """Our variables are named in envnames.py or the settings table, and imported elsewhere."""
+    owners = {PACKAGE / "envnames.py", PACKAGE / "settings.py"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path in owners:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("SPARK_TORCH_"):
+                if node.value.isupper() and " " not in node.value and node.value != MARKER:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
+    assert not found, "env names re-typed outside envnames.py/settings.py:\n" + "\n".join(found)
