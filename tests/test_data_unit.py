@@ -7,7 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spark_torch.rank.data import RankDataset, _vectors_to_dense, column_kind
+from spark_torch.rank.columns import _vectors_to_dense, column_kind
+from spark_torch.rank.data import RankDataset
 
 VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
 

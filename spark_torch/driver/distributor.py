@@ -4,31 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
-import time
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from spark_torch.driver.attempt import Attempt
-from spark_torch.driver.cluster import IGNORE_SSL_KEY, ClusterInfo, read_cluster
+from spark_torch.driver.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.endpoints import ChannelEndpoint, resolve_endpoint
-from spark_torch.driver.entrypoint import FunctionEntrypoint, ScriptEntrypoint, make_entrypoint
-from spark_torch.driver.logs import DriverLogSink
-from spark_torch.driver.plan import HostFacts, make_plan
-from spark_torch.driver.progress import RunStatus, interactive
+from spark_torch.driver.entrypoint import make_entrypoint
+from spark_torch.driver.plan import host_facts, make_plan
 from spark_torch.driver.result import RunResult
-from spark_torch.driver.tracker import ReportTracker
-from spark_torch.errors import ConfigurationError
-from spark_torch.node.gpus import detect_local_gpus
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage
-from spark_torch.settings import resolve as resolve_settings
-from spark_torch.spec import DataSpec, LaunchPlan, RunSpec
+from spark_torch.spec import LaunchPlan
 
 if TYPE_CHECKING:
-    from spark_torch.envelopes import ResultBytes
+    from spark_torch.driver.dataframe import DataInput
 
 __all__ = ["Distributor"]
 
@@ -155,24 +142,11 @@ class Distributor:
 
         return active_session() if self.config.local_mode else get_or_create_session()
 
-    def _host_facts(self, cluster: ClusterInfo) -> HostFacts:
-        """The driver machine's own facts; its GPUs are looked for only when local mode may use them."""
-        found: tuple[tuple[str, ...], str] = ((), "")
-        spark_gives_gpus = cluster.driver_gpu_amount > 0 and bool(cluster.driver_gpu_addresses)
-        if self.config.local_mode and self.config.use_gpu is not False and not spark_gives_gpus:
-            found = detect_local_gpus(os.environ)
-        return HostFacts(
-            omp_threads=os.environ.get("OMP_NUM_THREADS"),
-            cuda_visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
-            gpus_found=found[0],
-            gpus_found_by=found[1],
-        )
-
     def plan(self) -> LaunchPlan:
         """How a run would be laid out on the current Spark session (raises on bad settings)."""
         spark = self._session()
         cluster = read_cluster(spark) if spark is not None else ClusterInfo()
-        return make_plan(self.config, cluster, host=self._host_facts(cluster))
+        return make_plan(self.config, cluster, host=host_facts(self.config, cluster, os.environ))
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank and return rank 0's result.
@@ -219,147 +193,10 @@ class Distributor:
         data = DataInput(df=df, columns=tuple(chosen), explicit=columns is not None)
         return self._run(main, args, kwargs, data)
 
-    def _run(self, main: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any) -> Any:
-        from spark_torch.driver.payload import dump_function_payload
-        from spark_torch.errors import DistributedRunError, RunTimeoutError
+    def _run(self, main: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: DataInput | None) -> Any:
+        from spark_torch.driver.execution import execute, new_run_id
 
         entry = make_entrypoint(main, args, kwargs)
         spark = self._session()
-        cluster = read_cluster(spark) if spark is not None else ClusterInfo()
-        host = self._host_facts(cluster)
-        plan = make_plan(self.config, cluster, host=host)
-        if plan.use_gpu and host.gpus_found and self.config.use_gpu is None:
-            logger.info(
-                "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
-                len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
-            )
-        if cluster.ssl_enabled and not plan.local_mode:
-            logger.warning(
-                "spark_torch: Spark encryption is on but %s=true: rank-to-rank torch traffic is "
-                "NOT encrypted", IGNORE_SSL_KEY
-            )
-        payload = dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
-        settings = resolve_settings(self.config.given_settings(), os.environ, cluster.torch_conf)
-        endpoint = None if plan.local_mode else resolve_endpoint(cluster, settings)
-        run_id = self.config.run_id or uuid.uuid4().hex[:12]
-        token = uuid.uuid4().hex
-        storage = self._storage(run_id, token)
-        base = RunSpec(
-            plan=plan,
-            run_id=run_id,
-            max_restarts=self.config.max_restarts,
-            payload=payload,
-            script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
-            script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
-            extra_env=self.config.env,
-            cwd=os.getcwd(),
-            driver_python=platform.python_version(),
-            data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
-            storage_base=storage.base if storage is not None else None,
-            storage_token=token,
-            settings=settings,
-        )
-        outcome = self.last_run = RunResult(run_id=run_id)
-        deadline = time.monotonic() + self.config.timeout if self.config.timeout else None
-        sink = DriverLogSink(self.config)
-        tracker = ReportTracker(outcome, sink, self.config, plan, run_id)
-        try:
-            show = interactive() if self.config.progress is None else self.config.progress
-            for restart in range(self.config.max_restarts + 1):
-                latest = storage.latest() if storage is not None else None
-                resume = latest.step if latest is not None else 0
-                if storage is not None:
-                    storage.discard_incomplete_after(resume)
-                tracker.resume_from(resume)  # steps after the checkpoint will be reported again
-                sink.status.close()
-                sink.status = RunStatus(plan.world_size, enabled=show)
-                attempt = Attempt(
-                    spec=replace(
-                        base, restart_count=restart, resume_step=resume, resume_url=latest.url if latest else None
-                    ),
-                    timeout=None if deadline is None else max(0.001, deadline - time.monotonic()),
-                    run_timeout=self.config.timeout,
-                    on_lines=sink,
-                    tail=sink.tail,
-                    on_row=tracker.row,
-                    keep_checkpoints=self.config.keep_checkpoints,
-                )
-                outcome.restarts = restart
-                try:
-                    result = self._run_attempt(spark, attempt, endpoint, data)
-                    break
-                except RunTimeoutError:
-                    raise
-                except DistributedRunError as exc:
-                    if restart >= self.config.max_restarts:
-                        raise
-                    logger.warning(
-                        "spark_torch: run %s failed (%s); restarting the gang (%d of %d)",
-                        run_id, str(exc).splitlines()[0], restart + 1, self.config.max_restarts,
-                    )
-            outcome.value = _unpickle_result(result)
-            return outcome.value
-        except BaseException as exc:
-            outcome.error = exc
-            raise
-        finally:
-            if storage is not None:
-                latest = storage.latest()
-                outcome.checkpoint = latest.url if latest is not None else None
-            tracker.close()
-            sink.status.close()
-            sink.close()
-            if storage is not None and self.config.run_id is None and self.config.storage_path is None:
-                storage.remove_if_unused()  # a run that reported nothing leaves no empty directory
-
-    def _storage(self, run_id: str, token: str) -> RunStorage | None:
-        """The run's storage, created and marked now; without an explicit ``storage_path`` a
-        default that cannot be created only disables checkpoints (with a warning)."""
-        storage = RunStorage(self.config.storage_path or DEFAULT_STORAGE, run_id)
-        try:
-            storage.create(token)
-        except (OSError, ValueError, ImportError) as exc:
-            if self.config.storage_path is not None:
-                raise ConfigurationError(
-                    f"storage_path={self.config.storage_path!r}: cannot create the run's directory {storage.url} "
-                    f"({type(exc).__name__}: {exc}); use a writable directory or an fsspec URL whose "
-                    "filesystem package is installed (s3fs for s3://, gcsfs for gs://, adlfs for abfss://)"
-                ) from exc
-            logger.warning(
-                "spark_torch: checkpoints are disabled: the default storage %s cannot be created (%s); "
-                "pass storage_path= to use report(checkpoint=...)", storage.url, exc,
-            )
-            return None
-        return storage
-
-    def _run_attempt(self, spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: Any) -> ResultBytes | None:
-        if endpoint is None:
-            from spark_torch.driver.local import run_local
-
-            return run_local(attempt, data)
-        from spark_torch.driver.barrier import run_distributed
-
-        return run_distributed(spark, attempt, endpoint, data)
-
-
-def _unpickle_result(result: ResultBytes | None) -> Any:
-    """Rank 0's value; the bytes came from this run's own file or Spark's result channel."""
-    if result is None:
-        return None
-    import cloudpickle
-
-    try:
-        return cloudpickle.loads(result)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure gets the same advice
-        from spark_torch.errors import DistributedRunError
-
-        raise DistributedRunError(
-            [],
-            headline=f"rank 0 returned a result that cannot be unpickled on the driver "
-            f"({type(exc).__name__}: {exc}); return plain data (numbers, lists, dicts, tensors, "
-            "state_dict()) or make the classes it uses importable on the driver",
-        ) from exc
-    finally:
-        close = getattr(result, "close", None)  # a memory map of the result file
-        if close is not None:
-            close()
+        outcome = self.last_run = RunResult(run_id=self.config.run_id or new_run_id())
+        return execute(self.config, spark, entry, data, outcome)

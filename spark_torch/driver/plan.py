@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from spark_torch.driver.cluster import IGNORE_SSL_KEY, ClusterInfo
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.cpus import available_cpus
+from spark_torch.envnames import CUDA_VISIBLE_DEVICES
 from spark_torch.errors import ClusterConfigurationError, ConfigurationError
 from spark_torch.node import gpus
 from spark_torch.spec import LaunchPlan
 
-__all__ = ["LaunchPlan", "HostFacts", "make_plan", "is_local_master"]
+__all__ = ["LaunchPlan", "HostFacts", "host_facts", "make_plan", "is_local_master"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,20 @@ class HostFacts:
     #: GPUs found on this machine without Spark (``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi``)
     gpus_found: tuple[str, ...] = ()
     gpus_found_by: str = ""
+
+
+def host_facts(config: DistributorConfig, cluster: ClusterInfo, environ: Mapping[str, str]) -> HostFacts:
+    """The driver machine's own facts; its GPUs are looked for only when local mode may use them."""
+    found: tuple[tuple[str, ...], str] = ((), "")
+    spark_gives_gpus = cluster.driver_gpu_amount > 0 and bool(cluster.driver_gpu_addresses)
+    if config.local_mode and config.use_gpu is not False and not spark_gives_gpus:
+        found = gpus.detect_local_gpus(environ)
+    return HostFacts(
+        omp_threads=environ.get("OMP_NUM_THREADS"),
+        cuda_visible=environ.get(CUDA_VISIBLE_DEVICES),
+        gpus_found=found[0],
+        gpus_found_by=found[1],
+    )
 
 
 def is_local_master(master: str) -> bool:

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import numbers
+import os
 from typing import Any
 
 from spark_torch.driver.cluster import IGNORE_SSL_KEY, ClusterInfo, read_cluster
 from spark_torch.driver.distributor import Distributor
+from spark_torch.driver.plan import host_facts
 from spark_torch.errors import ClusterConfigurationError
 
 __all__ = ["TorchDistributor"]
@@ -83,7 +85,7 @@ class TorchDistributor:
         cluster = read_cluster(self.spark) if self.spark is not None else ClusterInfo()
         if cluster.driver_gpu_amount > 0 and cluster.driver_gpu_addresses:
             return len(cluster.driver_gpu_addresses)
-        return len(self._distributor._host_facts(cluster).gpus_found)
+        return len(host_facts(self._distributor.config, cluster, os.environ).gpus_found)
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` (a function, or the path of a script) on every rank; rank 0's result."""
