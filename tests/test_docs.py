@@ -120,7 +120,7 @@ def test_every_cli_flag_is_in_the_cli_page() -> None:
 
 
 def test_every_environment_variable_is_documented() -> None:
-    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "spark_torch").glob("*.py"))
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "spark_torch").rglob("*.py"))
     variables = set(re.findall(r"\bSPARK_TORCH_[A-Z0-9_]+\b", source))
     internal = {  # set by spark_torch for its own processes, not knobs for users
         "SPARK_TORCH_PARENT_PID", "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_START_STEP",

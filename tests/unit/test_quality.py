@@ -8,7 +8,7 @@ from pathlib import Path
 
 import spark_torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_exported_members() -> None:

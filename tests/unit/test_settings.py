@@ -14,7 +14,7 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.failure_reports import MARKER
 from spark_torch.settings import SETTINGS, Settings, resolve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "spark_torch"
 
 
