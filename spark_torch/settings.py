@@ -173,6 +173,11 @@ SETTINGS: tuple[Setting, ...] = (
         "warm_start", "SPARK_TORCH_WARM_START", "spark.torch.warmStart.enabled", True, _switch, "true or false",
         "Fork ranks from a template process that has imported torch (a fresh interpreter per rank when off).",
     ),
+    Setting(
+        "warm_start_idle", "SPARK_TORCH_WARM_START_IDLE", "spark.torch.warmStart.idleTimeout", 300.0, _seconds, "seconds",
+        "A warm-start template with no rank running exits after this long (it also exits with its "
+        "owner: the driver in local mode, the executor in distributed mode).",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -191,6 +196,7 @@ class Settings:
     result_transfer: str
     executor_wait: float
     warm_start: bool
+    warm_start_idle: float
 
     @classmethod
     def defaults(cls) -> Settings:

@@ -72,6 +72,7 @@ class DistributorConfig:
     result_transfer: Any = None
     executor_wait: Any = None
     warm_start: Any = None
+    warm_start_idle: Any = None
 
     def __post_init__(self) -> None:
         self._check_reporting()

@@ -96,6 +96,7 @@ class Distributor:
         result_transfer: str | None = None,
         executor_wait: float | None = None,
         warm_start: bool | None = None,
+        warm_start_idle: float | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -120,6 +121,7 @@ class Distributor:
             result_transfer=result_transfer,
             executor_wait=executor_wait,
             warm_start=warm_start,
+            warm_start_idle=warm_start_idle,
         )
         self._spark = spark
         #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)
