@@ -56,10 +56,15 @@ def deterministic_ddp(steps: int, ckpt_every: int = 2, die_at: int | None = None
     return {"weights": [p.detach().clone() for p in model.parameters()], "resumed_from": resumed_from}
 
 
-def report_bad_metric() -> None:
+def report_bad_metric(kind: str = "list") -> None:
     import spark_torch
 
-    spark_torch.report({"weights": [1.0, 2.0]})
+    bad: dict[str, Any] = {
+        "list": {"weights": [1.0, 2.0]},
+        "surrogate": {"name": "caf\udce9"},  # bytes decoded with surrogateescape
+        "huge": {"notes": "x" * 100_000},
+    }
+    spark_torch.report(bad[kind])
 
 
 def report_after_hiding_storage(storage_dir: str) -> None:
@@ -107,3 +112,23 @@ def kill_my_executor_at(step_to_die: int, steps: int) -> Any:
         return deterministic_ddp(steps, 2)
     finally:
         spark_torch.report = original  # type: ignore[assignment]
+
+
+def report_and_check_persisted(storage_dir: str, steps: int) -> list[int]:
+    """Every rank reports a checkpoint per step and, once report() returned, checks that the
+    step's manifest is on storage (report() returns only after its step is durable)."""
+    import glob
+
+    import spark_torch
+
+    seen = []
+    for step in range(1, steps + 1):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, f"rank-{os.environ['RANK']}.txt"), "w") as fh:
+                fh.write(str(step))
+            spark_torch.report({"step_seen": step}, checkpoint=tmp)
+        manifests = glob.glob(os.path.join(storage_dir, "*", f"checkpoint_{step:06d}", ".spark_torch"))
+        if not manifests:
+            raise AssertionError(f"report() of step {step} returned before its manifest existed")
+        seen.append(step)
+    return seen

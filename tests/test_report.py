@@ -15,7 +15,13 @@ from spark_torch import DistributedRunError, Distributor, get_checkpoint, report
 from spark_torch.reporting.storage import MANIFEST, RunStorage
 
 from .conftest import SCRIPTS
-from .report_programs import deterministic_ddp, report_after_hiding_storage, report_bad_metric, report_steps
+from .report_programs import (
+    deterministic_ddp,
+    report_after_hiding_storage,
+    report_and_check_persisted,
+    report_bad_metric,
+    report_steps,
+)
 
 
 def _same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -121,13 +127,21 @@ def test_run_that_never_reports_leaves_no_directory(no_leftovers: None) -> None:
     assert d.last_run is not None and not (home / d.last_run.run_id).exists()
 
 
-def test_report_misuse() -> None:
+def test_report_misuse(spark_session: Any, no_leftovers: None) -> None:
     with pytest.raises(RuntimeError, match="works inside ranks started by spark_torch"):
         report({"loss": 1.0})
     assert get_checkpoint() is None
     with pytest.raises(DistributedRunError) as info:
         Distributor(num_processes=1).run(report_bad_metric)
     assert "TypeError: report(): metric 'weights' is a list" in str(info.value)
+    # refused at the sender, in the rank, before anything travels (a surrogate cannot be encoded
+    # as UTF-8 on the channel; one step's metrics travel in one message)
+    with pytest.raises(DistributedRunError) as info:
+        Distributor(num_processes=2, local_mode=False, spark=spark_session).run(report_bad_metric, "surrogate")
+    assert "ValueError: report(): metric 'name' is a string that is not valid Unicode" in str(info.value)
+    with pytest.raises(DistributedRunError) as info:
+        Distributor(num_processes=1).run(report_bad_metric, "huge")
+    assert "the metrics take 100013 bytes as JSON, more than 65536" in str(info.value)
     with pytest.raises(ValueError, match="run_id must be"):
         Distributor(run_id="../escape")
     with pytest.raises(ValueError, match="keep_checkpoints must be >= 1"):
@@ -180,3 +194,59 @@ def test_executor_jvm_killed_mid_run(cluster_spark: Any, tmp_path: Path, no_left
     assert out["resumed_from"] == 4 and _same_weights(clean, out)
     assert _steps(chaos) == list(range(1, 9))
     assert [r["attempt"] for r in chaos.last_run.rows] == [0] * 4 + [1] * 4
+
+
+def test_slow_persisting_keeps_report_in_step(
+    tmp_path: Path, spark_session: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Persisting a step takes longer than the channel's dead-connection time (slow remote
+    storage, MLflow, the chart): heartbeats are still answered, no answer is replayed into a
+    later step, and report() on every rank returns only after its own step is persisted."""
+    import time
+
+    from spark_torch.driver.tracker import ReportTracker
+
+    slow_row = ReportTracker.row
+
+    def row(self: ReportTracker, data: dict[str, Any]) -> None:
+        if data["step"] in (2, 3):
+            time.sleep(1.5)  # over 4 heartbeats of 0.3 s: the connection's dead time
+        slow_row(self, data)
+
+    monkeypatch.setattr(ReportTracker, "row", row)
+    d = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=tmp_path, heartbeat=0.3)
+    assert d.run(report_and_check_persisted, str(tmp_path), 5) == [1, 2, 3, 4, 5]
+    assert _steps(d) == [1, 2, 3, 4, 5]
+
+
+def test_a_step_waits_for_every_rank_and_is_answered_once() -> None:
+    """The node's report pipes (real pipes, no ranks): a step is forwarded only once every rank
+    of the node reported it, even if one rank reports before the other's pipes exist; a
+    replayed answer (the driver resends its last one to a node that reconnects) is not written
+    to the ranks again."""
+    import time
+
+    from spark_torch.reporting.pipes import NodeReports
+
+    forwarded: list[dict[str, Any]] = []
+    pipes = NodeReports(0, range(2), forward=forwarded.append)
+    try:  # the child ends stay with ``pipes`` (a rank would get copies): it closes them
+        w0, r0 = pipes.open(0)
+        os.write(w0, b'{"step": 1, "metrics": {"a": 1}, "checkpoint": false}\n')
+        time.sleep(0.2)  # rank 0's line is read before rank 1's pipes even exist
+        w1, _ = pipes.open(1)
+        time.sleep(0.2)
+        assert forwarded == [], "step 1 was forwarded with only rank 0's report"
+        os.write(w1, b'{"step": 1, "metrics": null, "checkpoint": false}\n')
+        deadline = time.monotonic() + 5.0
+        while not forwarded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [f["step"] for f in forwarded] == [1] and forwarded[0]["metrics"] == {"a": 1}
+        pipes.persisted(1)
+        pipes.persisted(1)  # the replay
+        pipes.persisted(2, "later")
+        os.set_blocking(r0, False)
+        answers = os.read(r0, 4096).decode().splitlines()
+        assert [json.loads(a)["step"] for a in answers] == [1, 2], answers
+    finally:
+        pipes.close()

@@ -85,7 +85,7 @@ def run_distributed(
     by_file = attempt.spec.payload is not None and attempt.spec.settings.result_transfer != "spark"
     check_slots(spark, plan.num_nodes, attempt.spec.settings.executor_wait)
     channel = _open_channel(attempt, endpoint)
-    channel.reports = attempt.report_coordinator(answer=channel.answer_reports)
+    coordinator = channel.reports = attempt.report_coordinator(answer=channel.answer_reports)
     streamed = None
     try:
         spec = replace(attempt.spec, channel=channel.spec)
@@ -100,6 +100,7 @@ def run_distributed(
             return _run_stage(spark, replace(spec, result_dir=result_dir.path), attempt, channel, data, streamed)
     finally:
         channel.close()
+        coordinator.close()
         if streamed is not None:
             streamed.close()
 

@@ -21,6 +21,7 @@ from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
 from spark_torch.node.host import NodeProblem, host_node
 from spark_torch.node.workdir import NodeWorkdir
+from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
 
 __all__ = ["run_local", "LocalIO", "LOCAL_HOST"]
@@ -38,6 +39,8 @@ class LocalIO:
         self.attempt = attempt
         self.host = socket.gethostname()
         self.stop = threading.Event()
+        #: this attempt's report() coordinator, once the ranks' pipes exist
+        self.coordinator: ReportCoordinator | None = None
 
     def rendezvous(self, hello: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**hello, "node": 0}]
@@ -48,10 +51,10 @@ class LocalIO:
     def task_gpus(self) -> list[str]:  # pragma: no cover - a local plan names its GPUs
         return []
 
-    def report_pipes(self) -> NodeReports:
+    def report_pipes(self, ranks: range) -> NodeReports:
         # the node runner is on the driver: its reports go straight to the coordinator
-        reports = NodeReports(0, forward=lambda report: coordinator.node_report(0, report))
-        coordinator = self.attempt.report_coordinator(answer=reports.persisted)
+        reports = NodeReports(0, ranks, forward=lambda report: coordinator.node_report(0, report))
+        coordinator = self.coordinator = self.attempt.report_coordinator(answer=reports.persisted)
         return reports
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
@@ -80,6 +83,8 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> ResultBytes | 
         finally:
             if timer is not None:
                 timer.cancel()
+            if io.coordinator is not None:
+                io.coordinator.close()
         outcome = hosted.outcome
         assert outcome is not None  # a local rendezvous is never stopped
         if outcome.stopped:

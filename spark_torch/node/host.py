@@ -65,8 +65,8 @@ class NodeIO(Protocol):
     def task_gpus(self) -> list[str]:
         """The GPU addresses Spark assigned to this node's task."""
 
-    def report_pipes(self) -> NodeReports | None:
-        """The node's report() pipes, wired to the driver (None: report() is not served)."""
+    def report_pipes(self, ranks: range) -> NodeReports | None:
+        """The report() pipes of this node's ``ranks``, wired to the driver (None: report() is not served)."""
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         """A rank failed: tell the driver at once (the rest of the gang is failing now too)."""
@@ -191,7 +191,8 @@ def host_node(
             )
         visible = _visible_devices(run, io)
         node_env.update(resume_env(run, workdir.path))
-        reports = io.report_pipes()
+        first = io.node_rank * run.plan.procs_per_node
+        reports = io.report_pipes(range(first, first + run.plan.procs_per_node))
         spec = NodeSpec(
             run=run,
             node_rank=io.node_rank,

@@ -115,10 +115,10 @@ class BarrierIO:
     def task_gpus(self) -> list[str]:
         return list(self.context.resources()["gpu"].addresses)
 
-    def report_pipes(self) -> NodeReports | None:
+    def report_pipes(self, ranks: range) -> NodeReports | None:
         if self.channel is None:
             return None
-        reports = self.channel.reports = NodeReports(self.node_rank, forward=self.channel.forward_report)
+        reports = self.channel.reports = NodeReports(self.node_rank, ranks, forward=self.channel.forward_report)
         return reports
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:

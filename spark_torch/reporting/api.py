@@ -36,7 +36,10 @@ from typing import IO, Any
 
 from spark_torch import envnames
 
-__all__ = ["report", "get_checkpoint"]
+__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES"]
+
+#: bound on one step's metrics (they travel in one message to the driver, and into every row)
+MAX_METRICS_BYTES = 64 * 1024
 
 
 def get_checkpoint() -> Path | None:
@@ -47,9 +50,23 @@ def get_checkpoint() -> Path | None:
     return Path(path) if path else None
 
 
+def _text(what: str, text: str) -> str:
+    """``text`` if it can travel (valid Unicode: a lone surrogate cannot be encoded as UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"report(): {what} is a string that is not valid Unicode ({exc.reason} at position {exc.start}); "
+            "decode bytes with errors='replace' before reporting them"
+        ) from None
+    return text
+
+
 def _number(key: str, value: Any) -> Any:
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return _text(f"metric {key!r}", value)
     item = getattr(value, "item", None)  # a 0-d tensor or a numpy scalar
     if callable(item) and not isinstance(value, numbers.Number):
         try:
@@ -74,9 +91,16 @@ def _clean(metrics: Any) -> dict[str, Any]:
     for key, value in metrics.items():
         if not isinstance(key, str):
             raise TypeError(f"report(): metric names are strings, got {key!r}")
+        _text(f"metric name {key!r}", key)
         if key in ("step", "time", "attempt"):
             raise ValueError(f"report(): {key!r} is recorded by spark_torch; name your metric differently")
         clean[key] = _number(key, value)
+    size = len(json.dumps(clean))
+    if size > MAX_METRICS_BYTES:
+        raise ValueError(
+            f"report(): the metrics take {size} bytes as JSON, more than {MAX_METRICS_BYTES}; report a few "
+            "numbers per step and write bigger things (arrays, text) as files into the checkpoint"
+        )
     return clean
 
 
@@ -122,13 +146,24 @@ class _Reporter:
             message = {"step": step, "metrics": metrics if self.rank == 0 else None, "checkpoint": checkpoint is not None}
             self._out.write(json.dumps(message) + "\n")
             self._out.flush()
-            answer = self._in.readline()
-            if not answer:
-                raise RuntimeError("report(): the node runner is gone (the run was stopped)")
-            reply = json.loads(answer)
+            reply = self._answer_for(step)
             if reply.get("error"):
                 raise RuntimeError(f"report(): step {step} could not be persisted: {reply['error']}")
             self.step = step
+
+    def _answer_for(self, step: int) -> dict[str, Any]:
+        """The node's answer for ``step``; an answer for an earlier step (a replay) is skipped."""
+        while True:
+            line = self._in.readline()
+            if not line:
+                raise RuntimeError("report(): the node runner is gone (the run was stopped)")
+            reply = json.loads(line)
+            answered = reply.get("step") if isinstance(reply, dict) else None
+            if isinstance(answered, int) and answered < step:
+                continue
+            if answered != step:
+                raise RuntimeError(f"report(): step {step} got the answer of step {answered!r}; report() calls are out of step")
+            return dict(reply)
 
 
 _reporter: _Reporter | None = None
@@ -147,6 +182,8 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
     Raises:
         RuntimeError: outside a rank started by spark_torch, or when persisting failed.
         TypeError: a metric that is not a single value.
+        ValueError: a metric name or string that is not valid Unicode; metrics over
+            :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (step, time, attempt).
     """
     global _reporter
     clean = _clean(metrics)

@@ -4,11 +4,17 @@ Persisting step N: mark its checkpoint complete (the manifest, written after eve
 files), prune old checkpoints (``keep_checkpoints``), append rank 0's metrics row to the run's
 metrics log, hand the row to the live view and MLflow, then answer every node. A failure to
 persist is answered as an error (``report()`` raises on every rank), not swallowed.
+
+Persisting runs on the coordinator's own thread, in step order, never on the thread that
+received the report: remote storage, pruning, MLflow or the chart may take seconds, and the
+channel's connection threads must keep answering heartbeats meanwhile (a blocked one made
+the node reconnect, which replayed the previous answer).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +49,10 @@ class ReportCoordinator:
         self._pending: dict[int, dict[int, dict[str, Any]]] = {}
         #: the last step answered (replayed to a node that reconnects)
         self.last_answer: tuple[int, str | None] | None = None
+        #: complete steps waiting to be persisted, in order; None ends the thread
+        self._steps: queue.Queue[tuple[int, dict[int, dict[str, Any]]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._persist_loop, name="spark-torch-report-persist", daemon=True)
+        self._thread.start()
 
     def node_report(self, node: int, report: Any) -> None:
         """A node's report of one step (from the channel or the local node runner)."""
@@ -61,7 +71,18 @@ class ReportCoordinator:
             if len(reports) < self._nodes:
                 return
             del self._pending[step]
-        self._persist(step, reports)
+        self._steps.put((step, reports))
+
+    def _persist_loop(self) -> None:
+        while (item := self._steps.get()) is not None:
+            self._persist(*item)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Persist the steps already complete (bounded), then end the persisting thread."""
+        self._steps.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("spark_torch: persisting report() steps took over %gs; it goes on in the background", timeout)
 
     def _persist(self, step: int, reports: dict[int, dict[str, Any]]) -> None:
         error = None

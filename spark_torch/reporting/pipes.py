@@ -6,6 +6,11 @@ reported step N, the node forwards one message for the node (rank 0's metrics, w
 passed a checkpoint) to the driver's coordinator; when the driver has persisted step N on
 every node, :meth:`NodeReports.persisted` answers every rank. Lines from a rank are only ever
 parsed as JSON text.
+
+A step is complete when every rank of the node reported it (the node's ranks are known up
+front, so a rank that reports before another rank's pipes even exist cannot complete a step
+alone). Every answer carries its step, and a step is answered once: the driver replays its
+last answer to a node that reconnects, and that replay is not written to the ranks again.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 __all__ = ["NodeReports"]
@@ -28,22 +33,26 @@ MAX_LINE = 1 << 20
 class NodeReports:
     """The report pipes of one node's ranks."""
 
-    def __init__(self, node_rank: int, forward: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, node_rank: int, ranks: Iterable[int], forward: Callable[[dict[str, Any]], None]) -> None:
         self._node = node_rank
         self._forward = forward
         self._lock = threading.Lock()
         self._answers: dict[int, IO[str]] = {}
         self._pending: dict[int, dict[int, dict[str, Any]]] = {}
-        self._ranks: set[int] = set()
+        #: every rank of this node: a step is complete once all of them reported it
+        self._ranks = frozenset(ranks)
+        #: the last step answered (an answer for it or an earlier one is a replay)
+        self._answered = 0
         self._threads: list[threading.Thread] = []
         self._child_fds: dict[int, tuple[int, int]] = {}
 
     def open(self, rank: int) -> tuple[int, int]:
         """Create the pipes of ``rank``; returns the child's (write, read) fds to pass to it."""
+        if rank not in self._ranks:
+            raise ValueError(f"rank {rank} is not a rank of node {self._node} ({sorted(self._ranks)})")
         report_read, report_write = os.pipe()
         answer_read, answer_write = os.pipe()
         with self._lock:
-            self._ranks.add(rank)
             self._answers[rank] = os.fdopen(answer_write, "w", encoding="utf-8")
             self._child_fds[rank] = (report_write, answer_read)
         thread = threading.Thread(
@@ -86,17 +95,24 @@ class NodeReports:
         if not complete:
             return
         first = min(reports)
-        self._forward({
-            "node": self._node,
-            "step": step,
-            "metrics": reports[first].get("metrics") if first == 0 else None,
-            "checkpoint_ranks": sorted(r for r, m in reports.items() if m.get("checkpoint")),
-        })  # fmt: skip
+        try:
+            self._forward({
+                "node": self._node,
+                "step": step,
+                "metrics": reports[first].get("metrics") if first == 0 else None,
+                "checkpoint_ranks": sorted(r for r, m in reports.items() if m.get("checkpoint")),
+            })  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - e.g. the channel refused the message: the ranks must hear it
+            logger.warning("spark_torch: report step %d of node %d could not be sent to the driver: %s", step, self._node, exc)
+            self.persisted(step, f"it could not be sent to the driver ({type(exc).__name__}: {exc})")
 
     def persisted(self, step: int, error: str | None = None) -> None:
-        """The driver answered step ``step``: tell every rank of this node."""
+        """The driver answered step ``step``: tell every rank of this node (once per step)."""
         line = json.dumps({"step": step, "error": error} if error else {"step": step}) + "\n"
         with self._lock:
+            if step <= self._answered:
+                return  # a replay after a reconnect: the ranks have it already
+            self._answered = step
             answers = list(self._answers.values())
         for answer in answers:
             try:

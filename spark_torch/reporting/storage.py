@@ -9,7 +9,8 @@ Layout of one run::
     STORAGE/RUN_ID/metrics.jsonl                    one JSON row per report() of rank 0
 
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
-half-written "latest" checkpoint. Used by ranks (upload), node runners (download) and the driver
+half-written "latest" checkpoint. On a local (or mounted) filesystem the ranks' files and the
+manifest are fsynced before report() returns; an object store has them once its write returns. Used by ranks (upload), node runners (download) and the driver
 (manifests, metrics, pruning); imports neither torch nor pyspark.
 """
 
@@ -46,6 +47,25 @@ class CheckpointInfo:
 
 def _is_local(url: str) -> bool:
     return "://" not in url and not url.startswith("dbfs:")
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_copy(source: str, target: str) -> None:
+    """Flush to disk what was copied from ``source`` into ``target`` (its files and their
+    directories): a checkpoint is durable before report() returns, not only in the page cache."""
+    for dirpath, _dirs, files in os.walk(source):
+        copied = os.path.join(target, os.path.relpath(dirpath, source))
+        for name in files:
+            _fsync(os.path.join(copied, name))
+        _fsync(copied, directory=True)
+    _fsync(os.path.dirname(target), directory=True)
 
 
 class RunStorage:
@@ -121,6 +141,7 @@ class RunStorage:
         target = self.checkpoint_url(step)
         if self.local:
             shutil.copytree(local_dir, target, dirs_exist_ok=True)
+            _fsync_copy(local_dir, target)
             return
         name = posixpath.basename(target)
         for root, _dirs, files in os.walk(local_dir):
@@ -141,7 +162,10 @@ class RunStorage:
             tmp = path + ".tmp"
             with open(tmp, "w", encoding="utf-8") as fh:
                 fh.write(manifest)
+                fh.flush()
+                os.fsync(fh.fileno())
             os.replace(tmp, path)
+            _fsync(os.path.dirname(path), directory=True)  # the rename itself is durable
         else:
             self.fs.makedirs(self._path(name), exist_ok=True)
             self.fs.pipe_file(self._path(name, MANIFEST), manifest.encode("utf-8"))
