@@ -8,7 +8,12 @@ through):
 - ``idle_cut``: close both sides when no byte moved either way for this many seconds (what a
   cloud load balancer or NAT does to an idle connection);
 - ``blackhole_after``: after this many bytes, stop forwarding but keep both sides open (a
-  silent drop: nothing arrives, nobody is told).
+  silent drop: nothing arrives, nobody is told);
+- ``corrupt_at``: flip one bit of the byte at this offset of what the client sends (an active
+  attacker, or a broken middlebox).
+
+``record=True`` keeps every byte forwarded (``recorded``: all connections, both directions), for
+tests of what a passive observer of the network sees.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class _Pair:
     last: float = field(default_factory=time.monotonic)
     closed: bool = False
     blackholed: bool = False
+    #: bytes the client sent so far (for ``corrupt_at``)
+    upstream: int = 0
 
 
 class Proxy:
@@ -38,13 +45,19 @@ class Proxy:
         cut_after: int | None = None,
         idle_cut: float | None = None,
         blackhole_after: int | None = None,
+        corrupt_at: int | None = None,
         faulty: int = 1,
+        record: bool = False,
     ) -> None:
         self.target = target
         self.cut_after = cut_after
         self.idle_cut = idle_cut
         self.blackhole_after = blackhole_after
+        self.corrupt_at = corrupt_at
         self.faulty_left = faulty
+        self.record = record
+        #: every byte forwarded (``record=True``), in the order the proxy forwarded it
+        self.recorded = bytearray()
         self.connections = 0
         self.cuts = 0
         self._lock = threading.Lock()
@@ -120,6 +133,15 @@ class Proxy:
                 pair.moved += len(data)
                 pair.last = time.monotonic()
                 moved = pair.moved
+                if self.record:
+                    self.recorded += data
+            if source is pair.client:
+                offset = pair.upstream
+                pair.upstream += len(data)
+                if pair.faulty and self.corrupt_at is not None and offset <= self.corrupt_at < pair.upstream:
+                    flipped = bytearray(data)
+                    flipped[self.corrupt_at - offset] ^= 0x01
+                    data = bytes(flipped)
             if pair.faulty and self.blackhole_after is not None and moved > self.blackhole_after:
                 pair.blackholed = True
             if pair.blackholed:

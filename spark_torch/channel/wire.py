@@ -1,27 +1,39 @@
-"""Framing and authentication of the driver <-> node channel (both ends prove the run's secret).
+"""Framing, authentication and encryption of the driver <-> node channel (both ends prove the
+run's secret; every frame is AES-GCM encrypted and authenticated).
 
 Handshake, all of it under one deadline::
 
     server -> client   MAGIC + server nonce (32 bytes)
-    client -> server   client nonce (32) + HMAC(secret, "client" + both nonces)
-    server -> client   HMAC(secret, "server" + both nonces)
+    client -> server   client nonce (32) + HMAC-SHA256(secret, "client" + both nonces)
+    server -> client   HMAC-SHA256(secret, "server" + both nonces)
 
 Each side checks the other's proof with ``hmac.compare_digest``; a peer that does not know the
-secret learns nothing but two random nonces. Both ends then derive a per-connection key,
-``HMAC(secret, "session" + both nonces)``, and every frame is::
+secret learns nothing but two random nonces (the driver's server runs this exchange without a
+thread per peer, :mod:`spark_torch.channel.server`). Both ends then derive two per-connection
+AES-256-GCM keys, one per direction::
 
-    4-byte big-endian body length | body | HMAC(key, direction + seq + body)
+    client->server key | server->client key = HKDF-SHA256(secret, salt=server nonce + client nonce,
+                                                           info=MAGIC, length=64)
 
-A body is a UTF-8 JSON object, or ``"B"`` + 4-byte header length + a JSON object + raw bytes
-(a message with a binary payload, e.g. a piece of rank 0's result, under the key ``"_bytes"``).
+and every frame is::
 
-``direction`` is ``C`` (client to server) or ``S``; ``seq`` counts the frames of that direction
-on this connection (8 bytes, big-endian, from 0). A frame that was injected, altered, replayed,
-reordered or reflected fails its MAC, and the connection is closed (the client reconnects).
-Bodies are only ever decoded as JSON text, never unpickled.
+    4-byte big-endian body length | AES-GCM(key of the direction, nonce, body, aad=the length) | 16-byte tag
+
+with the 12-byte nonce ``direction (1 byte) + 3 zero bytes + seq (8 bytes, big-endian)``:
+``direction`` is ``C`` (client to server) or ``S``, ``seq`` counts the frames of that direction
+on this connection from 0. A key is never used for two connections (both nonces are fresh) nor
+a nonce twice (``seq`` only grows). A frame that was injected, altered, replayed, reordered or
+reflected fails to decrypt, and the connection is closed (the client reconnects). Only the
+frame lengths travel in clear.
+
+A body (the plaintext) is a UTF-8 JSON object, or ``"B"`` + 4-byte header length + a JSON
+object + raw bytes (a message with a binary payload, e.g. a piece of rank 0's result, under the
+key ``"_bytes"``; encrypted straight from the caller's buffer, the receiver gets a view of the
+decrypted frame). Bodies are only ever decoded as JSON text, never unpickled.
 
 Why not ``multiprocessing.connection``: on Python 3.11 its authkey challenge is HMAC-MD5, it
-authenticates only the handshake (no per-frame integrity), and its ``recv()`` unpickles.
+authenticates only the handshake (no per-frame integrity or secrecy), and its ``recv()``
+unpickles.
 """
 
 from __future__ import annotations
@@ -36,12 +48,20 @@ import threading
 import time
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 __all__ = [
     "MAX_FRAME",
     "BINARY_HEADER_ROOM",
     "Body",
     "body_size",
+    "Keys",
     "Link",
+    "ServerChallenge",
     "AuthenticationError",
     "ProtocolError",
     "FrameTooLarge",
@@ -51,17 +71,27 @@ __all__ = [
     "tune_socket",
 ]
 
-MAGIC = b"spark-torch-channel-2\n"
+MAGIC = b"spark-torch-channel-3\n"
 NONCE_BYTES = 32
-MAC_BYTES = hashlib.sha256().digest_size
+#: a handshake proof (HMAC-SHA256)
+PROOF_BYTES = hashlib.sha256().digest_size
+#: what the client answers the greeting with: its nonce and its proof
+ANSWER_BYTES = NONCE_BYTES + PROOF_BYTES
+#: the AES-GCM tag after every frame's ciphertext
+TAG_BYTES = 16
+KEY_BYTES = 32
 #: largest frame body
 MAX_FRAME = 1024 * 1024
 _LENGTH = struct.Struct(">I")
-_SEQ = struct.Struct(">Q")
+#: AES-GCM nonce: direction byte, 3 zero bytes, frame sequence number
+_NONCE = struct.Struct(">c3xQ")
+
+#: the two keys of a connection: (client -> server, server -> client)
+Keys = tuple[bytes, bytes]
 
 
 class AuthenticationError(ConnectionError):
-    """The peer did not prove the run's secret (handshake), or a frame failed its MAC."""
+    """The peer did not prove the run's secret (handshake), or a frame failed to decrypt."""
 
 
 class ProtocolError(ConnectionError):
@@ -72,8 +102,13 @@ class FrameTooLarge(ValueError):
     """A message that would exceed :data:`MAX_FRAME` once encoded."""
 
 
-def _mac(key: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+def _proof(secret: bytes, label: bytes, nonces: bytes) -> bytes:
+    return hmac.new(secret, label + nonces, hashlib.sha256).digest()
+
+
+def _derive_keys(secret: bytes, nonces: bytes) -> Keys:
+    material = HKDF(algorithm=hashes.SHA256(), length=2 * KEY_BYTES, salt=nonces, info=MAGIC).derive(secret)
+    return material[:KEY_BYTES], material[KEY_BYTES:]
 
 
 def _recv_exact(sock: socket.socket, size: int, deadline: float | None) -> bytearray:
@@ -118,17 +153,35 @@ def tune_socket(sock: socket.socket, idle_seconds: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, user_timeout, int(idle * 3 * 1000))
 
 
+class ServerChallenge:
+    """The driver's side of the handshake as data, so that a server can run it without blocking
+    (and without a thread) per peer: send :attr:`greeting`, read :data:`ANSWER_BYTES`, then
+    :meth:`check` them."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self._nonce = os.urandom(NONCE_BYTES)
+        self.greeting = MAGIC + self._nonce
+
+    def check(self, answer: bytes) -> tuple[bytes, Keys]:
+        """The client's answer; returns our proof (to send) and the connection's keys. Raises
+        :class:`AuthenticationError` when the client did not prove the secret."""
+        if len(answer) != ANSWER_BYTES:
+            raise AuthenticationError("the peer's answer has the wrong size")
+        nonces = self._nonce + bytes(answer[:NONCE_BYTES])
+        if not hmac.compare_digest(bytes(answer[NONCE_BYTES:]), _proof(self._secret, b"client", nonces)):
+            raise AuthenticationError("the peer did not prove the run's secret")
+        return _proof(self._secret, b"server", nonces), _derive_keys(self._secret, nonces)
+
+
 def server_handshake(sock: socket.socket, secret: bytes, deadline: float, idle_timeout: float | None) -> Link:
-    """Driver side: challenge the peer, check its proof, prove ourselves. Bounded by ``deadline``."""
-    server_nonce = os.urandom(NONCE_BYTES)
-    _send_before(sock, MAGIC + server_nonce, deadline)
-    answer = _recv_exact(sock, NONCE_BYTES + MAC_BYTES, deadline)
-    client_nonce, proof = bytes(answer[:NONCE_BYTES]), bytes(answer[NONCE_BYTES:])
-    nonces = server_nonce + client_nonce
-    if not hmac.compare_digest(proof, _mac(secret, b"client", nonces)):
-        raise AuthenticationError("the peer did not prove the run's secret")
-    _send_before(sock, _mac(secret, b"server", nonces), deadline)
-    return Link(sock, _mac(secret, b"session", nonces), server=True, idle_timeout=idle_timeout)
+    """Driver side, blocking: challenge the peer, check its proof, prove ourselves. Bounded by
+    ``deadline``."""
+    challenge = ServerChallenge(secret)
+    _send_before(sock, challenge.greeting, deadline)
+    proof, keys = challenge.check(bytes(_recv_exact(sock, ANSWER_BYTES, deadline)))
+    _send_before(sock, proof, deadline)
+    return Link(sock, keys, server=True, idle_timeout=idle_timeout)
 
 
 def client_handshake(sock: socket.socket, secret: bytes, deadline: float, idle_timeout: float | None) -> Link:
@@ -139,11 +192,11 @@ def client_handshake(sock: socket.socket, secret: bytes, deadline: float, idle_t
     server_nonce = bytes(greeting[len(MAGIC) :])
     client_nonce = os.urandom(NONCE_BYTES)
     nonces = server_nonce + client_nonce
-    _send_before(sock, client_nonce + _mac(secret, b"client", nonces), deadline)
-    proof = _recv_exact(sock, MAC_BYTES, deadline)
-    if not hmac.compare_digest(proof, _mac(secret, b"server", nonces)):
+    _send_before(sock, client_nonce + _proof(secret, b"client", nonces), deadline)
+    proof = _recv_exact(sock, PROOF_BYTES, deadline)
+    if not hmac.compare_digest(bytes(proof), _proof(secret, b"server", nonces)):
         raise AuthenticationError("the driver's channel did not prove the run's secret")
-    return Link(sock, _mac(secret, b"session", nonces), server=False, idle_timeout=idle_timeout)
+    return Link(sock, _derive_keys(secret, nonces), server=False, idle_timeout=idle_timeout)
 
 
 #: first byte of a body that carries a binary payload after its JSON header
@@ -153,7 +206,7 @@ BINARY_HEADER_ROOM = 256
 
 
 #: an encoded frame body: bytes, or parts sent one after the other (a binary message's header
-#: and its payload, which is then never copied in user space)
+#: and its payload, which is then encrypted straight from the caller's buffer)
 Body = bytes | tuple[bytes, memoryview]
 
 
@@ -163,7 +216,8 @@ def body_size(body: Body) -> int:
 
 
 def encode(message: dict[str, Any]) -> Body:
-    """A message as a frame body; raises :class:`FrameTooLarge` beyond :data:`MAX_FRAME`.
+    """A message as a frame body; raises :class:`FrameTooLarge` beyond :data:`MAX_FRAME`, and
+    ``ValueError``/``TypeError`` for what JSON or UTF-8 cannot carry (e.g. a lone surrogate).
 
     A ``"_bytes"`` item (bytes-like) travels raw after the JSON header, not inside the JSON.
     """
@@ -179,28 +233,19 @@ def encode(message: dict[str, Any]) -> Body:
     return body
 
 
-def _sendall(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
-    """``sendall`` of several buffers with scatter-gather I/O (no joining copy)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    while views:
-        sent = sock.sendmsg(views)
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
-        if views and sent:
-            views[0] = views[0][sent:]
-
-
 class Link:
-    """One authenticated connection. ``send`` is thread-safe; one thread calls ``recv``.
+    """One authenticated, encrypted connection. ``send`` is thread-safe; one thread calls ``recv``.
 
     ``idle_timeout`` bounds every socket operation: a peer that sends nothing at all (not even a
     heartbeat) for that long, or does not take our bytes for that long, ends the connection.
     """
 
-    def __init__(self, sock: socket.socket, key: bytes, *, server: bool, idle_timeout: float | None) -> None:
+    def __init__(self, sock: socket.socket, keys: Keys, *, server: bool, idle_timeout: float | None) -> None:
         self.sock = sock
-        self._key = key
+        client_key, server_key = keys
+        self._out_key, in_key = (server_key, client_key) if server else (client_key, server_key)
+        self._seal = AESGCM(self._out_key)
+        self._open = AESGCM(in_key)
         self._out_direction, self._in_direction = (b"S", b"C") if server else (b"C", b"S")
         self._out_seq = 0
         self._in_seq = 0
@@ -208,14 +253,26 @@ class Link:
         sock.settimeout(idle_timeout)
 
     def send_body(self, body: Body) -> None:
-        """Send one encoded body (see :func:`encode`) as an authenticated frame."""
-        parts: list[bytes | memoryview] = [body] if isinstance(body, bytes) else [body[0], body[1]]
-        with self._send_lock:
-            digest = hmac.new(self._key, self._out_direction + _SEQ.pack(self._out_seq), hashlib.sha256)
-            for part in parts:
-                digest.update(part)
+        """Send one encoded body (see :func:`encode`) as an encrypted, authenticated frame."""
+        size = body_size(body)
+        frame = bytearray(_LENGTH.size + size + TAG_BYTES)
+        _LENGTH.pack_into(frame, 0, size)
+        length = bytes(frame[: _LENGTH.size])
+        sealed = memoryview(frame)[_LENGTH.size :]
+        with self._send_lock:  # the nonce's seq must follow the order frames go out in
+            nonce = _NONCE.pack(self._out_direction, self._out_seq)
+            if isinstance(body, bytes):
+                self._seal.encrypt_into(nonce, body, length, sealed)
+            else:  # header and payload in one pass, without joining them first
+                encryptor = Cipher(algorithms.AES(self._out_key), modes.GCM(nonce)).encryptor()
+                encryptor.authenticate_additional_data(length)
+                done = 0
+                for part in body:
+                    done += encryptor.update_into(part, sealed[done:])
+                encryptor.finalize()
+                sealed[size:] = encryptor.tag
             self._out_seq += 1
-            _sendall(self.sock, [_LENGTH.pack(body_size(body)), *parts, digest.digest()])
+            self.sock.sendall(frame)
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one message."""
@@ -223,20 +280,23 @@ class Link:
 
     def recv(self) -> dict[str, Any]:
         """The next message. Raises ``TimeoutError`` when nothing at all arrives within the idle
-        timeout, :class:`AuthenticationError` for a frame that fails its MAC,
+        timeout, :class:`AuthenticationError` for a frame that fails to decrypt,
         :class:`ProtocolError` for one that is too large or not a JSON object."""
         header = _recv_exact(self.sock, _LENGTH.size, None)
         (size,) = _LENGTH.unpack(header)
         if size > MAX_FRAME:
             raise ProtocolError(f"a frame of {size} bytes exceeds the {MAX_FRAME} byte limit")
         # the rest of a frame that started must follow promptly
-        rest = memoryview(_recv_exact(self.sock, size + MAC_BYTES, None))
-        body, mac = rest[:size], rest[size:]
-        digest = hmac.new(self._key, self._in_direction + _SEQ.pack(self._in_seq), hashlib.sha256)
-        digest.update(body)
-        if not hmac.compare_digest(bytes(mac), digest.digest()):
-            raise AuthenticationError("a frame failed its authentication check (altered, injected or replayed)")
+        sealed = _recv_exact(self.sock, size + TAG_BYTES, None)
+        plain = bytearray(size)
+        try:
+            self._open.decrypt_into(_NONCE.pack(self._in_direction, self._in_seq), sealed, bytes(header), plain)
+        except InvalidTag:
+            raise AuthenticationError(
+                "a frame failed to decrypt (altered, injected, replayed, reordered or reflected)"
+            ) from None
         self._in_seq += 1
+        body = memoryview(plain)
         payload = None
         if body[:1] == BINARY:
             if len(body) < 1 + _LENGTH.size:

@@ -52,7 +52,7 @@ def _raw_frame(link: wire.Link, message: dict[str, Any]) -> bytes:
     try:
         link.send(message)
         body = wire.encode(message)
-        return sink.recv(4 + len(body) + wire.MAC_BYTES)
+        return sink.recv(4 + len(body) + wire.TAG_BYTES)
     finally:
         link.sock = real
         capture.close()
@@ -68,7 +68,7 @@ def test_tampered_frames_are_rejected(attack: str) -> None:
         b.sendall(bytes(frame))
     elif attack == "injected":  # a frame made without the key
         body = json.dumps({"stop": "now"}).encode()
-        b.sendall(struct.pack(">I", len(body)) + body + bytes(wire.MAC_BYTES))
+        b.sendall(struct.pack(">I", len(body)) + body + bytes(wire.TAG_BYTES))
     elif attack == "replayed":
         frame = _raw_frame(client, {"lines": []})
         b.sendall(frame)
@@ -93,8 +93,8 @@ def test_client_rejects_a_driver_that_does_not_know_the_secret() -> None:
 
     def fake_driver() -> None:
         a.sendall(wire.MAGIC + os.urandom(wire.NONCE_BYTES))
-        a.recv(wire.NONCE_BYTES + wire.MAC_BYTES)
-        a.sendall(os.urandom(wire.MAC_BYTES))
+        a.recv(wire.ANSWER_BYTES)
+        a.sendall(os.urandom(wire.PROOF_BYTES))
 
     threading.Thread(target=fake_driver, daemon=True).start()
     with pytest.raises(wire.AuthenticationError, match="did not prove"):
