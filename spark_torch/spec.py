@@ -89,6 +89,9 @@ class RunSpec:
     #: distributed mode: a directory of the driver's for rank 0's result (handed over by file
     #: when node 0 can write it: same host or shared filesystem)
     result_dir: str | None = None
+    #: written by the driver into ``result_dir``: node 0 hands the result over only into a
+    #: directory that holds it (and is private to this user)
+    result_token: str = field(default="", repr=False)
     #: the user's settings, resolved once on the driver (:mod:`spark_torch.settings`)
     settings: Settings = field(default_factory=Settings.defaults)
     #: report()/checkpoints: the storage base (a directory or an fsspec URL; the run's data is

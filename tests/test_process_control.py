@@ -108,3 +108,16 @@ def test_a_run_that_finished_at_its_deadline_is_not_a_timeout() -> None:
     node = NodeSpec(run=spec, node_rank=0, master_addr="127.0.0.1", master_port=1, cwd=os.getcwd())
     outcome, _ = run_node(node, _DeadlineAtTheLastExit(stop, 2), stop=stop)
     assert stop.is_set() and not outcome.stopped and not outcome.failures
+
+
+def test_the_reaper_gets_its_paths_over_its_pipe_not_argv() -> None:
+    """``ps`` shows argv to every user of the host: the node's scratch dir (and, on the driver,
+    the result directory node 0 hands rank 0's result into) is not in the reaper's argv."""
+    from spark_torch.node.workdir import NodeWorkdir
+
+    with NodeWorkdir("argv-check", 0) as workdir:
+        reaper = workdir._reaper
+        assert reaper is not None
+        cmdline = " ".join(psutil.Process(reaper.pid).cmdline())
+        assert "spark_torch.node.reaper_main" in cmdline and workdir.path not in cmdline
+        assert "argv-check" not in cmdline

@@ -97,7 +97,9 @@ def run_distributed(
             streamed = channel.bulk_sink = result_transfer.StreamedResult(
                 os.path.join(result_dir.path, result_transfer.STREAMED_RESULT_FILE)
             )
-            return _run_stage(spark, replace(spec, result_dir=result_dir.path), attempt, channel, data, streamed)
+            token = result_transfer.prepare_result_dir(result_dir.path)
+            spec = replace(spec, result_dir=result_dir.path, result_token=token)
+            return _run_stage(spark, spec, attempt, channel, data, streamed)
     finally:
         channel.close()
         coordinator.close()

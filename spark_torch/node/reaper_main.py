@@ -1,8 +1,10 @@
 """A tiny watchdog that cleans up after a node runner that died without cleaning up.
 
-``python -m spark_torch.node.reaper_main WORKDIR [KEY=VALUE...]`` is started by the node runner in its own session
+``python -m spark_torch.node.reaper_main`` is started by the node runner in its own session
 (so a kill of the runner's process group or Spark's SIGKILL of the Python worker spares it).
-The runner writes one line per rank it starts on the reaper's stdin, ``PGID CREATE_TIME`` (the
+The runner first writes one JSON line on the reaper's stdin, ``{"workdir": ..., "marker":
+{KEY: VALUE...}}`` (on stdin, not in argv: ``ps`` shows argv to every user of the host), then
+one line per rank it starts, ``PGID CREATE_TIME`` (the
 rank's process group and its leader's creation time), and ``done`` once it has cleaned up
 itself. If stdin reaches EOF without ``done`` (the runner died), the reaper stops every rank's
 process tree, and every process whose environment holds all KEY=VALUE items (the node's
@@ -14,6 +16,7 @@ and never imports torch or pyspark.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
@@ -37,8 +40,12 @@ def parse_line(line: str) -> GroupRef | None:
 
 def main(argv: list[str]) -> int:
     """Wait for the parent's pipe to close; clean up unless it said ``done``."""
-    workdir = argv[0]
-    marker = dict(item.split("=", 1) for item in argv[1:] if "=" in item)
+    try:
+        first = json.loads(sys.stdin.readline() or "{}")
+        workdir = str(first["workdir"])
+        marker = {str(k): str(v) for k, v in dict(first.get("marker") or {}).items()}
+    except (ValueError, KeyError, TypeError):
+        return 2  # not started by a node runner
     groups: list[GroupRef] = []
     last = ""
     for line in sys.stdin:

@@ -13,7 +13,9 @@ Distributed mode; one owner for the whole contract. A barrier task (node) return
 
 How the result travels (the ``result_transfer`` setting): ``auto`` moves rank 0's result file
 into the driver's ``result_dir`` when node 0 can write it (same host or shared filesystem: no
-copy at all), else streams it over the run's authenticated channel in binary frames
+copy at all) and the directory is the driver's (private to this user, holding the random token
+of :func:`prepare_result_dir` that only the run spec carries: a directory someone else made at
+that path is never written), else streams it over the run's authenticated channel in binary frames
 (:class:`StreamedResult` writes it on the driver), else sends it as rows through Spark;
 ``channel`` skips the file hand-over; ``spark`` always uses rows. The driver reads the rows
 with :func:`read_stage` and gets the result bytes from :func:`assemble`. The bytes are only
@@ -23,8 +25,11 @@ this run wrote, frames authenticated with the run's secret, or Spark's own resul
 
 from __future__ import annotations
 
+import hmac
 import mmap
 import os
+import secrets
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +41,7 @@ from spark_torch.errors import LaunchError
 from spark_torch.spec import RunSpec
 
 __all__ = [
+    "prepare_result_dir",
     "RESULT_SCHEMA",
     "RESULT_FILE",
     "STREAMED_RESULT_FILE",
@@ -61,6 +67,8 @@ STREAMED_RESULT_FILE = "rank-0.streamed-result"
 STREAM_STALL_SECONDS = 60.0
 #: a piece of the result through Spark
 CHUNK_SIZE = 16 * 1024 * 1024
+#: the token file in the driver's result_dir
+TOKEN_FILE = ".spark_torch_result_dir"
 
 
 class BulkSender(Protocol):
@@ -81,12 +89,38 @@ class BulkSender(Protocol):
         """Wait until the driver acknowledged everything sent; False on timeout."""
 
 
+def prepare_result_dir(path: str) -> str:
+    """Driver side: mark the (0700) ``path`` as this run's result directory; returns the token
+    for the run spec."""
+    token = secrets.token_hex(16)
+    fd = os.open(os.path.join(path, TOKEN_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(token)
+    return token
+
+
 # node side
 
 
-def _hand_over(result_file: str, result_dir: str | None) -> int | None:
-    """Move the result into the driver's ``result_dir`` if this host can; returns its size."""
-    if not result_dir or not os.path.isdir(result_dir) or not os.access(result_dir, os.W_OK):
+def _is_the_drivers(result_dir: str, token: str) -> bool:
+    """Whether ``result_dir`` is the driver's: a real directory (no symlink), owned by this
+    user, private (no group/other access), holding ``token``."""
+    if not token:
+        return False
+    try:
+        info = os.lstat(result_dir)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return False
+        fd = os.open(os.path.join(result_dir, TOKEN_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "r", encoding="ascii", errors="replace") as fh:
+            return hmac.compare_digest(fh.read(64), token)
+    except OSError:
+        return False
+
+
+def _hand_over(result_file: str, result_dir: str | None, token: str) -> int | None:
+    """Move the result into the driver's ``result_dir`` if this host sees it; returns its size."""
+    if not result_dir or not _is_the_drivers(result_dir, token) or not os.access(result_dir, os.W_OK):
         return None
     target = os.path.join(result_dir, RESULT_FILE)
     try:
@@ -132,7 +166,7 @@ def deliver(spec: RunSpec, result_file: str, sender: BulkSender | None) -> tuple
     Returns (row kind, size), or None: then it travels as rows (:func:`node_rows`)."""
     transfer = spec.settings.result_transfer
     if transfer == "auto":
-        size = _hand_over(result_file, spec.result_dir)
+        size = _hand_over(result_file, spec.result_dir, spec.result_token)
         if size is not None:
             return HANDED_OVER_SEQ, size
     if transfer in ("auto", "channel") and sender is not None:

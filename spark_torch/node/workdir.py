@@ -8,6 +8,7 @@ started here and stops them, and removes the directory, if this process dies fir
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,8 +34,8 @@ def _start_reaper(python: str, workdir: str, marker: Mapping[str, str]) -> subpr
     """The watchdog that cleans up if this process dies before its own cleanup runs."""
     env = with_package_on_path(dict(os.environ))
     try:
-        return subprocess.Popen(
-            [python, "-m", REAPER_MODULE, workdir, *(f"{k}={v}" for k, v in marker.items())],
+        reaper = subprocess.Popen(
+            [python, "-m", REAPER_MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -44,6 +45,9 @@ def _start_reaper(python: str, workdir: str, marker: Mapping[str, str]) -> subpr
         )
     except OSError:
         return None
+    # where and what to clean up goes over the pipe: argv is visible to every user in ps
+    _tell_reaper(reaper, json.dumps({"workdir": workdir, "marker": dict(marker)}))
+    return reaper
 
 
 def _tell_reaper(reaper: subprocess.Popen[bytes] | None, line: str) -> None:
