@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_torch import DistributedRunError, Distributor
+from spark_torch import ConfigurationError, DistributedRunError, Distributor
 
 from .conftest import SCRIPTS
 
@@ -178,6 +178,21 @@ def test_log_ranks_and_log_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "[rank 0] rank 0 done" in out and "[rank 1]" not in out
     assert "rank 1 done" in (tmp_path / "rank-1.log").read_text()
     assert {(p.name, p.stat().st_mode & 0o777) for p in tmp_path.glob("rank-*.log")} == {("rank-0.log", 0o600), ("rank-1.log", 0o600)}
+
+
+def test_a_link_planted_in_log_dir_is_refused(tmp_path: Path, no_leftovers: None) -> None:
+    """A shared log_dir where someone planted ``rank-1.log`` as a link to a victim's file: the
+    run refuses at once (nothing started), the victim's file keeps its content and mode."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank-1.log").symlink_to(victim)
+    with pytest.raises(ConfigurationError, match=r"rank-1.log is a symbolic link; remove it or choose another log_dir"):
+        Distributor(num_processes=2, log_dir=str(logs)).run(env_and_allreduce, "t")
+    assert victim.read_text() == "precious\n" and victim.stat().st_mode & 0o777 == 0o644
+    assert not (logs / "rank-0.log").exists() or (logs / "rank-0.log").read_text() == ""
 
 
 def big_result(megabytes: int) -> bytes:

@@ -59,7 +59,12 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
     endpoint = None if plan.local_mode else resolve_endpoint(cluster, settings)
     run_id = outcome.run_id
     token = uuid.uuid4().hex
-    storage = _storage(config, run_id, token)
+    sink = DriverLogSink(config, plan.world_size)  # raises before anything is created for a bad log_dir
+    try:
+        storage = _storage(config, run_id, token)
+    except BaseException:
+        sink.close()
+        raise
     base = RunSpec(
         plan=plan,
         run_id=run_id,
@@ -76,7 +81,6 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         settings=settings,
     )
     deadline = time.monotonic() + config.timeout if config.timeout else None
-    sink = DriverLogSink(config)
     tracker = ReportTracker(outcome, sink, config, plan, run_id)
     try:
         show = interactive() if config.progress is None else config.progress

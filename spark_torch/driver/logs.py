@@ -7,7 +7,9 @@ Jupyter they appear under the cell that called ``run()``; they are flushed after
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 import threading
 from collections import deque
@@ -15,12 +17,34 @@ from typing import IO
 
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.progress import RunStatus
+from spark_torch.errors import ConfigurationError
 from spark_torch.lines import block_lines, last_lines
 
 __all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
 
 #: lines of each rank kept on the driver for error messages
 TAIL_LINES = 20
+
+
+def _open_log(log_dir: str, rank: int) -> IO[str]:
+    """``log_dir/rank-N.log`` for appending, owner-only (logs may hold data or credentials a
+    rank printed). Never through a symbolic link and never someone else's file: a link planted
+    in a shared ``log_dir`` must not redirect the log into (or chmod) a victim's file."""
+    path = os.path.join(log_dir, f"rank-{rank}.log")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        reason = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
+        raise ConfigurationError(f"log_dir: {path} {reason}; remove it or choose another log_dir") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        os.close(fd)
+        raise ConfigurationError(
+            f"log_dir: {path} is not a regular file of this user (owner uid {info.st_uid}); remove it or "
+            "choose another log_dir"
+        )
+    os.fchmod(fd, 0o600)  # also when our own file existed with wider permissions
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def format_line(rank: int, text: str) -> str:
@@ -31,7 +55,7 @@ def format_line(rank: int, text: str) -> str:
 class DriverLogSink:
     """Prints the ranks' lines that ``log_ranks`` selects and keeps per-rank files in ``log_dir``."""
 
-    def __init__(self, config: DistributorConfig) -> None:
+    def __init__(self, config: DistributorConfig, world_size: int = 0) -> None:
         self._config = config
         self._lock = threading.Lock()
         self._files: dict[int, IO[str]] = {}
@@ -41,6 +65,12 @@ class DriverLogSink:
         self.status = RunStatus(0, enabled=False)
         if config.log_dir is not None:
             os.makedirs(config.log_dir, exist_ok=True)
+            try:  # every rank's file now: a problem with one is an error before anything starts
+                for rank in range(world_size):
+                    self._files[rank] = _open_log(config.log_dir, rank)
+            except BaseException:
+                self.close()
+                raise
 
     def __call__(self, rank: int, stream: str, block: str) -> None:
         """Receive a block of complete lines (joined by "\n") of one rank's stdout or stderr."""
@@ -60,14 +90,10 @@ class DriverLogSink:
                         out.flush()
                 else:
                     out.write(text)
-            if self._config.log_dir is not None:
+            if self._config.log_dir is not None and rank >= 0:
                 fh = self._files.get(rank)
                 if fh is None:
-                    path = os.path.join(self._config.log_dir, f"rank-{rank}.log")
-                    # logs may hold data or credentials a rank printed: owner-only, like a shell's umask 077
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                    os.fchmod(fd, 0o600)  # also when the file existed with wider permissions
-                    fh = self._files[rank] = os.fdopen(fd, "a", encoding="utf-8")
+                    fh = self._files[rank] = _open_log(self._config.log_dir, rank)
                 fh.write(block + "\n")
 
     def rank_event(self, rank: int, state: str) -> None:
