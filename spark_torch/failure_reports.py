@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spark_torch.errors import RankFailure
@@ -32,11 +32,18 @@ __all__ = [
     "merge_reports",
     "MARKER",
     "MAX_PICKLED_EXCEPTION",
+    "bounded",
 ]
 
 MARKER = "SPARK_TORCH_FAILURE"
 #: bound on the pickled exception a report carries (it travels inside Spark's exception text)
 MAX_PICKLED_EXCEPTION = 64 * 1024
+#: bounds on a failure's text as it travels (head and tail kept, the middle cut): a report of
+#: a node with many ranks stays far below one channel frame and readable in Spark's UI
+MAX_MESSAGE = 8 * 1024
+MAX_TRACEBACK = 32 * 1024
+MAX_LINE = 2 * 1024
+MAX_LINES_TOTAL = 16 * 1024
 _LABEL = b"spark-torch-failure-report-v2"
 _PATTERN = re.compile(MARKER + r"<([A-Za-z0-9+/=]+)\.([0-9a-f]{64})>" + MARKER)
 
@@ -54,10 +61,39 @@ class FailureReport:
     pickled: dict[int, str] = field(default_factory=dict)
 
 
+def _cut(text: str | None, limit: int) -> str | None:
+    """``text`` within ``limit`` characters: its head and tail, and how much was cut between."""
+    if text is None or len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}\n... [{len(text) - 2 * keep} characters cut] ...\n{text[-keep:]}"
+
+
+def bounded(failure: RankFailure) -> RankFailure:
+    """``failure`` with its text within the bounds above (the newest output lines kept)."""
+    lines: list[str] = []
+    total = 0
+    for line in reversed(failure.last_lines):
+        line = _cut(line, MAX_LINE) or ""
+        if total + len(line) > MAX_LINES_TOTAL:
+            lines.append(f"... [{len(failure.last_lines) - len(lines)} earlier line(s) cut] ...")
+            break
+        lines.append(line)
+        total += len(line)
+    return replace(
+        failure,
+        exc_type=_cut(failure.exc_type, MAX_LINE),
+        exc_message=_cut(failure.exc_message, MAX_MESSAGE),
+        traceback=_cut(failure.traceback, MAX_TRACEBACK),
+        last_lines=tuple(reversed(lines)),
+    )
+
+
 def report_to_dict(report: FailureReport) -> dict[str, Any]:
-    """A report as JSON-ready data (also what travels over the authenticated channel)."""
+    """A report as JSON-ready data (also what travels over the authenticated channel); every
+    failure's text is :func:`bounded`."""
     return {
-        "failures": [f.to_dict() for f in report.failures],
+        "failures": [bounded(f).to_dict() for f in report.failures],
         "kind": report.kind,
         "headline": report.headline,
         "pickled": {str(r): p for r, p in report.pickled.items() if p and len(p) <= MAX_PICKLED_EXCEPTION},

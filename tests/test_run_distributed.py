@@ -129,6 +129,45 @@ def test_more_tasks_than_slots(spark_session: Any, no_leftovers: None) -> None:
     assert time.monotonic() - start < 5
 
 
+def chatty_failure_on_rank1() -> None:
+    """Rank 1 prints 40 lines of 60,000 characters, then raises with a 200,000-character message."""
+    import os
+
+    if os.environ["RANK"] == "1":
+        for i in range(40):
+            print(f"line {i} " + "y" * 60_000, flush=True)
+        raise RuntimeError("boom " + "z" * 200_000)
+
+
+def test_a_failure_report_of_any_size_reaches_the_driver(
+    spark_session: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed rank's report (its last lines, message and traceback) is bounded before it
+    travels, so it always fits the channel: the driver receives it over the channel (it once
+    overflowed a frame and was dropped with everything queued beside it), and the lines the
+    rank printed before it all arrive."""
+    import spark_torch.driver.barrier as barrier
+    from spark_torch.channel.driver_end import DriverChannel
+
+    channels: list[DriverChannel] = []
+
+    class Recorded(DriverChannel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            channels.append(self)
+
+    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
+    distributor = Distributor(num_processes=2, local_mode=False, spark=spark_session, log_ranks=[])
+    with pytest.raises(DistributedRunError) as info:
+        distributor.run(chatty_failure_on_rank1)
+    root = info.value.failures[0]
+    assert root.rank == 1 and (root.exc_message or "").startswith("boom zzz") and "characters cut" in (root.exc_message or "")
+    assert sum(len(line) for line in root.last_lines) < 20_000 and "earlier line(s) cut" in root.last_lines[0]
+    assert 1 in channels[0].failures, "node 1's failure report never arrived over the channel"
+    got = channels[0].failures[1].failures[0]
+    assert got.rank == 1 and len(got.exc_message or "") < 10_000
+
+
 def big(megabytes: int) -> bytes:
     return os.urandom(1024) * (megabytes * 1024)
 
