@@ -1,13 +1,25 @@
 """The driver end of the reliable channel (:mod:`spark_torch.channel.transport`): accepts
 authenticated node connections, hands their numbered messages on exactly once, acknowledges
-them, answers heartbeats, and sends the driver's state to (re)attaching nodes."""
+them, answers heartbeats, and sends the driver's state to (re)attaching nodes.
+
+One thread (``spark-torch-channel-accept``) accepts connections and runs every handshake with a
+selector, so a peer that has not proved the run's secret costs a socket, never a thread; when the
+pending handshakes are at their bound, the oldest one (of the newcomer's address, when that
+address is at its own bound) is closed to make room. A peer that proved the secret and attached as
+a node gets a thread that reads its connection. Handler calls for one node are serialized by a
+lock per node, across an old and a new connection of that node (a reconnect), so they stay in
+order and never overlap.
+"""
 
 from __future__ import annotations
 
+import collections
 import logging
+import selectors
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spark_torch.channel.transport import (
@@ -15,26 +27,61 @@ from spark_torch.channel.transport import (
     HANDSHAKE_SECONDS,
     JOIN_SECONDS,
     MAX_PENDING_HANDSHAKES,
+    MAX_PENDING_PER_ADDRESS,
+    RateLimitedLog,
     bind_listener,
 )
-from spark_torch.channel.wire import Link, ProtocolError, server_handshake, tune_socket
+from spark_torch.channel.wire import (
+    ANSWER_BYTES,
+    AuthenticationError,
+    Link,
+    ProtocolError,
+    ServerChallenge,
+    encode,
+    tune_socket,
+)
 
 __all__ = ["ChannelServer", "ServerHandler"]
 
 logger = logging.getLogger(__name__)
 
+#: connections accepted per wake-up of the handshake thread (it then serves pending answers)
+_ACCEPT_BURST = 64
+
 
 class ServerHandler(Protocol):
-    """What the driver side does with nodes and their messages (called from connection threads)."""
+    """What the driver side does with nodes and their messages (called from connection threads;
+    calls for one node never overlap)."""
 
     def attached(self, node: int) -> list[dict[str, Any]]:
         """A node (re)connected; returns the messages to (re)send to it (current state)."""
 
     def message(self, node: int, message: dict[str, Any]) -> None:
-        """A node's numbered message, exactly once; raise ValueError/TypeError if malformed."""
+        """A node's numbered message, exactly once; raise ValueError/TypeError/KeyError if it is
+        malformed (its connection is closed). Any other exception is the driver's own failure:
+        logged at ERROR, the message acknowledged, the connection kept."""
 
     def detached(self, node: int) -> None:
         """A node's connection ended (it may reconnect)."""
+
+
+class MalformedMessage(ProtocolError):
+    """An authenticated node sent a message the handler could not take (a bug on one side)."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A connection in its handshake (owned by the handshake thread)."""
+
+    sock: socket.socket
+    addr: Any
+    deadline: float
+    challenge: ServerChallenge
+    answer: bytearray = field(default_factory=bytearray)
+
+    @property
+    def host(self) -> str:
+        return str(self.addr[0]) if isinstance(self.addr, tuple) and self.addr else str(self.addr)
 
 
 class ChannelServer:
@@ -55,79 +102,171 @@ class ChannelServer:
         self._nodes = nodes
         self._heartbeat = heartbeat
         self._listener = bind_listener(host, ports)
+        self._listener.setblocking(False)
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._links: dict[int, Link] = {}
-        self._sockets: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
         self._last_seq: dict[int, int] = {}
-        self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        #: serializes handler calls per node, across its connections
+        self._node_locks = [threading.Lock() for _ in range(nodes)]
+        # handshake thread only: pending connections in arrival (= deadline) order
+        self._pending: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
+        self._per_address: collections.Counter[str] = collections.Counter()
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
         self.rejected = 0
-        self._accepter = threading.Thread(target=self._accept_loop, name="spark-torch-channel-accept", daemon=True)
+        self._warn = RateLimitedLog(logger, logging.WARNING)
+        self._error = RateLimitedLog(logger, logging.ERROR)
+        self._accepter = threading.Thread(target=self._handshake_loop, name="spark-torch-channel-accept", daemon=True)
         self._accepter.start()
 
     def _reject(self, addr: Any, why: str) -> None:
         with self._lock:
             self.rejected += 1
-        logger.warning("spark_torch channel: rejected a connection from %s: %s", addr, why)
+        self._warn("spark_torch channel: rejected a connection from %s: %s", addr, why)
 
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
+    # the handshake thread
+
+    def _handshake_loop(self) -> None:
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._wake_read, selectors.EVENT_READ)
+        try:
+            while not self._closed.is_set():
+                timeout = None
+                if self._pending:
+                    oldest = next(iter(self._pending.values()))
+                    timeout = max(0.0, oldest.deadline - time.monotonic())
+                for key, _ in self._selector.select(timeout):
+                    if key.fileobj is self._listener:
+                        self._accept_ready()
+                    elif key.fileobj is self._wake_read:
+                        self._wake_read.recv(64)
+                    else:
+                        pending = self._pending.get(key.fileobj) if isinstance(key.fileobj, socket.socket) else None
+                        if pending is not None and pending is key.data:  # not evicted earlier in this batch
+                            self._answer_ready(pending)
+                now = time.monotonic()
+                while self._pending:
+                    oldest = next(iter(self._pending.values()))
+                    if oldest.deadline > now:
+                        break
+                    self._drop(oldest, f"no answer within the {HANDSHAKE_SECONDS:g}s handshake deadline")
+        finally:
+            for pending in list(self._pending.values()):
+                self._forget(pending)
+                pending.sock.close()
+            self._selector.close()
+            self._listener.close()
+
+    def _forget(self, pending: _Pending) -> None:
+        del self._pending[pending.sock]
+        self._per_address[pending.host] -= 1
+        if not self._per_address[pending.host]:
+            del self._per_address[pending.host]
+        self._selector.unregister(pending.sock)
+
+    def _drop(self, pending: _Pending, why: str) -> None:
+        self._forget(pending)
+        pending.sock.close()
+        self._reject(pending.addr, why)
+
+    def _accept_ready(self) -> None:
+        for _ in range(_ACCEPT_BURST):
             try:
                 conn, addr = self._listener.accept()
-            except OSError as exc:
-                if self._closed.is_set():
-                    return
-                logger.warning("spark_torch channel: accept failed (%s); retrying", exc)
-                self._closed.wait(0.1)  # e.g. out of file descriptors: do not spin
-                continue
-            if not self._pending.acquire(blocking=False):
-                conn.close()
-                self._reject(addr, f"more than {MAX_PENDING_HANDSHAKES} connections are authenticating at once")
-                continue
-            thread = threading.Thread(target=self._serve, args=(conn, addr), name="spark-torch-channel-conn", daemon=True)
-            with self._lock:
-                if self._closed.is_set():
-                    conn.close()
-                    self._pending.release()
-                    return
-                self._sockets.add(conn)
-                self._threads.add(thread)
-            try:
-                thread.start()
-            except RuntimeError as exc:  # cannot start a thread: refuse this peer, keep accepting
-                with self._lock:
-                    self._sockets.discard(conn)
-                    self._threads.discard(thread)
-                conn.close()
-                self._pending.release()
-                self._reject(addr, f"cannot start a thread ({exc})")
-
-    def _authenticate(self, conn: socket.socket, addr: Any) -> tuple[Link, int] | None:
-        try:
-            tune_socket(conn, self._heartbeat)
-            link = server_handshake(conn, self._secret, time.monotonic() + HANDSHAKE_SECONDS, self._heartbeat * DEAD_AFTER)
-            first = link.recv()
-        except (OSError, ConnectionError) as exc:  # includes timeouts and failed proofs
-            self._reject(addr, f"handshake failed ({type(exc).__name__}: {exc})")
-            return None
-        finally:
-            self._pending.release()
-        node = first.get("attach")
-        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < self._nodes:
-            self._reject(addr, f"an authenticated peer attached as node {node!r} (expected 0..{self._nodes - 1})")
-            return None
-        return link, node
-
-    def _serve(self, conn: socket.socket, addr: Any) -> None:
-        link: Link | None = None
-        node = -1
-        try:
-            authenticated = self._authenticate(conn, addr)
-            if authenticated is None:
+            except BlockingIOError:
                 return
-            link, node = authenticated
+            except OSError as exc:  # e.g. out of file descriptors: do not spin
+                if not self._closed.is_set():
+                    self._warn("spark_torch channel: accept failed (%s); retrying", exc)
+                    self._closed.wait(0.1)
+                return
+            pending = _Pending(conn, addr, time.monotonic() + HANDSHAKE_SECONDS, ServerChallenge(self._secret))
+            # full: make room by closing the oldest pending connection, never by refusing the
+            # newcomer (idle strangers would otherwise hold every slot until their deadline)
+            if self._per_address[pending.host] >= MAX_PENDING_PER_ADDRESS:
+                oldest = next(p for p in self._pending.values() if p.host == pending.host)
+                self._drop(oldest, f"replaced: more than {MAX_PENDING_PER_ADDRESS} handshakes pending from its address")
+            elif len(self._pending) >= MAX_PENDING_HANDSHAKES:
+                oldest = next(iter(self._pending.values()))
+                self._drop(oldest, f"replaced: more than {MAX_PENDING_HANDSHAKES} handshakes pending")
+            try:
+                conn.setblocking(False)
+                # a fresh socket's send buffer always takes the greeting whole
+                if conn.send(pending.challenge.greeting) != len(pending.challenge.greeting):
+                    raise ConnectionError("the greeting did not fit the socket buffer")
+            except OSError as exc:
+                conn.close()
+                self._reject(addr, f"handshake failed ({type(exc).__name__}: {exc})")
+                continue
+            self._pending[conn] = pending
+            self._per_address[pending.host] += 1
+            self._selector.register(conn, selectors.EVENT_READ, pending)
+
+    def _answer_ready(self, pending: _Pending) -> None:
+        try:
+            data = pending.sock.recv(ANSWER_BYTES - len(pending.answer))
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._drop(pending, f"handshake failed ({type(exc).__name__}: {exc})")
+            return
+        if not data:
+            self._drop(pending, "closed during the handshake")
+            return
+        pending.answer += data
+        if len(pending.answer) < ANSWER_BYTES:
+            return
+        try:
+            proof, keys = pending.challenge.check(bytes(pending.answer))
+        except AuthenticationError as exc:
+            self._drop(pending, f"handshake failed ({exc})")
+            return
+        self._forget(pending)
+        conn = pending.sock
+        try:
+            if conn.send(proof) != len(proof):  # as the greeting: it always fits
+                raise ConnectionError("the proof did not fit the socket buffer")
+            conn.setblocking(True)
+            tune_socket(conn, self._heartbeat)
+            link = Link(conn, keys, server=True, idle_timeout=self._heartbeat * DEAD_AFTER)
+        except OSError as exc:
+            conn.close()
+            self._reject(pending.addr, f"handshake failed ({type(exc).__name__}: {exc})")
+            return
+        thread = threading.Thread(target=self._serve, args=(link, pending.addr), name="spark-torch-channel-conn", daemon=True)
+        with self._lock:
+            if self._closed.is_set():
+                link.close()
+                return
+            self._threads.add(thread)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # cannot start a thread: refuse this peer, keep serving
+            with self._lock:
+                self._threads.discard(thread)
+            link.close()
+            self._reject(pending.addr, f"cannot start a thread ({exc})")
+
+    # one thread per attached node
+
+    def _serve(self, link: Link, addr: Any) -> None:
+        node = -1
+        current = False
+        try:
+            try:
+                first = link.recv()
+            except (OSError, ConnectionError) as exc:
+                self._reject(addr, f"no attach after the handshake ({type(exc).__name__}: {exc})")
+                return
+            attach = first.get("attach")
+            if isinstance(attach, bool) or not isinstance(attach, int) or not 0 <= attach < self._nodes:
+                self._reject(addr, f"an authenticated peer attached as node {attach!r} (expected 0..{self._nodes - 1})")
+                return
+            node = attach
             with self._lock:
                 if self._closed.is_set():
                     return
@@ -135,29 +274,34 @@ class ChannelServer:
                 self._links[node] = link
             if previous is not None:
                 previous.close()  # the node reconnected: its old connection is dead to it
-            for message in self._handler.attached(node):
+            with self._node_locks[node]:
+                replay = self._handler.attached(node)
+            for message in replay:
                 link.send(message)
             self._receive(link, node)
+        except (ProtocolError, AuthenticationError) as exc:  # a bug on one side, or an attack
+            self._warn("spark_torch channel: dropped the connection of node %s: %s", node, exc)
         except (OSError, ConnectionError) as exc:
             if not self._closed.is_set() and not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
                 logger.debug("spark_torch channel: node %s disconnected: %s", node, exc)
-        except Exception as exc:  # noqa: BLE001 - a malformed frame closes its connection, never the server
-            logger.warning("spark_torch channel: dropped the connection of node %s: %s: %s", node, type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001 - the handler's attached(): the driver's own failure
+            self._error("spark_torch channel: the driver failed to attach node %s: %s: %s", node, type(exc).__name__, exc)
         finally:
             with self._lock:
-                self._sockets.discard(conn)
                 self._threads.discard(threading.current_thread())
-                current = link is not None and self._links.get(node) is link
+                current = node >= 0 and self._links.get(node) is link
                 if current:
                     del self._links[node]
-            if link is not None:
-                link.close()
-            else:
-                conn.close()
+            link.close()
             if current:
-                self._handler.detached(node)
+                with self._node_locks[node]:
+                    try:
+                        self._handler.detached(node)
+                    except Exception as exc:  # noqa: BLE001 - logged, never a dead thread's traceback
+                        self._error("spark_torch channel: the driver failed to detach node %s: %s", node, exc)
 
     def _receive(self, link: Link, node: int) -> None:
+        lock = self._node_locks[node]
         while True:
             message = link.recv()
             if "ping" in message:
@@ -166,34 +310,48 @@ class ChannelServer:
             seq = message.get("seq")
             if isinstance(seq, bool) or not isinstance(seq, int):
                 raise ProtocolError(f"a message without a sequence number ({sorted(message)[:5]})")
-            with self._lock:
-                fresh = seq > self._last_seq.get(node, 0)
-                if fresh:
+            with lock:  # the check and the call: a reconnect's thread waits, then sees a repeat
+                if seq > self._last_seq.get(node, 0):
                     # consumed even if handling fails below: a malformed message resent after the
                     # reconnect is then acknowledged as a repeat instead of looping forever
                     self._last_seq[node] = seq
-            if fresh:
-                self._handler.message(node, message)
+                    self._handle(node, message)
             link.send({"ack": seq})
+
+    def _handle(self, node: int, message: dict[str, Any]) -> None:
+        try:
+            self._handler.message(node, message)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MalformedMessage(f"a malformed message ({type(exc).__name__}: {exc})") from exc
+        except Exception as exc:  # noqa: BLE001 - the driver's own failure (disk full...), not the connection's
+            kind = next((k for k in message if k != "seq"), "?")
+            self._error(
+                "spark_torch channel: the driver failed to handle a %r message of node %s: %s: %s",
+                kind, node, type(exc).__name__, exc,
+            )  # fmt: skip
 
     def send(self, node: int, message: dict[str, Any]) -> bool:
         """Send to one node if it is connected (it gets the state again when it reattaches)."""
+        return self._send_body(node, encode(message))
+
+    def _send_body(self, node: int, body: Any) -> bool:
         with self._lock:
             link = self._links.get(node)
         if link is None:
             return False
         try:
-            link.send(message)
+            link.send_body(body)
             return True
         except OSError:
             return False
 
     def broadcast(self, message: dict[str, Any]) -> None:
-        """Send to every connected node."""
+        """Send to every connected node (encoded once: a rendezvous decision carries every hello)."""
+        body = encode(message)
         with self._lock:
             nodes = list(self._links)
         for node in nodes:
-            self.send(node, message)
+            self._send_body(node, body)
 
     def connected(self) -> set[int]:
         """Nodes with a live connection."""
@@ -205,21 +363,19 @@ class ChannelServer:
         with self._lock:
             self._closed.set()
             links = list(self._links.values())
-            sockets = list(self._sockets)
             threads = list(self._threads)
         try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
+            self._wake_write.send(b"x")  # the handshake thread closes the listener and pending peers
         except OSError:
             pass
-        self._listener.close()
         for link in links:
             link.close()
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         deadline = time.monotonic() + JOIN_SECONDS
         for thread in [self._accepter, *threads]:
             if thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+        if not self._accepter.is_alive():
+            self._wake_read.close()
+            self._wake_write.close()
+        self._warn.flush("spark_torch channel: rejected connections")
+        self._error.flush("spark_torch channel: failures handling node messages")

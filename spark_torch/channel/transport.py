@@ -8,9 +8,12 @@ node every time it (re)attaches. A node sends a heartbeat whenever it has been q
 ``DEAD_AFTER`` heartbeats of silence, so an idle drop by a firewall, NAT or cloud load
 balancer is noticed within seconds and the node reconnects (TCP keepalive is the backstop).
 
-The driver side bounds what strangers can cost: a deadline on the whole handshake, at most
-``MAX_PENDING_HANDSHAKES`` unauthenticated connections at once, one connection per node, and
-no thread survives its close.
+The driver side bounds what strangers can cost: no thread for a connection that has not
+proved the secret (one thread runs every handshake), a deadline on the whole handshake, at most
+``MAX_PENDING_HANDSHAKES`` unauthenticated connections at once and ``MAX_PENDING_PER_ADDRESS``
+from one address (when full, the oldest pending one is closed to make room, so idle strangers
+cannot lock nodes out), warnings about them rate-limited (:class:`RateLimitedLog`), one
+connection per node, and no thread survives its close.
 
 This module holds the protocol's bounds and the listener; the two ends are
 :mod:`spark_torch.channel.server` (driver) and :mod:`spark_torch.channel.client` (node).
@@ -22,6 +25,8 @@ import errno
 import logging
 import random
 import socket
+import threading
+import time
 
 __all__ = [
     "bind_listener",
@@ -29,6 +34,9 @@ __all__ = [
     "HANDSHAKE_SECONDS",
     "DEAD_AFTER",
     "MAX_PENDING_HANDSHAKES",
+    "MAX_PENDING_PER_ADDRESS",
+    "LOG_INTERVAL",
+    "RateLimitedLog",
     "WINDOW",
     "JOIN_SECONDS",
 ]
@@ -38,7 +46,13 @@ logger = logging.getLogger(__name__)
 HANDSHAKE_SECONDS = 5.0
 #: a connection silent for this many heartbeats is given up (and re-established by the node)
 DEAD_AFTER = 4
-MAX_PENDING_HANDSHAKES = 16
+#: a pending handshake costs one socket and no thread: room for many, so that a flood has to
+#: be fast to push a node out (it then retries)
+MAX_PENDING_HANDSHAKES = 64
+#: one address cannot take more of them than this (its newcomers replace its oldest)
+MAX_PENDING_PER_ADDRESS = 8
+#: a rate-limited kind of log line is written at most once per this many seconds
+LOG_INTERVAL = 10.0
 #: frames sent but not yet acknowledged before the node waits for the driver
 WINDOW = 64
 #: reconnect backoff bounds (seconds)
@@ -74,3 +88,35 @@ def bind_listener(host: str, ports: tuple[int, int] | None) -> socket.socket:
             last = exc
     assert ports is not None
     raise PortsUnavailable(f"no free port in {ports[0]}-{ports[1]} on {host} ({last})")
+
+
+class RateLimitedLog:
+    """At most one line per ``interval`` seconds for one kind of event; a line says how many
+    were suppressed since the last one (a flood of strangers must not flood the driver's log)."""
+
+    def __init__(self, log: logging.Logger, level: int, interval: float = LOG_INTERVAL) -> None:
+        self._log = log
+        self._level = level
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._suppressed = 0
+
+    def __call__(self, message: str, *args: object) -> None:
+        """Log ``message % args`` unless a line was logged less than ``interval`` ago."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self._interval:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._last = self._suppressed, 0, now
+        if suppressed:
+            message += f" (and {suppressed} more like it in the last {self._interval:g}s)"
+        self._log.log(self._level, message, *args)
+
+    def flush(self, what: str) -> None:
+        """Log the count of suppressed lines, if any (e.g. when the server closes)."""
+        with self._lock:
+            suppressed, self._suppressed = self._suppressed, 0
+        if suppressed:
+            self._log.log(self._level, "%s: %d more not logged (rate limit)", what, suppressed)
