@@ -1,6 +1,9 @@
 """The node end of the reliable channel (:mod:`spark_torch.channel.transport`): keeps one
 authenticated connection to the driver up, numbers and resends messages until acknowledged,
-sends heartbeats when quiet, and reconnects with jittered backoff."""
+sends heartbeats when quiet, and reconnects with jittered backoff.
+
+A message is numbered and encoded when it is queued, so one that cannot be sent (too large, not
+JSON, not UTF-8) raises at the caller and nothing queued is lost with it."""
 
 from __future__ import annotations
 
@@ -15,17 +18,23 @@ from typing import Any, Protocol
 from spark_torch.channel.transport import BACKOFF_MAX, BACKOFF_MIN, DEAD_AFTER, HANDSHAKE_SECONDS, JOIN_SECONDS, WINDOW
 from spark_torch.channel.wire import Body, Link, client_handshake, encode, tune_socket
 
-__all__ = ["ChannelClient", "Outbox"]
+__all__ = ["ChannelClient", "Outbox", "Frame", "Numbering"]
+
+#: a numbered, encoded message: (sequence number, frame body)
+Frame = tuple[int, Body]
+#: numbers and encodes one message; raises FrameTooLarge/ValueError/TypeError without using a number
+Numbering = Callable[[dict[str, Any]], Frame]
 
 
 class Outbox(Protocol):
-    """Where a :class:`ChannelClient` takes its numbered messages from (called under ``cond``)."""
+    """Where a :class:`ChannelClient` takes the bulk of its messages from (called under ``cond``)."""
 
     def pending(self) -> bool:
         """Whether :meth:`take` would return something."""
 
-    def take(self) -> list[dict[str, Any]]:
-        """Messages to send next, each small enough to fit a frame with its sequence number."""
+    def take(self, number: Numbering) -> list[Frame]:
+        """The next messages, each numbered and encoded with ``number`` (in order); a message
+        ``number`` refuses must be split or replaced, never lost silently."""
 
 
 class ChannelClient:
@@ -56,8 +65,8 @@ class ChannelClient:
         self._outbox = outbox
         self._heartbeat = heartbeat
         self.cond = cond or threading.Condition()
-        self._control: deque[dict[str, Any]] = deque()
-        self._unacked: list[tuple[int, Body]] = []
+        self._control: deque[Frame] = deque()
+        self._unacked: list[Frame] = []
         self._seq = 0
         self._link: Link | None = None
         self._connecting: socket.socket | None = None
@@ -77,23 +86,33 @@ class ChannelClient:
         host, port = self._address
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def send(self, message: dict[str, Any], *, block_until: float | None = None) -> None:
+    def send(
+        self, message: dict[str, Any], *, block_until: float | None = None, abort: Callable[[], str | None] | None = None
+    ) -> None:
         """Queue a control message (delivered once, in order, before queued outbox messages).
 
-        With ``block_until`` (a monotonic deadline) wait first until fewer than ``WINDOW``
-        messages are queued or unacknowledged (bulk data: memory stays bounded); raises
-        ``TimeoutError`` at the deadline and ``ConnectionError`` when the client closes.
+        The message is encoded now: one that cannot be sent raises
+        :class:`~spark_torch.channel.wire.FrameTooLarge` or ``ValueError``/``TypeError`` here,
+        and nothing is queued. With ``block_until`` (a monotonic deadline) wait first until fewer
+        than ``WINDOW`` messages are queued or unacknowledged (bulk data: memory stays bounded);
+        raises ``TimeoutError`` at the deadline and ``ConnectionError`` when the client closes
+        or ``abort`` (checked under :attr:`cond`) returns a reason.
         """
         with self.cond:
             if block_until is not None:
-                while len(self._control) + len(self._unacked) >= WINDOW:
+                while True:
+                    reason = abort() if abort is not None else None
+                    if reason is not None:
+                        raise ConnectionError(reason)
+                    if len(self._control) + len(self._unacked) < WINDOW:
+                        break
                     if self._closing.is_set():
                         raise ConnectionError("the channel client is closing")
                     remaining = block_until - time.monotonic()
                     if remaining <= 0:
                         raise TimeoutError(f"the driver at {self.address} took no data for too long")
                     self.cond.wait(min(remaining, 0.5))
-            self._control.append(message)
+            self._control.append(self._number(message))
             self.cond.notify_all()
 
     def idle(self) -> bool:
@@ -147,11 +166,13 @@ class ChannelClient:
                 self.cond.notify_all()  # wake the sender: it reconnects at once
             link.close()
 
-    def _numbered(self, message: dict[str, Any]) -> tuple[int, Body]:
+    def _number(self, message: dict[str, Any]) -> Frame:
+        """Number and encode (under cond); a message that cannot be encoded uses no number."""
+        body = encode({**message, "seq": self._seq + 1})
         self._seq += 1
-        return self._seq, encode({**message, "seq": self._seq})
+        return self._seq, body
 
-    def _next_frames(self, last_sent: float) -> tuple[list[tuple[int, Body]], bool]:
+    def _next_frames(self, last_sent: float) -> tuple[list[Frame], bool]:
         """Wait (under cond) for work; returns new frames and whether a heartbeat is due."""
         with self.cond:
             while True:
@@ -164,11 +185,11 @@ class ChannelClient:
                 if wait <= 0:
                     return [], True
                 self.cond.wait(wait)
-            messages = list(self._control)
+            # control frames were numbered when queued, before anything the outbox numbers now
+            frames = list(self._control)
             self._control.clear()
             if window_open and self._outbox is not None:
-                messages += self._outbox.take()
-            frames = [self._numbered(m) for m in messages]
+                frames += self._outbox.take(self._number)
             self._unacked += frames
             return frames, False
 
@@ -211,12 +232,15 @@ class ChannelClient:
         if link is not None:
             link.close()
 
-    def drain(self, timeout: float) -> bool:
+    def drain(self, timeout: float, abort: Callable[[], str | None] | None = None) -> bool:
         """Wait until everything queued was acknowledged; False on timeout (or never attached
-        and no connection now)."""
+        and no connection now), or as soon as ``abort`` (checked under :attr:`cond`) returns a
+        reason."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while not self.idle():
+                if abort is not None and abort() is not None:
+                    return False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -1,4 +1,9 @@
-"""The driver's end of one run's channel: rank output in, the rendezvous, stops, reports."""
+"""The driver's end of one run's channel: rank output in, the rendezvous, stops, reports, bulk data.
+
+When the bulk sink fails (e.g. the driver's disk is full), the node is told (``bulk_error``, also
+replayed when it reconnects), so that its ``send_bulk``/``drain`` fail and it sends the data
+another way; the error is logged at ERROR once per node, and that node's later pieces are not
+handed to the sink."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from spark_torch.channel.log_stream import LineReceiver
 from spark_torch.channel.protocols import BulkSink, StepSink
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousCoordinator, fallback_warning
 from spark_torch.channel.server import ChannelServer
+from spark_torch.channel.transport import RateLimitedLog
 from spark_torch.failure_reports import FailureReport, merge_reports, report_from_dict
 from spark_torch.lines import RankOutput
 from spark_torch.spec import ChannelSpec
@@ -19,6 +25,7 @@ from spark_torch.spec import ChannelSpec
 __all__ = ["DriverChannel", "new_secret"]
 
 logger = logging.getLogger(__name__)
+
 
 def new_secret() -> bytes:
     """A fresh per-run key."""
@@ -59,6 +66,9 @@ class DriverChannel:
         self._attached: set[int] = set()
         self._finished: set[int] = set()
         self._warned = False
+        #: per node, why the bulk sink failed (the node was told; later pieces are not handed on)
+        self._bulk_errors: dict[int, str] = {}
+        self._bulk_log = RateLimitedLog(logger, logging.ERROR)
         self._server = ChannelServer(bind_host, secret, self, nodes=nodes, ports=ports, heartbeat=heartbeat)
         self.spec = ChannelSpec(
             host=advertise_host,
@@ -90,7 +100,10 @@ class DriverChannel:
         with self._lock:
             self._attached.add(node)
             stop = self._stop_reason
+            bulk_error = self._bulk_errors.get(node)
         replay: list[dict[str, Any]] = []
+        if bulk_error is not None:  # the node may not have heard it before its connection dropped
+            replay.append({"bulk_error": bulk_error})
         if self._coordinator.decision is not None:
             replay.append({"rendezvous": self._coordinator.decision})
         if stop is not None:
@@ -116,9 +129,7 @@ class DriverChannel:
             else:
                 self._server.send(node, {"rendezvous": decision})
         elif "bulk" in message:
-            if self.bulk_sink is None:
-                raise ValueError(f"node {node} sent bulk data this run does not expect")
-            self.bulk_sink.piece(node, message["bulk"], message.get("_bytes"))
+            self._bulk(node, message)
         elif "failure" in message:
             report = report_from_dict(message["failure"])
             with self._lock:  # a node's later report (with the ranks' last lines) completes its first
@@ -136,6 +147,23 @@ class DriverChannel:
                 self._lock.notify_all()
         else:
             raise ValueError(f"unknown message {sorted(message)[:5]}")
+
+    def _bulk(self, node: int, message: dict[str, Any]) -> None:
+        """One piece of a node's bulk data to the sink; a failure is the node's to hear about."""
+        with self._lock:
+            failed = node in self._bulk_errors
+        if failed:
+            return  # the node was told the stream failed; the rest of its queued pieces go nowhere
+        try:
+            if self.bulk_sink is None:
+                raise ValueError(f"node {node} sent bulk data this run does not expect")
+            self.bulk_sink.piece(node, message["bulk"], message.get("_bytes"))
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the node must not count it delivered
+            error = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                self._bulk_errors[node] = error
+            self._bulk_log("spark_torch channel: the driver could not take node %s's data (%s); the node is told to send it another way", node, error)
+            self._server.send(node, {"bulk_error": error})  # before the ack of this piece
 
     def detached(self, node: int) -> None:
         """A node's connection ended (nothing to do: it reconnects, or the run ends)."""

@@ -1,11 +1,14 @@
-"""Rank output over the channel: the node's line queue (an :class:`~spark_torch.transport.Outbox`)
+"""Rank output over the channel: the node's line queue (an :class:`~spark_torch.channel.client.Outbox`)
 and the driver's dispatch of received blocks to the log sink.
 
 A node queues blocks of lines without ever blocking its pumps: beyond :data:`QUEUE_LINES` queued
-lines new blocks are dropped and counted, and the count is reported to the driver. Queued
-blocks are packed into messages of about :data:`FRAME_TEXT_BYTES` characters, split until each
-fits a frame. Rank state changes (started/finished/failed) travel in the same order as the
-lines, on a pseudo stream.
+lines or :data:`QUEUE_BYTES` queued bytes (UTF-8) new blocks are dropped and counted, and the
+count is reported to the driver. A block that UTF-8 cannot carry (a lone surrogate, e.g. from
+``surrogateescape``) is repaired when queued (the surrogate shown as ``\\udcXX``). Queued blocks
+are packed into messages of about :data:`FRAME_TEXT_BYTES` bytes, each encoded on its own and
+split until it fits a frame, so one bad entry never takes a batch down: what still cannot be
+sent is replaced by a line saying so. Rank state changes (started/finished/failed) travel in
+the same order as the lines, on a pseudo stream.
 """
 
 from __future__ import annotations
@@ -14,44 +17,53 @@ import threading
 from collections import deque
 from typing import Any
 
-from spark_torch.channel.wire import MAX_FRAME, FrameTooLarge, body_size, encode
+from spark_torch.channel.client import Frame, Numbering
+from spark_torch.channel.wire import MAX_FRAME, FrameTooLarge
 from spark_torch.lines import RankOutput, block_lines
 
-__all__ = ["LineQueue", "LineReceiver", "EVENT_STREAM", "QUEUE_LINES", "FRAME_TEXT_BYTES"]
+__all__ = ["LineQueue", "LineReceiver", "EVENT_STREAM", "QUEUE_LINES", "QUEUE_BYTES", "FRAME_TEXT_BYTES", "sendable"]
 
 #: pseudo stream of rank state changes (``started``/``finished``/``failed``) among the lines
 EVENT_STREAM = "event"
-#: lines queued before new ones are dropped (and counted); ~100 MB of 500-byte lines
+#: lines queued before new ones are dropped (and counted)
 QUEUE_LINES = 200_000
-#: a message carries about this many characters of queued lines
+#: bytes (UTF-8) of lines queued before new ones are dropped (and counted): lines of up to 64 KiB
+#: would otherwise let QUEUE_LINES hold ~12 GiB
+QUEUE_BYTES = 64 * 1024 * 1024
+#: a message carries about this many bytes of queued lines
 FRAME_TEXT_BYTES = MAX_FRAME // 8
-#: room left in a frame for the sequence number the transport adds
-_SEQ_ROOM = 64
 
 
-
-def _fits(message: dict[str, Any]) -> bool:
+def sendable(text: str) -> tuple[str, int]:
+    """``text`` as the channel can carry it (a lone surrogate, which UTF-8 cannot encode, is
+    shown as ``\\udcXX``) and its size in UTF-8 bytes."""
+    if text.isascii():
+        return text, len(text)
     try:
-        return body_size(encode(message)) <= MAX_FRAME - _SEQ_ROOM
-    except FrameTooLarge:
-        return False
+        return text, len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return text, len(text.encode("utf-8"))
 
 
-def _messages_of(entries: list[list[Any]]) -> list[dict[str, Any]]:
-    """``entries`` as one ``lines`` message, or split until every part fits a frame."""
-    message = {"lines": entries}
-    if _fits(message):
-        return [message]
+def _frames_of(entries: list[list[Any]], number: Numbering) -> list[Frame]:
+    """``entries`` as one numbered ``lines`` frame, or split until every part fits a frame; an
+    entry that still cannot be encoded becomes a line that says so (never a silent loss)."""
+    try:
+        return [number({"lines": entries})]
+    except (ValueError, TypeError) as exc:  # FrameTooLarge is a ValueError too
+        problem = exc
     if len(entries) > 1:
         half = len(entries) // 2
-        return _messages_of(entries[:half]) + _messages_of(entries[half:])
+        return _frames_of(entries[:half], number) + _frames_of(entries[half:], number)
     rank, stream, block = entries[0]
     middle = block.rfind("\n", 0, len(block) // 2)
     if middle < 0:
         middle = block.find("\n", len(block) // 2)
-    if middle < 0:  # cannot happen: a line is at most 64 Ki characters
-        raise FrameTooLarge("a single log line does not fit a frame")
-    return _messages_of([[rank, stream, block[:middle]]]) + _messages_of([[rank, stream, block[middle + 1 :]]])
+    if isinstance(problem, FrameTooLarge) and middle >= 0:
+        return _frames_of([[rank, stream, block[:middle]]], number) + _frames_of([[rank, stream, block[middle + 1 :]]], number)
+    note = f"[spark_torch] {block_lines(block)} line(s) of rank {rank} could not be sent: {type(problem).__name__}: {problem}"
+    return [number({"lines": [[-1, "stderr", note[:1000]]]})]
 
 
 class LineQueue:
@@ -63,30 +75,33 @@ class LineQueue:
     def __init__(self, node: int, cond: threading.Condition) -> None:
         self._node = node
         self.cond = cond
-        #: (rank, stream, block, lines in it); None = end of stream
-        self._queue: deque[tuple[int, str, str, int] | None] = deque()
+        #: (rank, stream, block, lines in it, its UTF-8 bytes); None = end of stream
+        self._queue: deque[tuple[int, str, str, int, int] | None] = deque()
         self._queued_lines = 0
+        self._queued_bytes = 0
         self._dropped = 0
         self._enabled = True
 
     def __call__(self, rank: int, stream: str, block: str) -> None:
         """Queue a block of lines; never blocks (drops and counts when the queue is full)."""
         count = block_lines(block)
+        block, size = sendable(block)
         with self.cond:
             if not self._enabled:
                 return
-            if self._queued_lines + count > QUEUE_LINES:
+            if self._queued_lines + count > QUEUE_LINES or self._queued_bytes + size > QUEUE_BYTES:
                 self._dropped += count
                 return
             self._queued_lines += count
-            self._queue.append((rank, stream, block, count))
+            self._queued_bytes += size
+            self._queue.append((rank, stream, block, count, size))
             self.cond.notify_all()
 
     def rank_event(self, rank: int, state: str) -> None:
         """Queue a rank's state change for the driver's live status (never blocks)."""
         with self.cond:
             if self._enabled:
-                self._queue.append((rank, EVENT_STREAM, state, 0))
+                self._queue.append((rank, EVENT_STREAM, sendable(state)[0], 0, 0))
                 self.cond.notify_all()
 
     def end(self) -> None:
@@ -101,6 +116,7 @@ class LineQueue:
             self._enabled = False
             self._queue.clear()
             self._queued_lines = 0
+            self._queued_bytes = 0
             self._dropped = 0
 
     # Outbox (called with cond held)
@@ -108,30 +124,30 @@ class LineQueue:
         """Whether there is anything to send."""
         return bool(self._queue) or self._dropped > 0
 
-    def take(self) -> list[dict[str, Any]]:
-        """Pack about FRAME_TEXT_BYTES of queued output into messages."""
+    def take(self, number: Numbering) -> list[Frame]:
+        """Pack about FRAME_TEXT_BYTES of queued output into numbered frames."""
         entries: list[list[Any]] = []
-        messages: list[dict[str, Any]] = []
+        frames: list[Frame] = []
         eof = False
         size = 0
         if self._dropped:
-            messages.append({"dropped": self._dropped})
+            frames.append(number({"dropped": self._dropped}))
             self._dropped = 0
         while self._queue and size < FRAME_TEXT_BYTES:
             item = self._queue.popleft()
             if item is None:
                 eof = True
                 break
-            rank, stream, payload, count = item
+            rank, stream, payload, count, nbytes = item
             self._queued_lines -= count
-            if stream != EVENT_STREAM:
-                size += len(payload)
+            self._queued_bytes -= nbytes
+            size += nbytes
             entries.append([rank, stream, payload])
         if entries:
-            messages += _messages_of(entries)
+            frames += _frames_of(entries, number)
         if eof:
-            messages.append({"eof": self._node})
-        return messages
+            frames.append(number({"eof": self._node}))
+        return frames
 
 
 class LineReceiver:

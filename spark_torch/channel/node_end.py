@@ -3,12 +3,14 @@ answers, failure reports and bulk data (rank 0's result)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 import time
 from typing import Any
 
 from spark_torch.channel.client import ChannelClient
-from spark_torch.channel.log_stream import LineQueue
+from spark_torch.channel.log_stream import LineQueue, sendable
 from spark_torch.channel.protocols import StepAnswers
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousOutcome, parse_decision
 from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
@@ -35,6 +37,9 @@ class NodeChannel:
         self._decided = threading.Event()
         self._outcome: RendezvousOutcome | None = None
         self._detached = False
+        self._closed = False
+        #: the driver could not take this node's bulk data (its message); set under the client's cond
+        self._bulk_error: str | None = None
         cond = threading.Condition()
         self._queue = LineQueue(node, cond)
         self._client = ChannelClient(
@@ -62,7 +67,9 @@ class NodeChannel:
         return self._client.last_error
 
     def forward_report(self, report: dict[str, Any]) -> None:
-        """Send this node's report of one step to the driver (answered through ``reports``)."""
+        """Send this node's report of one step to the driver (answered through ``reports``).
+        Raises ``ValueError`` (or :class:`~spark_torch.channel.wire.FrameTooLarge`) for a
+        report the channel cannot carry; nothing else queued is affected."""
         if self._detached:
             if self.reports is not None:
                 self.reports.persisted(
@@ -78,7 +85,7 @@ class NodeChannel:
         for the driver to have it (None: do not wait)."""
         if self._detached or not self.connected_ever:
             return
-        self._client.send({"failure": report_to_dict(report)})
+        self._client.send({"failure": _fitted(report)})
         if timeout is not None:
             self._client.drain(timeout)
 
@@ -93,17 +100,28 @@ class NodeChannel:
         return MAX_FRAME - BINARY_HEADER_ROOM
 
     def send_bulk(self, header: dict[str, Any], data: memoryview, deadline: float) -> None:
-        """Queue one piece of bulk data for the driver's bulk sink (authenticated binary frames;
+        """Queue one piece of bulk data for the driver's bulk sink (encrypted binary frames;
         memory stays bounded: waits while a window of messages is unacknowledged). Raises
-        ``TimeoutError`` at ``deadline`` (monotonic), ``ConnectionError`` when closing."""
-        self._client.send({"bulk": header, "_bytes": data}, block_until=deadline)
+        ``TimeoutError`` at ``deadline`` (monotonic), ``ConnectionError`` when closing or when
+        the driver said it could not take this node's bulk data (with the driver's reason)."""
+        self._client.send({"bulk": header, "_bytes": data}, block_until=deadline, abort=self._bulk_failure)
 
     def drain(self, timeout: float) -> bool:
-        """Wait until the driver acknowledged everything sent; False on timeout."""
-        return self._client.drain(timeout)
+        """Wait until the driver acknowledged everything sent; False on timeout, or when the
+        driver could not take this node's bulk data."""
+        return self._client.drain(timeout, abort=self._bulk_failure) and self._bulk_error is None
+
+    def _bulk_failure(self) -> str | None:
+        error = self._bulk_error
+        return None if error is None else f"the driver could not take this node's data: {error}"
 
     def _on_message(self, message: dict[str, Any]) -> None:
-        if "stop" in message:
+        if "bulk_error" in message:
+            with self._client.cond:  # wakes a send_bulk or drain waiting for the window
+                if self._bulk_error is None:
+                    self._bulk_error = str(message["bulk_error"])[:2000] or "unknown error"
+                self._client.cond.notify_all()
+        elif "stop" in message:
             self._stop.set()
         elif "reported" in message:
             answer = message["reported"]
@@ -160,9 +178,67 @@ class NodeChannel:
         """Send what is queued and an end-of-stream marker until acknowledged (bounded), then close.
 
         A node whose attempts to reach the driver all failed so far gets a short grace only.
+        Idempotent (a second call does not wait for a marker nobody sends).
         """
+        if self._closed:
+            return
+        self._closed = True
         if not self._detached:
             self._queue.end()
             hopeless = not self.connected_ever and self.last_error is not None
             self._client.drain(min(timeout, 1.0) if hopeless else timeout)
         self._client.close()
+
+
+#: how a failure report is cut when it does not fit a frame: (last lines kept, their width, the
+#: exception message's and the traceback's length), tried in turn
+_FIT_STEPS = ((40, 4096, 16384, 65536), (20, 1024, 4096, 8192), (10, 256, 1024, 2048), (0, 0, 256, 512))
+
+
+def _fitted(report: FailureReport) -> dict[str, Any]:
+    """``report`` as channel data that fits a frame: text UTF-8 cannot carry repaired, and when
+    it is too large (a node of many ranks, each with up to 40 x 64 KiB of last lines), shorter
+    text (the latest lines kept, the cut said), and only then no pickled exceptions; every rank's
+    cause stays."""
+    data: dict[str, Any] = _repaired(report_to_dict(report))
+    if _fits(data):
+        return data
+    for keep_pickled in (True, False):
+        for lines, width, message, trace in _FIT_STEPS:
+            failures = tuple(
+                dataclasses.replace(
+                    f,
+                    exc_message=_cut(f.exc_message, message),
+                    traceback=_cut(f.traceback, trace),
+                    last_lines=(
+                        *(line[:width] for line in f.last_lines[len(f.last_lines) - lines :] if lines),
+                        f"[spark_torch] {len(f.last_lines)} last line(s) cut to {lines} to fit the channel's frame",
+                    ),
+                )
+                for f in report.failures
+            )
+            smaller = dataclasses.replace(report, failures=failures, pickled=report.pickled if keep_pickled else {})
+            data = _repaired(report_to_dict(smaller))
+            if _fits(data):
+                return data
+    return data  # the caller's send raises FrameTooLarge: nothing smaller says what failed
+
+
+def _cut(text: str | None, width: int) -> str | None:
+    return text if text is None or len(text) <= width else text[:width] + " [cut]"
+
+
+def _repaired(data: Any) -> Any:
+    """Every string of ``data`` as the channel can carry it (see :func:`sendable`)."""
+    if isinstance(data, str):
+        return sendable(data)[0]
+    if isinstance(data, dict):
+        return {key: _repaired(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_repaired(value) for value in data]
+    return data
+
+
+def _fits(data: dict[str, Any]) -> bool:
+    # with room for the transport's sequence number next to the report
+    return len(json.dumps({"failure": data, "seq": 2**63}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")) < MAX_FRAME
