@@ -82,8 +82,7 @@ def test_encryption_is_a_runtime_error(tmp_path: Path) -> None:
     code = (
         "from pyspark.sql import SparkSession\n"
         "spark = (SparkSession.builder.master('local[1]').config('spark.driver.host', '127.0.0.1')"
-        ".config('spark.ui.enabled', 'false').config('spark.authenticate', 'true')"
-        ".config('spark.authenticate.secret', 's').config('spark.network.crypto.enabled', 'true').getOrCreate())\n"
+        ".config('spark.ui.enabled', 'false').config('spark.ssl.enabled', 'true').getOrCreate())\n"
         "from spark_torch import TorchDistributor\n"
         "try:\n"
         "    TorchDistributor(num_processes=1, local_mode=False, use_gpu=False)\n"

@@ -34,7 +34,10 @@ class ClusterInfo:
     executor_gpu_amount: float = 0.0
     driver_gpu_amount: float = 0.0
     driver_gpu_addresses: tuple[str, ...] = ()
+    #: ``spark.ssl.enabled``: the cluster requires TLS (refused unless ``ignore_ssl``, as TorchDistributor does)
     ssl_enabled: bool = False
+    #: ``spark.network.crypto.enabled``: Spark encrypts its RPC (runs; gloo/NCCL are not encrypted)
+    crypto_enabled: bool = False
     ignore_ssl: bool = False
     is_connect: bool = False
     #: ``spark.driver.bindAddress`` (classic sessions), None when unset
@@ -102,8 +105,8 @@ def read_cluster(spark: Any) -> ClusterInfo:
         executor_gpu_amount=_float(spark, "spark.executor.resource.gpu.amount"),
         driver_gpu_amount=_float(spark, "spark.driver.resource.gpu.amount"),
         driver_gpu_addresses=addresses,
-        ssl_enabled=_is_true(_conf(spark, "spark.ssl.enabled"))
-        or _is_true(_conf(spark, "spark.network.crypto.enabled")),
+        ssl_enabled=_is_true(_conf(spark, "spark.ssl.enabled")),
+        crypto_enabled=_is_true(_conf(spark, "spark.network.crypto.enabled")),
         ignore_ssl=_is_true(_conf(spark, IGNORE_SSL_KEY)),
         is_connect=connect,
         driver_bind_address=None if connect else _conf(spark, "spark.driver.bindAddress"),

@@ -127,9 +127,11 @@ def collect_checks(spark: Any) -> list[Check]:
                             f"use the same {key} ({driver[key]}) on the driver and every executor"
                             + (" (set PYSPARK_PYTHON)" if key == "python" else "")))
     checks.append(Check("GPUs per executor / per task", f"{cluster.executor_gpu_amount:g} / {cluster.task_gpu_amount:g}"))
-    tls = cluster.ssl_enabled
-    checks.append(Check("TLS (spark.ssl / network.crypto)", "on" if tls else "off", not tls or cluster.ignore_ssl,
+    checks.append(Check("TLS (spark.ssl.enabled)", "on" if cluster.ssl_enabled else "off",
+                        not cluster.ssl_enabled or cluster.ignore_ssl,
                         f"torch traffic is not encrypted; set {IGNORE_SSL_KEY}=true to run anyway"))
+    crypto = "on (spark_torch's channel is encrypted; gloo/NCCL traffic is not)" if cluster.crypto_enabled else "off"
+    checks.append(Check("RPC encryption (spark.network.crypto.enabled)", crypto))
     if all(c.ok for c in checks):
         from spark_torch.driver.distributor import Distributor
 

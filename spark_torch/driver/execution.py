@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from spark_torch.driver.attempt import Attempt
-from spark_torch.driver.cluster import IGNORE_SSL_KEY, ClusterInfo, read_cluster
+from spark_torch.driver.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.dataframe import DataInput
 from spark_torch.driver.endpoints import ChannelEndpoint, resolve_endpoint
@@ -49,10 +49,11 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
             "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
             len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
         )
-    if cluster.ssl_enabled and not plan.local_mode:
+    if (cluster.ssl_enabled or cluster.crypto_enabled) and not plan.local_mode:
         logger.warning(
-            "spark_torch: Spark encryption is on but %s=true: rank-to-rank torch traffic is "
-            "NOT encrypted", IGNORE_SSL_KEY
+            "spark_torch: Spark encrypts its own traffic (%s); spark_torch's channel (logs, reports, results) "
+            "is encrypted too, but torch's gloo/NCCL traffic between ranks is NOT encrypted",
+            "spark.ssl.enabled" if cluster.ssl_enabled else "spark.network.crypto.enabled",
         )
     payload = dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
     settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)

@@ -105,10 +105,9 @@ def make_plan(
     host = host or HostFacts()
     if cluster.ssl_enabled and not cluster.ignore_ssl and not config.local_mode:
         raise ClusterConfigurationError(
-            "this Spark cluster requires encryption (spark.ssl.enabled or "
-            "spark.network.crypto.enabled), but torch's gloo/NCCL traffic between ranks is not "
-            f"encrypted. If the network between executors is trusted, set {IGNORE_SSL_KEY}=true "
-            "in the Spark conf to run anyway"
+            "this Spark cluster requires encryption (spark.ssl.enabled), but torch's gloo/NCCL "
+            f"traffic between ranks is not encrypted. If the network between executors is trusted, "
+            f"set {IGNORE_SSL_KEY}=true in the Spark conf to run anyway"
         )
     source = _gpu_source(config, cluster, host)
     use_gpu = _resolve_use_gpu(config, source)

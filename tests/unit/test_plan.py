@@ -93,6 +93,8 @@ def test_ssl_refused_unless_ignored() -> None:
     with pytest.raises(ConfigurationError, match=r"pytorch\.spark\.distributor\.ignoreSsl=true"):
         make_plan(config, ClusterInfo(ssl_enabled=True))
     assert make_plan(config, ClusterInfo(ssl_enabled=True, ignore_ssl=True)).num_nodes == 2
+    # Spark's RPC encryption alone runs, as with TorchDistributor (the channel is encrypted itself)
+    assert make_plan(config, ClusterInfo(crypto_enabled=True)).num_nodes == 2
 
 
 def test_rank_env_contract() -> None:
