@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -121,3 +122,52 @@ def test_the_reaper_gets_its_paths_over_its_pipe_not_argv() -> None:
         cmdline = " ".join(psutil.Process(reaper.pid).cmdline())
         assert "spark_torch.node.reaper_main" in cmdline and workdir.path not in cmdline
         assert "argv-check" not in cmdline
+
+
+class _OneTaskBarrier:
+    """The task context of barrier task 1 of 2 (only what the node host asks before its ranks start)."""
+
+    def partitionId(self) -> int:  # noqa: N802 - Spark's name
+        return 1
+
+    def getTaskInfos(self) -> list[Any]:  # noqa: N802 - Spark's name
+        class Info:
+            address = "127.0.0.1:1"
+
+        return [Info(), Info()]
+
+
+def test_a_node_whose_staging_fails_closes_its_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's channel client starts connecting as soon as the task starts; when staging the
+    node's rows fails (a full disk, a broken input partition), the task ends with that error and
+    the client is closed, instead of retrying in the background for the worker's lifetime."""
+    import socket
+
+    import pyspark
+
+    from spark_torch.channel.driver_end import new_secret
+    from spark_torch.node.task import run_barrier_task
+    from spark_torch.spec import ChannelSpec, DataSpec
+
+    monkeypatch.setattr(pyspark.BarrierTaskContext, "get", staticmethod(lambda: _OneTaskBarrier()))
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # nothing listens: the client keeps retrying until closed
+    try:
+        channel = ChannelSpec(host="127.0.0.1", port=dead.getsockname()[1], secret=new_secret())
+        spec = RunSpec(
+            plan=LaunchPlan(local_mode=False, num_nodes=2, procs_per_node=1, use_gpu=False),
+            run_id="staging", channel=channel, data=DataSpec(columns=("x",)),
+        )  # fmt: skip
+
+        def broken_partition() -> Any:
+            raise OSError(28, "No space left on device")
+            yield  # a generator
+
+        with pytest.raises(OSError, match="No space left on device"):
+            list(run_barrier_task(spec, broken_partition()))
+        deadline = time.monotonic() + 5.0
+        while any(t.name.startswith("spark-torch-channel") for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("spark-torch-channel")]
+    finally:
+        dead.close()
