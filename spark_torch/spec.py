@@ -32,6 +32,8 @@ class LaunchPlan:
     #: OMP/MKL threads per rank (Spark sets OMP_NUM_THREADS=1 for Python tasks); None: leave the
     #: inherited value (the user or the cluster chose it)
     threads_per_rank: int | None = 1
+    #: why GPUs that exist are not used (``use_gpu=None`` with fewer GPUs than ranks), for the driver's log
+    gpu_note: str = ""
 
     @property
     def world_size(self) -> int:

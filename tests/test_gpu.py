@@ -43,7 +43,10 @@ def test_local_mode_uses_driver_gpus(gpu_local_spark: Any, no_leftovers: None) -
     out = Distributor(num_processes=2, spark=gpu_local_spark).run(visible_devices)
     assert [r["CUDA_VISIBLE_DEVICES"] for r in out["ranks"]] == ["0,1", "0,1"]
     with pytest.raises(ConfigurationError, match=r"num_processes=3 but the driver has only 2 GPU"):
-        Distributor(num_processes=3, spark=gpu_local_spark).run(visible_devices)
+        Distributor(num_processes=3, use_gpu=True, spark=gpu_local_spark).run(visible_devices)
+    # use_gpu=None: more ranks than GPUs trains on CPU (with one line saying so), it does not fail
+    out = Distributor(num_processes=3, spark=gpu_local_spark).run(visible_devices)
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in out["ranks"]] == ["", "", ""]
 
 
 def test_use_gpu_true_without_gpus(spark_session: Any) -> None:
@@ -75,8 +78,15 @@ def test_local_mode_finds_gpus_without_spark(spark_session: Any, fake_nvidia_smi
     os.environ["CUDA_VISIBLE_DEVICES"] = "3"  # already restricted: that is what the ranks get
     out = Distributor(num_processes=1).run(visible_devices)
     assert out["ranks"][0]["CUDA_VISIBLE_DEVICES"] == "3"
-    with pytest.raises(ValueError, match=r"num_processes=2 but the driver has only 1 GPU"):
-        Distributor(num_processes=2).run(visible_devices)
+    # use_gpu=True insists on one GPU per rank; use_gpu=None trains on CPU instead, and says so once
+    with pytest.raises(ValueError, match=r"num_processes=2 but the driver has only 1 GPU.*or pass use_gpu=False"):
+        Distributor(num_processes=2, use_gpu=True).run(visible_devices)
+    caplog.clear()
+    out = Distributor(num_processes=2).run(visible_devices)
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in out["ranks"]] == ["", ""]
+    notes = [r.getMessage() for r in caplog.records if "training on CPU" in r.getMessage()]
+    assert len(notes) == 1 and "2 ranks but this machine has 1 GPU(s) (3)" in notes[0]
+    assert "use_gpu=True" in notes[0] and "use_gpu=False" in notes[0]
     assert Distributor(num_processes=1, use_gpu=False).run(visible_devices)["ranks"][0]["CUDA_VISIBLE_DEVICES"] == ""
 
 
@@ -94,4 +104,4 @@ def test_distributed_on_a_local_master_splits_the_driver_gpus(gpu_local_spark: A
     out = Distributor(num_processes=2, local_mode=False, spark=gpu_local_spark).run(visible_devices)
     assert [(r["NODE_RANK"], r["CUDA_VISIBLE_DEVICES"]) for r in out["ranks"]] == [("0", "0"), ("1", "1")]
     with pytest.raises(RuntimeError, match=r"num_processes=3 but the driver has only 2 GPU"):
-        Distributor(num_processes=3, local_mode=False, spark=gpu_local_spark).run(visible_devices)
+        Distributor(num_processes=3, local_mode=False, use_gpu=True, spark=gpu_local_spark).run(visible_devices)

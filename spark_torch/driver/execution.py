@@ -49,6 +49,8 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
             "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
             len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
         )
+    if plan.gpu_note:
+        logger.warning(plan.gpu_note)
     if (cluster.ssl_enabled or cluster.crypto_enabled) and not plan.local_mode:
         logger.warning(
             "spark_torch: Spark encrypts its own traffic (%s); spark_torch's channel (logs, reports, results) "

@@ -86,12 +86,21 @@ def _gpu_source(config: DistributorConfig, cluster: ClusterInfo, host: HostFacts
     )
 
 
-def _resolve_use_gpu(config: DistributorConfig, source: _GpuSource) -> bool:
+def _resolve_use_gpu(config: DistributorConfig, source: _GpuSource) -> tuple[bool, str]:
+    """Whether the run uses GPUs, and a note for the user when ``use_gpu=None`` chose CPU although
+    GPUs exist (fewer of this machine's GPUs than ranks: a one-GPU laptop running two ranks)."""
+    n = config.num_processes
     if config.use_gpu is None:
-        return source.available
+        if source.available and source.addresses and len(source.addresses) < n:
+            return False, (
+                f"spark_torch: {n} ranks but this machine has {len(source.addresses)} GPU(s) "
+                f"({', '.join(source.addresses)}): training on CPU. Pass num_processes<={len(source.addresses)} "
+                "to train on the GPUs, use_gpu=True to make this an error, or use_gpu=False to silence this"
+            )
+        return source.available, ""
     if config.use_gpu and not source.available:
         raise ClusterConfigurationError(f"use_gpu=True but {source.missing_fix}, or pass use_gpu=False to train on CPU")
-    return config.use_gpu
+    return config.use_gpu, ""
 
 
 def make_plan(
@@ -110,7 +119,7 @@ def make_plan(
             f"set {IGNORE_SSL_KEY}=true in the Spark conf to run anyway"
         )
     source = _gpu_source(config, cluster, host)
-    use_gpu = _resolve_use_gpu(config, source)
+    use_gpu, gpu_note = _resolve_use_gpu(config, source)
     n = config.num_processes
     if config.local_mode:
         cpus = cpu_count if cpu_count is not None else available_cpus()
@@ -122,6 +131,7 @@ def make_plan(
             local_gpus=gpus.local_gpu_addresses(source.addresses, n) if use_gpu else (),
             # a thread count the user exported on the driver is theirs
             threads_per_rank=None if host.omp_threads else max(1, cpus // n),
+            gpu_note=gpu_note,
         )
     if use_gpu and source.addresses:  # a local master: one GPU per rank, nodes share the driver's
         per_task = config.ranks_per_task or 1
@@ -150,4 +160,5 @@ def make_plan(
         # Spark pins OMP_NUM_THREADS to spark.task.cpus for Python workers unless the cluster
         # set spark.executorEnv.OMP_NUM_THREADS; only Spark's own value is replaced
         threads_per_rank=None if cluster.executor_threads else max(1, cluster.task_cpus // per_task),
+        gpu_note=gpu_note,
     )

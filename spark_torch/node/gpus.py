@@ -38,15 +38,15 @@ def ranks_per_task(task_gpu_amount: float, num_processes: int) -> int:
         raise ClusterConfigurationError(
             f"spark.task.resource.gpu.amount={task_gpu_amount:g} is not a whole number of GPUs; "
             "spark_torch runs one rank per GPU of a task, so set it to 1 (one rank per task) "
-            "or to the number of GPUs each executor should drive"
+            "or to the number of GPUs each executor should drive, or pass use_gpu=False to train on CPU"
         )
     per_task = int(task_gpu_amount)
     if num_processes % per_task:
         raise ClusterConfigurationError(
             f"num_processes={num_processes} is not a multiple of spark.task.resource.gpu.amount="
             f"{per_task}: each barrier task runs {per_task} ranks (one per GPU), so use "
-            f"num_processes={max(per_task, num_processes - num_processes % per_task)} or change "
-            "spark.task.resource.gpu.amount"
+            f"num_processes={max(per_task, num_processes - num_processes % per_task)}, change "
+            "spark.task.resource.gpu.amount, or pass use_gpu=False to train on CPU"
         )
     return per_task
 
@@ -61,8 +61,8 @@ def local_gpu_addresses(addresses: tuple[str, ...], num_processes: int) -> tuple
     if num_processes > len(addresses):
         raise ClusterConfigurationError(
             f"num_processes={num_processes} but the driver has only {len(addresses)} GPU(s) "
-            f"({', '.join(addresses) or 'none'}); use num_processes<={len(addresses)} or raise "
-            "spark.driver.resource.gpu.amount"
+            f"({', '.join(addresses) or 'none'}); use num_processes<={len(addresses)}, raise "
+            "spark.driver.resource.gpu.amount, or pass use_gpu=False to train on CPU"
         )
     return tuple(addresses[:num_processes])
 
