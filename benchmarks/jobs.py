@@ -75,5 +75,8 @@ JOBS = [
     ),
     Job("scaling", "scaling", "local", None),
     Job("profile", "profile", "local", None),
+    # the channel alone, no Spark session: AES-GCM framing vs the HMAC framing it replaced, and
+    # 32-256 node clients against one driver end (bench_channel.py, ChannelBenchmark.channel)
+    Job("channel", "channel", "-", None),
 ]
-BENCHES = ["launch", "training", "logging", "result", "scaling", "profile"]
+BENCHES = ["launch", "training", "logging", "result", "scaling", "profile", "channel"]

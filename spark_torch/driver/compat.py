@@ -14,8 +14,33 @@ from contextlib import contextmanager
 from typing import Any
 
 from spark_torch.driver.cluster import is_connect_session
+from spark_torch.errors import ConfigurationError
 
-__all__ = ["collect_arrow", "tagged_job", "cancel_tagged_job"]
+__all__ = ["collect_arrow", "tagged_job", "cancel_tagged_job", "check_pyspark", "SUPPORTED_PYSPARK"]
+
+#: what distributed mode supports: ``mapInArrow(..., barrier=True)`` is new in 3.5
+SUPPORTED_PYSPARK = "3.5 or 4.x"
+
+
+def check_pyspark(version: str | None = None) -> None:
+    """Raise :class:`~spark_torch.ConfigurationError` naming the version when this PySpark
+    cannot run the barrier stage (before anything starts)."""
+    if version is None:
+        try:
+            import pyspark
+        except ImportError:
+            return  # starting a session says what to install
+        version = str(pyspark.__version__)
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return  # a development build: let it try
+    if (major, minor) < (3, 5) or major >= 5:
+        raise ConfigurationError(
+            f"distributed mode needs PySpark {SUPPORTED_PYSPARK} (its barrier stage is mapInArrow(..., "
+            f"barrier=True), new in 3.5); this driver has PySpark {version}. Upgrade pyspark (on "
+            "Databricks: Runtime 14.3 LTS or newer), or use local_mode=True, which needs no Spark"
+        )
 
 
 def collect_arrow(df: Any) -> Any:

@@ -138,6 +138,10 @@ class Distributor:
         return self.config.local_mode
 
     def _session(self) -> Any | None:
+        if not self.config.local_mode:
+            from spark_torch.driver.compat import check_pyspark
+
+            check_pyspark()  # before a session is started or used
         if self._spark is not None:
             return self._spark
         from spark_torch.driver.session import active_session, get_or_create_session

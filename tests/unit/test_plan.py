@@ -266,3 +266,37 @@ def test_ipv6_hosts_lose_their_brackets_for_binding() -> None:
         pytest.skip("no IPv6 loopback here")
     assert sock.getsockname()[0] == "::1"
     sock.close()
+
+
+@pytest.mark.parametrize(("version", "ok"), [("3.4.1", False), ("3.3.2", False), ("3.5.0", True), ("4.1.1", True), ("4.3.0.dev0", True)])
+def test_supported_pyspark_versions(version: str, ok: bool) -> None:
+    from spark_torch.driver.compat import check_pyspark
+
+    if ok:
+        check_pyspark(version)
+    else:
+        with pytest.raises(ConfigurationError, match=rf"needs PySpark 3.5 or 4.x .* this driver has PySpark {version}\. Upgrade pyspark"):
+            check_pyspark(version)
+
+
+def test_pyspark_34_fails_before_anything_starts() -> None:
+    """A driver whose pyspark says 3.4 (older Databricks LTS): one clear error, no session started."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import pyspark; pyspark.__version__ = '3.4.1'\n"
+        "from spark_torch import Distributor\n"
+        "try:\n"
+        "    Distributor(num_processes=2, local_mode=False).run(print)\n"
+        "except ValueError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+        "from pyspark import SparkContext\n"
+        "print('session started:', SparkContext._active_spark_context is not None)\n"
+    )
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ConfigurationError distributed mode needs PySpark 3.5 or 4.x" in done.stdout, done.stdout + done.stderr
+    assert "this driver has PySpark 3.4.1" in done.stdout and "session started: False" in done.stdout
+    assert time.monotonic() - start < 30
