@@ -46,7 +46,7 @@ __all__ = ["ChannelServer", "ServerHandler"]
 logger = logging.getLogger(__name__)
 
 #: connections accepted per wake-up of the handshake thread (it then serves pending answers)
-_ACCEPT_BURST = 64
+_ACCEPT_BURST = 32
 
 
 class ServerHandler(Protocol):
@@ -139,15 +139,18 @@ class ChannelServer:
                 if self._pending:
                     oldest = next(iter(self._pending.values()))
                     timeout = max(0.0, oldest.deadline - time.monotonic())
+                accept = False
                 for key, _ in self._selector.select(timeout):
                     if key.fileobj is self._listener:
-                        self._accept_ready()
+                        accept = True
                     elif key.fileobj is self._wake_read:
                         self._wake_read.recv(64)
                     else:
-                        pending = self._pending.get(key.fileobj) if isinstance(key.fileobj, socket.socket) else None
-                        if pending is not None and pending is key.data:  # not evicted earlier in this batch
+                        pending: _Pending = key.data
+                        if self._pending.get(pending.sock) is pending:  # not evicted earlier in this batch
                             self._answer_ready(pending)
+                if accept:  # after the answers that arrived: newcomers may push out the oldest
+                    self._accept_ready()
                 now = time.monotonic()
                 while self._pending:
                     oldest = next(iter(self._pending.values()))

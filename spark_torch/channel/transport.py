@@ -47,10 +47,11 @@ HANDSHAKE_SECONDS = 5.0
 #: a connection silent for this many heartbeats is given up (and re-established by the node)
 DEAD_AFTER = 4
 #: a pending handshake costs one socket and no thread: room for many, so that a flood has to
-#: be fast to push a node out (it then retries)
-MAX_PENDING_HANDSHAKES = 64
+#: be fast to push a node out (it then retries), and so that many nodes behind one address (a
+#: NAT, several executors per host) connecting at once do not push each other out
+MAX_PENDING_HANDSHAKES = 128
 #: one address cannot take more of them than this (its newcomers replace its oldest)
-MAX_PENDING_PER_ADDRESS = 8
+MAX_PENDING_PER_ADDRESS = 32
 #: a rate-limited kind of log line is written at most once per this many seconds
 LOG_INTERVAL = 10.0
 #: frames sent but not yet acknowledged before the node waits for the driver

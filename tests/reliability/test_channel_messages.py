@@ -252,3 +252,43 @@ def test_a_reconnect_cannot_run_two_handler_calls_for_one_node_at_once() -> None
         for link in links:
             link.close()
         server.close()
+
+
+class _BrokenDisk:
+    """A server handler whose storage fails for messages marked ``fail``."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def attached(self, node: int) -> list[dict[str, Any]]:
+        return []
+
+    def message(self, node: int, message: dict[str, Any]) -> None:
+        if message.get("fail"):
+            raise OSError(errno.EIO, "Input/output error on the driver's disk")
+        self.seen.append(message["seq"])
+
+    def detached(self, node: int) -> None:
+        pass
+
+
+def test_a_handler_failure_is_logged_at_error_and_the_connection_stays(caplog: pytest.LogCaptureFixture) -> None:
+    """The driver's own failure handling a message is not a disconnect: logged once at ERROR
+    (not hidden at DEBUG), the message acknowledged, the next one handled on the same connection."""
+    handler = _BrokenDisk()
+    secret = b"s" * 32
+    server = ChannelServer("127.0.0.1", secret, handler, nodes=1)
+    link = _attach(server.port, secret, 0)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="spark_torch"):
+            link.send({"seq": 1, "fail": True})
+            link.send({"seq": 2, "fine": True})
+            link.sock.settimeout(10)
+            acks = [link.recv().get("ack") for _ in range(2)]
+        assert acks == [1, 2]
+        assert handler.seen == [2]
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "Input/output error on the driver's disk" in errors[0], errors
+    finally:
+        link.close()
+        server.close()
