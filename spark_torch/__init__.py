@@ -5,7 +5,7 @@ Importing this package is cheap: it imports neither pyspark nor torch.
 """
 
 from spark_torch.driver.distributor import Distributor
-from spark_torch.driver.result import RunResult
+from spark_torch.driver.result import Checkpoint, RunResult, load_run
 from spark_torch.driver.torch_distributor import TorchDistributor
 from spark_torch.errors import (
     ClusterConfigurationError,
@@ -25,6 +25,8 @@ __all__ = [
     "Distributor",
     "TorchDistributor",
     "RunResult",
+    "Checkpoint",
+    "load_run",
     "report",
     "get_checkpoint",
     "SparkTorchError",

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from spark_torch.settings import Settings
 
-__all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "RunSpec"]
+__all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "StorageSpec", "RunSpec"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,19 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class StorageSpec:
+    """Where report() keeps the run's checkpoints and metrics (the run's data is under
+    ``base/run_id``), how to open it, and the marker token ranks check it by."""
+
+    base: str
+    #: written into the run's directory by the driver: a rank that cannot read it back is on a
+    #: host that does not see the storage
+    token: str = field(default="", repr=False)
+    #: fsspec's keyword arguments (credentials: never printed, never in a rank's environment)
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One attempt of a run, as every node sees it."""
 
@@ -96,12 +110,8 @@ class RunSpec:
     result_token: str = field(default="", repr=False)
     #: the user's settings, resolved once on the driver (:mod:`spark_torch.settings`)
     settings: Settings = field(default_factory=Settings.defaults)
-    #: report()/checkpoints: the storage base (a directory or an fsspec URL; the run's data is
-    #: under ``storage_base/run_id``), and the checkpoint this attempt resumes from
-    storage_base: str | None = None
-    #: written into the run's directory by the driver: a rank that cannot read it back is on
-    #: a host that does not see the storage
-    storage_token: str = ""
+    #: report()/checkpoints: the run's storage, and the checkpoint this attempt resumes from
+    storage: StorageSpec | None = None
     resume_step: int = 0
     resume_url: str | None = None
 

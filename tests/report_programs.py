@@ -132,3 +132,23 @@ def report_and_check_persisted(storage_dir: str, steps: int) -> list[int]:
             raise AssertionError(f"report() of step {step} returned before its manifest existed")
         seen.append(step)
     return seen
+
+
+def report_scores(scores: list[float]) -> int:
+    """Rank 0 writes a checkpoint per step, reporting ``score`` = the given values in turn."""
+    import spark_torch
+
+    for score in scores:
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "score.txt"), "w") as fh:
+                fh.write(str(score))
+            spark_torch.report({"score": score}, checkpoint=tmp if os.environ["RANK"] == "0" else None)
+    return len(scores)
+
+
+def fail_first_attempts(failures: int) -> int:
+    """Fails in attempts 0 .. failures-1, then returns the attempt number."""
+    attempt = int(os.environ["SPARK_TORCH_RESTART_COUNT"])
+    if attempt < failures:
+        raise RuntimeError(f"attempt {attempt} fails")
+    return attempt

@@ -40,7 +40,7 @@ def test_logs_into_the_active_run_across_a_restart(tracking: Any, tmp_path: Path
     assert final == {int(r["step"]): pytest.approx(r["loss"]) for r in d.last_run.rows}
     params = tracking.get_run(active.info.run_id).data.params
     assert params["spark_torch.num_processes"] == "2" and params["spark_torch.run_id"] == d.last_run.run_id
-    assert tracking.get_run(active.info.run_id).data.tags["spark_torch.checkpoint"] == d.last_run.checkpoint
+    assert tracking.get_run(active.info.run_id).data.tags["spark_torch.checkpoint"] == d.last_run.checkpoint.path
 
 
 def test_mlflow_true_starts_and_ends_a_run(tracking: Any, tmp_path: Path, no_leftovers: None) -> None:

@@ -11,15 +11,17 @@ from typing import Any
 
 import pytest
 
-from spark_torch import DistributedRunError, Distributor, get_checkpoint, report
+from spark_torch import ConfigurationError, DistributedRunError, Distributor, get_checkpoint, report
 from spark_torch.reporting.storage import MANIFEST, RunStorage
 
 from .conftest import SCRIPTS
 from .report_programs import (
     deterministic_ddp,
+    fail_first_attempts,
     report_after_hiding_storage,
     report_and_check_persisted,
     report_bad_metric,
+    report_scores,
     report_steps,
 )
 
@@ -41,10 +43,13 @@ def test_metrics_rows_and_result(tmp_path: Path, no_leftovers: None) -> None:
     result = d.last_run
     assert result is not None and result.error is None and result.restarts == 0 and out["resumed_from"] is None
     assert _steps(d) == [1, 2, 3, 4, 5, 6] and {r["attempt"] for r in result.rows} == {0}
-    frame = result.metrics
+    frame = result.metrics_dataframe
     assert list(frame.columns) == ["loss", "rank0_step", "step", "time", "attempt"]
     assert frame["rank0_step"].tolist() == frame["step"].tolist() and frame["loss"].dtype == float
-    assert result.checkpoint == str(tmp_path / result.run_id / "checkpoint_000006")
+    assert result.metrics["step"] == 6 and result.metrics["loss"] == frame["loss"].iloc[-1]  # the last row, as a dict
+    assert result.checkpoint is not None and result.checkpoint.step == 6
+    assert result.checkpoint.path == str(tmp_path / result.run_id / "checkpoint_000006") == os.fspath(result.checkpoint)
+    assert result.checkpoint.to_directory() == result.checkpoint.path and result.path == str(tmp_path / result.run_id)
     assert sorted(os.listdir(tmp_path / result.run_id)) == [
         ".spark_torch_run", "checkpoint_000003", "checkpoint_000006", "metrics.jsonl"
     ]  # fmt: skip
@@ -81,13 +86,15 @@ def test_resume_by_run_id_in_a_new_run(tmp_path: Path, no_leftovers: None) -> No
     with pytest.raises(DistributedRunError, match="killed by SIGKILL"):
         first.run(deterministic_ddp, 8, die_at=5)
     assert first.last_run is not None and first.last_run.error is not None
-    assert first.last_run.checkpoint is not None and first.last_run.checkpoint.endswith("checkpoint_000004")
+    assert first.last_run.checkpoint is not None and first.last_run.checkpoint.path.endswith("checkpoint_000004")
     assert _steps(first) == [1, 2, 3, 4]
     again = Distributor(num_processes=2, storage_path=tmp_path, run_id="exp-1")
     out = again.run(deterministic_ddp, 8)
     clean = Distributor(num_processes=2, storage_path=tmp_path).run(deterministic_ddp, 8)
     assert out["resumed_from"] == 4 and _same_weights(clean, out)
-    assert _steps(again) == [5, 6, 7, 8]
+    assert _steps(again) == [5, 6, 7, 8]  # this call's rows
+    assert again.last_run is not None and again.last_run.metrics_dataframe["step"].tolist() == list(range(1, 9))  # the run's
+    assert again.last_run.metrics["step"] == 8
 
 
 def test_sharded_checkpoints_merge_and_keep_checkpoints(tmp_path: Path, no_leftovers: None) -> None:
@@ -106,7 +113,10 @@ def test_fsspec_url_storage(tmp_path: Path, no_leftovers: None) -> None:
     clean = Distributor(num_processes=2, storage_path=tmp_path / "plain").run(deterministic_ddp, 6)
     d = Distributor(num_processes=2, storage_path=url, max_restarts=1)
     out = d.run(deterministic_ddp, 6, die_at=5)
-    assert d.last_run is not None and d.last_run.checkpoint == f"{url}/{d.last_run.run_id}/checkpoint_000006"
+    assert d.last_run is not None and d.last_run.checkpoint is not None
+    assert d.last_run.checkpoint.path == f"{url}/{d.last_run.run_id}/checkpoint_000006"
+    copy = d.last_run.checkpoint.to_directory(tmp_path / "copy")  # a URL: downloaded into a local directory
+    assert sorted(os.listdir(copy)) == [MANIFEST, "state.pt"]
     assert out["resumed_from"] == 4 and _same_weights(clean, out)
 
 
@@ -250,3 +260,77 @@ def test_a_step_waits_for_every_rank_and_is_answered_once() -> None:
         assert [json.loads(a)["step"] for a in answers] == [1, 2], answers
     finally:
         pipes.close()
+
+
+def test_best_checkpoints_by_score_and_opening_a_past_run(tmp_path: Path, no_leftovers: None) -> None:
+    """keep_checkpoints with a score keeps the best N (and the latest, to resume from);
+    best_checkpoints lists them best first with their metrics; load_run() opens the run later."""
+    from spark_torch import Checkpoint, load_run
+
+    scores = [0.2, 0.9, 0.1, 0.7, 0.3]
+    d = Distributor(num_processes=2, storage_path=tmp_path, keep_checkpoints=2, checkpoint_score_attribute="score")
+    d.run(report_scores, scores)
+    result = d.last_run
+    assert result is not None and result.checkpoint is not None and result.checkpoint.step == 5
+    best = [(c.step, m["score"]) for c, m in result.best_checkpoints]
+    assert best == [(2, 0.9), (4, 0.7), (5, 0.3)]  # the 2 best, and the latest
+    assert sorted(p.name for p in (tmp_path / result.run_id).glob("checkpoint_*")) == [
+        "checkpoint_000002", "checkpoint_000004", "checkpoint_000005"
+    ]  # fmt: skip
+    top, metrics = result.best_checkpoints[0]
+    assert isinstance(top, Checkpoint) and Path(top.to_directory(tmp_path / "best"), "score.txt").read_text() == "0.9"
+    past = load_run(tmp_path, result.run_id, checkpoint_score_attribute="score", checkpoint_score_order="min")
+    assert [c.step for c, _ in past.best_checkpoints] == [5, 4, 2] and past.value is None
+    assert past.metrics_dataframe["score"].tolist() == scores and past.metrics["step"] == 5
+    with pytest.raises(FileNotFoundError, match="no run 'nope' under"):
+        load_run(tmp_path, "nope")
+    with pytest.raises(ValueError, match="checkpoint_score_order must be 'max' or 'min'"):
+        Distributor(checkpoint_score_order="best")
+
+
+def test_unlimited_restarts(no_leftovers: None) -> None:
+    d = Distributor(num_processes=2, max_restarts=-1)
+    assert d.run(fail_first_attempts, 3) == 3
+    assert d.last_run is not None and d.last_run.restarts == 3
+    with pytest.raises(ValueError, match="max_restarts must be >= -1"):
+        Distributor(max_restarts=-2)
+
+
+def test_concurrent_runs_on_one_instance_keep_their_own_results(tmp_path: Path, no_leftovers: None) -> None:
+    """Two threads call run() on the same Distributor at once: each thread's last_run is its own."""
+    import threading
+
+    d = Distributor(num_processes=1, storage_path=tmp_path)
+    seen: dict[int, tuple[Any, Any]] = {}
+
+    def call(count: int) -> None:
+        value = d.run(report_steps, count)
+        assert d.last_run is not None
+        seen[count] = (value, [row["i"] for row in d.last_run.rows])
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in (2, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert seen == {2: (2, [0, 1]), 5: (5, [0, 1, 2, 3, 4])}
+
+
+def test_dbfs_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
+    """dbfs:/ is the /dbfs mount where Databricks has it; elsewhere fsspec's Databricks
+    filesystem, which needs credentials: one ConfigurationError naming the URL and the fix
+    (it was a raw TypeError, or a local directory named "dbfs:")."""
+    import spark_torch.reporting.storage as storage
+
+    mount = tmp_path / "dbfs"
+    mount.mkdir()
+    monkeypatch.setattr(storage, "DBFS_MOUNT", str(mount))
+    d = Distributor(num_processes=2, storage_path="dbfs:/team/runs")
+    d.run(report_scores, [0.5])
+    assert d.last_run is not None and d.last_run.checkpoint is not None
+    assert d.last_run.checkpoint.path == str(mount / "team" / "runs" / d.last_run.run_id / "checkpoint_000001")
+    monkeypatch.setattr(storage, "DBFS_MOUNT", str(tmp_path / "no-mount"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"storage dbfs://team/runs/\w+ cannot be used \(TypeError: .*'instance' and 'token'.*\{'instance': \.\.\., 'token': \.\.\.\}"):
+        Distributor(storage_path="dbfs:/team/runs").run(report_steps, 0)
+    assert not (tmp_path / "dbfs:").exists()

@@ -27,10 +27,14 @@ class Attempt:
     #: receives rank 0's metrics row of every persisted report() step
     on_row: Callable[[dict[str, Any]], None] = field(default=lambda row: None, repr=False)
     keep_checkpoints: int | None = None
+    #: keep the best checkpoints by this reported metric (and ``score_order``) instead of the newest
+    score_attribute: str | None = None
+    score_order: str = "max"
 
     def report_coordinator(self, answer: Callable[[int, str | None], None]) -> ReportCoordinator:
         """The coordinator of this attempt's report() steps; ``answer`` tells the nodes."""
-        storage = RunStorage(self.spec.storage_base, self.spec.run_id) if self.spec.storage_base else None
+        store = self.spec.storage
+        storage = RunStorage(store.base, self.spec.run_id, store.options) if store is not None else None
         return ReportCoordinator(
             nodes=self.spec.plan.num_nodes,
             attempt=self.spec.restart_count,
@@ -38,6 +42,7 @@ class Attempt:
             on_row=self.on_row,
             answer=answer,
             keep_checkpoints=self.keep_checkpoints,
+            score=(self.score_attribute, self.score_order),
         )
 
     @property

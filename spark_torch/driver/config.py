@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import numbers
 import os
 import re
@@ -63,6 +64,9 @@ class DistributorConfig:
     run_id: str | None = None
     keep_checkpoints: int | None = None
     mlflow: bool | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
     # the settings of spark_torch.settings.SETTINGS given as keywords (None: environment, Spark conf, default)
     channel_host: Any = None
     channel_bind_address: Any = None
@@ -79,7 +83,7 @@ class DistributorConfig:
         for setting in settings.SETTINGS:
             object.__setattr__(self, setting.name, settings.check_value(setting.name, getattr(self, setting.name)))
         object.__setattr__(self, "num_processes", _check_int("num_processes", self.num_processes, 1))
-        object.__setattr__(self, "max_restarts", _check_int("max_restarts", self.max_restarts, 0))
+        object.__setattr__(self, "max_restarts", _check_int("max_restarts", self.max_restarts, -1))
         if self.progress is not None and not isinstance(self.progress, bool):
             raise TypeError(f"progress must be True, False or None (auto), got {self.progress!r}")
         if self.ranks_per_task is not None:
@@ -131,6 +135,22 @@ class DistributorConfig:
             )
         if self.keep_checkpoints is not None:
             object.__setattr__(self, "keep_checkpoints", _check_int("keep_checkpoints", self.keep_checkpoints, 1))
+        if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
+            raise TypeError(f"storage_options must be a dict of fsspec keyword arguments, got {self.storage_options!r}")
+        try:  # ranks on other hosts open the storage with them
+            json.dumps(dict(self.storage_options))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"storage_options must hold plain values (strings, numbers, lists, dicts): the ranks open the "
+                f"storage with them on their own hosts ({exc})"
+            ) from None
+        object.__setattr__(self, "storage_options", dict(self.storage_options))
+        if self.checkpoint_score_attribute is not None and (
+            not isinstance(self.checkpoint_score_attribute, str) or not self.checkpoint_score_attribute
+        ):
+            raise TypeError(f"checkpoint_score_attribute must be a metric name, got {self.checkpoint_score_attribute!r}")
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ConfigurationError(f"checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}")
         if self.mlflow is not None and not isinstance(self.mlflow, bool):
             raise TypeError(f"mlflow must be True, False or None (on when an MLflow run is active), got {self.mlflow!r}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -54,18 +55,27 @@ class Distributor:
         log_ranks: whose output the driver prints: ``"all"`` (default, also ``None``) or a
             list of ranks such as ``[0]``.
         log_dir: also write each rank's output to ``log_dir/rank-N.log``.
-        max_restarts: restart the whole gang up to this many times when a rank fails.
+        max_restarts: restart the whole gang up to this many times when a rank fails (-1:
+            without limit; ``timeout`` still bounds the whole run).
         ranks_per_task: distributed CPU mode: ranks per barrier task (node), default 1; set
             ``spark.task.cpus`` to the cores they share. With GPUs it is the task's GPU count.
         progress: show a live status line (ranks started/running/finished/failed, elapsed, the
             latest reported metrics) that ends as one summary line; None shows it only in a
             terminal or Jupyter (where a chart of the reported metrics is drawn too).
         storage_path: where :func:`spark_torch.report` persists checkpoints and metrics: a
-            directory or an fsspec URL (``s3://...``); default ``~/spark_torch_runs``. Runs
-            whose ranks are on several hosts need storage every host can reach.
+            directory or an fsspec URL (``s3://...``, ``gs://...``; ``dbfs:/...`` is the ``/dbfs``
+            mount on Databricks); default ``~/spark_torch_runs``. Runs whose ranks are on several
+            hosts need storage every host can reach.
+        storage_options: fsspec's keyword arguments for that storage (credentials, endpoint,
+            e.g. ``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`` for S3);
+            they reach the ranks in a private file, never in their environment or a log.
         run_id: the run's name under ``storage_path``; giving an existing one resumes from its
             latest checkpoint (default: a fresh id, see ``last_run.run_id``).
-        keep_checkpoints: keep only this many newest checkpoints (default: all).
+        keep_checkpoints: keep only this many checkpoints (default: all): the newest, or the
+            best by ``checkpoint_score_attribute``; the latest is always kept too.
+        checkpoint_score_attribute, checkpoint_score_order: a reported metric that ranks the
+            checkpoints (``"max"``, the default, or ``"min"``): ``keep_checkpoints`` keeps the
+            best and ``last_run.best_checkpoints`` lists them best first.
         mlflow: log the reported metrics, parameters and the final checkpoint to one MLflow
             run (None: when an MLflow run is active on the driver).
     """
@@ -88,6 +98,9 @@ class Distributor:
         run_id: str | None = None,
         keep_checkpoints: int | None = None,
         mlflow: bool | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        checkpoint_score_attribute: str | None = None,
+        checkpoint_score_order: str = "max",
         channel_host: str | None = None,
         channel_bind_address: str | None = None,
         channel_ports: str | tuple[int, int] | None = None,
@@ -113,6 +126,9 @@ class Distributor:
             run_id=run_id,
             keep_checkpoints=keep_checkpoints,
             mlflow=mlflow,
+            storage_options=dict(storage_options or {}),
+            checkpoint_score_attribute=checkpoint_score_attribute,
+            checkpoint_score_order=checkpoint_score_order,
             channel_host=channel_host,
             channel_bind_address=channel_bind_address,
             channel_ports=channel_ports,
@@ -125,7 +141,16 @@ class Distributor:
         )
         self._spark = spark
         #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)
-        self.last_run: RunResult | None = None
+        # per thread: two run() calls at once on one instance (threads of a notebook or a
+        # service) each see their own result
+        self._results = threading.local()
+
+    @property
+    def last_run(self) -> RunResult | None:
+        """The outcome of this thread's latest ``run()``/``run_on_dataframe()`` on this instance
+        (value, metrics and their history, checkpoints, restarts, error), or None."""
+        result: RunResult | None = getattr(self._results, "last", None)
+        return result
 
     @property
     def num_processes(self) -> int:
@@ -204,5 +229,5 @@ class Distributor:
 
         entry = make_entrypoint(main, args, kwargs)
         spark = self._session()
-        outcome = self.last_run = RunResult(run_id=self.config.run_id or new_run_id())
+        outcome = self._results.last = RunResult(run_id=self.config.run_id or new_run_id())
         return execute(self.config, spark, entry, data, outcome)

@@ -25,9 +25,9 @@ from spark_torch.driver.result import RunResult
 from spark_torch.driver.tracker import ReportTracker
 from spark_torch.envelopes import ResultBytes
 from spark_torch.errors import ConfigurationError, DistributedRunError, RunTimeoutError
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import resolve as resolve_settings
-from spark_torch.spec import DataSpec, RunSpec
+from spark_torch.spec import DataSpec, RunSpec, StorageSpec
 
 __all__ = ["execute", "new_run_id"]
 
@@ -79,15 +79,16 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         cwd=os.getcwd(),
         driver_python=platform.python_version(),
         data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
-        storage_base=storage.base if storage is not None else None,
-        storage_token=token,
+        storage=StorageSpec(base=storage.base, token=token, options=storage.options) if storage is not None else None,
         settings=settings,
     )
     deadline = time.monotonic() + config.timeout if config.timeout else None
     tracker = ReportTracker(outcome, sink, config, plan, run_id)
     try:
         show = interactive() if config.progress is None else config.progress
-        for restart in range(config.max_restarts + 1):
+        unlimited = config.max_restarts < 0
+        restart = 0
+        while True:
             latest = storage.latest() if storage is not None else None
             resume = latest.step if latest is not None else 0
             if storage is not None:
@@ -105,6 +106,8 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
                 tail=sink.tail,
                 on_row=tracker.row,
                 keep_checkpoints=config.keep_checkpoints,
+                score_attribute=config.checkpoint_score_attribute,
+                score_order=config.checkpoint_score_order,
             )
             outcome.restarts = restart
             try:
@@ -113,11 +116,12 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
             except RunTimeoutError:
                 raise
             except DistributedRunError as exc:
-                if restart >= config.max_restarts:
+                if not unlimited and restart >= config.max_restarts:
                     raise
+                restart += 1
                 logger.warning(
-                    "spark_torch: run %s failed (%s); restarting the gang (%d of %d)",
-                    run_id, str(exc).splitlines()[0], restart + 1, config.max_restarts,
+                    "spark_torch: run %s failed (%s); restarting the gang (%d of %s)",
+                    run_id, str(exc).splitlines()[0], restart, "unlimited" if unlimited else config.max_restarts,
                 )
         outcome.value = _unpickle_result(result)
         return outcome.value
@@ -125,9 +129,10 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         outcome.error = exc
         raise
     finally:
-        if storage is not None:
-            latest = storage.latest()
-            outcome.checkpoint = latest.url if latest is not None else None
+        try:
+            outcome.collect(storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
+        except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
+            logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
         tracker.close()
         sink.status.close()
         sink.close()
@@ -136,23 +141,21 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
 
 def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage | None:
     """The run's storage, created and marked now; without an explicit ``storage_path`` a
-    default that cannot be created only disables checkpoints (with a warning)."""
-    storage = RunStorage(config.storage_path or DEFAULT_STORAGE, run_id)
+    default that cannot be created only disables checkpoints (with a warning). Whatever an fsspec
+    backend raises becomes one ConfigurationError naming the URL."""
+    storage = RunStorage(config.storage_path or DEFAULT_STORAGE, run_id, config.storage_options)
     try:
         storage.create(token)
-    except (OSError, ValueError, ImportError) as exc:
+    except Exception as exc:  # noqa: BLE001 - every backend raises its own kinds (TypeError, botocore's...)
         if config.storage_path is not None:
-            raise ConfigurationError(
-                f"storage_path={config.storage_path!r}: cannot create the run's directory {storage.url} "
-                f"({type(exc).__name__}: {exc}); use a writable directory or an fsspec URL whose "
-                "filesystem package is installed (s3fs for s3://, gcsfs for gs://, adlfs for abfss://)"
-            ) from exc
+            raise ConfigurationError(f"storage_path={config.storage_path!r}: cannot create the run's directory; {storage_error(storage.url, exc)}") from exc
         logger.warning(
             "spark_torch: checkpoints are disabled: the default storage %s cannot be created (%s); "
             "pass storage_path= to use report(checkpoint=...)", storage.url, exc,
         )
         return None
     return storage
+
 
 def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> ResultBytes | None:
     if endpoint is None:

@@ -1,44 +1,164 @@
-"""What one ``Distributor.run()`` produced: :class:`RunResult` (``distributor.last_run``)."""
+"""What a ``run()`` produced (:class:`RunResult`, ``distributor.last_run``), its checkpoints
+(:class:`Checkpoint`), and a past run opened from its storage (:func:`load_run`).
+
+The names follow Ray Train's ``Result`` where they mean the same thing: ``metrics`` is the last
+reported metrics dict, ``metrics_dataframe`` the whole history, ``checkpoint`` the latest
+checkpoint, ``best_checkpoints`` the kept ones with their metrics, best first.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunResult"]
+from spark_torch.reporting.storage import DEFAULT_STORAGE, CheckpointInfo, RunStorage, best
+
+__all__ = ["RunResult", "Checkpoint", "load_run"]
+
+_BOOKKEEPING = ("step", "time", "attempt")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A persisted checkpoint of a run: the files the ranks passed to ``report(checkpoint=...)``.
+
+    ``path`` is a local directory, or a URL for object storage; ``str(checkpoint)`` and
+    ``os.fspath(checkpoint)`` give it too. :meth:`to_directory` always gives a local directory.
+    """
+
+    path: str
+    step: int
+    #: the metrics reported with it (rank 0's, plus ``step``, ``time``, ``attempt``)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __str__(self) -> str:
+        return self.path
+
+    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
+        """A local directory with the checkpoint's files: the checkpoint itself when it is local
+        and no ``path`` is given, else a copy in ``path`` (default: a new temporary directory)."""
+        local = "://" not in self.path
+        if local and path is None:
+            return self.path
+        target = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
+        if local:
+            import shutil
+
+            shutil.copytree(self.path, target, dirs_exist_ok=True)
+            return target
+        from fsspec.core import url_to_fs
+
+        fs, root = url_to_fs(self.path, **self.storage_options)
+        fs.get(root.rstrip("/") + "/", target.rstrip("/") + "/", recursive=True)
+        return target
+
+    @classmethod
+    def _of(cls, info: CheckpointInfo, options: dict[str, Any]) -> Checkpoint:
+        return cls(path=info.url, step=info.step, metrics=dict(info.metrics), storage_options=dict(options))
 
 
 @dataclass
 class RunResult:
-    """The outcome of the latest ``run()``/``run_on_dataframe()`` call.
+    """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :func:`load_run`).
 
     Attributes:
-        value: rank 0's return value (what ``run()`` returned; None for scripts or failures).
-        rows: one dict per persisted ``report()`` step of this call: rank 0's metrics plus
-            ``step``, ``time`` (Unix seconds) and ``attempt`` (0, then 1 after the first restart).
-        checkpoint: the latest complete checkpoint (path or URL), or None.
         run_id: the run's id (pass it again as ``run_id=`` to resume from its checkpoint).
-        restarts: how many times the gang was restarted.
+        value: rank 0's return value (what ``run()`` returned; None for scripts or failures).
+        rows: one dict per ``report()`` step persisted by this call: rank 0's metrics plus
+            ``step``, ``time`` (Unix seconds) and ``attempt`` (0, then 1 after the first restart).
+        history: every step of the run across restarts and earlier ``run()`` calls with this
+            ``run_id`` (from its storage; a step reported again after a restart: the newest row).
+        checkpoint: the latest complete :class:`Checkpoint`, or None.
+        best_checkpoints: the run's kept checkpoints with their metrics, best first
+            (``checkpoint_score_attribute``/``checkpoint_score_order``; else newest first).
+        restarts: how many times the gang was restarted in this call.
         error: the exception when the run failed (``run()`` raised it too).
+        path: where the run's checkpoints and metrics are (None: no storage).
     """
 
     run_id: str
     value: Any = None
     rows: list[dict[str, Any]] = field(default_factory=list)
-    checkpoint: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: Checkpoint | None = None
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
     restarts: int = 0
     error: BaseException | None = None
+    path: str | None = None
 
     @property
-    def metrics(self) -> Any:
-        """``rows`` as a pandas DataFrame (columns: the reported keys, ``step``, ``time``, ``attempt``)."""
+    def metrics(self) -> dict[str, Any]:
+        """The last reported metrics (with ``step``, ``time``, ``attempt``); ``{}`` before any."""
+        rows = self.history or self.rows
+        return dict(rows[-1]) if rows else {}
+
+    @property
+    def metrics_dataframe(self) -> Any:
+        """The whole history as a pandas DataFrame (columns: the reported keys, ``step``, ``time``,
+        ``attempt``), one row per step."""
         try:
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - pandas comes with the spark extra
-            raise ImportError("RunResult.metrics needs pandas (pip install pandas); RunResult.rows has the same data") from exc
-        columns = ["step", "time", "attempt"]
-        frame = pd.DataFrame(self.rows)
+            raise ImportError("RunResult.metrics_dataframe needs pandas (pip install pandas); RunResult.history has the same data") from exc
+        frame = pd.DataFrame(self.history or self.rows)
         if frame.empty:
-            return pd.DataFrame(columns=columns)
-        ordered = [c for c in frame.columns if c not in columns] + columns
+            return pd.DataFrame(columns=list(_BOOKKEEPING))
+        ordered = [c for c in frame.columns if c not in _BOOKKEEPING] + list(_BOOKKEEPING)
         return frame[ordered].sort_values("step", kind="stable").reset_index(drop=True)
+
+    def collect(self, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
+        """Fill ``history``, ``checkpoint`` and ``best_checkpoints`` from the run's storage."""
+        if storage is None:
+            self.history = list(self.rows)
+            return
+        self.path = storage.url
+        self.history = storage.history() or list(self.rows)
+        complete, _ = storage.checkpoints()
+        self.checkpoint = Checkpoint._of(complete[-1], storage.options) if complete else None
+        self.best_checkpoints = [
+            (Checkpoint._of(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)
+        ]
+
+    @classmethod
+    def from_path(
+        cls,
+        storage_path: str | os.PathLike[str],
+        run_id: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        checkpoint_score_attribute: str | None = None,
+        checkpoint_score_order: str = "max",
+    ) -> RunResult:
+        """A past run, opened from its storage (its history and checkpoints; no value)."""
+        storage = RunStorage(os.fspath(storage_path), run_id, storage_options)
+        if not storage.exists():
+            raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
+        result = cls(run_id=run_id)
+        result.collect(storage, checkpoint_score_attribute, checkpoint_score_order)
+        return result
+
+
+def load_run(
+    storage_path: str | os.PathLike[str] = DEFAULT_STORAGE,
+    run_id: str = "",
+    *,
+    storage_options: dict[str, Any] | None = None,
+    checkpoint_score_attribute: str | None = None,
+    checkpoint_score_order: str = "max",
+) -> RunResult:
+    """Open a past run by its ``storage_path`` and ``run_id`` (``RunResult.from_path``)."""
+    if not run_id:
+        raise ValueError("load_run() needs the run_id (see distributor.last_run.run_id, or the directory names under storage_path)")
+    return RunResult.from_path(
+        storage_path,
+        run_id,
+        storage_options=storage_options,
+        checkpoint_score_attribute=checkpoint_score_attribute,
+        checkpoint_score_order=checkpoint_score_order,
+    )

@@ -183,6 +183,7 @@ class ReportTracker:
                 pass
         if self._mlflow is not None:
             try:
-                self._mlflow.close(self._outcome.checkpoint, self._outcome.error)
+                checkpoint = self._outcome.checkpoint
+                self._mlflow.close(checkpoint.path if checkpoint is not None else None, self._outcome.error)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("spark_torch: could not finish the MLflow run (%s)", exc)

@@ -113,11 +113,11 @@ def python_mismatch(driver: str, executors: list[str]) -> tuple[str | None, str 
 def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
     """``SPARK_TORCH_CHECKPOINT`` for the ranks: the checkpoint this attempt resumes from, as a
     local directory (storage that is not a local path is downloaded into the node's scratch)."""
-    if run.resume_url is None or run.storage_base is None:
+    if run.resume_url is None or run.storage is None:
         return {}
     from spark_torch.reporting.storage import CheckpointInfo, RunStorage
 
-    local = RunStorage(run.storage_base, run.run_id).download(
+    local = RunStorage(run.storage.base, run.run_id, run.storage.options).download(
         CheckpointInfo(step=run.resume_step, url=run.resume_url), os.path.join(workdir, "checkpoint")
     )
     return {envnames.CHECKPOINT: local}

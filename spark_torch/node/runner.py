@@ -7,6 +7,7 @@ by module name (``python -m spark_torch.rank.function_main`` / ``script_main``).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -93,6 +94,11 @@ def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str
     return [spec.python, "-m", RANK_MAIN_MODULE, payload_path, result_dir]
 
 
+def storage_file(workdir: str) -> str:
+    """Where a node describes the run's storage to its ranks (``SPARK_TORCH_STORAGE``)."""
+    return os.path.join(workdir, "storage.json")
+
+
 def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
     run = spec.run
     identity = RankIdentity(
@@ -118,8 +124,8 @@ def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
     # like torchrun: torch's @record writes the rank's error there; it becomes the traceback
     if envnames.TORCHELASTIC_ERROR_FILE not in run.extra_env:
         env[envnames.TORCHELASTIC_ERROR_FILE] = envelopes.elastic_error_path(workdir, identity.rank)
-    if run.storage_base is not None:
-        env[envnames.STORAGE] = f"{run.storage_base}\n{run.run_id}\n{run.storage_token}"
+    if run.storage is not None:
+        env[envnames.STORAGE] = storage_file(workdir)
         env[envnames.START_STEP] = str(run.resume_step)
     if spec.agent_store:
         env[envnames.TORCHELASTIC_USE_AGENT_STORE] = "True"
@@ -174,6 +180,10 @@ def run_node(
     exited: list[tuple[RankProcess, float]] = []
     changed = threading.Condition()
     try:
+        if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
+            storage = spec.run.storage
+            description = {"base": storage.base, "run_id": spec.run.run_id, "token": storage.token, "options": dict(storage.options)}
+            envelopes.write_atomic(storage_file(workdir_path), json.dumps(description).encode("utf-8"))
         payload_path = None
         if spec.run.payload is not None:
             payload_path = os.path.join(workdir_path, "payload.pkl")

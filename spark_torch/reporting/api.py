@@ -120,15 +120,17 @@ class _Reporter:
         if self._storage is None:
             from spark_torch.reporting.storage import RunStorage
 
-            spec = os.environ.get(envnames.STORAGE)
-            if not spec:
+            path = os.environ.get(envnames.STORAGE)
+            if not path:
                 raise RuntimeError(
                     "report(checkpoint=...): this run has no storage for checkpoints (the default "
                     "~/spark_torch_runs could not be created on the driver; see its warning): pass "
                     "storage_path= to the Distributor"
                 )
-            base, run_id, token = spec.split("\n", 2)
-            self._storage = RunStorage(base, run_id)
+            with open(path, encoding="utf-8") as fh:
+                spec = json.load(fh)
+            token = str(spec["token"])
+            self._storage = RunStorage(str(spec["base"]), str(spec["run_id"]), spec.get("options") or {})
             if not self._storage.visible(token):
                 host = os.uname().nodename
                 raise RuntimeError(

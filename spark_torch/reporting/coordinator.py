@@ -38,6 +38,7 @@ class ReportCoordinator:
         on_row: Callable[[dict[str, Any]], None],
         answer: Callable[[int, str | None], None],
         keep_checkpoints: int | None = None,
+        score: tuple[str | None, str] = (None, "max"),
     ) -> None:
         self._nodes = nodes
         self._attempt = attempt
@@ -45,6 +46,7 @@ class ReportCoordinator:
         self._on_row = on_row
         self._answer = answer
         self._keep = keep_checkpoints
+        self._score = score
         self._lock = threading.Lock()
         self._pending: dict[int, dict[int, dict[str, Any]]] = {}
         #: the last step answered (replayed to a node that reconnects)
@@ -87,15 +89,15 @@ class ReportCoordinator:
     def _persist(self, step: int, reports: dict[int, dict[str, Any]]) -> None:
         error = None
         try:
+            metrics: dict[str, Any] = next((rep["metrics"] for rep in reports.values() if rep["metrics"] is not None), {})
+            row = {**metrics, "step": step, "time": time.time(), "attempt": self._attempt}
             ranks = sorted(r for rep in reports.values() for r in rep["checkpoint_ranks"])
             if ranks:
                 if self._storage is None:  # pragma: no cover - the ranks refuse first
                     raise RuntimeError("this run has no storage for checkpoints")
-                self._storage.complete(step, self._attempt, ranks)
+                self._storage.complete(step, self._attempt, ranks, metrics=row)
                 if self._keep:
-                    self._storage.prune(self._keep)
-            metrics: dict[str, Any] = next((rep["metrics"] for rep in reports.values() if rep["metrics"] is not None), {})
-            row = {**metrics, "step": step, "time": time.time(), "attempt": self._attempt}
+                    self._storage.prune(self._keep, *self._score)
             if self._storage is not None:
                 self._storage.append_metrics(row)
             self._on_row(row)

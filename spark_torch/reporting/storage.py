@@ -4,8 +4,9 @@
 Layout of one run::
 
     STORAGE/RUN_ID/checkpoint_000005/...            files the ranks wrote (merged)
-    STORAGE/RUN_ID/checkpoint_000005/.spark_torch   manifest, written last by the driver:
-                                                    a checkpoint without it is incomplete
+    STORAGE/RUN_ID/checkpoint_000005/.spark_torch   manifest, written last by the driver (with
+                                                    the step's metrics): a checkpoint without
+                                                    it is incomplete
     STORAGE/RUN_ID/metrics.jsonl                    one JSON row per report() of rank 0
 
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
@@ -22,10 +23,11 @@ import posixpath
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE"]
+__all__ = ["RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "best"]
 
 MANIFEST = ".spark_torch"
 METRICS = "metrics.jsonl"
@@ -38,15 +40,41 @@ _CHECKPOINT = re.compile(r"^checkpoint_(\d{6,})$")
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """A complete checkpoint: its step and where it is."""
+    """A complete checkpoint: its step, where it is, and the metrics reported with it."""
 
     step: int
     url: str
     attempt: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+#: Databricks mounts DBFS here on the driver and every executor
+DBFS_MOUNT = "/dbfs"
 
 
 def _is_local(url: str) -> bool:
     return "://" not in url and not url.startswith("dbfs:")
+
+
+def local_base(base: str) -> str:
+    """``dbfs:/path`` as ``/dbfs/path`` where Databricks mounts DBFS (the mount needs nothing);
+    elsewhere as ``dbfs://path`` for fsspec's Databricks filesystem (which needs
+    ``storage_options={"instance": ..., "token": ...}``; fsspec would take ``dbfs:/path`` for a
+    local directory named ``dbfs:``). Other storage unchanged."""
+    if base.startswith("dbfs:"):
+        path = base[len("dbfs:"):].lstrip("/")
+        return os.path.join(DBFS_MOUNT, path) if os.path.isdir(DBFS_MOUNT) else f"dbfs://{path}"
+    return base
+
+
+def storage_error(url: str, exc: BaseException) -> str:
+    """One sentence about a storage failure, whatever fsspec backend raised it."""
+    return (
+        f"the run's storage {url} cannot be used ({type(exc).__name__}: {exc}); check the path or URL, that its "
+        "filesystem package is installed (s3fs for s3://, gcsfs for gs://, adlfs for abfss://) and the "
+        "credentials it needs (storage_options=, e.g. {'key': ..., 'secret': ...} or {'client_kwargs': "
+        "{'endpoint_url': ...}} for S3; {'instance': ..., 'token': ...} for dbfs:// off Databricks)"
+    )
 
 
 def _fsync(path: str, directory: bool = False) -> None:
@@ -68,12 +96,34 @@ def _fsync_copy(source: str, target: str) -> None:
     _fsync(os.path.dirname(target), directory=True)
 
 
+def _score(checkpoint: CheckpointInfo, score: str) -> float | None:
+    value = checkpoint.metrics.get(score)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def best(checkpoints: list[CheckpointInfo], score: str | None, order: str = "max") -> list[CheckpointInfo]:
+    """``checkpoints`` best first by the metric ``score`` (``order`` "max" or "min"; the ones
+    without it last, newest first); without ``score``: newest first."""
+    if not score:
+        return sorted(checkpoints, key=lambda c: -c.step)
+    sign = -1.0 if order == "max" else 1.0
+
+    def key(c: CheckpointInfo) -> tuple[int, float, int]:
+        value = _score(c, score)
+        return (1, 0.0, -c.step) if value is None else (0, sign * value, -c.step)
+
+    return sorted(checkpoints, key=key)
+
+
 class RunStorage:
     """The storage of one run (``base``/``run_id``)."""
 
-    def __init__(self, base: str, run_id: str) -> None:
+    def __init__(self, base: str, run_id: str, options: Mapping[str, Any] | None = None) -> None:
+        base = local_base(base)
         self.base = os.path.abspath(os.path.expanduser(base)) if _is_local(base) else base.rstrip("/")
         self.run_id = run_id
+        #: fsspec's keyword arguments for the filesystem (credentials, endpoint...)
+        self.options = dict(options or {})
         self.local = _is_local(self.base)
         self.url = os.path.join(self.base, run_id) if self.local else f"{self.base}/{run_id}"
         self._fs: Any = None
@@ -86,7 +136,7 @@ class RunStorage:
         if self._fs is None:
             from fsspec.core import url_to_fs
 
-            self._fs, self._root = url_to_fs(self.url)
+            self._fs, self._root = url_to_fs(self.url, **self.options)
         return self._fs
 
     def _path(self, *parts: str) -> str:
@@ -109,6 +159,12 @@ class RunStorage:
         else:
             self.fs.makedirs(self._path(), exist_ok=True)
             self.fs.pipe_file(self._path(RUN_MARKER), token.encode("utf-8"))
+
+    def exists(self) -> bool:
+        """Whether the run's directory exists (a run of this id was started here)."""
+        if self.local:
+            return os.path.isdir(self.url)
+        return bool(self.fs.exists(self._path()))
 
     def visible(self, token: str) -> bool:
         """Whether this host sees the driver's run directory (the same ``token`` in its marker)."""
@@ -152,9 +208,12 @@ class RunStorage:
                 self.fs.put_file(os.path.join(root, file), posixpath.join(remote_dir, file))
 
     # driver
-    def complete(self, step: int, attempt: int, ranks: list[int]) -> None:
-        """Mark checkpoint ``step`` complete: write its manifest (last)."""
-        manifest = json.dumps({"step": step, "attempt": attempt, "time": time.time(), "ranks": ranks})
+    def complete(self, step: int, attempt: int, ranks: list[int], metrics: Mapping[str, Any] | None = None) -> None:
+        """Mark checkpoint ``step`` complete: write its manifest (last), with the step's metrics."""
+        manifest = json.dumps(
+            {"step": step, "attempt": attempt, "time": time.time(), "ranks": ranks, "metrics": dict(metrics or {})},
+            default=str,
+        )
         name = f"checkpoint_{step:06d}"
         if self.local:
             os.makedirs(os.path.join(self.url, name), exist_ok=True)
@@ -181,10 +240,21 @@ class RunStorage:
         except FileNotFoundError:
             return []
 
-    def _has_manifest(self, name: str) -> bool:
-        if self.local:
-            return os.path.isfile(os.path.join(self.url, name, MANIFEST))
-        return bool(self.fs.exists(self._path(name, MANIFEST)))
+    def _manifest(self, name: str) -> dict[str, Any] | None:
+        """A checkpoint's manifest, or None while it is incomplete."""
+        try:
+            if self.local:
+                with open(os.path.join(self.url, name, MANIFEST), "rb") as fh:
+                    raw = fh.read()
+            else:
+                raw = self.fs.cat_file(self._path(name, MANIFEST))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return {}  # written by hand or cut short: complete, without details
+        return data if isinstance(data, dict) else {}
 
     def checkpoints(self) -> tuple[list[CheckpointInfo], list[int]]:
         """(complete checkpoints by step, steps of incomplete checkpoint directories)."""
@@ -194,8 +264,17 @@ class RunStorage:
             if not match:
                 continue
             step = int(match.group(1))
-            if self._has_manifest(name):
-                complete.append(CheckpointInfo(step=step, url=self.checkpoint_url(step)))
+            manifest = self._manifest(name)
+            if manifest is not None:
+                metrics = manifest.get("metrics")
+                complete.append(
+                    CheckpointInfo(
+                        step=step,
+                        url=self.checkpoint_url(step),
+                        attempt=int(manifest.get("attempt") or 0),
+                        metrics=metrics if isinstance(metrics, dict) else {},
+                    )
+                )
             else:
                 incomplete.append(step)
         return sorted(complete, key=lambda c: c.step), sorted(incomplete)
@@ -223,14 +302,41 @@ class RunStorage:
             if partial > step:
                 self.remove_checkpoint(partial)
 
-    def prune(self, keep: int) -> list[int]:
-        """Keep the newest ``keep`` complete checkpoints (never the latest); returns removed steps.
-        Incomplete ones are never touched here: one may be being written."""
+    def prune(self, keep: int, score: str | None = None, order: str = "max") -> list[int]:
+        """Keep ``keep`` complete checkpoints: the newest ones, or with ``score`` the best by that
+        metric (``order`` "max" or "min"; without the metric: worst); the latest is always kept
+        too (a restart resumes from it). Returns removed steps. Incomplete ones are never
+        touched here: one may be being written."""
         complete, _ = self.checkpoints()
-        old = [c.step for c in complete[: max(0, len(complete) - max(1, keep))]]
+        if not complete:
+            return []
+        kept = {c.step for c in best(complete, score, order)[: max(1, keep)]} | {complete[-1].step}
+        old = [c.step for c in complete if c.step not in kept]
         for step in old:
             self.remove_checkpoint(step)
         return old
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every reported step of the run, across attempts and ``run()`` calls with this run id:
+        one row per step (a step reported again after a restart: the newest row)."""
+        path = os.path.join(self.url, METRICS) if self.local else self._path(METRICS)
+        try:
+            if self.local:
+                with open(path, "rb") as fh:
+                    raw = fh.read()
+            else:
+                raw = self.fs.cat_file(path)
+        except FileNotFoundError:
+            return []
+        rows: dict[int, dict[str, Any]] = {}
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows[row["step"]] = row
+        return [rows[step] for step in sorted(rows)]
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         """Append one row to the run's metrics log."""
