@@ -7,6 +7,7 @@ makes; nothing here launches processes by itself.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -39,6 +40,25 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _log_ranks(text: str) -> Any:
+    if text in ("all", "none"):
+        return text
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--log-ranks takes all, none, or rank numbers like 0,1; got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to render --help in the docs)."""
     parser = argparse.ArgumentParser(
@@ -60,10 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("-n", "--num-processes", type=int, default=1, help="total ranks (default 1)")
     where = run.add_mutually_exclusive_group()
-    where.add_argument("--local", dest="local_mode", action="store_true", default=True,
-                       help="all ranks on this machine (default)")
-    where.add_argument("--distributed", dest="local_mode", action="store_false",
-                       help="one Spark barrier task per node on the executors")
+    where.add_argument("--local", dest="local_mode", action="store_const", const=True, default=None,
+                       help="all ranks on this machine (the default without --master)")
+    where.add_argument("--distributed", dest="local_mode", action="store_const", const=False,
+                       help="one Spark barrier task per node on the executors (the default with --master)")
     device = run.add_mutually_exclusive_group()
     device.add_argument("--gpu", dest="use_gpu", action="store_const", const=True, default=None,
                         help="use the GPUs Spark assigns (default: auto)")
@@ -80,7 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", default=None, metavar="ID",
                      help="the run's name in the storage; an existing one resumes from its latest checkpoint")
     run.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
-                     help="keep only the N newest checkpoints (default: all)")
+                     help="keep only N checkpoints: the newest, or the best by --checkpoint-score (default: all)")
+    run.add_argument("--checkpoint-score", default=None, metavar="METRIC[:min]",
+                     help="rank checkpoints by this reported metric (higher is better; METRIC:min for lower)")
+    run.add_argument("--storage-options", type=_json_object, default=None, metavar="JSON",
+                     help="fsspec options of the storage as a JSON object, e.g. '{\"anon\": false}'")
+    run.add_argument("--log-ranks", default="all", metavar="all|none|0,1,...",
+                     help="whose output to print (default all; the others still go to --log-dir)")
+    run.add_argument("--log-dir", default=None, metavar="DIR", help="also write each rank's output to DIR/rank-N.log")
+    run.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=None,
+                     help="log the reported metrics to MLflow (default: when an MLflow run is active)")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="show the live status line (default: in a terminal)")
     run.add_argument("script", metavar="SCRIPT", help="path of the training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments of the script")
 
@@ -124,10 +155,17 @@ def _run(args: argparse.Namespace) -> int:
     from spark_torch.errors import ConfigurationError, DistributedRunError, LaunchError, PicklingError
 
     try:
-        spark = _session(args, needed=not args.local_mode)
+        local_mode = args.local_mode
+        if local_mode is None:
+            local_mode = args.master is None
+            if not local_mode:  # a master says where to run: never silently ignored
+                print(f"spark-torch: --master {args.master}: running distributed (pass --local to run every "
+                      "rank on this machine)", file=sys.stderr)
+        score, _, order = (args.checkpoint_score or "").partition(":")
+        spark = _session(args, needed=not local_mode)
         distributor = Distributor(
             num_processes=args.num_processes,
-            local_mode=args.local_mode,
+            local_mode=local_mode,
             use_gpu=args.use_gpu,
             spark=spark,
             env=dict(args.env),
@@ -137,18 +175,25 @@ def _run(args: argparse.Namespace) -> int:
             storage_path=args.storage_path,
             run_id=args.run_id,
             keep_checkpoints=args.keep_checkpoints,
+            checkpoint_score_attribute=score or None,
+            checkpoint_score_order=order or "max",
+            storage_options=args.storage_options,
+            log_ranks=_log_ranks(args.log_ranks),
+            log_dir=args.log_dir,
+            mlflow=args.mlflow,
+            progress=args.progress,
         )
         distributor.run(args.script, *args.script_args)
         if distributor.last_run is not None and distributor.last_run.rows:
             last = distributor.last_run
             print(
                 f"spark-torch: run {last.run_id}: {len(last.rows)} report(s), latest checkpoint "
-                f"{last.checkpoint or '(none)'}", file=sys.stderr,
+                f"{last.checkpoint.path if last.checkpoint else '(none)'}", file=sys.stderr,
             )
     except KeyboardInterrupt:
         print("spark-torch: interrupted; every rank was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (ConfigurationError, PicklingError, FileNotFoundError, IsADirectoryError, PermissionError, TypeError) as exc:
+    except (ConfigurationError, PicklingError, FileNotFoundError, IsADirectoryError, PermissionError, TypeError, ValueError) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)
         return EXIT_USAGE
     except DistributedRunError as exc:

@@ -188,3 +188,25 @@ def test_run_with_storage_and_resume(tmp_path: Path) -> None:
     env["EPOCHS"] = "3"
     again = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and "1 report(s), latest checkpoint" in again.stderr and "checkpoint_000003" in again.stderr
+
+
+def test_master_without_distributed_runs_distributed_and_says_so(tmp_path: Path) -> None:
+    """--master used to be ignored without --distributed (every rank ran on the driver)."""
+    done = cli("run", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1", "-n", "2",
+               str(SCRIPTS / "env_dump.py"), str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--master local[2]: running distributed (pass --local to run every rank on this machine)" in done.stderr
+    assert json.loads((tmp_path / "rank-1.json").read_text())["NODE_RANK"] == "1"  # a node per rank: barrier tasks
+
+
+def test_logging_and_storage_flags(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    done = cli("run", "-n", "2", "--log-ranks", "0", "--log-dir", str(logs), "--no-progress", "--no-mlflow",
+               "--storage-options", "{}", str(SCRIPTS / "env_dump.py"), str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[rank 0]" in done.stdout and "[rank 1]" not in done.stdout
+    assert "env written by rank 1" in (logs / "rank-1.log").read_text()
+    bad = cli("run", "--storage-options", "[1]", str(SCRIPTS / "env_dump.py"), str(tmp_path))
+    assert bad.returncode == 2 and "--storage-options: expected a JSON object, got '[1]'" in bad.stderr
+    bad = cli("run", "--log-ranks", "first", str(SCRIPTS / "env_dump.py"), str(tmp_path))
+    assert bad.returncode == 2 and "--log-ranks takes all, none, or rank numbers like 0,1; got 'first'" in bad.stderr
