@@ -13,7 +13,7 @@ from typing import Protocol
 __all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines", "RankOutput", "EVENTS"]
 
 #: the states of a rank that :meth:`RankOutput.rank_event` reports
-EVENTS = ("started", "finished", "failed")
+EVENTS = ("started", "finished", "failed", "stopped")
 
 
 class RankOutput(Protocol):
@@ -26,7 +26,7 @@ class RankOutput(Protocol):
         """A batch ended (one pipe read, one frame): make what was written visible."""
 
     def rank_event(self, rank: int, state: str) -> None:
-        """A rank ``started``, ``finished`` or ``failed``."""
+        """A rank ``started``, ``finished``, ``failed`` or was ``stopped`` by spark_torch."""
 
 
 #: longer lines are split into pieces of this many characters, each marked as continued

@@ -31,7 +31,7 @@ def test_unit_counts_and_summary(capsys: pytest.CaptureFixture[str]) -> None:
         print("a log line")
     status.close()
     err = capsys.readouterr().err
-    assert re.search(r"spark_torch: 2 rank\(s\): 1 finished, 1 failed, 0 stopped or not started, in \d+\.\ds", err)
+    assert re.search(r"spark_torch: 2 rank\(s\): 1 finished, 1 failed, 0 stopped, 0 not started, in \d+\.\ds", err)
     assert "spark_torch ranks" in err  # the bar was drawn
 
 
@@ -62,3 +62,20 @@ def test_importing_ipykernel_is_not_interactive() -> None:
     from spark_torch.driver.progress import interactive
 
     assert interactive() is False
+
+
+def hang() -> None:
+    import time
+
+    print("waiting", flush=True)
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("local_mode", [True, False])
+def test_a_timeout_counts_stopped_ranks(local_mode: bool, spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+    """Ranks stopped by spark_torch (here: the timeout) are counted as stopped, not failed."""
+    from spark_torch import RunTimeoutError
+
+    with pytest.raises(RunTimeoutError):
+        Distributor(num_processes=2, local_mode=local_mode, spark=spark_session, progress=True, timeout=8).run(hang)
+    assert "spark_torch: 2 rank(s): 0 finished, 0 failed, 2 stopped, 0 not started" in capsys.readouterr().err

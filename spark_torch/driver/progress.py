@@ -1,9 +1,10 @@
-"""A compact live status of a run (ranks started / running / finished / failed, elapsed).
+"""A compact live status of a run (ranks started / running / finished / failed / stopped, elapsed).
 
-Rendered with tqdm on the driver's ``sys.stderr`` (a text bar that works in a terminal and in
-Jupyter); log lines are written around it (the bar is cleared, the line written, the bar
-redrawn) so they never garble each other. At the end the bar collapses into one summary line.
-By default it is shown only when output is interactive (a terminal, or a Jupyter kernel).
+In a terminal it is a tqdm line on the driver's ``sys.stderr``; log lines are written around it
+(the line is cleared, the log written, the line redrawn) so they never garble each other. In
+Jupyter it is one output updated in place (``display_id``: any frontend, no widgets needed, and
+a stored notebook keeps only its last state). At the end it becomes one summary line. By
+default it is shown only when output is interactive (a terminal, or a Jupyter kernel).
 """
 
 from __future__ import annotations
@@ -35,8 +36,60 @@ def interactive() -> bool:
         return False
 
 
+class _Terminal:
+    """A tqdm line on stderr."""
+
+    def __init__(self, world_size: int) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            total=world_size,
+            desc="spark_torch ranks",
+            unit="rank",
+            file=sys.stderr,
+            leave=False,
+            dynamic_ncols=True,
+            bar_format="{desc}: {postfix} [{elapsed}]",
+        )
+
+    def show(self, text: str) -> None:
+        self._bar.set_postfix_str(text, refresh=True)
+
+    def clear(self) -> None:
+        self._bar.clear()
+
+    def redraw(self) -> None:
+        self._bar.refresh()
+
+    def close(self, summary: str) -> None:
+        self._bar.close()
+        sys.stderr.write(summary + "\n")
+        sys.stderr.flush()
+
+
+class _Notebook:
+    """One output of the cell, updated in place."""
+
+    def __init__(self) -> None:
+        from IPython.display import display
+
+        self._handle: Any = display({"text/plain": "spark_torch ranks: starting"}, raw=True, display_id=True)
+
+    def show(self, text: str) -> None:
+        self._handle.update({"text/plain": f"spark_torch ranks: {text}"}, raw=True)
+
+    def clear(self) -> None:
+        """Nothing to clear: log lines are printed below the status."""
+
+    def redraw(self) -> None:
+        """See :meth:`clear`."""
+
+    def close(self, summary: str) -> None:
+        self._handle.update({"text/plain": summary}, raw=True)
+
+
 class RunStatus:
-    """Counts rank states for one run and renders them (when ``enabled``)."""
+    """Counts rank states for one attempt and renders them (when ``enabled``)."""
 
     def __init__(self, world_size: int, enabled: bool) -> None:
         self.world_size = world_size
@@ -44,36 +97,26 @@ class RunStatus:
         self.started = 0
         self.finished = 0
         self.failed = 0
+        self.stopped = 0
         #: the latest reported metrics, shown after the counts
         self.latest = ""
         self._start = time.monotonic()
         self._lock = threading.RLock()
-        self._bar: Any = None
+        self._view: _Terminal | _Notebook | None = None
         if enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                total=world_size,
-                desc="spark_torch ranks",
-                unit="rank",
-                file=sys.stderr,
-                leave=False,
-                dynamic_ncols=True,
-                bar_format="{desc}: {postfix} [{elapsed}]",
-            )
+            self._view = _Notebook() if in_jupyter() else _Terminal(world_size)
             self._render()
 
     @property
     def running(self) -> int:
         """Ranks started and not yet exited."""
-        return self.started - self.finished - self.failed
+        return self.started - self.finished - self.failed - self.stopped
 
     def _render(self) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix_str(
-                f"{self.started}/{self.world_size} started, {self.running} running, "
-                f"{self.finished} finished, {self.failed} failed{self.latest}",
-                refresh=True,
+        if self._view is not None:
+            self._view.show(
+                f"{self.started}/{self.world_size} started, {self.running} running, {self.finished} finished, "
+                f"{self.failed} failed, {self.stopped} stopped{self.latest}"
             )
 
     def metrics(self, row: dict[str, Any]) -> None:
@@ -88,7 +131,8 @@ class RunStatus:
             self._render()
 
     def event(self, rank: int, state: str) -> None:
-        """A rank ``started``, ``finished`` or ``failed``."""
+        """A rank ``started``, ``finished``, ``failed`` or ``stopped`` (by spark_torch: a timeout,
+        Ctrl-C, another rank's failure)."""
         with self._lock:
             if state == "started":
                 self.started += 1
@@ -96,35 +140,37 @@ class RunStatus:
                 self.finished += 1
             elif state == "failed":
                 self.failed += 1
+            elif state == "stopped":
+                self.stopped += 1
+            else:
+                return
             self._render()
 
     @contextmanager
     def around_output(self) -> Iterator[None]:
-        """Clear the bar while log lines are written, then redraw it."""
+        """Clear the status line while log lines are written, then redraw it."""
         with self._lock:
-            if self._bar is None:
+            if self._view is None:
                 yield
                 return
-            self._bar.clear()
+            self._view.clear()
             try:
                 yield
             finally:
-                self._bar.refresh()
+                self._view.redraw()
 
     def summary(self) -> str:
         """One line: how the ranks ended and how long the run took."""
         return (
             f"spark_torch: {self.world_size} rank(s): {self.finished} finished, {self.failed} failed, "
-            f"{max(0, self.world_size - self.finished - self.failed)} stopped or not started, "
+            f"{self.stopped} stopped, {max(0, self.world_size - self.started)} not started, "
             f"in {time.monotonic() - self._start:.1f}s{self.latest.replace(' | ', '; last ', 1)}"
         )
 
     def close(self) -> None:
-        """Remove the bar and, when shown, leave the summary line instead."""
+        """Remove the live line and, when shown, leave the summary line instead."""
         with self._lock:
-            if self._bar is None:
+            if self._view is None:
                 return
-            self._bar.close()
-            self._bar = None
-            sys.stderr.write(self.summary() + "\n")
-            sys.stderr.flush()
+            view, self._view = self._view, None
+            view.close(self.summary())

@@ -9,6 +9,7 @@ asked (one MLflow run per ``run()``, restarts included).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -124,6 +125,8 @@ class _MlflowLog:
 def _mlflow_for(config: DistributorConfig, plan: LaunchPlan, run_id: str) -> _MlflowLog | None:
     if config.mlflow is False:
         return None
+    if config.mlflow is None and "mlflow" not in sys.modules:
+        return None  # no active MLflow run without mlflow imported (importing it costs seconds and warnings)
     try:
         import mlflow
     except ImportError:

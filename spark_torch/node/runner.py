@@ -179,6 +179,7 @@ def run_node(
     cleaned = False
     exited: list[tuple[RankProcess, float]] = []
     changed = threading.Condition()
+    stopping = threading.Event()  # set once the node stops its ranks (their exits are "stopped")
     try:
         if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
             storage = spec.run.storage
@@ -192,7 +193,11 @@ def run_node(
 
         def watch(proc: RankProcess) -> None:
             proc.popen.wait()
-            on_lines.rank_event(proc.rank, "finished" if proc.popen.returncode == 0 else "failed")
+            if proc.popen.returncode == 0:
+                state = "finished"
+            else:  # a rank this node was already stopping did not fail by itself
+                state = "stopped" if stopping.is_set() else "failed"
+            on_lines.rank_event(proc.rank, state)
             with changed:
                 exited.append((proc, time.time()))
                 changed.notify_all()
@@ -261,6 +266,7 @@ def run_node(
                 )
                 for p in still_running
             ]
+        stopping.set()
         kill_group(procs, grace=GRACE_SECONDS, marker=marker)
         cleaned = True
         for proc in procs:
@@ -281,4 +287,5 @@ def run_node(
         return outcome, pickled
     finally:
         if procs and not cleaned:  # an exception (Ctrl-C): a short grace, then SIGKILL
+            stopping.set()
             kill_group(procs, grace=INTERRUPT_GRACE_SECONDS, marker=marker)
