@@ -235,3 +235,4 @@ class DriverChannel:
             self._expiry.cancel()
             self._expiry.join(1.0)
         self._server.close()
+        self._bulk_log.flush("spark_torch channel: nodes whose data the driver could not take")

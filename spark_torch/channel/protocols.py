@@ -34,4 +34,6 @@ class BulkSink(Protocol):
     (:class:`~spark_torch.node.result_transfer.StreamedResult`)."""
 
     def piece(self, node: int, header: Any, data: Any) -> None:
-        """One piece (authenticated, in order, exactly once); raises ValueError when unexpected."""
+        """One piece (authenticated, in order, exactly once); raises ValueError when unexpected,
+        OSError when it cannot be stored. Whatever it raises, the node is told and its stream
+        fails (its ``send_bulk``/``drain``), and the node's later pieces are not handed on."""
