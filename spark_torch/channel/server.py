@@ -159,8 +159,7 @@ class ChannelServer:
                     self._drop(oldest, f"no answer within the {HANDSHAKE_SECONDS:g}s handshake deadline")
         finally:
             for pending in list(self._pending.values()):
-                self._forget(pending)
-                pending.sock.close()
+                self._drop(pending, "the channel closed during its handshake")
             self._selector.close()
             self._listener.close()
 

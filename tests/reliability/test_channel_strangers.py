@@ -104,3 +104,18 @@ def test_pending_handshakes_cost_no_thread_and_are_bounded_per_address() -> None
         for sock in socks:
             sock.close()
         driver.close()
+
+
+def test_a_handshake_pending_at_close_counts_as_rejected() -> None:
+    """A stranger still in its handshake when the run ends was refused too (counted, closed)."""
+    driver, _ = _driver()
+    sock = socket.create_connection(("127.0.0.1", driver.port))
+    try:
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"spark-torch-channel")  # the greeting: it is pending
+        driver.close()
+        assert driver.rejected == 1
+        assert sock.recv(4096) == b"", "the pending connection was not closed"
+    finally:
+        sock.close()
+        driver.close()
