@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ def what_a_rank_sees(marker: str) -> dict[str, Any]:
         "seed": torch.initial_seed(),
         "leaked": leaked,
         "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
+        "ppid": os.getppid(),
         "torch_imported_before": "torch" in sys.modules,
     }
 
@@ -78,7 +80,15 @@ def test_runs_do_not_leak_into_each_other_and_seeds_differ(no_leftovers: None) -
 
 
 def _templates() -> list[psutil.Process]:
-    return [c for c in psutil.Process().children() if "spark_torch.node.template_main" in " ".join(c.cmdline())]
+    """The templates this process started and that still run."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "spark_torch.node.template_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
@@ -107,13 +117,103 @@ def test_warm_start_can_be_turned_off(value: str, no_leftovers: None) -> None:
     assert "spark_torch.node.template_main" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
 
 
+def what_starts_with_the_interpreter() -> dict[str, Any]:
+    """What a rank's interpreter took from its environment when it started, and what it got
+    from its node runner (umask, limits), plus every descriptor it holds."""
+    import resource
+    import sys
+    import warnings
+
+    import torch  # noqa: F401 - as a training function would: its import-time settings apply
+
+    with open("/proc/self/status") as fh:
+        umask = next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own descriptor, closed again
+            pass
+    return {
+        "hash": hash("spark_torch"),
+        "warnoptions": list(sys.warnoptions),
+        "filters": [(f[0], f[2].__name__) for f in warnings.filters if f[1] is None and f[3] is None][:3],
+        "dont_write_bytecode": sys.dont_write_bytecode,
+        "umask": umask,
+        "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+        "fds": fds,
+        "report_fds": [int(fd) for fd in os.environ.get("SPARK_TORCH_REPORT_FDS", "").split(",") if fd],
+        "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
+    }
+
+
+def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(no_leftovers: None) -> None:
+    """Interpreter-start settings of env= (hash seed, warnings, bytecode), and the node
+    runner's umask and open-files limit as they are when the rank starts (changed after its
+    template started): warm ranks get them as cold ranks do."""
+    import resource
+
+    env = {"PYTHONHASHSEED": "123", "PYTHONWARNINGS": "ignore::UserWarning", "PYTHONDONTWRITEBYTECODE": "1"}
+    before = set(_templates())
+    Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)  # starts their template
+    mask = os.umask(0o027)
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limits[0], 4096) - 3, limits[1]))
+    try:
+        warm = Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)
+        cold = Distributor(num_processes=1, env=env, warm_start=False).run(what_starts_with_the_interpreter)
+    finally:
+        os.umask(mask)
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        for template in set(_templates()) - before:  # the one for these settings
+            template.kill()
+    assert "spark_torch.node.template_main" in warm["ppid_cmd"] and "spark_torch.node.template_main" not in cold["ppid_cmd"]
+    assert cold["hash"] == warm["hash"] and cold["warnoptions"] == warm["warnoptions"] == ["ignore::UserWarning"]
+    assert cold["filters"] == warm["filters"] and ("ignore", "UserWarning") in warm["filters"]
+    assert cold["dont_write_bytecode"] is warm["dont_write_bytecode"] is True
+    assert cold["umask"] == warm["umask"] == 0o027
+    assert cold["nofile"] == warm["nofile"] == [min(limits[0], 4096) - 3, limits[1]]
+
+
+def test_ranks_hold_no_descriptor_but_their_own(no_leftovers: None) -> None:
+    """A warm rank holds stdin/stdout/stderr and its report pipes, as a cold rank does: nothing
+    of the template (its socket, pidfds, pipes) and nothing of other runs' requests."""
+    warm = Distributor(num_processes=2).run(what_starts_with_the_interpreter)
+    cold = Distributor(num_processes=2, warm_start=False).run(what_starts_with_the_interpreter)
+    assert "spark_torch.node.template_main" in warm["ppid_cmd"]
+    for seen in (warm, cold):
+        assert set(seen["fds"]) == {0, 1, 2, *seen["report_fds"]}, seen["fds"]
+    assert len(warm["report_fds"]) == len(cold["report_fds"])
+
+
+def test_an_idle_template_exits_and_a_later_run_starts_a_new_one(no_leftovers: None) -> None:
+    """warm_start_idle: the template ends that long after its last rank, this process reaps it
+    (no zombie), and the next run starts a new one."""
+    first = Distributor(num_processes=1, warm_start_idle=1.0).run(what_a_rank_sees, "idle")
+    template = psutil.Process(first["ppid"])
+    assert "spark_torch.node.template_main" in " ".join(template.cmdline())
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(template.pid):
+        assert time.monotonic() < deadline, (
+            f"template {template.pid} still there ({template.status()}) 60 s after its 1 s idle timeout: "
+            "not ended when idle, or not reaped by the process that started it"
+        )
+        time.sleep(0.05)
+    second = Distributor(num_processes=2, warm_start_idle=1.0).run(what_a_rank_sees, "after")
+    assert "spark_torch.node.template_main" in second["ppid_cmd"] and second["leaked"] is None
+    (rebuilt,) = _templates()
+    assert rebuilt.pid != template.pid
+
+
 def template_of_rank() -> list[dict[str, Any]]:
-    """On every rank: the template that forked it and the owner it serves (its last argument)."""
+    """On every rank: the template that forked it and the owner it serves (its argument after the socket)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
     parent = psutil.Process(os.getppid())
-    mine = {"template": parent.pid, "cmdline": " ".join(parent.cmdline()), "owner": int(parent.cmdline()[-1])}
+    argv = parent.cmdline()  # python -m spark_torch.node.template_main SOCKET OWNER IDLE
+    owner = int(argv[argv.index("spark_torch.node.template_main") + 2])
+    mine = {"template": parent.pid, "cmdline": " ".join(argv), "owner": owner}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     dist.destroy_process_group()
@@ -176,6 +276,8 @@ def who_hosts_the_store() -> list[dict[str, Any]]:
         "listens": any(c.pid == os.getpid() for c in listening),
         "host_cmd": " ".join(psutil.Process(listening[0].pid).cmdline()) if listening and listening[0].pid else "",
         "agent": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
+        "host_parent": psutil.Process(listening[0].pid).ppid() if listening and listening[0].pid else None,
+        "parent": os.getppid(),
     }
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -184,9 +286,11 @@ def who_hosts_the_store() -> list[dict[str, Any]]:
 
 
 def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
+    os.environ.pop("PYTHONUNBUFFERED", None)  # ranks get it anyway (rank_env): the store host must too
     out = Distributor(num_processes=2).run(who_hosts_the_store)
     assert [r["listens"] for r in out] == [False, False]
     assert all("spark_torch.node.template_main" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert all(r["host_parent"] == r["parent"] for r in out)  # the ranks' template: same start-up settings
     assert out[0]["agent"] == "True"
     os.environ["SPARK_TORCH_WARM_START"] = "0"  # no template to fork it from: rank 0 hosts it, as before
     cold = Distributor(num_processes=2).run(who_hosts_the_store)
@@ -197,4 +301,5 @@ def test_the_store_is_hosted_in_distributed_mode(spark_session: Any, no_leftover
     out = Distributor(num_processes=2, local_mode=False).run(who_hosts_the_store)
     assert [r["listens"] for r in out] == [False, False]
     assert all("spark_torch.node.template_main" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert all(r["host_parent"] == r["parent"] for r in out)  # one template per executor, store host included
     assert [r["agent"] for r in out] == ["True", None]  # only node 0's ranks are told

@@ -124,14 +124,14 @@ def _pump(stream: IO[bytes], proc: RankProcess, name: str, on_lines: RankOutput)
 
 
 def _warm_start(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pass_fds: Sequence[int]
+    argv: Sequence[str], env: Mapping[str, str], cwd: str | None, pass_fds: Sequence[int], idle: float | None
 ) -> tuple[WarmProcess, tuple[IO[bytes], IO[bytes]]] | None:
     """Fork the rank from the warm-start template (torch already imported), or None (cold)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY)
     try:
-        process = warm_spawn(argv[0], argv, env, cwd, [null, out_w, err_w, *pass_fds])
+        process = warm_spawn(argv[0], argv, env, cwd, [null, out_w, err_w, *pass_fds], idle=idle)
     finally:
         for fd in (out_w, err_w, null):
             os.close(fd)
@@ -152,17 +152,19 @@ def spawn_rank(
     on_lines: RankOutput,
     pass_fds: Sequence[int] = (),
     warm: bool = True,
+    warm_idle: float | None = None,
 ) -> RankProcess:
     """Start one rank in a new session (its own process group).
 
     Forked from the warm-start template when ``warm`` and it can be (:mod:`spark_torch.node.warm`:
-    torch is already imported there), else a fresh interpreter. No ``preexec_fn`` (Python code between
+    torch is already imported there; a template this call starts ends after ``warm_idle``
+    seconds with no rank running, the run's ``warm_start_idle``), else a fresh interpreter. No ``preexec_fn`` (Python code between
     fork and exec can deadlock a multi-threaded parent): the rank arms its own parent-death
     signal first thing (:mod:`spark_torch.rank.deathsig`), told who its parent is by
     ``SPARK_TORCH_PARENT_PID``.
     """
     streams: tuple[IO[bytes], IO[bytes]]
-    popen: Any = _warm_start(argv, env, cwd, pass_fds) if warm else None
+    popen: Any = _warm_start(argv, env, cwd, pass_fds, warm_idle) if warm else None
     if popen is not None:
         popen, streams = popen
     else:

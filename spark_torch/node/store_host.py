@@ -56,14 +56,18 @@ class StoreHost:
             logger.warning("spark_torch: the rendezvous store host %d did not exit after SIGKILL", self.process.pid)
 
 
-def host_store(python: str, port: int, world_size: int, env: Mapping[str, str], cwd: str | None) -> StoreHost | None:
+def host_store(
+    python: str, port: int, world_size: int, env: Mapping[str, str], cwd: str | None, idle: float | None = None
+) -> StoreHost | None:
     """Start the store for ``world_size`` ranks on ``port``; None when it cannot be hosted here
-    (the ranks then fall back to rank 0 hosting it)."""
+    (the ranks then fall back to rank 0 hosting it). ``idle``: see :func:`warm_spawn`."""
     out_r, out_w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
     clean_env = {k: v for k, v in env.items() if k not in SCRUBBED}
     try:
-        process = warm_spawn(python, [python, "-m", STORE_MODULE, str(port), str(world_size)], clean_env, cwd, [null, out_w, null])
+        process = warm_spawn(
+            python, [python, "-m", STORE_MODULE, str(port), str(world_size)], clean_env, cwd, [null, out_w, null], idle=idle
+        )
     finally:
         os.close(out_w)
         os.close(null)
@@ -89,5 +93,7 @@ def start_store_host(run: RunSpec, port: int, cwd: str | None, python: str = sys
     forked from the same warm-start template; without warm starts nothing is hosted."""
     if run.world_size < 2 or not run.settings.warm_start:  # nobody to race with / no template
         return None
-    env = with_package_on_path({**os.environ, **run.extra_env})
-    return host_store(python, port, run.world_size, env, cwd)
+    # the interpreter-start settings the ranks get (rank_env: PYTHONUNBUFFERED=1 unless the
+    # user's env says otherwise), so that the store host forks from the ranks' template
+    env = with_package_on_path({**os.environ, "PYTHONUNBUFFERED": "1", **run.extra_env})
+    return host_store(python, port, run.world_size, env, cwd, run.settings.warm_start_idle)

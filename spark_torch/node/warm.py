@@ -1,10 +1,17 @@
 """Node-runner side of warm rank starts (:mod:`spark_torch.node.template_main`): one template per
-interpreter, import path, torch installation and owner, started on first use and reused by
-later runs. The owner is the driver process in local mode and the executor JVM in a Spark task,
-so all Python workers of an executor share one template (Spark starts new Python workers as it
-likes; each would otherwise start its own). Templates listen in a private directory,
-``$TMPDIR/spark_torch_templates-<uid>``; the first process to need one starts it under a file
-lock, the others connect to it.
+interpreter, torch installation, owner, interpreter-start settings and hard resource limits,
+started on first use and reused by later runs. The owner is the driver process in local mode and
+the executor JVM in a Spark task, so all Python workers of an executor share one template (Spark
+starts new Python workers as it likes; each would otherwise start its own). Templates listen in
+a private directory, ``$TMPDIR/spark_torch_templates-<uid>``; the first process to need one
+starts it under a file lock, the others connect to it (a burst of connections queues, with a
+deadline). A template ends with its owner, or after the run's ``warm_start_idle`` seconds
+with no rank running; this process reaps the templates it started.
+
+What a rank would read when its interpreter starts (:data:`STARTUP_PREFIXES`) cannot change
+after a fork, so the template is keyed by those settings of the rank's environment and started
+with them; the node runner's resource limits and umask go with each request and are applied in
+the child. A setting no template can honour makes that rank start cold.
 
 The ``warm_start`` setting (:mod:`spark_torch.settings`) turns warm starts off; so does any
 failure to start or reach the template (with one warning): ranks then start cold, as separate
@@ -18,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import select
 import socket
 import stat
@@ -34,14 +42,73 @@ from importlib import metadata
 import psutil
 
 from spark_torch.envnames import SCRUBBED
+from spark_torch.node.template_main import RLIMITS, THREAD_ENV
 
-__all__ = ["WarmProcess", "warm_spawn", "shutdown_templates", "TEMPLATE_MODULE"]
+__all__ = [
+    "WarmProcess",
+    "warm_spawn",
+    "shutdown_templates",
+    "startup_env",
+    "template_socket",
+    "TEMPLATE_MODULE",
+    "STARTUP_PREFIXES",
+]
 
 logger = logging.getLogger(__name__)
 
-#: importing torch in the template on a cold page cache can take several seconds
+#: importing torch in the template on a cold page cache (or with many workers starting at once)
+#: can take several seconds
 READY_SECONDS = 60.0
+#: how long a connection may wait in a busy template's listen queue
+CONNECT_SECONDS = 30.0
+#: how long a request may wait for its answer (the template forks one rank at a time)
+ANSWER_SECONDS = 30.0
 TEMPLATE_MODULE = "spark_torch.node.template_main"
+
+#: Environment read when an interpreter starts or torch is imported, which a fork cannot change
+#: afterwards: Python's own (PYTHONHASHSEED, PYTHONWARNINGS, PYTHONMALLOC, PYTHONOPTIMIZE,
+#: PYTHONPATH, ...), the dynamic loader's (LD_PRELOAD, LD_LIBRARY_PATH), glibc malloc's and
+#: other allocators', the locale and time zone, torch's (TORCH_LOGS and friends, read at
+#: import) and the OpenMP/MKL runtimes' (read when torch loads them). Templates are keyed by
+#: these variables of the rank's environment and started with them.
+STARTUP_PREFIXES = (
+    "PYTHON", "LD_", "MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "JEMALLOC_", "LC_", "LANG", "TZ",
+    "TORCH_", "PYTORCH_", "OMP_", "KMP_", "GOMP_", "MKL_",
+)
+#: ... except what the fork handles per rank or what is read later, in the rank: the thread
+#: counts (the template runs single-threaded, each child sizes torch's pool) and NCCL's
+#: settings (read when a NCCL group is created; the template never touches CUDA)
+STARTUP_EXEMPT = (*THREAD_ENV, "TORCH_NCCL_")
+#: thread counts a fork cannot give a rank: numpy's OpenBLAS pool is sized when numpy is
+#: imported (in the template, single-threaded); a rank that asks for more starts cold
+COLD_IF_NOT_ONE = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+
+
+def startup_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that an interpreter reads at start-up (:data:`STARTUP_PREFIXES`)."""
+    return {
+        k: v for k, v in env.items()
+        if k.startswith(STARTUP_PREFIXES) and not k.startswith(STARTUP_EXEMPT) and k not in SCRUBBED
+    }
+
+
+def _limits() -> dict[str, list[int]]:
+    """This process's resource limits, as a cold rank would inherit them."""
+    return {name: list(resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))) for name in RLIMITS}
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (another thread may be creating files)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class WarmProcess:
@@ -114,14 +181,20 @@ def _socket_dir() -> str:
     return path
 
 
-def _socket_path(python: str, env: Mapping[str, str], owner: psutil.Process) -> str:
-    """One template per interpreter, import path, torch installation and owner (its pid and
-    start time: a reused pid is another owner)."""
+def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) -> str:
+    """Where the template for a rank of ``python`` with environment ``env`` listens: one per
+    interpreter, torch installation, owner (its pid and start time: a reused pid is another
+    owner), interpreter-start settings of ``env`` and hard resource limits (a child can lower
+    them, never raise them)."""
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = ""
-    identity = "\0".join((python, env.get("PYTHONPATH", ""), torch_version, str(owner.pid), repr(owner.create_time())))
+    hard = {name: limits[1] for name, limits in _limits().items()}
+    identity = "\0".join((
+        python, torch_version, str(owner.pid), repr(owner.create_time()),
+        json.dumps(sorted(startup_env(env).items())), json.dumps(sorted(hard.items())),
+    ))
     return os.path.join(_socket_dir(), hashlib.sha256(identity.encode()).hexdigest()[:20] + ".sock")
 
 
@@ -130,11 +203,20 @@ def _connect(path: str) -> socket.socket | None:
     The template must run as this user (``SO_PEERCRED``), as it checks of us."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        conn.settimeout(10.0)
+        # Blocking, with a send timeout: while a busy template's listen queue is full the kernel
+        # lets connect() wait (woken as the template accepts) up to SO_SNDTIMEO. Python's own
+        # timeout would make the socket non-blocking, and a non-blocking AF_UNIX connect fails
+        # at once with EAGAIN.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(CONNECT_SECONDS), 0))
         conn.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
         conn.close()
         return None
+    except BlockingIOError:
+        conn.close()
+        raise OSError(
+            f"the warm-start template at {path} did not take a connection within {CONNECT_SECONDS:g}s"
+        ) from None
     except BaseException:
         conn.close()
         raise
@@ -151,48 +233,76 @@ def _creation_lock(directory: str) -> Iterator[None]:
     on the socket directory itself, so no lock file is left behind."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        deadline = time.monotonic() + READY_SECONDS + 5.0
+        seconds = READY_SECONDS + 5.0
+        deadline = time.monotonic() + seconds
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"another process held {directory} for {READY_SECONDS + 5.0:g}s while starting a template") from None
+                    raise RuntimeError(
+                        f"another process held {directory} for {seconds:g}s while starting a template "
+                        "(a template that cannot import torch in time? warm_start=false starts ranks cold)"
+                    ) from None
                 time.sleep(0.02)
         yield
     finally:
         os.close(fd)  # releases the lock
 
 
-def _start_template(python: str, env: dict[str, str], path: str, owner: int) -> subprocess.Popen[bytes]:
+def _start_template(python: str, env: dict[str, str], path: str, owner: int, idle: float | None) -> subprocess.Popen[bytes]:
     """Start a template listening at ``path`` for ``owner``'s lifetime; wait until it is ready."""
     process = subprocess.Popen(
-        [python, "-m", TEMPLATE_MODULE, path, str(owner)],
+        [python, "-m", TEMPLATE_MODULE, path, str(owner), "none" if idle is None else repr(float(idle))],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=None,  # its rare one-line reports go where this process's do (the executor's log)
         start_new_session=True,  # neither Ctrl-C on the driver's terminal nor a killed worker's group takes it down
         close_fds=True,
         cwd="/",
     )
     assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], READY_SECONDS)
-    line = process.stdout.readline() if ready else b""
-    process.stdout.close()
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], READY_SECONDS)
+        line = process.stdout.readline() if ready else b""
+    finally:
+        process.stdout.close()
     if line.strip() != b"ready":
         process.kill()
         process.wait(5.0)
-        raise RuntimeError(f"the warm-start template did not start within {READY_SECONDS:g}s")
+        raise RuntimeError(
+            f"the warm-start template did not start within {READY_SECONDS:g}s (exit status {process.returncode}; "
+            "warm_start=false starts ranks cold)"
+        )
+    # reap it when it ends (idle, or its owner gone): no zombie for the life of this process
+    threading.Thread(target=_reap, args=(process,), name=f"spark-torch-template-{process.pid}", daemon=True).start()
     return process
 
 
-def _spawn(conn: socket.socket, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int]) -> WarmProcess:
+def _reap(process: subprocess.Popen[bytes]) -> None:
+    process.wait()
+    with _lock:
+        if process in _started:
+            _started.remove(process)
+
+
+def _spawn(
+    conn: socket.socket, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int],
+    idle: float | None,
+) -> WarmProcess:
     try:
-        request = {"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd()}
+        request = {
+            "argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(),
+            "umask": _umask(), "rlimits": _limits(), "idle": idle,
+        }
+        conn.settimeout(ANSWER_SECONDS)
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
-        answer = json.loads(conn.recv(4096).decode())
+        data = conn.recv(4096)
+        answer = json.loads(data.decode()) if data else {"error": "the template closed the connection"}
+        if "pid" not in answer:
+            raise OSError(f"the template started no rank: {answer.get('error', answer)}")
         pid = int(answer["pid"])
     except BaseException:
         conn.close()
@@ -204,65 +314,97 @@ def _spawn(conn: socket.socket, argv: Sequence[str], env: Mapping[str, str], cwd
 #: templates this process started (it is their parent and reaps them)
 _started: list[subprocess.Popen[bytes]] = []
 _lock = threading.Lock()
-#: a template failed to start in this process: do not try again
-_broken = False
+#: templates this process does not try (socket path -> until when, monotonic): one that failed
+#: to start, for good; one that did not take a connection or answer in time, for a while
+_avoid: dict[str, float] = {}
+#: how long a template that did not answer in time is left alone
+AVOID_SECONDS = 60.0
 
 
 def _template_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The template's own environment: the rank's import path, none of Spark's secrets, and
-    nothing rank-specific (each rank gets its own environment after the fork)."""
-    keep = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
-    keep["PYTHONPATH"] = env.get("PYTHONPATH", "")
+    """The template's own environment: this process's, none of Spark's secrets, and the rank's
+    interpreter-start settings (nothing else rank-specific: each rank gets its own environment
+    after the fork)."""
+    keep = {k: v for k, v in os.environ.items() if k not in SCRUBBED and k not in startup_env(os.environ)}
+    keep.update(startup_env(env))
     return keep
 
 
-def _template_connection(python: str, env: Mapping[str, str]) -> socket.socket:
-    """A connection to the owner's template, started first if none listens."""
+def _template_connection(python: str, env: Mapping[str, str], idle: float | None) -> tuple[str, socket.socket]:
+    """The socket path of the owner's template for ``env`` and a connection to it (the
+    template started first if none listens)."""
     owner = _owner()
-    path = _socket_path(python, env, owner)
-    conn = _connect(path)
+    path = template_socket(python, env, owner)
+    if _avoid.get(path, 0.0) > time.monotonic():
+        raise RuntimeError("its template failed to start or answer earlier")
+    try:
+        conn = _connect(path)
+    except OSError:
+        _avoid[path] = time.monotonic() + AVOID_SECONDS
+        raise
     if conn is not None:
-        return conn
-    with _lock, _creation_lock(os.path.dirname(path)):
+        return path, conn
+    with _creation_lock(os.path.dirname(path)):
         conn = _connect(path)  # another process may have started it meanwhile
         if conn is None:
-            _started.append(_start_template(python, _template_env(env), path, owner.pid))
+            try:
+                process = _start_template(python, _template_env(env), path, owner.pid, idle)
+            except BaseException:
+                _avoid[path] = float("inf")
+                raise
+            with _lock:
+                _started.append(process)
             conn = _connect(path)
     if conn is None:
         raise RuntimeError(f"the warm-start template started but does not listen at {path}")
-    return conn
+    return path, conn
+
+
+def _cold_reason(env: Mapping[str, str]) -> str | None:
+    """Why no template can start this rank as a cold start would, or None."""
+    for name in COLD_IF_NOT_ONE:
+        if env.get(name, "1").strip() != "1":
+            return f"{name}={env[name]} (numpy's thread pool is sized when numpy is imported)"
+    return None
 
 
 def warm_spawn(
-    python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int]
+    python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int],
+    *, idle: float | None = None,
 ) -> WarmProcess | None:
-    """Fork a rank from the template of this process's owner (the driver, or the executor),
-    starting it on first use; None when the template cannot be used (the caller starts the
-    rank cold)."""
-    global _broken
-    if _broken or not sys.platform.startswith("linux"):
+    """Fork a rank from the template of this process's owner (the driver, or the executor) for
+    ``env``'s interpreter-start settings, starting it on first use (to end after ``idle``
+    seconds with no rank running; None: with its owner only); None when no template can be
+    used (the caller starts the rank cold)."""
+    if not sys.platform.startswith("linux"):
         return None
     module_argv = list(argv[2:]) if list(argv[1:2]) == ["-m"] else None
     if module_argv is None:
         return None
-    try:
-        conn = _template_connection(python, env)
-    except (OSError, RuntimeError, psutil.Error) as exc:
-        _broken = True
-        logger.warning("spark_torch: warm rank starts are off for this process (%s)", exc)
+    reason = _cold_reason(env)
+    if reason is not None:
+        logger.info("spark_torch: starting this rank cold: %s", reason)
         return None
     try:
-        return _spawn(conn, module_argv, env, cwd, fds)
+        path, conn = _template_connection(python, env, idle)
+    except (OSError, RuntimeError, psutil.Error) as exc:
+        logger.warning("spark_torch: warm rank starts are off for this rank (%s); starting it cold", exc)
+        return None
+    try:
+        return _spawn(conn, module_argv, env, cwd, fds, idle)
+    except TimeoutError as exc:
+        _avoid[path] = time.monotonic() + AVOID_SECONDS
+        logger.warning("spark_torch: the warm-start template did not answer (%s); starting this rank cold", exc)
     except (OSError, ValueError, KeyError) as exc:
         logger.warning("spark_torch: the warm-start template failed (%s); starting this rank cold", exc)
-        return None
+    return None
 
 
 def shutdown_templates() -> None:
-    """Stop the templates this process started (tests; templates also end with their owner)."""
+    """Stop the templates this process started (tests; templates also end with their owner or
+    when idle)."""
     with _lock:
         started = list(_started)
-        _started.clear()
     for process in started:
         if process.poll() is None:
             process.kill()
@@ -270,4 +412,3 @@ def shutdown_templates() -> None:
             process.wait(5.0)
         except subprocess.TimeoutExpired:
             pass
-
