@@ -74,9 +74,14 @@ JOBS = [
         env=(("SPARK_TORCH_RESULT_TRANSFER", "spark"),),
     ),
     Job("scaling", "scaling", "local", None),
+    # many nodes on one executor: per-node launch cost of a distributed run, N=2..32 (one node per
+    # rank), all forked from one executor's warm-start template
+    Job("launch-scale", "launch_scale", "distributed", "local[32]", quick=False),
     Job("profile", "profile", "local", None),
     # the channel alone, no Spark session: AES-GCM framing vs the HMAC framing it replaced, and
     # 32-256 node clients against one driver end (bench_channel.py, ChannelBenchmark.channel)
     Job("channel", "channel", "-", None),
 ]
-BENCHES = ["launch", "training", "logging", "result", "scaling", "profile", "channel"]
+BENCHES = ["launch", "launch_scale", "training", "logging", "result", "scaling", "profile", "channel"]
+#: node counts of the launch_scale job (a local[32] session: one slot per node)
+SCALE_NODES = [2, 4, 8, 16, 32]
