@@ -2,7 +2,7 @@
 
 ``Worker`` is the harness of ``worker_base.py`` with every benchmark family mixed in (launch,
 training and scaling from ``worker_launch.py``; logging and result from ``worker_io.py``;
-profile from ``worker_profile.py``), so a job's ``bench`` names the method to call.
+profile from ``worker_profile.py``; the channel from ``bench_channel.py``), so a job's ``bench`` names the method to call.
 ``worker_main`` runs one job with the job's environment and writes its records, notes, wall
 time and load averages as JSON to ``--out`` for the parent to merge, even when the benchmark fails.
 """
@@ -14,13 +14,14 @@ import json
 import os
 import time
 
+from bench_channel import ChannelBenchmark
 from jobs import JOBS
 from worker_io import IOBenchmarks
 from worker_launch import LaunchBenchmarks
 from worker_profile import ProfileBenchmark
 
 
-class Worker(LaunchBenchmarks, IOBenchmarks, ProfileBenchmark):
+class Worker(LaunchBenchmarks, IOBenchmarks, ProfileBenchmark, ChannelBenchmark):
     """Every benchmark body on one harness: ``getattr(worker, job.bench)()`` runs a job."""
 
 

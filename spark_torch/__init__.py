@@ -4,6 +4,7 @@
 Importing this package is cheap: it imports neither pyspark nor torch.
 """
 
+from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
 from spark_torch.driver.distributor import Distributor
 from spark_torch.driver.result import Checkpoint, RunResult, load_run
 from spark_torch.driver.torch_distributor import TorchDistributor
@@ -24,6 +25,7 @@ from spark_torch.version import __version__
 __all__ = [
     "Distributor",
     "TorchDistributor",
+    "DeepspeedTorchDistributor",
     "RunResult",
     "Checkpoint",
     "load_run",

@@ -15,7 +15,7 @@ from typing import Any
 
 from spark_torch.settings import Settings
 
-__all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "StorageSpec", "RunSpec"]
+__all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "StorageSpec", "RunSpec", "FILE_ARGUMENT", "file_argument"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,15 @@ class StorageSpec:
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
+#: starts an argument that names a file of ``RunSpec.files`` (NUL never occurs in a real argument)
+FILE_ARGUMENT = "\x00spark_torch_file:"
+
+
+def file_argument(name: str) -> str:
+    """The script argument that the nodes replace by the path of ``RunSpec.files[name]``."""
+    return FILE_ARGUMENT + name
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One attempt of a run, as every node sees it."""
@@ -94,6 +103,9 @@ class RunSpec:
     #: script mode: absolute path and arguments
     script: str | None = None
     script_argv: tuple[str, ...] = ()
+    #: files every node writes into its scratch directory before the ranks start (name -> content);
+    #: an argument ``file_argument(name)`` of ``script_argv`` becomes that file's path there
+    files: Mapping[str, bytes] = field(default_factory=dict, repr=False)
     #: the user's extra variables for every rank
     extra_env: Mapping[str, str] = field(default_factory=dict)
     #: the driver's working directory (ranks start there when it exists on their host)

@@ -77,6 +77,15 @@ def test_every_block_is_executed_or_illustrative() -> None:
             )
 
 
+def test_illustrative_python_blocks_compile() -> None:
+    """Blocks that are not run (they need a cluster, GPUs...) still compile: no syntax error
+    reaches a guide."""
+    for page in PAGES:
+        for line, lang, code, illustrative in code_blocks(page):
+            if lang == "python" and (illustrative or page.name in NOT_RUN):
+                compile(code, f"{page.name}:{line}", "exec")
+
+
 def test_some_blocks_are_executed() -> None:
     assert {p.name for p in EXECUTED} >= {"index.md", "concepts.md", "api.md", "troubleshooting.md"}
 

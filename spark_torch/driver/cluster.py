@@ -16,11 +16,13 @@ from typing import Any
 from spark_torch.errors import ConfigurationError
 from spark_torch.settings import SETTINGS
 
-__all__ = ["ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "is_connect_session", "available_slots", "slots_from_conf"]
+__all__ = ["ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "DEEPSPEED_IGNORE_SSL_KEY", "is_connect_session", "available_slots", "slots_from_conf"]
 
 logger = logging.getLogger(__name__)
 
 IGNORE_SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
+#: PySpark's DeepspeedTorchDistributor reads this key instead
+DEEPSPEED_IGNORE_SSL_KEY = "deepspeed.spark.distributor.ignoreSsl"
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def read_cluster(spark: Any) -> ClusterInfo:
         driver_gpu_addresses=addresses,
         ssl_enabled=_is_true(_conf(spark, "spark.ssl.enabled")),
         crypto_enabled=_is_true(_conf(spark, "spark.network.crypto.enabled")),
-        ignore_ssl=_is_true(_conf(spark, IGNORE_SSL_KEY)),
+        ignore_ssl=_is_true(_conf(spark, IGNORE_SSL_KEY)) or _is_true(_conf(spark, DEEPSPEED_IGNORE_SSL_KEY)),
         is_connect=connect,
         driver_bind_address=None if connect else _conf(spark, "spark.driver.bindAddress"),
         connect_host=connect_host,

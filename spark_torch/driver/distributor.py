@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_torch.driver.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.entrypoint import make_entrypoint
+from spark_torch.driver.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.plan import host_facts, make_plan
 from spark_torch.driver.result import RunResult
 from spark_torch.spec import LaunchPlan
@@ -73,9 +73,9 @@ class Distributor:
             latest checkpoint (default: a fresh id, see ``last_run.run_id``).
         keep_checkpoints: keep only this many checkpoints (default: all): the newest, or the
             best by ``checkpoint_score_attribute``; the latest is always kept too.
-        checkpoint_score_attribute, checkpoint_score_order: a reported metric that ranks the
-            checkpoints (``"max"``, the default, or ``"min"``): ``keep_checkpoints`` keeps the
-            best and ``last_run.best_checkpoints`` lists them best first.
+        checkpoint_score_attribute: a reported metric that ranks the checkpoints:
+            ``keep_checkpoints`` keeps the best and ``last_run.best_checkpoints`` lists them best first.
+        checkpoint_score_order: ``"max"`` (the default: higher is better) or ``"min"``.
         mlflow: log the reported metrics, parameters and the final checkpoint to one MLflow
             run (None: when an MLflow run is active on the driver).
     """
@@ -225,9 +225,11 @@ class Distributor:
         return self._run(main, args, kwargs, data)
 
     def _run(self, main: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: DataInput | None) -> Any:
+        return self._run_entrypoint(make_entrypoint(main, args, kwargs), data)
+
+    def _run_entrypoint(self, entry: Entrypoint, data: DataInput | None = None) -> Any:
         from spark_torch.driver.execution import execute, new_run_id
 
-        entry = make_entrypoint(main, args, kwargs)
         spark = self._session()
         outcome = self._results.last = RunResult(run_id=self.config.run_id or new_run_id())
         return execute(self.config, spark, entry, data, outcome)

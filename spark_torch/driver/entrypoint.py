@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,8 @@ class ScriptEntrypoint:
 
     path: str
     argv: tuple[str, ...] = ()
+    #: files for the nodes to write (see :data:`spark_torch.spec.RunSpec.files`)
+    files: Mapping[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
     def description(self) -> str:

@@ -75,6 +75,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         payload=payload,
         script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
         script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
+        files=dict(entry.files) if isinstance(entry, ScriptEntrypoint) else {},
         extra_env=config.env,
         cwd=os.getcwd(),
         driver_python=platform.python_version(),

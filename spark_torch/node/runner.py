@@ -30,7 +30,7 @@ from spark_torch.node.processes import (
 from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir, node_marker
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.spec import RunSpec
+from spark_torch.spec import FILE_ARGUMENT, RunSpec
 
 __all__ = ["NodeSpec", "NodeOutcome", "run_node", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE"]
 
@@ -89,7 +89,9 @@ class NodeOutcome:
 
 def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
     if spec.run.script is not None:
-        return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.run.script, *spec.run.script_argv]
+        files = os.path.join(result_dir, "files")
+        argv = [os.path.join(files, a[len(FILE_ARGUMENT):]) if a.startswith(FILE_ARGUMENT) else a for a in spec.run.script_argv]
+        return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.run.script, *argv]
     assert payload_path is not None
     return [spec.python, "-m", RANK_MAIN_MODULE, payload_path, result_dir]
 
@@ -185,6 +187,10 @@ def run_node(
             storage = spec.run.storage
             description = {"base": storage.base, "run_id": spec.run.run_id, "token": storage.token, "options": dict(storage.options)}
             envelopes.write_atomic(storage_file(workdir_path), json.dumps(description).encode("utf-8"))
+        if spec.run.files:
+            os.makedirs(os.path.join(workdir_path, "files"), mode=0o700, exist_ok=True)
+            for name, content in spec.run.files.items():
+                envelopes.write_atomic(os.path.join(workdir_path, "files", os.path.basename(name)), content)
         payload_path = None
         if spec.run.payload is not None:
             payload_path = os.path.join(workdir_path, "payload.pkl")
@@ -219,7 +225,6 @@ def run_node(
                         on_lines=on_lines,
                         pass_fds=fds,
                         warm=spec.run.settings.warm_start,
-                        warm_idle=spec.run.settings.warm_start_idle,
                     )
                 finally:
                     if reports is not None:

@@ -15,7 +15,7 @@ def test_exported_members() -> None:
     assert sorted(spark_torch.__all__) == sorted([
         "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
         "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "__version__",
-        "RunResult", "Checkpoint", "load_run", "report", "get_checkpoint", "TorchDistributor",
+        "RunResult", "Checkpoint", "load_run", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
     ])
     for name in spark_torch.__all__:
         assert getattr(spark_torch, name) is not None
