@@ -106,8 +106,27 @@ def signature(book: Any) -> list[tuple[int, tuple[str, ...], frozenset[str]]]:
     return result
 
 
+ROOT = NOTEBOOKS.parent
+
+
+def machine_paths() -> list[tuple[str, str]]:
+    """Paths of this machine in outputs, and what the stored notebooks show instead: the
+    checkout as a relative path, the venv's packages as ``<site-packages>``."""
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"].rstrip("/") + "/"
+    return [(site, "<site-packages>/"), (str(ROOT) + "/", ""), (sys.prefix.rstrip("/") + "/", "<venv>/")]
+
+
+def _relative(text: str) -> str:
+    for path, shown in machine_paths():
+        text = text.replace(path, shown)
+    return text
+
+
 def store(names: list[str]) -> None:
-    """Re-execute the notebooks and write them back with their outputs."""
+    """Re-execute the notebooks and write them back with their outputs (paths of this machine
+    made relative: the docs site shows them)."""
     import nbformat
 
     for name in names:
@@ -115,6 +134,14 @@ def store(names: list[str]) -> None:
             book = execute(name, Path(tmp))
         for cell in book.cells:  # execution timestamps would make every refresh a diff
             cell.get("metadata", {}).pop("execution", None)
+            for out in cell.get("outputs", []):
+                if "text" in out:
+                    out["text"] = _relative(out["text"])
+                if "traceback" in out:
+                    out["traceback"] = [_relative(line) for line in out["traceback"]]
+                for kind, value in out.get("data", {}).items():
+                    if kind.startswith("text/") and isinstance(value, str):
+                        out["data"][kind] = _relative(value)
         nbformat.write(book, NOTEBOOKS / f"{name}.ipynb")
         print(f"stored the outputs of notebooks/{name}.ipynb")
 

@@ -40,6 +40,24 @@ def execute(name: str, tmp_path: Path, monkeypatch: Any) -> Any:
     return book
 
 
+@pytest.mark.parametrize("path", sorted(notebook_runner.NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_stored_outputs_are_clean(path: Path) -> None:
+    """What the docs site shows: no absolute path of the machine that ran it, no warning box,
+    and the status as one line per run (not one line per refresh)."""
+    import nbformat
+
+    book = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(book.cells):
+        outputs = cell.get("outputs", [])
+        text = texts(nbformat.from_dict({"cells": [cell]}))
+        for machine_path, _ in notebook_runner.machine_paths():
+            assert machine_path not in text, f"{path.name} cell {index} shows {machine_path}"
+        assert "/work/" not in text and "site-packages/" not in text.replace("<site-packages>/", "")
+        assert "TqdmWarning" not in text and "IProgress" not in text, f"{path.name} cell {index}: a widget warning"
+        status = [o for o in outputs if "spark_torch ranks:" in str(o.get("text", "")) + str(o.get("data", {}))]
+        assert not status, f"{path.name} cell {index}: a status line per refresh was stored"
+
+
 def texts(book: Any) -> str:
     """All text outputs of all cells (stream, results and errors), joined."""
     parts: list[str] = []

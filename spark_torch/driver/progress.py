@@ -73,7 +73,7 @@ class _Notebook:
     def __init__(self) -> None:
         from IPython.display import display
 
-        self._handle: Any = display({"text/plain": "spark_torch ranks: starting"}, raw=True, display_id=True)
+        self._handle: Any = display({"text/plain": "spark_torch ranks: starting"}, raw=True, display_id=True)  # type: ignore[no-untyped-call]
 
     def show(self, text: str) -> None:
         self._handle.update({"text/plain": f"spark_torch ranks: {text}"}, raw=True)

@@ -225,6 +225,7 @@ def run_node(
                         on_lines=on_lines,
                         pass_fds=fds,
                         warm=spec.run.settings.warm_start,
+                        warm_idle=spec.run.settings.warm_start_idle,
                     )
                 finally:
                     if reports is not None:
