@@ -8,6 +8,7 @@ PYTHON=${PYTHON:-python3}
 BUILD_PY=${BUILD_PY:-.venv/bin/python}   # an environment that has `build` (the test extra)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# what `make dist` runs
 "$BUILD_PY" -m build --wheel --sdist --outdir "$work/dist" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; echo "package check: build failed"; exit 1; }
 if grep -i "license" "$work/build.log" | grep -qi "warn"; then echo "package check: license warning while building:"; grep -i "license" "$work/build.log"; exit 1; fi
 ls "$work/dist"
@@ -42,4 +43,21 @@ except ImportError as exc:
 else:
     raise AssertionError("distributed mode without pyspark did not say what to install")
 print("package check: wheel installs without pyspark; local mode runs; distributed mode asks for spark-torch[spark]")
+PY
+# the wheel beside PySpark 4.x: the [spark] extra, and a distributed run from the installed wheel
+"$work/venv/bin/python" -m pip install --quiet "$(ls "$work"/dist/*.whl)[spark]"
+SPARK_LOCAL_IP=127.0.0.1 "$work/venv/bin/python" - <<'PY'
+import pyspark
+import spark_torch
+from spark_torch import Distributor
+
+assert pyspark.__version__.startswith("4."), pyspark.__version__
+assert "site-packages" in spark_torch.__file__, spark_torch.__file__
+
+def world() -> int:
+    import os
+    return int(os.environ["WORLD_SIZE"])
+
+assert Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(world) == 2
+print(f"package check: the wheel runs distributed beside pyspark {pyspark.__version__}")
 PY

@@ -21,3 +21,25 @@ SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider \
   tests/test_run_distributed.py tests/test_dataframe.py tests/reliability tests/test_cli.py \
   tests/test_run_local.py tests/test_gpu.py tests/test_process_control.py tests/test_env_parity.py \
   tests/test_concurrent_runs.py tests/test_spark_submit.py tests/test_connect.py "$@"
+# the wheel beside PySpark 3.5: installed over the checkout's editable install, run from outside it
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+.venv/bin/python -m build --wheel --outdir "$work" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+"$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$work"/*.whl
+(cd "$work" && SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" - <<'PY'
+import pyspark
+import spark_torch
+from spark_torch import Distributor
+
+assert pyspark.__version__.startswith("3.5"), pyspark.__version__
+assert "site-packages" in spark_torch.__file__, spark_torch.__file__
+
+def world() -> int:
+    import os
+    return int(os.environ["WORLD_SIZE"])
+
+assert Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(world) == 2
+print(f"pyspark35: the wheel runs distributed beside pyspark {pyspark.__version__}")
+PY
+)
+"$VENV/bin/python" -m pip install --quiet --no-deps -e .  # back to the checkout for the next run

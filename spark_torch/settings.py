@@ -174,6 +174,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Fork ranks from a template process that has imported torch (a fresh interpreter per rank when off).",
     ),
     Setting(
+        "ship_package", "SPARK_TORCH_SHIP_PACKAGE", "spark.torch.shipPackage.enabled", True, _switch, "true or false",
+        "Distributed mode: send the driver's spark_torch to the executors (once per session and version, "
+        "as a zip on their Python path), so they run the driver's code whether or not they have it "
+        "installed. Off: the executors need the same version installed (checked when the nodes meet).",
+    ),
+    Setting(
         "warm_start_idle", "SPARK_TORCH_WARM_START_IDLE", "spark.torch.warmStart.idleTimeout", 300.0, _seconds, "seconds",
         "A warm-start template with no rank running exits after this long (it also exits with its "
         "owner: the driver in local mode, the executor in distributed mode).",
@@ -196,6 +202,7 @@ class Settings:
     result_transfer: str
     executor_wait: float
     warm_start: bool
+    ship_package: bool
     warm_start_idle: float
 
     @classmethod

@@ -112,6 +112,8 @@ class RunSpec:
     cwd: str | None = None
     #: the driver's Python version (``platform.python_version()``)
     driver_python: str = ""
+    #: the driver's spark_torch (:func:`spark_torch.version.package_identity`): every node runs the same
+    driver_package: str = ""
     data: DataSpec | None = None
     channel: ChannelSpec | None = None
     #: distributed mode: a directory of the driver's for rank 0's result (handed over by file

@@ -51,6 +51,7 @@ _ORDER = {
     "standalone_spark": 6,
     "two_host_spark": 7,
     "no_psutil_spark": 8,
+    "stale_executors_spark": 8.5,
     "connect_spark": 9,  # last: after a Connect session, the classic builder asks for a remote URL
 }
 
@@ -185,6 +186,41 @@ def no_psutil_spark(tmp_path_factory: Any) -> Iterator[Any]:
     finally:
         os.environ["PYSPARK_PYTHON"] = sys.executable
     yield spark
+    spark.stop()
+
+
+#: the shadow package of ``stale_executors_spark`` says "not installed" while this file exists
+MISSING_FLAG = "spark_torch_missing"
+
+
+@pytest.fixture(scope="session")
+def stale_executors_spark(tmp_path_factory: Any) -> Iterator[tuple[Any, Path]]:
+    """``local-cluster[2,1,1024]`` whose executors' Python finds another spark_torch first: a copy
+    of this one that says it is version 0.0.9, or, while ``FLAG_DIR/spark_torch_missing``
+    exists, "No module named 'spark_torch'" (an executor without it). Python workers are not
+    reused, so every task imports afresh. Yields the session and FLAG_DIR."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("stale")
+    shadow = root / "shadow" / "spark_torch"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "spark_torch", shadow, ignore=shutil.ignore_patterns("__pycache__"))
+    (shadow / "version.py").write_text((shadow / "version.py").read_text().replace('__version__ = "0.1.0"', '__version__ = "0.0.9"'))
+    init = (shadow / "__init__.py").read_text()
+    (shadow / "__init__.py").write_text(
+        "import os as _os\n"
+        f"if _os.path.exists({str(root / MISSING_FLAG)!r}):\n"
+        "    raise ModuleNotFoundError(\"No module named 'spark_torch'\", name='spark_torch')\n" + init
+    )
+    wrapper = root / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ["PYSPARK_PYTHON"] = str(wrapper)  # read once, when the context starts
+    try:
+        spark = make_session(CLUSTER_MASTER, {"spark.python.worker.reuse": "false"})
+    finally:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    wait_for_slots(spark, 2)
+    yield spark, root
     spark.stop()
 
 

@@ -9,6 +9,7 @@ attempt's time, and turns what came back into rank 0's result (rows and files:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from dataclasses import replace
@@ -20,6 +21,7 @@ from spark_torch.driver.compat import cancel_tagged_job, collect_arrow, tagged_j
 from spark_torch.driver.dataframe import DataInput
 from spark_torch.driver.endpoints import ChannelEndpoint
 from spark_torch.driver.outcome import error_from_spark_failure, timeout_error
+from spark_torch.driver.shipping import ship_package
 from spark_torch.driver.slots import check_slots
 from spark_torch.envelopes import ResultBytes
 from spark_torch.errors import ConfigurationError, LaunchError, RankFailure
@@ -29,6 +31,8 @@ from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.spec import RunSpec
 
 __all__ = ["run_distributed"]
+
+logger = logging.getLogger(__name__)
 
 #: after cancelling the Spark job, how long to wait for the job thread to return
 CANCEL_WAIT_SECONDS = 30.0
@@ -84,6 +88,11 @@ def run_distributed(
         raise ConfigurationError("run_distributed called with a local-mode plan")
     by_file = attempt.spec.payload is not None and attempt.spec.settings.result_transfer != "spark"
     check_slots(spark, plan.num_nodes, attempt.spec.settings.executor_wait)
+    if attempt.spec.settings.ship_package:
+        try:
+            ship_package(spark)
+        except Exception as exc:  # noqa: BLE001 - the nodes still check that they run the driver's code
+            logger.warning("spark_torch: could not ship spark_torch to the executors (%s); they use their own", exc)
     channel = _open_channel(attempt, endpoint)
     coordinator = channel.reports = attempt.report_coordinator(answer=channel.answer_reports)
     streamed = None

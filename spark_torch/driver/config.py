@@ -77,6 +77,7 @@ class DistributorConfig:
     executor_wait: Any = None
     warm_start: Any = None
     warm_start_idle: Any = None
+    ship_package: Any = None
 
     def __post_init__(self) -> None:
         self._check_reporting()

@@ -110,6 +110,7 @@ class Distributor:
         executor_wait: float | None = None,
         warm_start: bool | None = None,
         warm_start_idle: float | None = None,
+        ship_package: bool | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -138,6 +139,7 @@ class Distributor:
             executor_wait=executor_wait,
             warm_start=warm_start,
             warm_start_idle=warm_start_idle,
+            ship_package=ship_package,
         )
         self._spark = spark
         #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)

@@ -28,6 +28,7 @@ from spark_torch.errors import ConfigurationError, DistributedRunError, RunTimeo
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import resolve as resolve_settings
 from spark_torch.spec import DataSpec, RunSpec, StorageSpec
+from spark_torch.version import package_identity
 
 __all__ = ["execute", "new_run_id"]
 
@@ -79,6 +80,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         extra_env=config.env,
         cwd=os.getcwd(),
         driver_python=platform.python_version(),
+        driver_package=package_identity(),
         data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
         storage=StorageSpec(base=storage.base, token=token, options=storage.options) if storage is not None else None,
         settings=settings,

@@ -30,8 +30,9 @@ from spark_torch.node.store_host import start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
+from spark_torch.version import package_identity
 
-__all__ = ["NodeIO", "NodeProblem", "HostedNode", "host_node", "resume_env", "python_mismatch", "host_of"]
+__all__ = ["NodeIO", "NodeProblem", "HostedNode", "host_node", "resume_env", "python_mismatch", "package_mismatch", "host_of"]
 
 
 class NodeProblem(Exception):
@@ -110,6 +111,21 @@ def python_mismatch(driver: str, executors: list[str]) -> tuple[str | None, str 
     return None, None
 
 
+def package_mismatch(driver: str, peers: list[dict[str, Any]]) -> str | None:
+    """Why the nodes do not all run the driver's spark_torch (a message), or None."""
+    if not driver:
+        return None
+    others = sorted({f"{p.get('package')} on {p.get('host', 'node ' + str(p.get('node')))}" for p in peers if p.get("package") != driver})
+    if not others:
+        return None
+    return (
+        f"the executors run another spark_torch than the driver ({driver}): {'; '.join(others)}. Leave the "
+        "ship_package setting on (the default: the driver's package travels with the run), or install "
+        f"spark-torch {driver.split('+')[0]} from the same source on every executor; with Python workers "
+        "reused (spark.python.worker.reuse), restart the session after changing it"
+    )
+
+
 def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
     """``SPARK_TORCH_CHECKPOINT`` for the ranks: the checkpoint this attempt resumes from, as a
     local directory (storage that is not a local path is downloaded into the node's scratch)."""
@@ -167,13 +183,17 @@ def host_node(
         port = reservation.getsockname()[1] if reservation is not None else 0
         if reservation is not None:  # listening before any node's rank can ask for it
             store = start_store_host(run, port, cwd)
-        peers = io.rendezvous({"port": port, "python": platform.python_version(), "rows": rows})
+        hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": rows}
+        peers = io.rendezvous(hello)
         if peers is None:
             return HostedNode(outcome=None)
         output = io.output()
         error, warning = python_mismatch(run.driver_python, [str(p.get("python")) for p in peers])
         if error:
             raise NodeProblem(error)
+        mismatch = package_mismatch(run.driver_package, peers)
+        if mismatch:
+            raise NodeProblem(mismatch)
         if warning and io.node_rank == 0:
             output(-1, "stderr", warning)
         node_env: dict[str, str] = {}
