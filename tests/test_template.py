@@ -118,15 +118,17 @@ def template() -> Iterator[Template]:
 
 
 class Request:
-    """One rank asked of the template as a node runner asks: ``script_main SCRIPT ARGS`` with
-    its stdin (/dev/null) and stdout/stderr (one pipe, kept here) as passed descriptors."""
+    """One rank asked of the template as a node runner asks: ``script_main SCRIPT ARGS`` (or
+    ``module``'s argv) with its stdin (/dev/null) and stdout/stderr (one pipe, kept here) as
+    passed descriptors."""
 
-    def __init__(self, conn: socket.socket, script: str, *args: str) -> None:
+    def __init__(self, conn: socket.socket, script: str, *args: str, module: str | None = None) -> None:
         self.conn = conn
+        argv = [module, script, *args] if module else [SCRIPT_MAIN, str(SCRIPTS / script), *args]
         self.output, out_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
         env = with_package_on_path({**os.environ, "RANK": "0", "PYTHONUNBUFFERED": "1"})
-        request = {"argv": [SCRIPT_MAIN, str(SCRIPTS / script), *args], "env": env, "cwd": str(SCRIPTS)}
+        request = {"argv": argv, "env": env, "cwd": str(SCRIPTS)}
         try:
             socket.send_fds(conn, [json.dumps(request).encode()], [null, out_w, out_w])
         finally:
@@ -232,6 +234,25 @@ def test_a_rank_exit_and_its_runner_leaving_in_one_batch(template: Template, no_
     assert run_rank(template, "exit_code.py", "0") == 0
     assert template.alive(), template.stderr()
     _wait(f"rank {pid} to be reaped", lambda: not psutil.pid_exists(pid), 30, "the template did not reap it")
+
+
+def test_a_killed_template_takes_its_children_along(template: Template, no_leftovers: None) -> None:
+    """A store host arms no parent-death signal of its own (ranks do): the template arms it
+    in every child, so nothing it forked outlives it, reparented to init."""
+    request = Request(_runner_connect(template), "0", "2", module="spark_torch.node.store_host_main")
+    pid = None
+    try:
+        pid = request.answer()["pid"]
+        request.read_until(b"ready")
+        template.process.kill()
+        template.process.wait(10)
+        _wait(f"store host {pid} to go with its template", lambda: not psutil.pid_exists(pid)
+              or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30, "it outlived its template")
+    finally:
+        request.close()
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
 
 
 def _pids_cgroup() -> str | None:

@@ -46,10 +46,12 @@ class StoreHost:
         return self.process.pid
 
     def close(self) -> None:
-        """Stop the store like a rank (SIGTERM, a short grace, SIGKILL) and reap it, bounded."""
+        """Stop the store like a rank (SIGTERM, a short grace, SIGKILL) and reap it, bounded.
+        Also when its template went away first (it reports the store as lost, the store may
+        still run): the process is found by pid and creation time, never a reused pid."""
+        terminate_trees([(self.process.pid, self.created)], grace=STOP_GRACE_SECONDS)
         if self.process.poll() is not None:
             return
-        terminate_trees([(self.process.pid, self.created)], grace=STOP_GRACE_SECONDS)
         try:
             self.process.wait(STOP_GRACE_SECONDS)
         except subprocess.TimeoutExpired:

@@ -287,6 +287,7 @@ class _Template:
 
     def _start_rank(self, client: _Client, request: dict[str, Any], fds: list[int]) -> None:
         go_r, go_w = os.pipe()
+        template = os.getpid()
         try:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
@@ -299,7 +300,7 @@ class _Template:
         if pid == 0:
             os.close(go_w)
             self._leave_in_child()
-            _become_rank(request, fds, go_r)
+            _become_rank(request, fds, go_r, template)
         os.close(go_r)
         rank = _Rank(pid)
         rank.go = go_w
@@ -449,7 +450,7 @@ def _close_other_fds(keep: set[int]) -> None:
                 os.close(fd)
 
 
-def _become_rank(request: dict[str, Any], fds: list[int], go: int) -> NoReturn:
+def _become_rank(request: dict[str, Any], fds: list[int], go: int, template: int) -> NoReturn:
     """In the forked child: turn into the rank described by ``request`` (never returns)."""
     code = 1
     try:
@@ -457,6 +458,7 @@ def _become_rank(request: dict[str, Any], fds: list[int], go: int) -> NoReturn:
         if os.read(go, 1) != b"g":  # the runner never got our pid: do not run
             os._exit(1)
         os.close(go)
+        _die_with_template(template)
         stdin, stdout, stderr, *extra = fds
         for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
             os.dup2(fd, target)
@@ -488,6 +490,17 @@ def _become_rank(request: dict[str, Any], fds: list[int], go: int) -> NoReturn:
 
         traceback.print_exc()
     os._exit(code)
+
+
+def _die_with_template(template: int) -> None:
+    """Every child dies with the template (SIGKILL), whatever module it runs: ranks arm this
+    themselves too, the store host does not; exit now if the template is already gone."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != template:
+        os._exit(1)
 
 
 def _reseed_and_size_threads() -> None:
