@@ -92,7 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                      help="environment variable for every rank (repeatable)")
     run.add_argument("--timeout", type=float, default=None, metavar="S", help="bound on the whole run, seconds")
-    run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times (-1: no limit)")
+    run.add_argument("--min-processes", type=int, default=None, metavar="M",
+                     help="distributed: go on with at least M ranks when nodes are missing or lost (default: -n)")
+    run.add_argument("--grow", dest="elastic_grow", action="store_true",
+                     help="with --min-processes: restart larger at the next checkpoint once slots are free again")
     run.add_argument("--ranks-per-task", type=int, default=None, metavar="N",
                      help="distributed CPU mode: ranks per Spark task (node); default 1")
     run.add_argument("--storage-path", default=None, metavar="DIR_OR_URL",
@@ -171,6 +175,8 @@ def _run(args: argparse.Namespace) -> int:
             env=dict(args.env),
             timeout=args.timeout,
             max_restarts=args.max_restarts,
+            min_processes=args.min_processes,
+            elastic_grow=args.elastic_grow,
             ranks_per_task=args.ranks_per_task,
             storage_path=args.storage_path,
             run_id=args.run_id,

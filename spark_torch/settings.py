@@ -174,6 +174,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Fork ranks from a template process that has imported torch (a fresh interpreter per rank when off).",
     ),
     Setting(
+        "elastic_wait", "SPARK_TORCH_ELASTIC_WAIT", "spark.torch.elastic.wait", 30.0, _seconds_or_zero, "seconds",
+        "Elastic runs (min_processes < num_processes): how long a restart waits for lost executors to come "
+        "back before going on with fewer nodes, and how long slots for more nodes must stay free before "
+        "elastic_grow restarts the run larger.",
+    ),
+    Setting(
         "ship_package", "SPARK_TORCH_SHIP_PACKAGE", "spark.torch.shipPackage.enabled", True, _switch, "true or false",
         "Distributed mode: send the driver's spark_torch to the executors (once per session and version, "
         "as a zip on their Python path), so they run the driver's code whether or not they have it "
@@ -202,6 +208,7 @@ class Settings:
     result_transfer: str
     executor_wait: float
     warm_start: bool
+    elastic_wait: float
     ship_package: bool
     warm_start_idle: float
 

@@ -46,6 +46,7 @@ _ORDER = {
     "spark_session": 1,
     "plain_local_spark": 2,
     "cluster_spark": 3,
+    "cluster3_spark": 3.5,
     "gpu_cluster_spark": 4,
     "gpu_local_spark": 5,
     "standalone_spark": 6,
@@ -125,6 +126,15 @@ def cluster_spark() -> Iterator[Any]:
     """A ``local-cluster[2,1,1024]`` session: two executor JVMs with one core each (64m max result)."""
     spark = make_session(CLUSTER_MASTER, **{"spark_driver_maxResultSize": "64m"})
     wait_for_slots(spark, 2)
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster3_spark() -> Iterator[Any]:
+    """A ``local-cluster[3,1,1024]`` session: three 1-core executor JVMs (elastic runs lose one)."""
+    spark = make_session("local-cluster[3,1,1024]")
+    wait_for_slots(spark, 3)
     yield spark
     spark.stop()
 

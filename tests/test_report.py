@@ -44,7 +44,7 @@ def test_metrics_rows_and_result(tmp_path: Path, no_leftovers: None) -> None:
     assert result is not None and result.error is None and result.restarts == 0 and out["resumed_from"] is None
     assert _steps(d) == [1, 2, 3, 4, 5, 6] and {r["attempt"] for r in result.rows} == {0}
     frame = result.metrics_dataframe
-    assert list(frame.columns) == ["loss", "rank0_step", "step", "time", "attempt"]
+    assert list(frame.columns) == ["loss", "rank0_step", "step", "time", "attempt", "world_size"]
     assert frame["rank0_step"].tolist() == frame["step"].tolist() and frame["loss"].dtype == float
     assert result.metrics["step"] == 6 and result.metrics["loss"] == frame["loss"].iloc[-1]  # the last row, as a dict
     assert result.checkpoint is not None and result.checkpoint.step == 6

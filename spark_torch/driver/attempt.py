@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.driver.elastic import Membership
 from spark_torch.lines import RankOutput
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.storage import RunStorage
@@ -30,8 +31,12 @@ class Attempt:
     #: keep the best checkpoints by this reported metric (and ``score_order``) instead of the newest
     score_attribute: str | None = None
     score_order: str = "max"
+    #: elastic_grow: the run's sizes (an attempt below full size watches for free slots)
+    membership: Membership | None = None
 
-    def report_coordinator(self, answer: Callable[[int, str | None], None]) -> ReportCoordinator:
+    def report_coordinator(
+        self, answer: Callable[[int, str | None], None], after_checkpoint: Callable[[int], None] | None = None
+    ) -> ReportCoordinator:
         """The coordinator of this attempt's report() steps; ``answer`` tells the nodes."""
         store = self.spec.storage
         storage = RunStorage(store.base, self.spec.run_id, store.options) if store is not None else None
@@ -43,6 +48,8 @@ class Attempt:
             answer=answer,
             keep_checkpoints=self.keep_checkpoints,
             score=(self.score_attribute, self.score_order),
+            world_size=self.spec.world_size,
+            after_checkpoint=after_checkpoint,
         )
 
     @property

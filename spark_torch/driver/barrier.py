@@ -19,10 +19,10 @@ from spark_torch.channel.driver_end import DriverChannel, new_secret
 from spark_torch.driver.attempt import Attempt
 from spark_torch.driver.compat import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.dataframe import DataInput
+from spark_torch.driver.elastic import GrowRestart, GrowWatch
 from spark_torch.driver.endpoints import ChannelEndpoint
 from spark_torch.driver.outcome import error_from_spark_failure, timeout_error
 from spark_torch.driver.shipping import ship_package
-from spark_torch.driver.slots import check_slots
 from spark_torch.envelopes import ResultBytes
 from spark_torch.errors import ConfigurationError, LaunchError, RankFailure
 from spark_torch.node import result_transfer
@@ -87,19 +87,23 @@ def run_distributed(
     if plan.local_mode:  # pragma: no cover - guarded by the caller
         raise ConfigurationError("run_distributed called with a local-mode plan")
     by_file = attempt.spec.payload is not None and attempt.spec.settings.result_transfer != "spark"
-    check_slots(spark, plan.num_nodes, attempt.spec.settings.executor_wait)
     if attempt.spec.settings.ship_package:
         try:
             ship_package(spark)
         except Exception as exc:  # noqa: BLE001 - the nodes still check that they run the driver's code
             logger.warning("spark_torch: could not ship spark_torch to the executors (%s); they use their own", exc)
     channel = _open_channel(attempt, endpoint)
-    coordinator = channel.reports = attempt.report_coordinator(answer=channel.answer_reports)
+    grow = None
+    if attempt.membership is not None and plan.num_nodes < attempt.membership.max_nodes:
+        grow = GrowWatch(spark, plan.num_nodes, attempt.membership, channel.stop_nodes)
+    coordinator = channel.reports = attempt.report_coordinator(
+        answer=channel.answer_reports, after_checkpoint=grow.checkpointed if grow is not None else None
+    )
     streamed = None
     try:
         spec = replace(attempt.spec, channel=channel.spec)
         if not by_file:
-            return _run_stage(spark, spec, attempt, channel, data, None)
+            return _run_stage(spark, spec, attempt, channel, data, None, grow)
         # node 0 moves rank 0's result in here when it shares this host (or filesystem), or
         # streams it over the channel into a file here
         with NodeWorkdir(spec.run_id, 0, role="driver") as result_dir:
@@ -108,8 +112,10 @@ def run_distributed(
             )
             token = result_transfer.prepare_result_dir(result_dir.path)
             spec = replace(spec, result_dir=result_dir.path, result_token=token)
-            return _run_stage(spark, spec, attempt, channel, data, streamed)
+            return _run_stage(spark, spec, attempt, channel, data, streamed, grow)
     finally:
+        if grow is not None:
+            grow.close()
         channel.close()
         coordinator.close()
         if streamed is not None:
@@ -123,6 +129,7 @@ def _run_stage(
     channel: DriverChannel,
     data: DataInput | None,
     streamed: result_transfer.StreamedResult | None,
+    grow: GrowWatch | None = None,
 ) -> ResultBytes | None:
     plan = spec.plan
     # one input partition per node: the node's share of the data, or one placeholder row
@@ -166,6 +173,9 @@ def _run_stage(
             running,
             f"the Spark job was cancelled and the ranks of all {plan.num_nodes} node(s) were stopped",
         )
+    if grow is not None and grow.requested is not None:  # the nodes stopped after a checkpoint: restart larger
+        channel.wait_for_nodes(timeout=DRAIN_SECONDS)
+        raise GrowRestart(grow.requested)
     if "error" in box:
         channel.stop_nodes("another node failed")  # the nodes Spark did not stop yet
         channel.wait_for_nodes(timeout=FAILURE_REPORTS_SECONDS)  # other failed nodes' reports

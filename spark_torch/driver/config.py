@@ -67,6 +67,10 @@ class DistributorConfig:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
+    #: elastic membership: the fewest ranks a run goes on with (None: num_processes, a fixed size)
+    min_processes: int | None = None
+    #: an attempt below full size restarts larger at its next checkpoint once slots are free
+    elastic_grow: bool = False
     # the settings of spark_torch.settings.SETTINGS given as keywords (None: environment, Spark conf, default)
     channel_host: Any = None
     channel_bind_address: Any = None
@@ -78,6 +82,7 @@ class DistributorConfig:
     warm_start: Any = None
     warm_start_idle: Any = None
     ship_package: Any = None
+    elastic_wait: Any = None
 
     def __post_init__(self) -> None:
         self._check_reporting()
@@ -87,6 +92,20 @@ class DistributorConfig:
         object.__setattr__(self, "max_restarts", _check_int("max_restarts", self.max_restarts, -1))
         if self.progress is not None and not isinstance(self.progress, bool):
             raise TypeError(f"progress must be True, False or None (auto), got {self.progress!r}")
+        if self.min_processes is not None:
+            object.__setattr__(self, "min_processes", _check_int("min_processes", self.min_processes, 1))
+            if self.min_processes > self.num_processes:
+                raise ConfigurationError(
+                    f"min_processes={self.min_processes} is more than num_processes={self.num_processes}; "
+                    "min_processes is the fewest ranks the run may go on with"
+                )
+            if self.local_mode and self.min_processes != self.num_processes:
+                raise ConfigurationError(
+                    "min_processes applies to distributed mode (local_mode=False): in local mode every rank runs "
+                    "on the driver, whose size does not change"
+                )
+        if not isinstance(self.elastic_grow, bool):
+            raise TypeError(f"elastic_grow must be True or False, got {self.elastic_grow!r}")
         if self.ranks_per_task is not None:
             object.__setattr__(self, "ranks_per_task", _check_int("ranks_per_task", self.ranks_per_task, 1))
             if self.local_mode:

@@ -76,6 +76,13 @@ class Distributor:
         checkpoint_score_attribute: a reported metric that ranks the checkpoints:
             ``keep_checkpoints`` keeps the best and ``last_run.best_checkpoints`` lists them best first.
         checkpoint_score_order: ``"max"`` (the default: higher is better) or ``"min"``.
+        min_processes: distributed mode: the fewest ranks the run goes on with (default
+            ``num_processes``: a fixed size). With fewer slots than ``num_processes`` it starts
+            with as many whole nodes as fit; after a lost node it restarts (``max_restarts``)
+            with the nodes there are, from the latest checkpoint. ``last_run.attempts`` says
+            each attempt's size and why (docs/elastic.md).
+        elastic_grow: an attempt below full size restarts larger, at its next checkpoint, once
+            slots for more nodes have been free for ``elastic_wait`` seconds.
         mlflow: log the reported metrics, parameters and the final checkpoint to one MLflow
             run (None: when an MLflow run is active on the driver).
     """
@@ -101,6 +108,8 @@ class Distributor:
         storage_options: Mapping[str, Any] | None = None,
         checkpoint_score_attribute: str | None = None,
         checkpoint_score_order: str = "max",
+        min_processes: int | None = None,
+        elastic_grow: bool = False,
         channel_host: str | None = None,
         channel_bind_address: str | None = None,
         channel_ports: str | tuple[int, int] | None = None,
@@ -111,6 +120,7 @@ class Distributor:
         warm_start: bool | None = None,
         warm_start_idle: float | None = None,
         ship_package: bool | None = None,
+        elastic_wait: float | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -130,6 +140,8 @@ class Distributor:
             storage_options=dict(storage_options or {}),
             checkpoint_score_attribute=checkpoint_score_attribute,
             checkpoint_score_order=checkpoint_score_order,
+            min_processes=min_processes,
+            elastic_grow=elastic_grow,
             channel_host=channel_host,
             channel_bind_address=channel_bind_address,
             channel_ports=channel_ports,
@@ -140,6 +152,7 @@ class Distributor:
             warm_start=warm_start,
             warm_start_idle=warm_start_idle,
             ship_package=ship_package,
+            elastic_wait=elastic_wait,
         )
         self._spark = spark
         #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)

@@ -4,6 +4,7 @@ attempts (restarting the gang up to ``max_restarts`` times), and rank 0's value.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import time
@@ -15,6 +16,7 @@ from spark_torch.driver.attempt import Attempt
 from spark_torch.driver.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.dataframe import DataInput
+from spark_torch.driver.elastic import GrowRestart, Membership
 from spark_torch.driver.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
 from spark_torch.driver.logs import DriverLogSink
@@ -87,22 +89,40 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
     )
     deadline = time.monotonic() + config.timeout if config.timeout else None
     tracker = ReportTracker(outcome, sink, config, plan, run_id)
+    membership = None
+    if not plan.local_mode:
+        minimum = config.min_processes or config.num_processes
+        membership = Membership(
+            max_nodes=plan.num_nodes,
+            min_nodes=max(1, math.ceil(minimum / plan.procs_per_node)),
+            procs_per_node=plan.procs_per_node,
+            elastic_wait=settings.elastic_wait,
+            executor_wait=settings.executor_wait,
+        )
     try:
         show = interactive() if config.progress is None else config.progress
         unlimited = config.max_restarts < 0
-        restart = 0
+        restart = failures = 0
+        why = "start"
         while True:
             latest = storage.latest() if storage is not None else None
             resume = latest.step if latest is not None else 0
             if storage is not None:
                 storage.discard_incomplete_after(resume)
             tracker.resume_from(resume)  # steps after the checkpoint will be reported again
+            sized = plan
+            if membership is not None and spark is not None:
+                nodes, size_note = membership.nodes_for(spark, first=restart == 0)
+                sized = replace(plan, num_nodes=nodes)
+                why = f"{why}: {size_note}"
+            outcome.attempts.append({"attempt": restart, "world_size": sized.world_size, "nodes": sized.num_nodes, "reason": why})
             sink.status.close()
-            sink.status = RunStatus(plan.world_size, enabled=show)
+            sink.status = RunStatus(sized.world_size, enabled=show)
             attempt = Attempt(
                 spec=replace(
-                    base, restart_count=restart, resume_step=resume, resume_url=latest.url if latest else None
-                ),
+                    base, plan=sized, restart_count=restart, resume_step=resume,
+                    resume_url=latest.url if latest else None,
+                ),  # fmt: skip
                 timeout=None if deadline is None else max(0.001, deadline - time.monotonic()),
                 run_timeout=config.timeout,
                 on_lines=sink,
@@ -111,20 +131,27 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
                 keep_checkpoints=config.keep_checkpoints,
                 score_attribute=config.checkpoint_score_attribute,
                 score_order=config.checkpoint_score_order,
+                membership=membership if config.elastic_grow else None,
             )
             outcome.restarts = restart
             try:
                 result = _run_attempt(spark, attempt, endpoint, data)
                 break
+            except GrowRestart as exc:  # not a failure: does not count against max_restarts
+                restart += 1
+                why = f"grow ({exc})"
             except RunTimeoutError:
                 raise
             except DistributedRunError as exc:
-                if not unlimited and restart >= config.max_restarts:
+                if not unlimited and failures >= config.max_restarts:
                     raise
                 restart += 1
+                failures += 1
+                cause = str(exc).splitlines()[0]
+                why = f"restart after a failure ({cause[:200]})"
                 logger.warning(
                     "spark_torch: run %s failed (%s); restarting the gang (%d of %s)",
-                    run_id, str(exc).splitlines()[0], restart, "unlimited" if unlimited else config.max_restarts,
+                    run_id, cause, failures, "unlimited" if unlimited else config.max_restarts,
                 )
         outcome.value = _unpickle_result(result)
         return outcome.value

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from spark_torch.reporting.api import RECORDED_KEYS
+
 __all__ = ["RunStatus", "interactive", "in_jupyter"]
 
 
@@ -124,7 +126,7 @@ class RunStatus:
         shown = [
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in row.items()
-            if k not in ("step", "time", "attempt")
+            if k not in RECORDED_KEYS
         ][:4]
         with self._lock:
             self.latest = f" | step {row.get('step')}: " + ", ".join(shown)

@@ -13,11 +13,11 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.storage import DEFAULT_STORAGE, CheckpointInfo, RunStorage, best
 
 __all__ = ["RunResult", "Checkpoint", "load_run"]
 
-_BOOKKEEPING = ("step", "time", "attempt")
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,15 @@ class RunResult:
         run_id: the run's id (pass it again as ``run_id=`` to resume from its checkpoint).
         value: rank 0's return value (what ``run()`` returned; None for scripts or failures).
         rows: one dict per ``report()`` step persisted by this call: rank 0's metrics plus
-            ``step``, ``time`` (Unix seconds) and ``attempt`` (0, then 1 after the first restart).
+            ``step``, ``time`` (Unix seconds), ``attempt`` (0, then 1 after the first restart)
+            and ``world_size`` (the ranks of that attempt).
         history: every step of the run across restarts and earlier ``run()`` calls with this
             ``run_id`` (from its storage; a step reported again after a restart: the newest row).
         checkpoint: the latest complete :class:`Checkpoint`, or None.
         best_checkpoints: the run's kept checkpoints with their metrics, best first
             (``checkpoint_score_attribute``/``checkpoint_score_order``; else newest first).
-        restarts: how many times the gang was restarted in this call.
+        restarts: how many times the gang was restarted in this call (after failures, or to grow).
+        attempts: each attempt's world size and why it had that size (elastic membership).
         error: the exception when the run failed (``run()`` raised it too).
         path: where the run's checkpoints and metrics are (None: no storage).
     """
@@ -91,6 +93,9 @@ class RunResult:
     restarts: int = 0
     error: BaseException | None = None
     path: str | None = None
+    #: per attempt of this call: ``attempt``, ``world_size``, ``nodes`` and ``reason`` (why it
+    #: started, and at this size: the start, a restart after a failure, growing)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -108,8 +113,8 @@ class RunResult:
             raise ImportError("RunResult.metrics_dataframe needs pandas (pip install pandas); RunResult.history has the same data") from exc
         frame = pd.DataFrame(self.history or self.rows)
         if frame.empty:
-            return pd.DataFrame(columns=list(_BOOKKEEPING))
-        ordered = [c for c in frame.columns if c not in _BOOKKEEPING] + list(_BOOKKEEPING)
+            return pd.DataFrame(columns=list(RECORDED_KEYS))
+        ordered = [c for c in frame.columns if c not in RECORDED_KEYS] + [c for c in RECORDED_KEYS if c in frame.columns]
         return frame[ordered].sort_values("step", kind="stable").reset_index(drop=True)
 
     def collect(self, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:

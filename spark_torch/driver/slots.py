@@ -15,10 +15,28 @@ from spark_torch.driver.cluster import available_slots, is_connect_session, mast
 from spark_torch.driver.plan import is_local_master
 from spark_torch.errors import InsufficientSlotsError
 
-__all__ = ["check_slots"]
+__all__ = ["check_slots", "wait_for_slots", "can_wait"]
 
 #: how often the slot count is asked again while executors register
 POLL_SECONDS = 0.25
+
+
+def can_wait(spark: Any) -> bool:
+    """Whether executors can come and go (a cluster master); ``local[N]`` and a Spark Connect
+    client's configuration never change while the session lives."""
+    return not is_connect_session(spark) and not is_local_master(master_of(spark))
+
+
+def wait_for_slots(spark: Any, wanted: int, wait: float) -> int | None:
+    """The slots there are once ``wanted`` exist, or after ``wait`` seconds (None: unknown)."""
+    slots = available_slots(spark)
+    if slots is None or slots >= wanted or not can_wait(spark):
+        return slots
+    deadline = time.monotonic() + wait
+    while slots is not None and slots < wanted and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        slots = available_slots(spark)
+    return slots
 
 
 def check_slots(spark: Any, needed: int, executor_wait: float) -> None:

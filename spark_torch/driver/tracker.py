@@ -19,6 +19,7 @@ from spark_torch.driver.logs import DriverLogSink
 from spark_torch.driver.progress import in_jupyter
 from spark_torch.driver.result import RunResult
 from spark_torch.errors import ConfigurationError
+from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.spec import LaunchPlan
 
 __all__ = ["ReportTracker", "numeric_metrics"]
@@ -27,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 #: the chart is redrawn at most this often
 CHART_SECONDS = 1.0
-_BOOKKEEPING = ("step", "time", "attempt")
 
 
 def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
@@ -35,7 +35,7 @@ def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
     return {
         k: float(v)
         for k, v in row.items()
-        if k not in _BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool)
+        if k not in RECORDED_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
 
 

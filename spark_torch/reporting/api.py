@@ -36,7 +36,10 @@ from typing import IO, Any
 
 from spark_torch import envnames
 
-__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES"]
+__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS"]
+
+#: what spark_torch records with every step's metrics (not names a rank may report)
+RECORDED_KEYS = ("step", "time", "attempt", "world_size")
 
 #: bound on one step's metrics (they travel in one message to the driver, and into every row)
 MAX_METRICS_BYTES = 64 * 1024
@@ -92,7 +95,7 @@ def _clean(metrics: Any) -> dict[str, Any]:
         if not isinstance(key, str):
             raise TypeError(f"report(): metric names are strings, got {key!r}")
         _text(f"metric name {key!r}", key)
-        if key in ("step", "time", "attempt"):
+        if key in RECORDED_KEYS:
             raise ValueError(f"report(): {key!r} is recorded by spark_torch; name your metric differently")
         clean[key] = _number(key, value)
     size = len(json.dumps(clean))

@@ -39,6 +39,8 @@ class ReportCoordinator:
         answer: Callable[[int, str | None], None],
         keep_checkpoints: int | None = None,
         score: tuple[str | None, str] = (None, "max"),
+        world_size: int = 0,
+        after_checkpoint: Callable[[int], None] | None = None,
     ) -> None:
         self._nodes = nodes
         self._attempt = attempt
@@ -47,6 +49,9 @@ class ReportCoordinator:
         self._answer = answer
         self._keep = keep_checkpoints
         self._score = score
+        self._world_size = world_size
+        #: called after a step with a checkpoint was persisted and answered (elastic growth)
+        self._after_checkpoint = after_checkpoint
         self._lock = threading.Lock()
         self._pending: dict[int, dict[int, dict[str, Any]]] = {}
         #: the last step answered (replayed to a node that reconnects)
@@ -88,9 +93,10 @@ class ReportCoordinator:
 
     def _persist(self, step: int, reports: dict[int, dict[str, Any]]) -> None:
         error = None
+        ranks: list[int] = []
         try:
             metrics: dict[str, Any] = next((rep["metrics"] for rep in reports.values() if rep["metrics"] is not None), {})
-            row = {**metrics, "step": step, "time": time.time(), "attempt": self._attempt}
+            row = {**metrics, "step": step, "time": time.time(), "attempt": self._attempt, "world_size": self._world_size}
             ranks = sorted(r for rep in reports.values() for r in rep["checkpoint_ranks"])
             if ranks:
                 if self._storage is None:  # pragma: no cover - the ranks refuse first
@@ -107,3 +113,5 @@ class ReportCoordinator:
         with self._lock:
             self.last_answer = (step, error)
         self._answer(step, error)
+        if error is None and ranks and self._after_checkpoint is not None:
+            self._after_checkpoint(step)

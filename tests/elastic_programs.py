@@ -1,0 +1,90 @@
+"""Training functions for the elastic tests (shipped to ranks by value).
+
+``count_epochs`` adds exactly 1 per epoch whatever the world size (an all-reduce of ones divided
+by the world size), checkpoints the count every epoch and reports it: a run that lost or gained
+nodes ends with ``count == epochs`` only if every epoch ran exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from typing import Any
+
+
+def count_epochs(epochs: int, marker_dir: str | None = None, pause: float = 0.0, kill_executor_at: int | None = None) -> dict[str, Any]:
+    import json
+
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    import spark_torch
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = os.environ["SPARK_TORCH_RESTART_COUNT"]
+    count, start = 0.0, 0
+    checkpoint = spark_torch.get_checkpoint()
+    if checkpoint is not None:
+        state = json.loads((checkpoint / "state.json").read_text())
+        count, start = state["count"], state["epoch"]
+    for epoch in range(start + 1, epochs + 1):
+        ones = torch.ones(1)
+        dist.all_reduce(ones)
+        count += ones.item() / world
+        time.sleep(pause)
+        if kill_executor_at == epoch and rank == world - 1 and attempt == "0":
+            for parent in psutil.Process().parents():  # a lost machine: the executor JVM and this rank
+                if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+                    parent.kill()
+                    break
+            os.kill(os.getpid(), signal.SIGKILL)
+        with tempfile.TemporaryDirectory() as tmp:
+            if rank == 0:
+                with open(os.path.join(tmp, "state.json"), "w") as fh:
+                    json.dump({"count": count, "epoch": epoch}, fh)
+            spark_torch.report({"epoch": epoch, "count": count}, checkpoint=tmp if rank == 0 else None)
+        if marker_dir is not None and rank == 0:
+            open(os.path.join(marker_dir, f"attempt-{attempt}-world-{world}-epoch-{epoch}"), "w").close()
+    dist.destroy_process_group()
+    return {"count": count, "world_size": world}
+
+
+def rows_per_epoch(epochs: int, kill_executor_at: int | None = None) -> list[list[int]]:
+    """run_on_dataframe: every epoch, the ids of the rows all ranks saw (gathered), with a
+    checkpoint per epoch; the last rank's executor is killed after ``kill_executor_at``."""
+    import json
+
+    import psutil
+    import torch.distributed as dist
+
+    import spark_torch
+    from spark_torch.data import rank_loader
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seen: list[list[int]] = []
+    checkpoint = spark_torch.get_checkpoint()
+    if checkpoint is not None:
+        seen = json.loads((checkpoint / "seen.json").read_text())
+    for epoch in range(len(seen) + 1, epochs + 1):
+        mine = [int(i) for batch in rank_loader(batch_size=4) for i in batch["id"]]
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine)
+        seen.append(sorted(i for part in gathered for i in part))
+        if kill_executor_at == epoch and rank == world - 1 and os.environ["SPARK_TORCH_RESTART_COUNT"] == "0":
+            for parent in psutil.Process().parents():
+                if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+                    parent.kill()
+                    break
+            os.kill(os.getpid(), signal.SIGKILL)
+        with tempfile.TemporaryDirectory() as tmp:
+            if rank == 0:
+                with open(os.path.join(tmp, "seen.json"), "w") as fh:
+                    json.dump(seen, fh)
+            spark_torch.report({"epoch": epoch}, checkpoint=tmp if rank == 0 else None)
+    dist.destroy_process_group()
+    return seen

@@ -1,0 +1,74 @@
+"""Elastic membership: a run starts with the nodes there are (at least min_processes), goes on
+with fewer after losing one, and grows back; every epoch exactly once, with real gloo
+all-reduces. local[2], local-cluster[3,1,1024] (an executor JVM killed); the standalone test
+(a worker stopped and started again) is in test_standalone.py."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch import Distributor, InsufficientSlotsError
+
+from .elastic_programs import count_epochs, rows_per_epoch
+
+
+def test_starts_with_the_nodes_there_are(spark_session: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+    """local[2] has slots for 2 nodes: N=3, M=2 runs with 2 ranks and says so once."""
+    import logging
+
+    d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=spark_session, storage_path=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        out = d.run(count_epochs, 3)
+    assert out == {"count": 3.0, "world_size": 2}
+    notes = [r.getMessage() for r in caplog.records if "starting with" in r.getMessage()]
+    assert notes == ["spark_torch: starting with 2 of 3 ranks (min_processes=2): the cluster has slots for 2 of 3 nodes"]
+    assert d.last_run is not None and [a["world_size"] for a in d.last_run.attempts] == [2]
+    assert "2 of 3 ranks" in d.last_run.attempts[0]["reason"]
+    assert set(d.last_run.metrics_dataframe["world_size"]) == {2}
+
+
+def test_fewer_slots_than_the_minimum_fail_at_once(spark_session: Any) -> None:
+    start = time.monotonic()
+    with pytest.raises(InsufficientSlotsError) as info:
+        Distributor(num_processes=4, min_processes=3, local_mode=False, spark=spark_session).run(count_epochs, 1)
+    message = str(info.value)
+    assert "needs at least 3 ranks (min_processes; num_processes=4)" in message and "has slots for 2 node(s)" in message
+    assert "Lower min_processes" in message and time.monotonic() - start < 10
+    with pytest.raises(ValueError, match="min_processes=5 is more than num_processes=4"):
+        Distributor(num_processes=4, min_processes=5, local_mode=False)
+    with pytest.raises(ValueError, match="min_processes applies to distributed mode"):
+        Distributor(num_processes=4, min_processes=2)
+
+
+@pytest.mark.slow
+def test_a_lost_executor_shrinks_the_run(cluster3_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+    """local-cluster[3,1,1024], N=3, M=2: the last rank kills its executor JVM in epoch 2; the run
+    goes on from the latest checkpoint with the nodes there are; every epoch exactly once."""
+    d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=cluster3_spark, storage_path=tmp_path,
+                    max_restarts=2, elastic_wait=0)  # fmt: skip
+    out = d.run(count_epochs, 5, kill_executor_at=2)
+    result = d.last_run
+    assert result is not None and out["count"] == 5.0
+    sizes = [a["world_size"] for a in result.attempts]
+    assert sizes[0] == 3 and len(sizes) == 2 and sizes[1] in (2, 3), result.attempts
+    assert result.attempts[1]["reason"].startswith("restart after a failure (")
+    if sizes[1] == 2:
+        assert result.attempts[1]["reason"].endswith("2 of 3 ranks: slots for 2 of 3 nodes"), result.attempts
+    history = result.metrics_dataframe
+    assert history["epoch"].tolist() == [1, 2, 3, 4, 5] and history["step"].tolist() == [1, 2, 3, 4, 5]
+    assert history["world_size"].tolist()[2:] == [sizes[1]] * 3
+
+
+@pytest.mark.slow
+def test_dataframe_rows_are_split_again_after_a_shrink(cluster3_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+    """12 rows over 3 nodes, then over the nodes that are left: every row once per epoch."""
+    df = cluster3_spark.range(12).selectExpr("id", "cast(id as double) as x")
+    d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=cluster3_spark, storage_path=tmp_path,
+                    max_restarts=2, elastic_wait=0)  # fmt: skip
+    seen = d.run_on_dataframe(rows_per_epoch, df, 3, kill_executor_at=1)
+    assert d.last_run is not None and len(d.last_run.attempts) == 2
+    assert seen == [list(range(12))] * 3
