@@ -9,6 +9,7 @@ the session takes one 1-core executor on each (``spark.cores.max=2``), so a seco
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from .standalone import (
     check_submit_output,
     leftover_processes,
     standalone_cluster,
+    start_worker,
+    stop_daemons,
     submit,
 )
 
@@ -158,3 +161,70 @@ def test_spark_submit_standalone(
         cwd=tmp_path,
     )  # fmt: skip
     check_submit_output(proc.returncode, proc.stdout)
+
+
+def _wait_for_file(directory: Path, pattern: str, seconds: float, thread: Any) -> Path:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = sorted(directory.glob(pattern))
+        if found:
+            return found[0]
+        if not thread.is_alive():
+            raise AssertionError(f"the run ended before {pattern} appeared: {sorted(p.name for p in directory.iterdir())}")
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern} in {directory} within {seconds:g}s: {sorted(p.name for p in directory.iterdir())}")
+
+
+def test_a_worker_leaves_and_comes_back(
+    standalone_spark: Any, standalone: StandaloneCluster, tmp_path: Path, no_leftovers: None
+) -> None:
+    """Elastic membership on a real cluster: N=2, M=1. A worker is stopped in epoch 3: the run
+    goes on with 1 rank from the latest checkpoint. The worker starts again: once its slot has
+    been free for elastic_wait, the run grows back to 2 ranks at the next checkpoint (elastic_grow).
+    Every epoch exactly once (the all-reduce count), whatever the size. Last in this file: it
+    replaces a worker of the shared cluster and the shared session."""
+    import threading
+
+    from .elastic_programs import count_epochs
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    # one 2-core executor per worker, a task takes both cores: a lost worker's slot cannot move to the other
+    spark = make_session(standalone.url, spark_executor_cores="2", spark_task_cpus="2", spark_cores_max="4",
+                         spark_executor_memory="512m")  # fmt: skip
+    wait_for_slots(spark, 2)
+    d = Distributor(
+        num_processes=2, min_processes=1, local_mode=False, spark=spark, storage_path=tmp_path / "runs",
+        max_restarts=2, elastic_wait=3, elastic_grow=True, log_ranks=[],
+    )  # fmt: skip
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = d.run(count_epochs, 40, str(markers), 1.0)
+            box["result"] = d.last_run  # last_run is per thread
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        _wait_for_file(markers, "attempt-0-world-2-epoch-3", 180, thread)
+        leaving = standalone.workers[1]
+        stop_daemons([leaving])  # the worker and its executor JVM go away
+        _wait_for_file(markers, "attempt-1-world-1-epoch-*", 180, thread)  # shrunk to 1 rank
+        logs = leaving.log.parent
+        standalone.workers[1] = start_worker("worker-1-again", standalone.url, standalone.work_dirs[1], logs, cores=2)
+    finally:
+        thread.join(400)
+        spark.stop()
+    assert not thread.is_alive(), "the elastic run did not end"
+    assert "error" not in box, box.get("error")
+    assert box["out"]["count"] == 40.0 and box["out"]["world_size"] == 2
+    result = box["result"]
+    assert result is not None and [a["world_size"] for a in result.attempts] == [2, 1, 2], result.attempts
+    assert result.attempts[1]["reason"].startswith("restart after a failure")
+    assert result.attempts[2]["reason"].startswith("grow (slots for 2 nodes were free for 3s")
+    history = result.metrics_dataframe
+    assert history["epoch"].tolist() == list(range(1, 41))
+    assert sorted(set(history["world_size"])) == [1, 2]
