@@ -73,6 +73,7 @@ _VOLATILE = [
 
 
 def _normalise(line: str) -> str:
+    line = _relative(line)  # a fresh run's paths as the stored notebook shows them
     for pattern, replacement in _VOLATILE:
         line = pattern.sub(replacement, line)
     return line.strip()

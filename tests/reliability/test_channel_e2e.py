@@ -197,12 +197,17 @@ def test_twenty_runs_leave_no_thread_fd_or_listener(spark_session: Any, no_lefto
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         names, fds, listeners = _resources()
-        if threading.active_count() <= threads_before and fds <= fds_before + 2 and listeners <= listeners_before:
+        waiters = len([n for n in names if n.startswith("spark-torch-template-")])
+        if threading.active_count() - waiters <= threads_before and fds <= fds_before + 2 and listeners <= listeners_before:
             break
         time.sleep(0.2)
     names, fds, listeners = _resources()
-    assert threading.active_count() <= threads_before, sorted(names)
+    waiters = len([n for n in names if n.startswith("spark-torch-template-")])
+    assert threading.active_count() - waiters <= threads_before, sorted(names)
     assert listeners <= listeners_before
     assert fds <= fds_before + 2, (fds_before, fds)
-    assert not [n for n in names if n.startswith("spark-torch")], sorted(names)
+    # a warm-start template started by these runs is reaped by one waiter thread while it lives
+    # (bounded by its idle timeout): one per template, not per run
+    assert not [n for n in names if n.startswith("spark-torch") and not n.startswith("spark-torch-template-")], sorted(names)
+    assert len([n for n in names if n.startswith("spark-torch-template-")]) <= 1, sorted(names)
     assert os.environ.get("SPARK_TORCH_LOG_HOST") is None

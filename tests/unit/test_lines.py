@@ -38,9 +38,15 @@ def test_interrupts_deferred_until_the_block_ends() -> None:
     from spark_torch.node.processes import interrupts_deferred
 
     done = []
-    with pytest.raises(KeyboardInterrupt):
-        with interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            done.append("finished the block first")
-    assert done == ["finished the block first"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own handler, as in a program (a library imported earlier in this test session may
+    # have installed another one: the deferral only takes over from the default)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                done.append("finished the block first")
+        assert done == ["finished the block first"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
