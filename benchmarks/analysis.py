@@ -86,7 +86,7 @@ def analyse(outputs: list[dict[str, Any]]) -> dict[str, Any]:
             if rs[0]["mode"] == "local":
                 target(f"local trivial run N={n} vs bare torchrun (warm)", ratio(ours, med(rs, n=n, launcher=TORCHRUN)),
                        "<=", 0.2 if n == 2 else 0.6, f"{job}; runs after the first (the template is warm)")
-            else:
+            elif tdv is not None or med(rs, n=n, launcher=FLOOR) is not None:  # a job of ours alone (launch-scale) has none
                 target(f"distributed N={n} ({rs[0]['master']}) vs TorchDistributor", ratio(ours, tdv), "<=",
                        0.12 if n == 2 and rs[0]["master"] == "local[4]" else 0.35, job)
                 target(f"distributed N={n} ({rs[0]['master']}) vs floor", ratio(ours, med(rs, n=n, launcher=FLOOR)),
