@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The end-to-end suites (distributed, local-cluster, faults, DataFrame, CLI, GPUs, process
-# control) once more on PySpark 3.5, in a venv of their own (.venv35). Spark Connect tests skip
+# The end-to-end suites that go through Spark (distributed, local-cluster, faults, DataFrame,
+# CLI, GPUs, elastic) once more on PySpark 3.5, then the built wheel beside it, in a venv of their own (.venv35). Spark Connect tests skip
 # there: pip's pyspark 3.5 ships no Connect server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,9 +17,11 @@ if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ] || [
   touch "$VENV/.installed"
 fi
 "$VENV/bin/python" -c "import pyspark; assert pyspark.__version__.startswith('3.5'), pyspark.__version__; print('pyspark', pyspark.__version__)"
+# the suites that go through Spark (the channel's own tests and local mode do not depend on it)
 SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider \
-  tests/test_run_distributed.py tests/test_dataframe.py tests/reliability tests/test_cli.py \
-  tests/test_run_local.py tests/test_gpu.py tests/test_process_control.py tests/test_env_parity.py \
+  tests/test_run_distributed.py tests/test_dataframe.py tests/reliability/test_faults.py \
+  tests/reliability/test_channel_e2e.py tests/reliability/test_log_channel.py tests/test_cli.py \
+  tests/test_gpu.py tests/test_env_parity.py tests/test_elastic.py \
   tests/test_concurrent_runs.py tests/test_spark_submit.py tests/test_connect.py "$@"
 # the wheel beside PySpark 3.5: installed over the checkout's editable install, run from outside it
 work=$(mktemp -d)

@@ -201,7 +201,7 @@ def test_a_worker_leaves_and_comes_back(
 
     def run() -> None:
         try:
-            box["out"] = d.run(count_epochs, 40, str(markers), 1.0)
+            box["out"] = d.run(count_epochs, 40, str(markers), 0.5)
             box["result"] = d.last_run  # last_run is per thread
         except BaseException as exc:  # noqa: BLE001 - asserted below
             box["error"] = exc

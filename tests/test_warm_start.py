@@ -92,13 +92,14 @@ def _templates() -> list[psutil.Process]:
 
 
 def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
-    Distributor(num_processes=1).run(what_a_rank_sees, "x")
-    (template,) = _templates()
+    first = Distributor(num_processes=1).run(what_a_rank_sees, "x")
+    # the template that forked this run's rank (earlier tests' templates, for other settings, may still idle)
+    (template,) = [t for t in _templates() if t.pid == first["ppid"]]
     assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # no thread in the template: fork is safe
     template.kill()
     template.wait(10)
     out = Distributor(num_processes=2).run(what_a_rank_sees, "y")
-    (rebuilt,) = _templates()
+    (rebuilt,) = [t for t in _templates() if t.pid == out["ppid"]]
     assert rebuilt.pid != template.pid and "spark_torch.node.template_main" in out["ppid_cmd"]
 
 
@@ -201,7 +202,7 @@ def test_an_idle_template_exits_and_a_later_run_starts_a_new_one(no_leftovers: N
         time.sleep(0.05)
     second = Distributor(num_processes=2, warm_start_idle=1.0).run(what_a_rank_sees, "after")
     assert "spark_torch.node.template_main" in second["ppid_cmd"] and second["leaked"] is None
-    (rebuilt,) = _templates()
+    (rebuilt,) = [t for t in _templates() if t.pid == second["ppid"]]  # a child of this process, reaped when it ends
     assert rebuilt.pid != template.pid
 
 
