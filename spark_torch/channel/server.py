@@ -8,7 +8,8 @@ pending handshakes are at their bound, the oldest one (of the newcomer's address
 address is at its own bound) is closed to make room. A peer that proved the secret and attached as
 a node gets a thread that reads its connection. Handler calls for one node are serialized by a
 lock per node, across an old and a new connection of that node (a reconnect), so they stay in
-order and never overlap.
+order and never overlap. (One module, a little over 350 lines: the accept loop, the handshakes
+and the connection threads share the server's state and bounds, and read best together.)
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ that connection only, releases its rank and logs one line to the template's stde
 template itself never runs user code, never initializes CUDA and never starts a thread, so
 every run's ranks are forks of the same pristine process: nothing leaks from run to run.
 
+The request's checks and the keying rules are in :mod:`spark_torch.node.template_protocol`,
+the child's side in :mod:`spark_torch.node.template_child`; what stays here is one concern, the
+template's event loop (connections, requests, forks, exits, idle end), which reads best whole.
+
 Protocol (one JSON message per packet on a ``SOCK_SEQPACKET`` connection): the request
 ``{"argv", "env", "cwd", "umask", "rlimits", "idle"}`` with its descriptors
 (``socket.send_fds``); the answers ``{"pid": N}`` or ``{"error": TEXT}`` (no rank: start it
@@ -42,26 +46,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import selectors
 import signal
 import socket
 import struct
 import sys
 import time
-from typing import Any, NoReturn
+from typing import Any
 
-from spark_torch import envnames
+from spark_torch.node.template_child import become_rank
+from spark_torch.node.template_protocol import MAX_FDS, MAX_REQUEST, THREAD_ENV, check_request
 
-__all__ = ["main", "THREAD_ENV", "MAX_REQUEST", "RLIMITS"]
+__all__ = ["main"]
 
-#: the template's own thread pools: one thread each, so that it has no thread to lose in fork()
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-MAX_REQUEST = 4 << 20
-#: at most this many file descriptors per request (stdin, stdout, stderr, two report pipes)
-MAX_FDS = 8
-#: the resource limits a rank gets from its node runner (a cold rank inherits them all)
-RLIMITS = ("NOFILE", "CORE", "STACK", "AS", "DATA", "NPROC", "MEMLOCK", "CPU")
 #: a connection that sent no request within this long is closed (a runner sends it at once)
 REQUEST_SECONDS = 30.0
 #: accept() failing for lack of descriptors: listen again after this long instead of spinning
@@ -103,29 +100,6 @@ def _kill(pid: int) -> None:
     for send in (os.killpg, os.kill):
         with contextlib.suppress(OSError):
             send(pid, signal.SIGKILL)
-
-
-def _check_request(request: Any, fds: list[int]) -> dict[str, Any]:
-    """The request, or ValueError naming what is wrong with it."""
-    if not isinstance(request, dict) or len(fds) < 3:
-        raise ValueError("a request is a JSON object with argv/env/cwd and at least 3 descriptors")
-    argv, env = request.get("argv"), request.get("env")
-    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
-        raise ValueError("argv must be a non-empty list of strings")
-    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        raise ValueError("env must map strings to strings")
-    if not isinstance(request.get("cwd"), (str, type(None))) or not isinstance(request.get("umask"), (int, type(None))):
-        raise ValueError("cwd must be a string and umask an integer")
-    limits = request.get("rlimits", {})
-    if not isinstance(limits, dict) or any(
-        name not in RLIMITS or not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v))
-        for name, v in limits.items()
-    ):
-        raise ValueError(f"rlimits must map names of {RLIMITS} to [soft, hard]")
-    idle = request.get("idle")
-    if idle is not None and (not isinstance(idle, (int, float)) or idle <= 0):
-        raise ValueError("idle must be a positive number of seconds")
-    return request
 
 
 class _Template:
@@ -276,7 +250,7 @@ class _Template:
                 return
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise ValueError(f"a request over {MAX_REQUEST} bytes or {MAX_FDS} descriptors")
-            request = _check_request(json.loads(message.decode("utf-8")), fds)
+            request = check_request(json.loads(message.decode("utf-8")), fds)
             if request.get("idle") is not None:
                 self.idle = float(request["idle"])  # the latest run's setting
             self._start_rank(client, request, fds)
@@ -300,7 +274,7 @@ class _Template:
         if pid == 0:
             os.close(go_w)
             self._leave_in_child()
-            _become_rank(request, fds, go_r, template)
+            become_rank(request, fds, go_r, template)
         os.close(go_r)
         rank = _Rank(pid)
         rank.go = go_w
@@ -402,7 +376,7 @@ class _Template:
 
     def _leave_in_child(self) -> None:
         """In the forked child: drop every object of the template that holds a descriptor
-        (the rest are closed by number in :func:`_become_rank`)."""
+        (the rest are closed by number in :func:`~spark_torch.node.template_child.become_rank`)."""
         with contextlib.suppress(Exception):
             self.selector.close()
         if self.listener is not None:
@@ -439,81 +413,6 @@ class _Template:
         if self.listener is not None and self._owns_path():
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
-
-
-def _close_other_fds(keep: set[int]) -> None:
-    """Close every descriptor but ``keep``: nothing of the template reaches the rank."""
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd not in keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _become_rank(request: dict[str, Any], fds: list[int], go: int, template: int) -> NoReturn:
-    """In the forked child: turn into the rank described by ``request`` (never returns)."""
-    code = 1
-    try:
-        os.setsid()  # first: the template can kill this child's group from now on
-        if os.read(go, 1) != b"g":  # the runner never got our pid: do not run
-            os._exit(1)
-        os.close(go)
-        _die_with_template(template)
-        stdin, stdout, stderr, *extra = fds
-        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
-            os.dup2(fd, target)
-        _close_other_fds({0, 1, 2, *extra})
-        for name, (soft, hard) in request.get("rlimits", {}).items():  # the runner's, as a cold rank's
-            resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (soft, hard))
-        if request.get("umask") is not None:
-            os.umask(request["umask"])
-        env = dict(request["env"])
-        if extra:
-            env[envnames.REPORT_FDS] = ",".join(str(fd) for fd in extra)
-        env[envnames.PARENT_PID] = str(os.getppid())  # this template: it dies with the node runner
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(request["cwd"] or "/")
-        _reseed_and_size_threads()
-        module, *args = request["argv"]
-        sys.argv = ["-m", *args]
-        sys.path[0] = os.getcwd()  # what `python -m` puts first
-        import runpy
-
-        sys.modules.pop(module, None)  # imported by the template (warm bytecode); run it afresh as __main__
-        runpy.run_module(module, run_name="__main__", alter_sys=True)  # ends with os._exit
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - a rank that could not start
-        import traceback
-
-        traceback.print_exc()
-    os._exit(code)
-
-
-def _die_with_template(template: int) -> None:
-    """Every child dies with the template (SIGKILL), whatever module it runs: ranks arm this
-    themselves too, the store host does not; exit now if the template is already gone."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != template:
-        os._exit(1)
-
-
-def _reseed_and_size_threads() -> None:
-    """A fork inherits the template's random state and thread settings: make them the rank's."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.seed()
-        threads = os.environ.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:
-            torch.set_num_threads(int(threads))
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,7 @@ starts it under a file lock, the others connect to it (a burst of connections qu
 deadline). A template ends with its owner, or after the run's ``warm_start_idle`` seconds
 with no rank running; this process reaps the templates it started.
 
-What a rank would read when its interpreter starts (:data:`STARTUP_PREFIXES`) cannot change
+What a rank would read when its interpreter starts (:data:`~spark_torch.node.template_protocol.STARTUP_PREFIXES`) cannot change
 after a fork, so the template is keyed by those settings of the rank's environment and started
 with them; the node runner's resource limits and umask go with each request and are applied in
 the child. A setting no template can honour makes that rank start cold.
@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import resource
 import select
 import socket
 import stat
@@ -42,16 +41,14 @@ from importlib import metadata
 import psutil
 
 from spark_torch.envnames import SCRUBBED
-from spark_torch.node.template_main import RLIMITS, THREAD_ENV
+from spark_torch.node.template_protocol import cold_reason, runner_limits, runner_umask, startup_env
 
 __all__ = [
     "WarmProcess",
     "warm_spawn",
     "shutdown_templates",
-    "startup_env",
     "template_socket",
     "TEMPLATE_MODULE",
-    "STARTUP_PREFIXES",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,52 +61,6 @@ CONNECT_SECONDS = 30.0
 #: how long a request may wait for its answer (the template forks one rank at a time)
 ANSWER_SECONDS = 30.0
 TEMPLATE_MODULE = "spark_torch.node.template_main"
-
-#: Environment read when an interpreter starts or torch is imported, which a fork cannot change
-#: afterwards: Python's own (PYTHONHASHSEED, PYTHONWARNINGS, PYTHONMALLOC, PYTHONOPTIMIZE,
-#: PYTHONPATH, ...), the dynamic loader's (LD_PRELOAD, LD_LIBRARY_PATH), glibc malloc's and
-#: other allocators', the locale and time zone, torch's (TORCH_LOGS and friends, read at
-#: import) and the OpenMP/MKL runtimes' (read when torch loads them). Templates are keyed by
-#: these variables of the rank's environment and started with them.
-STARTUP_PREFIXES = (
-    "PYTHON", "LD_", "MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "JEMALLOC_", "LC_", "LANG", "TZ",
-    "TORCH_", "PYTORCH_", "OMP_", "KMP_", "GOMP_", "MKL_",
-)
-#: ... except what the fork handles per rank or what is read later, in the rank: the thread
-#: counts (the template runs single-threaded, each child sizes torch's pool) and NCCL's
-#: settings (read when a NCCL group is created; the template never touches CUDA)
-STARTUP_EXEMPT = (*THREAD_ENV, "TORCH_NCCL_")
-#: thread counts a fork cannot give a rank: numpy's OpenBLAS pool is sized when numpy is
-#: imported (in the template, single-threaded); a rank that asks for more starts cold
-COLD_IF_NOT_ONE = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
-
-
-def startup_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that an interpreter reads at start-up (:data:`STARTUP_PREFIXES`)."""
-    return {
-        k: v for k, v in env.items()
-        if k.startswith(STARTUP_PREFIXES) and not k.startswith(STARTUP_EXEMPT) and k not in SCRUBBED
-    }
-
-
-def _limits() -> dict[str, list[int]]:
-    """This process's resource limits, as a cold rank would inherit them."""
-    return {name: list(resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))) for name in RLIMITS}
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (another thread may be creating files)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
 
 class WarmProcess:
     """A rank forked by the template, seen like a ``subprocess.Popen`` (pid, poll, wait)."""
@@ -190,7 +141,7 @@ def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) 
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = ""
-    hard = {name: limits[1] for name, limits in _limits().items()}
+    hard = {name: limits[1] for name, limits in runner_limits().items()}
     identity = "\0".join((
         python, torch_version, str(owner.pid), repr(owner.create_time()),
         json.dumps(sorted(startup_env(env).items())), json.dumps(sorted(hard.items())),
@@ -295,7 +246,7 @@ def _spawn(
     try:
         request = {
             "argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(),
-            "umask": _umask(), "rlimits": _limits(), "idle": idle,
+            "umask": runner_umask(), "rlimits": runner_limits(), "idle": idle,
         }
         conn.settimeout(ANSWER_SECONDS)
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
@@ -360,14 +311,6 @@ def _template_connection(python: str, env: Mapping[str, str], idle: float | None
     return path, conn
 
 
-def _cold_reason(env: Mapping[str, str]) -> str | None:
-    """Why no template can start this rank as a cold start would, or None."""
-    for name in COLD_IF_NOT_ONE:
-        if env.get(name, "1").strip() != "1":
-            return f"{name}={env[name]} (numpy's thread pool is sized when numpy is imported)"
-    return None
-
-
 def warm_spawn(
     python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int],
     *, idle: float | None = None,
@@ -381,7 +324,7 @@ def warm_spawn(
     module_argv = list(argv[2:]) if list(argv[1:2]) == ["-m"] else None
     if module_argv is None:
         return None
-    reason = _cold_reason(env)
+    reason = cold_reason(env)
     if reason is not None:
         logger.info("spark_torch: starting this rank cold: %s", reason)
         return None

@@ -12,7 +12,8 @@ Layout of one run::
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
 half-written "latest" checkpoint. On a local (or mounted) filesystem the ranks' files and the
 manifest are fsynced before report() returns; an object store has them once its write returns. Used by ranks (upload), node runners (download) and the driver
-(manifests, metrics, pruning); imports neither torch nor pyspark.
+(manifests, metrics, pruning); imports neither torch nor pyspark. One class over one layout,
+kept whole (a little over 350 lines) so that every path of the layout is written in one place.
 """
 
 from __future__ import annotations

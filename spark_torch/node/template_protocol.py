@@ -1,0 +1,111 @@
+"""What a node runner and the warm-start template agree on: the request, its limits, and which
+settings of a rank's environment a fork cannot change (so templates are keyed by them).
+
+Used by both ends: :mod:`spark_torch.node.warm` (the runner, the client) and
+:mod:`spark_torch.node.template_main` (the template, the server). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Mapping
+from typing import Any
+
+from spark_torch.envnames import SCRUBBED
+
+__all__ = [
+    "THREAD_ENV",
+    "MAX_REQUEST",
+    "MAX_FDS",
+    "RLIMITS",
+    "STARTUP_PREFIXES",
+    "check_request",
+    "startup_env",
+    "runner_limits",
+    "runner_umask",
+    "cold_reason",
+]
+
+#: the template's own thread pools: one thread each, so that it has no thread to lose in fork()
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+MAX_REQUEST = 4 << 20
+#: at most this many file descriptors per request (stdin, stdout, stderr, two report pipes)
+MAX_FDS = 8
+#: the resource limits a rank gets from its node runner (a cold rank inherits them all)
+RLIMITS = ("NOFILE", "CORE", "STACK", "AS", "DATA", "NPROC", "MEMLOCK", "CPU")
+#: Environment read when an interpreter starts or torch is imported, which a fork cannot change
+#: afterwards: Python's own (PYTHONHASHSEED, PYTHONWARNINGS, PYTHONMALLOC, PYTHONOPTIMIZE,
+#: PYTHONPATH, ...), the dynamic loader's (LD_PRELOAD, LD_LIBRARY_PATH), glibc malloc's and
+#: other allocators', the locale and time zone, torch's (TORCH_LOGS and friends, read at
+#: import) and the OpenMP/MKL runtimes' (read when torch loads them). Templates are keyed by
+#: these variables of the rank's environment and started with them.
+STARTUP_PREFIXES = (
+    "PYTHON", "LD_", "MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "JEMALLOC_", "LC_", "LANG", "TZ",
+    "TORCH_", "PYTORCH_", "OMP_", "KMP_", "GOMP_", "MKL_",
+)
+#: ... except what the fork handles per rank or what is read later, in the rank: the thread
+#: counts (the template runs single-threaded, each child sizes torch's pool) and NCCL's
+#: settings (read when a NCCL group is created; the template never touches CUDA)
+STARTUP_EXEMPT = (*THREAD_ENV, "TORCH_NCCL_")
+#: thread counts a fork cannot give a rank: numpy's OpenBLAS pool is sized when numpy is
+#: imported (in the template, single-threaded); a rank that asks for more starts cold
+COLD_IF_NOT_ONE = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+
+
+def startup_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that an interpreter reads at start-up (:data:`STARTUP_PREFIXES`)."""
+    return {
+        k: v for k, v in env.items()
+        if k.startswith(STARTUP_PREFIXES) and not k.startswith(STARTUP_EXEMPT) and k not in SCRUBBED
+    }
+
+
+def runner_limits() -> dict[str, list[int]]:
+    """This process's resource limits, as a cold rank would inherit them."""
+    return {name: list(resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))) for name in RLIMITS}
+
+
+def runner_umask() -> int:
+    """This process's umask, read without changing it (another thread may be creating files)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_request(request: Any, fds: list[int]) -> dict[str, Any]:
+    """The request, or ValueError naming what is wrong with it."""
+    if not isinstance(request, dict) or len(fds) < 3:
+        raise ValueError("a request is a JSON object with argv/env/cwd and at least 3 descriptors")
+    argv, env = request.get("argv"), request.get("env")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise ValueError("argv must be a non-empty list of strings")
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ValueError("env must map strings to strings")
+    if not isinstance(request.get("cwd"), (str, type(None))) or not isinstance(request.get("umask"), (int, type(None))):
+        raise ValueError("cwd must be a string and umask an integer")
+    limits = request.get("rlimits", {})
+    if not isinstance(limits, dict) or any(
+        name not in RLIMITS or not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v))
+        for name, v in limits.items()
+    ):
+        raise ValueError(f"rlimits must map names of {RLIMITS} to [soft, hard]")
+    idle = request.get("idle")
+    if idle is not None and (not isinstance(idle, (int, float)) or idle <= 0):
+        raise ValueError("idle must be a positive number of seconds")
+    return request
+
+
+def cold_reason(env: Mapping[str, str]) -> str | None:
+    """Why no template can start this rank as a cold start would, or None."""
+    for name in COLD_IF_NOT_ONE:
+        if env.get(name, "1").strip() != "1":
+            return f"{name}={env[name]} (numpy's thread pool is sized when numpy is imported)"
+    return None
