@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The end-to-end suites that go through Spark (distributed, local-cluster, faults, DataFrame,
-# CLI, GPUs, elastic) once more on PySpark 3.5, then the built wheel beside it, in a venv of their own (.venv35). Spark Connect tests skip
+# CLI, GPUs) once more on PySpark 3.5, then the built wheel beside it, in a venv of their own (.venv35). Spark Connect tests skip
 # there: pip's pyspark 3.5 ships no Connect server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,14 +21,15 @@ fi
 SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider \
   tests/test_run_distributed.py tests/test_dataframe.py tests/reliability/test_faults.py \
   tests/reliability/test_channel_e2e.py tests/reliability/test_log_channel.py tests/test_cli.py \
-  tests/test_gpu.py tests/test_env_parity.py tests/test_elastic.py \
+  tests/test_gpu.py tests/test_env_parity.py \
   tests/test_concurrent_runs.py tests/test_spark_submit.py tests/test_connect.py "$@"
 # the wheel beside PySpark 3.5: installed over the checkout's editable install, run from outside it
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 .venv/bin/python -m build --wheel --outdir "$work" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
-"$VENV/bin/python" -m pip install --quiet --no-deps --force-reinstall "$work"/*.whl
-(cd "$work" && SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" - <<'PY'
+case "$VENV" in /*) py35="$VENV/bin/python" ;; *) py35="$(pwd)/$VENV/bin/python" ;; esac
+"$py35" -m pip install --quiet --no-deps --force-reinstall "$work"/*.whl
+(cd "$work" && SPARK_LOCAL_IP=127.0.0.1 "$py35" - <<'PY'
 import pyspark
 import spark_torch
 from spark_torch import Distributor
