@@ -80,24 +80,22 @@ def _address(text: str, source: str) -> str:
     return value
 
 
-def _seconds(text: str, source: str) -> float:
+def _how_many_seconds(text: str, source: str, *, zero_ok: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise ConfigurationError(f"{source}={text!r} must be a number of seconds > 0")
+    if not (value >= 0 if zero_ok else value > 0):
+        raise ConfigurationError(f"{source}={text!r} must be a number of seconds {'>=' if zero_ok else '>'} 0")
     return value
+
+
+def _seconds(text: str, source: str) -> float:
+    return _how_many_seconds(text, source, zero_ok=False)
 
 
 def _seconds_or_zero(text: str, source: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ConfigurationError(f"{source}={text!r} must be a number of seconds >= 0")
-    return value
+    return _how_many_seconds(text, source, zero_ok=True)
 
 
 def _switch(text: str, source: str) -> bool:

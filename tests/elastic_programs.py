@@ -14,10 +14,20 @@ import time
 from typing import Any
 
 
+def lose_this_machine() -> None:
+    """A lost machine: SIGKILL the executor JVM that runs this rank's barrier task, and the rank."""
+    import psutil
+
+    for parent in psutil.Process().parents():
+        if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+            parent.kill()
+            break
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def count_epochs(epochs: int, marker_dir: str | None = None, pause: float = 0.0, kill_executor_at: int | None = None) -> dict[str, Any]:
     import json
 
-    import psutil
     import torch
     import torch.distributed as dist
 
@@ -37,11 +47,7 @@ def count_epochs(epochs: int, marker_dir: str | None = None, pause: float = 0.0,
         count += ones.item() / world
         time.sleep(pause)
         if kill_executor_at == epoch and rank == world - 1 and attempt == "0":
-            for parent in psutil.Process().parents():  # a lost machine: the executor JVM and this rank
-                if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
-                    parent.kill()
-                    break
-            os.kill(os.getpid(), signal.SIGKILL)
+            lose_this_machine()
         with tempfile.TemporaryDirectory() as tmp:
             if rank == 0:
                 with open(os.path.join(tmp, "state.json"), "w") as fh:
@@ -58,7 +64,6 @@ def rows_per_epoch(epochs: int, kill_executor_at: int | None = None) -> list[lis
     checkpoint per epoch; the last rank's executor is killed after ``kill_executor_at``."""
     import json
 
-    import psutil
     import torch.distributed as dist
 
     import spark_torch
@@ -76,11 +81,7 @@ def rows_per_epoch(epochs: int, kill_executor_at: int | None = None) -> list[lis
         dist.all_gather_object(gathered, mine)
         seen.append(sorted(i for part in gathered for i in part))
         if kill_executor_at == epoch and rank == world - 1 and os.environ["SPARK_TORCH_RESTART_COUNT"] == "0":
-            for parent in psutil.Process().parents():
-                if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
-                    parent.kill()
-                    break
-            os.kill(os.getpid(), signal.SIGKILL)
+            lose_this_machine()
         with tempfile.TemporaryDirectory() as tmp:
             if rank == 0:
                 with open(os.path.join(tmp, "seen.json"), "w") as fh:
