@@ -33,6 +33,11 @@ tempfile.tempdir = _SESSION_TMP
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# DeepSpeed's CPU accelerator compiles an op on first use (tests/test_integrations.py) into
+# TORCH_EXTENSIONS_DIR; torch guards that build with a lock file that a killed build leaves behind,
+# and every later build waits on it forever. One cache per environment, not the user's shared
+# ~/.cache, so a build killed elsewhere (another checkout, an interrupted session) cannot hang ours.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
 import pyspark  # noqa: E402
 
 os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
