@@ -15,6 +15,24 @@ from spark_torch import ConfigurationError, DistributedRunError, Distributor, In
 from .conftest import SCRIPTS
 
 
+@pytest.fixture
+def channels(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every DriverChannel a distributed run opens in this test, in order (to look at what
+    arrived over the channel, not only at what the user got)."""
+    import spark_torch.driver.barrier as barrier
+    from spark_torch.channel.driver_end import DriverChannel
+
+    opened: list[DriverChannel] = []
+
+    class Recorded(DriverChannel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
+    return opened
+
+
 def world_info(tag: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -140,23 +158,12 @@ def chatty_failure_on_rank1() -> None:
 
 
 def test_a_failure_report_of_any_size_reaches_the_driver(
-    spark_session: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+    spark_session: Any, no_leftovers: None, channels: list[Any]
 ) -> None:
     """A failed rank's report (its last lines, message and traceback) is bounded before it
     travels, so it always fits the channel: the driver receives it over the channel (it once
     overflowed a frame and was dropped with everything queued beside it), and the lines the
     rank printed before it all arrive."""
-    import spark_torch.driver.barrier as barrier
-    from spark_torch.channel.driver_end import DriverChannel
-
-    channels: list[DriverChannel] = []
-
-    class Recorded(DriverChannel):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            channels.append(self)
-
-    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
     distributor = Distributor(num_processes=2, local_mode=False, spark=spark_session, log_ranks=[])
     with pytest.raises(DistributedRunError) as info:
         distributor.run(chatty_failure_on_rank1)
@@ -181,30 +188,19 @@ def big_with_digest(megabytes: int) -> tuple[str, bytes]:
 
 @pytest.mark.parametrize("transfer", ["auto", "channel", "spark"])
 def test_large_result_distributed(
-    transfer: str, spark_session: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
+    transfer: str, spark_session: Any, no_leftovers: None, monkeypatch: pytest.MonkeyPatch, channels: list[Any]
 ) -> None:
     """auto: node 0 shares the driver's host, so the result is handed over by file; channel: it
     streams over the run's authenticated channel (what a result from another host takes); spark:
     as 16 MiB Arrow rows through Spark's result channel (the fallback without a channel)."""
     import hashlib
 
-    import spark_torch.driver.barrier as barrier
-    from spark_torch.channel.driver_end import DriverChannel
-
-    channels: list[DriverChannel] = []
-
-    class Recorded(DriverChannel):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            channels.append(self)
-
-    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
     monkeypatch.setenv("SPARK_TORCH_RESULT_TRANSFER", transfer)
     digest, out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(big_with_digest, 110)
     assert len(out) == 110 * 1024 * 1024
     assert hashlib.sha256(out).hexdigest() == digest
     sink = channels[0].bulk_sink
-    streamed = sink.received if sink is not None else 0  # type: ignore[attr-defined]
+    streamed = sink.received if sink is not None else 0
     assert streamed > 110 * 1024 * 1024 if transfer == "channel" else streamed == 0
 
 

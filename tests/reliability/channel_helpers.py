@@ -1,11 +1,19 @@
-"""Shared by the channel tests: a line sink that records, and a driver end on loopback."""
+"""Shared by the channel tests: sinks that record (lines, report() steps, bulk bytes), a driver
+end on loopback, a node spec that goes through a proxy, the exact bytes of a frame, and a
+polling wait with a deadline."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from typing import Any
 
+from spark_torch.channel import wire
 from spark_torch.channel.driver_end import DriverChannel, new_secret
+from spark_torch.spec import ChannelSpec
+
+from ..netproxy import Proxy
 
 
 class Lines:
@@ -30,6 +38,36 @@ class Lines:
             return [t for _, _, t in self.items]
 
 
+class Reports:
+    """A report() sink on the driver: keeps what the nodes reported."""
+
+    last_answer: tuple[int, str | None] | None = None
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def node_report(self, node: int, report: Any) -> None:
+        self.got.append(report)
+
+
+class Bulk:
+    """A bulk sink on the driver: keeps the bytes."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def piece(self, node: int, header: Any, data: Any) -> None:
+        self.data += data
+
+
+def wait_for(what: str, done: Any, seconds: float = 10.0) -> None:
+    """Poll ``done()`` every 10 ms; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"timed out after {seconds}s waiting for {what}"
+        time.sleep(0.01)
+
+
 def driver_channel(nodes: int = 1, **kwargs: Any) -> tuple[DriverChannel, Lines]:
     """A DriverChannel on 127.0.0.1 for ``nodes`` nodes with a fresh secret, and its sink."""
     lines = Lines()
@@ -50,3 +88,27 @@ def rendezvous_all(nodes: list[Any], timeout: float = 20.0) -> dict[int, Any]:
     for t in threads:
         t.join(timeout)
     return results
+
+
+def through(proxy: Proxy, spec: ChannelSpec) -> ChannelSpec:
+    """The spec a node gets when the driver advertises the proxy."""
+    proxy.target = (spec.host, spec.port)
+    return ChannelSpec(
+        host="127.0.0.1", port=proxy.port, secret=spec.secret, heartbeat=spec.heartbeat,
+        rendezvous_timeout=spec.rendezvous_timeout,
+    )  # fmt: skip
+
+
+def sealed_frame(link: wire.Link, message: dict[str, Any]) -> bytes:
+    """The exact bytes ``link`` would put on the wire for ``message`` next (its seq advances),
+    captured from a socketpair."""
+    real = link.sock
+    capture, sink = socket.socketpair()
+    link.sock = capture
+    try:
+        link.send(message)
+        return sink.recv(4 + wire.body_size(wire.encode(message)) + wire.TAG_BYTES)
+    finally:
+        link.sock = real
+        capture.close()
+        sink.close()

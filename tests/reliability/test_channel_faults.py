@@ -18,16 +18,7 @@ from spark_torch.spec import ChannelSpec
 
 from ..netproxy import Proxy
 from .channel_helpers import driver_channel as _driver
-from .channel_helpers import rendezvous_all
-
-
-def _through(proxy: Proxy, spec: ChannelSpec) -> ChannelSpec:
-    """The spec a node gets when the driver advertises the proxy."""
-    proxy.target = (spec.host, spec.port)
-    return ChannelSpec(
-        host="127.0.0.1", port=proxy.port, secret=spec.secret, heartbeat=spec.heartbeat,
-        rendezvous_timeout=spec.rendezvous_timeout,
-    )  # fmt: skip
+from .channel_helpers import rendezvous_all, through
 
 
 def _dead_port() -> int:
@@ -47,7 +38,7 @@ def test_cut_mid_stream_loses_nothing() -> None:
     driver, lines = _driver()
     proxy = Proxy(cut_after=20_000, faulty=3)
     try:
-        node = NodeChannel(_through(proxy, driver.spec), 0, 1, threading.Event())
+        node = NodeChannel(through(proxy, driver.spec), 0, 1, threading.Event())
         for i in range(3000):
             node(0, "stdout", f"line {i:05d} " + "x" * 30)
         node.close(timeout=30)
@@ -63,7 +54,7 @@ def test_cut_during_rendezvous() -> None:
     """Connections cut right after the hello went out: the rendezvous still completes."""
     driver, _ = _driver(nodes=2)
     proxy = Proxy(cut_after=100, faulty=4)
-    nodes = [NodeChannel(_through(proxy, driver.spec), n, 2, threading.Event()) for n in range(2)]
+    nodes = [NodeChannel(through(proxy, driver.spec), n, 2, threading.Event()) for n in range(2)]
     try:
         results = rendezvous_all(nodes)
         assert [r.peers for r in results.values()] == [[{"port": 1000, "node": 0}, {"port": 1001, "node": 1}]] * 2
@@ -83,7 +74,7 @@ def test_idle_cut_is_repaired_and_stop_reaches_a_silent_node() -> None:
     proxy = Proxy(idle_cut=0.5, faulty=100)
     stop = threading.Event()
     try:
-        node = NodeChannel(_through(proxy, driver.spec), 0, 1, stop)
+        node = NodeChannel(through(proxy, driver.spec), 0, 1, stop)
         node(0, "stdout", "before the silence")
         time.sleep(2.0)  # several idle cuts happen here
         assert proxy.cuts >= 2
@@ -103,7 +94,7 @@ def test_heartbeats_keep_an_idle_connection_open() -> None:
     driver, _ = _driver(heartbeat=0.2)
     proxy = Proxy(idle_cut=1.0, faulty=100)
     try:
-        node = NodeChannel(_through(proxy, driver.spec), 0, 1, threading.Event())
+        node = NodeChannel(through(proxy, driver.spec), 0, 1, threading.Event())
         node(0, "stdout", "hi")
         time.sleep(3)
         node.close(timeout=10)
@@ -119,7 +110,7 @@ def test_silent_drop_is_noticed_within_seconds() -> None:
     driver, lines = _driver(heartbeat=0.25)
     proxy = Proxy(blackhole_after=2000, faulty=1)
     try:
-        node = NodeChannel(_through(proxy, driver.spec), 0, 1, threading.Event())
+        node = NodeChannel(through(proxy, driver.spec), 0, 1, threading.Event())
         start = time.monotonic()
         for i in range(200):
             node(0, "stdout", f"line {i} " + "y" * 20)

@@ -20,24 +20,8 @@ from spark_torch.channel.server import ChannelServer
 from spark_torch.errors import RankFailure
 from spark_torch.failure_reports import FailureReport
 
+from .channel_helpers import Reports, wait_for
 from .channel_helpers import driver_channel as _driver
-
-
-class _Reports:
-    last_answer: tuple[int, str | None] | None = None
-
-    def __init__(self) -> None:
-        self.got: list[Any] = []
-
-    def node_report(self, node: int, report: Any) -> None:
-        self.got.append(report)
-
-
-def _wait(what: str, done: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, f"timed out after {seconds}s waiting for {what}"
-        time.sleep(0.01)
 
 
 def test_a_report_that_cannot_be_encoded_raises_at_the_sender_and_nothing_else_is_lost() -> None:
@@ -45,7 +29,7 @@ def test_a_report_that_cannot_be_encoded_raises_at_the_sender_and_nothing_else_i
     raises before anything is queued; the lines around it, the next report and the node's
     end-of-stream marker all arrive."""
     driver, lines = _driver()
-    reports = driver.reports = _Reports()
+    reports = driver.reports = Reports()
     node = NodeChannel(driver.spec, 0, 1, threading.Event())
     try:
         node(0, "stdout", "before")
@@ -64,7 +48,7 @@ def test_a_report_that_cannot_be_encoded_raises_at_the_sender_and_nothing_else_i
 
 def test_an_oversized_message_raises_at_the_sender() -> None:
     driver, lines = _driver()
-    driver.reports = _Reports()
+    driver.reports = Reports()
     node = NodeChannel(driver.spec, 0, 1, threading.Event())
     try:
         with pytest.raises(wire.FrameTooLarge, match="exceeds"):
@@ -86,7 +70,7 @@ def test_a_huge_failure_report_arrives_cut_to_fit() -> None:
     node = NodeChannel(driver.spec, 0, 1, threading.Event())
     try:
         node(0, "stdout", "before the failure")
-        _wait("the node to attach", lambda: node.connected_ever)
+        wait_for("the node to attach", lambda: node.connected_ever)
         failures = tuple(
             RankFailure(
                 rank=r, host="h", exc_type="ValueError", exc_message="boom " + "m" * 20_000, traceback="t" * 100_000,

@@ -12,6 +12,7 @@ from typing import Any
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import DEAD_AFTER
 
+from .channel_helpers import Bulk
 from .channel_helpers import driver_channel as _driver
 
 NODES = 256
@@ -20,9 +21,8 @@ BLOCKS = 3
 LINES = 10
 
 
-class _Bulk:
-    def __init__(self) -> None:
-        self.data = bytearray()
+class _OrderedBulk(Bulk):
+    """Keeps the bytes and refuses a piece out of place."""
 
     def piece(self, node: int, header: Any, data: Any) -> None:
         if node != 0 or header.get("offset") != len(self.data):
@@ -37,7 +37,7 @@ def _channel_threads() -> list[str]:
 def test_256_nodes_against_one_driver() -> None:
     before = set(threading.enumerate())
     driver, lines = _driver(nodes=NODES, heartbeat=HEARTBEAT, rendezvous_timeout=60)
-    bulk = driver.bulk_sink = _Bulk()
+    bulk = driver.bulk_sink = _OrderedBulk()
     nodes = [NodeChannel(driver.spec, n, NODES, threading.Event()) for n in range(NODES)]
     try:
         outcomes: dict[int, Any] = {}

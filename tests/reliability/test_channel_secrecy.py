@@ -8,61 +8,26 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
 
 import pytest
 
 from spark_torch.channel import wire
 from spark_torch.channel.driver_end import DriverChannel
 from spark_torch.channel.node_end import NodeChannel
-from spark_torch.spec import ChannelSpec
 
 from ..netproxy import Proxy
+from .channel_helpers import Bulk, Reports, sealed_frame, through, wait_for
 from .channel_helpers import driver_channel as _driver
-
-
-class _Reports:
-    """A report() sink on the driver: keeps what the nodes reported."""
-
-    last_answer: tuple[int, str | None] | None = None
-
-    def __init__(self) -> None:
-        self.got: list[Any] = []
-
-    def node_report(self, node: int, report: Any) -> None:
-        self.got.append(report)
-
-
-class _Bulk:
-    """A bulk sink on the driver: keeps the bytes."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def piece(self, node: int, header: Any, data: Any) -> None:
-        self.data += data
-
-
-def _through(proxy: Proxy, spec: ChannelSpec) -> ChannelSpec:
-    proxy.target = (spec.host, spec.port)
-    return ChannelSpec(host="127.0.0.1", port=proxy.port, secret=spec.secret, heartbeat=spec.heartbeat)
-
-
-def _wait(what: str, done: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, f"timed out after {seconds}s waiting for {what}"
-        time.sleep(0.01)
 
 
 def test_a_passive_observer_sees_no_cleartext() -> None:
     """Every byte between a node and the driver, recorded by a proxy: the log line, the metric
     (name and value) and the result bytes all reached the driver, and none is in the record."""
     driver, lines = _driver()
-    reports, bulk = _Reports(), _Bulk()
+    reports, bulk = Reports(), Bulk()
     driver.reports, driver.bulk_sink = reports, bulk
     proxy = Proxy(record=True, faulty=0)
-    node = NodeChannel(_through(proxy, driver.spec), 0, 1, threading.Event())
+    node = NodeChannel(through(proxy, driver.spec), 0, 1, threading.Event())
     try:
         result = b"RESULT-BYTES-0123456789" * 50_000  # ~1.1 MiB: two binary frames
         node(0, "stdout", "a log line with SECRET-LOG-TEXT in it")
@@ -92,20 +57,6 @@ def _authenticated(driver: DriverChannel, node: int = 0) -> wire.Link:
     link = wire.client_handshake(sock, driver.spec.secret, time.monotonic() + 5, 5.0)
     link.send({"attach": node})
     return link
-
-
-def _sealed(link: wire.Link, message: dict[str, Any]) -> bytes:
-    """The exact bytes ``link`` would put on the wire for ``message`` next (its seq advances)."""
-    real = link.sock
-    capture, sink = socket.socketpair()
-    link.sock = capture
-    try:
-        link.send(message)
-        return sink.recv(4 + wire.body_size(wire.encode(message)) + wire.TAG_BYTES)
-    finally:
-        link.sock = real
-        capture.close()
-        sink.close()
 
 
 def _read_raw_frame(sock: socket.socket) -> bytes:
@@ -138,7 +89,7 @@ def test_a_tampered_frame_closes_the_drivers_connection(attack: str) -> None:
     try:
         evil = {"seq": 1, "lines": [[0, "stdout", "forged"]]}
         if attack == "altered":
-            frame = bytearray(_sealed(link, evil))
+            frame = bytearray(sealed_frame(link, evil))
             frame[10] ^= 0x01
             link.sock.sendall(bytes(frame))
         elif attack == "injected":  # a frame made without the keys
@@ -146,13 +97,13 @@ def test_a_tampered_frame_closes_the_drivers_connection(attack: str) -> None:
             assert isinstance(body, bytes)
             link.sock.sendall(struct.pack(">I", len(body)) + body + bytes(wire.TAG_BYTES))
         elif attack == "replayed":
-            frame = _sealed(link, {"seq": 1, "lines": [[0, "stdout", "once"]]})
+            frame = sealed_frame(link, {"seq": 1, "lines": [[0, "stdout", "once"]]})
             link.sock.sendall(frame)
-            _wait("the first copy to be delivered", lambda: "once" in lines.texts())
+            wait_for("the first copy to be delivered", lambda: "once" in lines.texts())
             link.sock.sendall(frame)
         elif attack == "reordered":
-            first = _sealed(link, {"seq": 1, "lines": [[0, "stdout", "first"]]})
-            second = _sealed(link, {"seq": 2, "lines": [[0, "stdout", "second"]]})
+            first = sealed_frame(link, {"seq": 1, "lines": [[0, "stdout", "first"]]})
+            second = sealed_frame(link, {"seq": 2, "lines": [[0, "stdout", "second"]]})
             link.sock.sendall(second + first)
         elif attack == "reflected":  # a frame the driver sent, played back to it
             link.send({"ping": 1})
@@ -170,7 +121,7 @@ def test_a_corrupted_connection_is_replaced_and_nothing_is_lost() -> None:
     driver, lines = _driver()
     proxy = Proxy(corrupt_at=3000, faulty=1)
     try:
-        node = NodeChannel(_through(proxy, driver.spec), 0, 1, threading.Event())
+        node = NodeChannel(through(proxy, driver.spec), 0, 1, threading.Event())
         for i in range(500):
             node(0, "stdout", f"line {i:04d} " + "z" * 20)
         node.close(timeout=30)

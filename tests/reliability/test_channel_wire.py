@@ -19,6 +19,7 @@ from spark_torch.channel.transport import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHA
 from spark_torch.spec import ChannelSpec
 
 from .channel_helpers import driver_channel as _driver
+from .channel_helpers import sealed_frame
 
 
 def _pair(secret: bytes = b"k" * 32) -> tuple[wire.Link, wire.Link, socket.socket, socket.socket]:
@@ -44,42 +45,27 @@ def test_frames_round_trip_both_ways() -> None:
     assert client.recv() == {"stop": "timeout"}
 
 
-def _raw_frame(link: wire.Link, message: dict[str, Any]) -> bytes:
-    """The exact bytes ``link`` puts on the wire for ``message`` (captured from a socketpair)."""
-    real = link.sock
-    capture, sink = socket.socketpair()
-    link.sock = capture
-    try:
-        link.send(message)
-        body = wire.encode(message)
-        return sink.recv(4 + len(body) + wire.TAG_BYTES)
-    finally:
-        link.sock = real
-        capture.close()
-        sink.close()
-
-
 @pytest.mark.parametrize("attack", ["altered", "injected", "replayed", "reordered", "reflected"])
 def test_tampered_frames_are_rejected(attack: str) -> None:
     server, client, a, b = _pair()
     if attack == "altered":
-        frame = bytearray(_raw_frame(client, {"stop": "no"}))
+        frame = bytearray(sealed_frame(client, {"stop": "no"}))
         frame[6] ^= 0x01
         b.sendall(bytes(frame))
     elif attack == "injected":  # a frame made without the key
         body = json.dumps({"stop": "now"}).encode()
         b.sendall(struct.pack(">I", len(body)) + body + bytes(wire.TAG_BYTES))
     elif attack == "replayed":
-        frame = _raw_frame(client, {"lines": []})
+        frame = sealed_frame(client, {"lines": []})
         b.sendall(frame)
         assert server.recv() == {"lines": []}
         b.sendall(frame)
     elif attack == "reordered":
-        first = _raw_frame(client, {"n": 1})
-        second = _raw_frame(client, {"n": 2})
+        first = sealed_frame(client, {"n": 1})
+        second = sealed_frame(client, {"n": 2})
         b.sendall(second + first)
     elif attack == "reflected":  # a frame the server sent, played back to it
-        a_frame = _raw_frame(server, {"ack": 1})
+        a_frame = sealed_frame(server, {"ack": 1})
         b.sendall(a_frame)
     with pytest.raises(wire.AuthenticationError):
         server.recv()
