@@ -10,7 +10,7 @@ limit, met or not) and the scaling fits that the reports and ``results.json`` sh
 from __future__ import annotations
 
 import statistics
-from importlib import metadata
+from collections.abc import Iterator
 from typing import Any
 
 from jobs import FLOOR, OURS, RAY, TD, TORCHRUN
@@ -31,6 +31,12 @@ def med(records: list[dict[str, Any]], **match: Any) -> float | None:
         if all(r.get(k) == v for k, v in match.items()):
             return summary(r["values"])["median"]
     return None
+
+
+def by_job(records: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Each job's name with its records, jobs in name order."""
+    for job in sorted({r["job"] for r in records}):
+        yield job, [r for r in records if r["job"] == job]
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -78,8 +84,7 @@ def analyse(outputs: list[dict[str, Any]]) -> dict[str, Any]:
         targets.append({"target": name, "measured": value, "op": op, "limit": limit, "met": met, "detail": detail})
 
     launch = [r for r in recs if r["bench"] == "launch"]
-    for job in sorted({r["job"] for r in launch}):
-        rs = [r for r in launch if r["job"] == job]
+    for job, rs in by_job(launch):
         for n in sorted({r["n"] for r in rs}):
             ours = med(rs, n=n, launcher=OURS)
             tdv = med(rs, n=n, launcher=TD)
@@ -94,7 +99,7 @@ def analyse(outputs: list[dict[str, Any]]) -> dict[str, Any]:
             ray_s = med(rs, n=n, launcher=RAY)
             if ray_s is not None:
                 target(f"{rs[0]['mode']} N={n} vs Ray Train TorchTrainer", ratio(ours, ray_s), "<=", 0.1,
-                       f"{job}; ray {metadata.version('ray')}, warm local Ray cluster")
+                       f"{job}; warm local Ray cluster (ray's version: meta.versions)")
     train = [r for r in recs if r["bench"] == "training"]
     if train:
         ab = paired_ratio(next((r for r in train if r["launcher"] == OURS), None),
@@ -114,8 +119,7 @@ def analyse(outputs: list[dict[str, Any]]) -> dict[str, Any]:
             target(f"logging 100k lines/rank from a CPU-bound loop: loop slowdown ({mode})", wl / ws - 1, "<=", 0.10,
                    "rank 0's loop time loud/silent - 1, N=2")
     res = [r for r in recs if r["bench"] == "result"]
-    for job in sorted({r["job"] for r in res}):
-        rs = [r for r in res if r["job"] == job]
+    for job, rs in by_job(res):
         mode = job.removeprefix("result-")
         inproc = med(rs, metric="seconds_roundtrip")
         big, none = med(rs, launcher=OURS, metric="seconds_256MB"), med(rs, launcher=OURS, metric="seconds_none")

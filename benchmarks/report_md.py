@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from analysis import med, ratio
+from analysis import by_job, med, ratio
 from jobs import FLOOR, LOG_LINES, OURS, TD, TORCHRUN
 
 
@@ -61,8 +61,7 @@ def write_markdown(path: str, meta: dict[str, Any], analysis: dict[str, Any], ou
     if launch:
         L.append("| job | N | ours/TorchDistributor | ours/floor |")
         L.append("|---|---:|---:|---:|")
-        for job in sorted({r["job"] for r in launch}):
-            rs = [r for r in launch if r["job"] == job]
+        for job, rs in by_job(launch):
             for n in sorted({r["n"] for r in rs}):
                 floor = med(rs, n=n, launcher=TORCHRUN) or med(rs, n=n, launcher=FLOOR)
                 L.append(f"| {job} | {n} | {fmt(ratio(med(rs, n=n, launcher=OURS), med(rs, n=n, launcher=TD)))} | "
@@ -98,8 +97,7 @@ def write_markdown(path: str, meta: dict[str, Any], analysis: dict[str, Any], ou
                  "rank 0's own print loop (s) | extra beyond the print loop, µs per line | "
                  "lines delivered (min over runs) / expected | `[rank N]`-prefixed | reported dropped (max) |")
         L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for job in sorted({r["job"] for r in logs}):
-            rs = [r for r in logs if r["job"] == job]
+        for job, rs in by_job(logs):
             for launcher in [x for x in (OURS, TD, TORCHRUN) if any(r["launcher"] == x for r in rs)]:
                 loud = med(rs, launcher=launcher, metric="seconds_loud")
                 silent = med(rs, launcher=launcher, metric="seconds_silent")
@@ -122,8 +120,7 @@ def write_markdown(path: str, meta: dict[str, Any], analysis: dict[str, Any], ou
         L.append("")
         L.append("| job | launcher | loop loud (s) | loop silent (s) | loop slowdown | lines delivered (min) / expected |")
         L.append("|---|---|---:|---:|---:|---:|")
-        for job in sorted({r["job"] for r in logs}):
-            rs = [r for r in logs if r["job"] == job]
+        for job, rs in by_job(logs):
             for launcher in [x for x in (OURS, TD, TORCHRUN) if any(r["launcher"] == x for r in rs)]:
                 loud = med(rs, launcher=launcher, metric="work_seconds_loud")
                 silent = med(rs, launcher=launcher, metric="work_seconds_silent")
@@ -140,8 +137,7 @@ def write_markdown(path: str, meta: dict[str, Any], analysis: dict[str, Any], ou
         L.append("| job | launcher | 256 MB run | same run returning None | extra for 256 MB | "
                  "extra / in-process pickle round trip | total / round trip |")
         L.append("|---|---|---:|---:|---:|---:|---:|")
-        for job in sorted({r["job"] for r in res}):
-            rs = [r for r in res if r["job"] == job]
+        for job, rs in by_job(res):
             inproc = med(rs, metric="seconds_roundtrip")
             for launcher in (OURS, TD):
                 big, none = med(rs, launcher=launcher, metric="seconds_256MB"), med(rs, launcher=launcher,

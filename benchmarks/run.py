@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 # the benchmark modules sit next to this script: on sys.path[0] when it runs as a script (also
@@ -52,6 +53,10 @@ def versions() -> dict[str, Any]:
             info[mod] = getattr(m, "__version__", "?")
         except Exception as exc:  # noqa: BLE001
             info[mod] = f"unavailable ({exc})"
+    try:  # an optional peer: its version is recorded where it was measured, not looked up when analysing
+        info["ray"] = metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        pass
     try:
         java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=30)
         info["java"] = (java.stderr or java.stdout).splitlines()[0]
