@@ -76,6 +76,7 @@ class ChannelClient:
         #: set once a handshake with the driver succeeded (ever)
         self.attached = threading.Event()
         self.last_error: str | None = None
+        self.connects = 0
         self._sender = threading.Thread(target=self._send_loop, name="spark-torch-channel-client", daemon=True)
         self._sender.start()
 
@@ -203,6 +204,7 @@ class ChannelClient:
                     if link is not None:
                         link.close()
                     link = self._connect()
+                    self.connects += 1
                     backoff = BACKOFF_MIN
                     with self.cond:
                         resend = list(self._unacked)
