@@ -62,8 +62,14 @@ def execute(name: str, tmp_dir: Path) -> Any:
                 os.environ[key] = value
 
 
+#: how a kernel names the file of a cell's code: ipykernel's temporary files
+#: (/tmp/ipykernel_1157/586557183.py), IPython's <ipython-input-3-...> and cloudpickle's
+#: <dynamic-code>; each kernel release may pick another, so the check reads them all as <cell>
+_CELL_FILE = re.compile(r"/[^\s\"']*/ipykernel_\d+/\d+\.py|<ipython-input-[\w-]+>|<dynamic-code>")
+
 _VOLATILE = [
     (re.compile(r"\x1b\[[0-9;]*[A-Za-z]"), ""),  # terminal colours
+    (_CELL_FILE, "<cell>"),
     # where the checkout and its venv live
     (re.compile(r"/[^\s\"']*/(site-packages|spark_torch|tests|examples|notebooks)/"), r"<\1>/"),
     (re.compile(r"/[\w./-]*(spark-torch|tmp|pytest)[\w./-]*"), "<path>"),

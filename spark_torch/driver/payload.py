@@ -9,13 +9,15 @@ argument, global or closure variable at fault. The rank side reads it with
 from __future__ import annotations
 
 import inspect
+import io
+import operator
 import os
 import sys
 import sysconfig
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 import cloudpickle
@@ -65,6 +67,32 @@ def _modules_to_ship_by_value(obj: Any) -> list[ModuleType]:
         if not isinstance(value, ModuleType):
             consider(type(value))
     return list(found.values())
+
+
+#: what cloudpickle (3.1.3 and later) writes as every function's file name
+_ANONYMOUS_FILE = "<dynamic-code>"
+
+
+class _PayloadPickler(cloudpickle.Pickler):
+    """cloudpickle, keeping each function's source file name.
+
+    cloudpickle replaces ``co_filename`` with ``<dynamic-code>`` to make payloads deterministic;
+    a rank's traceback would then point nowhere. The payload is pickled once per run, so
+    determinism buys nothing here and the user keeps ``File "train.py", line 12``.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, CodeType) and obj.co_filename != _ANONYMOUS_FILE:
+            # pickle the code under cloudpickle's name, then give the file name back on load
+            anonymous = obj.replace(co_filename=_ANONYMOUS_FILE)
+            return operator.methodcaller("replace", co_filename=obj.co_filename), (anonymous,)
+        return super().reducer_override(obj)
+
+
+def _dumps(obj: Any) -> bytes:
+    with io.BytesIO() as buffer:
+        _PayloadPickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+        return buffer.getvalue()
 
 
 #: cloudpickle's by-value registry is process-global: one payload is pickled at a time, so that
@@ -118,7 +146,7 @@ def dump_function_payload(entry: FunctionEntrypoint) -> bytes:
     modules = _modules_to_ship_by_value(entry.fn)
     with _PICKLE_LOCK, _by_value(modules):
         try:
-            data: bytes = cloudpickle.dumps((entry.fn, entry.args, entry.kwargs))
+            data: bytes = _dumps((entry.fn, entry.args, entry.kwargs))
             return data
         except Exception as exc:  # noqa: BLE001 - every pickling failure gets the same advice
             culprit = _find_culprit(entry) or f"the function itself ({exc})"
