@@ -3,19 +3,23 @@
 #   make test   - create .venv, install the test toolchain, run the whole test suite
 # and
 #   make dist   - build the wheel and sdist into dist/ (pip install dist/spark_torch-*.whl on the driver and executors)
+#   make lock   - refresh constraints.txt, the versions `make test`/`make demo` install, from today's releases
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# torch: a CPU build unless you ask for another. This workplace's pip takes torch==2.13.0 (CPU)
-# from a local file; elsewhere a plain `pip install torch` on Linux pulls a multi-GB CUDA build,
-# so on a machine without GPUs use e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# torch: on Linux without an NVIDIA driver (no /proc/driver/nvidia/version), the CPU build from
+# PyTorch's CPU index (about 200 MB) instead of PyPI's CUDA build (several GB); with a driver,
+# PyPI's CUDA build. Override either way: TORCH_INDEX= (PyPI only) or TORCH_INDEX=<an index URL>.
 TORCH_SPEC ?= torch==2.13.0
-TORCH_INDEX ?=
-TORCH_PIP_ARGS := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+TORCH_INDEX ?= $(if $(wildcard /proc/driver/nvidia/version),,https://download.pytorch.org/whl/cpu)
+TORCH_PIP_ARGS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+# every package the suite and the demo install comes from this lock (refresh: make lock)
+LOCK ?= constraints.txt
+LOCK_ARGS := --constraint $(LOCK) --build-constraint $(LOCK)
 JAVA_MIN ?= 17
 
-.PHONY: demo test bootstrap check-java bench dist clean
+.PHONY: demo test bootstrap check-java bench dist clean lock
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java not found: install Java $(JAVA_MIN) or newer (e.g. 'apt-get install openjdk-17-jre-headless') and retry."; exit 1; }
@@ -26,18 +30,18 @@ check-java:
 $(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found: install Python 3.10 or newer and retry."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# the CPU build of torch first: the packages below then take it as it is
-	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) $(TORCH_SPEC)
+	$(PY) -m pip install --quiet --upgrade --constraint $(LOCK) pip
+	# torch first (see TORCH_INDEX): the packages below then take it as it is
+	$(PY) -m pip install --quiet $(LOCK_ARGS) $(TORCH_PIP_ARGS) $(TORCH_SPEC)
 
 # the demo: pyspark, pyarrow, pandas and scikit-learn (the [examples] extra)
-$(VENV)/.demo: pyproject.toml $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.[examples]'
+$(VENV)/.demo: pyproject.toml $(LOCK) $(VENV)/bin/python
+	$(PY) -m pip install --quiet $(LOCK_ARGS) -e '.[examples]'
 	touch $@
 
 # the whole toolchain of the suite (the [test] extra)
-$(VENV)/.installed: pyproject.toml $(VENV)/bin/python
-	$(PY) -m pip install --quiet -e '.[test]'
+$(VENV)/.installed: pyproject.toml $(LOCK) $(VENV)/bin/python
+	$(PY) -m pip install --quiet $(LOCK_ARGS) -e '.[test]'
 	touch $@
 
 bootstrap: check-java $(VENV)/.installed
@@ -56,6 +60,11 @@ dist: $(VENV)/bin/python
 	rm -rf dist
 	$(PY) -m build --wheel --sdist --outdir dist .
 	@ls dist
+
+# resolve the test toolchain again from today's releases into constraints.txt (and the PySpark 3.5
+# environment's .ci/constraints-pyspark35.txt), each in a fresh venv with no pip cache
+lock:
+	TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX='$(TORCH_INDEX)' PYTHON=$(PYTHON) bash .ci/lock.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -13,6 +13,8 @@ trap 'rm -rf "$work"' EXIT
 if grep -i "license" "$work/build.log" | grep -qi "warn"; then echo "package check: license warning while building:"; grep -i "license" "$work/build.log"; exit 1; fi
 ls "$work/dist"
 "$PYTHON" -m venv "$work/venv"
+# the versions of the lock (constraints.txt), as `make test` installs them
+export PIP_CONSTRAINT="$(pwd)/constraints.txt"
 "$work/venv/bin/python" -m pip install --quiet --upgrade pip
 # the CPU build of torch from the local wheel index; other torch requests may pull CUDA
 "$work/venv/bin/python" -m pip install --quiet torch==2.13.0

@@ -6,14 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV35:-.venv35}
-if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ] || [ .ci/requirements-pyspark35.txt -nt "$VENV/.installed" ]; then
+LOCK=.ci/constraints-pyspark35.txt  # refreshed by `make lock`
+if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ] || [ .ci/requirements-pyspark35.txt -nt "$VENV/.installed" ] || [ "$LOCK" -nt "$VENV/.installed" ]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet --upgrade --constraint "$LOCK" pip
   # the CPU build of torch from the local wheel index; other torch requests may pull CUDA
-  "$VENV/bin/python" -m pip install --quiet torch==2.13.0
-  "$VENV/bin/python" -m pip install --quiet -r .ci/requirements-pyspark35.txt
-  "$VENV/bin/python" -m pip install --quiet --no-deps -e .
+  "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" torch==2.13.0
+  "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" -r .ci/requirements-pyspark35.txt
+  "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" --build-constraint "$LOCK" --no-deps -e .
   touch "$VENV/.installed"
 fi
 "$VENV/bin/python" -c "import pyspark; assert pyspark.__version__.startswith('3.5'), pyspark.__version__; print('pyspark', pyspark.__version__)"
@@ -45,4 +46,4 @@ assert Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(world) =
 print(f"pyspark35: the wheel runs distributed beside pyspark {pyspark.__version__}")
 PY
 )
-"$VENV/bin/python" -m pip install --quiet --no-deps -e .  # back to the checkout for the next run
+"$VENV/bin/python" -m pip install --quiet --build-constraint "$LOCK" --no-deps -e .  # back to the checkout for the next run
