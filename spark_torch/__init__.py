@@ -1,26 +1,60 @@
 """spark_torch: run PyTorch distributed training on Apache Spark.
 
 ``from spark_torch import Distributor`` is all most users need; see :class:`Distributor`.
-Importing this package is cheap: it imports neither pyspark nor torch.
+Importing this package is cheap: it imports neither pyspark nor torch, and each public name is
+imported on first use (a rank's entry module loads none of the driver's modules).
 """
 
-from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
-from spark_torch.driver.distributor import Distributor
-from spark_torch.driver.result import Checkpoint, RunResult, load_run
-from spark_torch.driver.torch_distributor import TorchDistributor
-from spark_torch.errors import (
-    ClusterConfigurationError,
-    ConfigurationError,
-    DistributedRunError,
-    InsufficientSlotsError,
-    LaunchError,
-    PicklingError,
-    RankFailure,
-    RunTimeoutError,
-    SparkTorchError,
-)
-from spark_torch.reporting.api import get_checkpoint, report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from spark_torch.version import __version__
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
+    from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
+    from spark_torch.driver.distributor import Distributor
+    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, Checkpoint, RunResult, load_run
+    from spark_torch.driver.torch_distributor import TorchDistributor
+    from spark_torch.errors import (
+        ClusterConfigurationError,
+        ConfigurationError,
+        DistributedRunError,
+        InsufficientSlotsError,
+        LaunchError,
+        PicklingError,
+        RankFailure,
+        RunStalledError,
+        RunTimeoutError,
+        SparkTorchError,
+    )
+    from spark_torch.reporting.api import get_checkpoint, report
+
+#: where each public name lives; imported on first access (module ``__getattr__``, PEP 562)
+_HOMES = {
+    "Distributor": "spark_torch.driver.distributor",
+    "TorchDistributor": "spark_torch.driver.torch_distributor",
+    "DeepspeedTorchDistributor": "spark_torch.driver.deepspeed",
+    "RunResult": "spark_torch.driver.result",
+    "Checkpoint": "spark_torch.driver.result",
+    "AttemptRecord": "spark_torch.driver.result",
+    "AttemptEnd": "spark_torch.driver.result",
+    "AttemptReason": "spark_torch.driver.result",
+    "load_run": "spark_torch.driver.result",
+    "report": "spark_torch.reporting.api",
+    "get_checkpoint": "spark_torch.reporting.api",
+    "SparkTorchError": "spark_torch.errors",
+    "ConfigurationError": "spark_torch.errors",
+    "ClusterConfigurationError": "spark_torch.errors",
+    "InsufficientSlotsError": "spark_torch.errors",
+    "PicklingError": "spark_torch.errors",
+    "LaunchError": "spark_torch.errors",
+    "DistributedRunError": "spark_torch.errors",
+    "RunTimeoutError": "spark_torch.errors",
+    "RunStalledError": "spark_torch.errors",
+    "RankFailure": "spark_torch.errors",
+}
 
 __all__ = [
     "Distributor",
@@ -28,6 +62,9 @@ __all__ = [
     "DeepspeedTorchDistributor",
     "RunResult",
     "Checkpoint",
+    "AttemptRecord",
+    "AttemptEnd",
+    "AttemptReason",
     "load_run",
     "report",
     "get_checkpoint",
@@ -39,6 +76,20 @@ __all__ = [
     "LaunchError",
     "DistributedRunError",
     "RunTimeoutError",
+    "RunStalledError",
     "RankFailure",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'spark_torch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

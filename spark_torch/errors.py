@@ -136,7 +136,8 @@ def _format_failures(failures: tuple[RankFailure, ...], headline: str | None) ->
     if others:
         lines += ["", "Other ranks:"]
         for cause, ranks in others.items():
-            lines.append(f"  ranks {', '.join(map(str, sorted(ranks)))}: {cause}")
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, sorted(ranks)))}"
+            lines.append(f"  {who}: {cause}")
     return "\n".join(lines)
 
 
@@ -146,10 +147,24 @@ class DistributedRunError(SparkTorchError, RuntimeError):
     ``failures`` holds one :class:`RankFailure` per failed rank, root cause first.
     """
 
-    def __init__(self, failures: tuple[RankFailure, ...] | list[RankFailure], headline: str | None = None):
+    def __init__(
+        self,
+        failures: tuple[RankFailure, ...] | list[RankFailure],
+        headline: str | None = None,
+        stacks: dict[int, str] | None = None,
+        stacks_text: str | None = None,
+    ):
         self.failures = tuple(sorted(failures, key=lambda f: (f.failed_at or float("inf"), f.rank)))
         self.headline = headline
-        super().__init__(_format_failures(self.failures, headline))
+        #: each rank's Python stack when the ranks were stopped (timeout, stall, interruption):
+        #: ``{rank: text}``, innermost call last; empty when none was taken
+        self.stacks: dict[int, str] = dict(stacks or {})
+        #: the same stacks with ranks of the same stack grouped, as the message shows them
+        self.stacks_text = stacks_text
+        message = _format_failures(self.failures, headline)
+        if stacks_text:
+            message += "\n\nWhere each rank was:\n" + stacks_text
+        super().__init__(message)
 
     @property
     def rank(self) -> int | None:
@@ -157,8 +172,14 @@ class DistributedRunError(SparkTorchError, RuntimeError):
         return self.failures[0].rank if self.failures else None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.failures, self.headline))
+        return (type(self), (self.failures, self.headline, self.stacks, self.stacks_text))
 
 
 class RunTimeoutError(DistributedRunError, TimeoutError):
-    """The run took longer than ``timeout``; every rank was stopped."""
+    """The run took longer than ``timeout``; every rank was stopped. ``stacks`` holds where each
+    rank was just before."""
+
+
+class RunStalledError(DistributedRunError):
+    """No rank made progress for ``stall_timeout`` seconds and ``stall_action="fail"``: the
+    attempt was stopped. The message and ``stacks`` ({rank: text}) say where each rank was."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import Distributor, InsufficientSlotsError
+from spark_torch import AttemptEnd, AttemptReason, Distributor, InsufficientSlotsError
 
 from .elastic_programs import count_epochs, rows_per_epoch
 
@@ -26,8 +26,10 @@ def test_starts_with_the_nodes_there_are(spark_session: Any, tmp_path: Path, cap
     assert out == {"count": 3.0, "world_size": 2}
     notes = [r.getMessage() for r in caplog.records if "starting with" in r.getMessage()]
     assert notes == ["spark_torch: starting with 2 of 3 ranks (min_processes=2): the cluster has slots for 2 of 3 nodes"]
-    assert d.last_run is not None and [a["world_size"] for a in d.last_run.attempts] == [2]
-    assert "2 of 3 ranks" in d.last_run.attempts[0]["reason"]
+    assert d.last_run is not None and [a.world_size for a in d.last_run.attempts] == [2]
+    first = d.last_run.attempts[0]
+    assert first.reason is AttemptReason.START and first.end is AttemptEnd.SUCCEEDED
+    assert first.size_note == "2 of 3 ranks: slots for 2 of 3 nodes", first
     assert set(d.last_run.metrics_dataframe["world_size"]) == {2}
 
 
@@ -53,11 +55,13 @@ def test_a_lost_executor_shrinks_the_run(cluster3_spark: Any, tmp_path: Path, no
     out = d.run(count_epochs, 5, kill_executor_at=2)
     result = d.last_run
     assert result is not None and out["count"] == 5.0
-    sizes = [a["world_size"] for a in result.attempts]
+    sizes = [a.world_size for a in result.attempts]
     assert sizes[0] == 3 and len(sizes) == 2 and sizes[1] in (2, 3), result.attempts
-    assert result.attempts[1]["reason"].startswith("restart after a failure (")
+    assert result.attempts[0].end is AttemptEnd.FAILED and result.attempts[0].detail
+    assert result.attempts[1].reason is AttemptReason.RESTART_AFTER_FAILURE
+    assert result.attempts[1].end is AttemptEnd.SUCCEEDED
     if sizes[1] == 2:
-        assert result.attempts[1]["reason"].endswith("2 of 3 ranks: slots for 2 of 3 nodes"), result.attempts
+        assert result.attempts[1].size_note == "2 of 3 ranks: slots for 2 of 3 nodes", result.attempts
     history = result.metrics_dataframe
     assert history["epoch"].tolist() == [1, 2, 3, 4, 5] and history["step"].tolist() == [1, 2, 3, 4, 5]
     assert history["world_size"].tolist()[2:] == [sizes[1]] * 3

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import Distributor
+from spark_torch import AttemptEnd, AttemptReason, Distributor
 
 from .conftest import SCRIPTS, _stop_active, make_session, wait_for_slots
 from .standalone import (
@@ -222,9 +222,10 @@ def test_a_worker_leaves_and_comes_back(
     assert "error" not in box, box.get("error")
     assert box["out"]["count"] == 40.0 and box["out"]["world_size"] == 2
     result = box["result"]
-    assert result is not None and [a["world_size"] for a in result.attempts] == [2, 1, 2], result.attempts
-    assert result.attempts[1]["reason"].startswith("restart after a failure")
-    assert result.attempts[2]["reason"].startswith("grow (slots for 2 nodes were free for 3s")
+    assert result is not None and [a.world_size for a in result.attempts] == [2, 1, 2], result.attempts
+    assert [a.reason for a in result.attempts] == [AttemptReason.START, AttemptReason.RESTART_AFTER_FAILURE, AttemptReason.GROW]
+    assert [a.end for a in result.attempts] == [AttemptEnd.FAILED, AttemptEnd.GROW_REQUESTED, AttemptEnd.SUCCEEDED]
+    assert result.attempts[1].detail.startswith("slots for 2 nodes were free for 3s"), result.attempts
     history = result.metrics_dataframe
     assert history["epoch"].tolist() == list(range(1, 41))
     assert sorted(set(history["world_size"])) == [1, 2]

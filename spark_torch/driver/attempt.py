@@ -7,12 +7,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.driver.elastic import Membership
+from spark_torch.driver.result import AttemptEnd
+from spark_torch.envelopes import ResultBytes
 from spark_torch.lines import RankOutput
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.storage import RunStorage
 from spark_torch.spec import RunSpec
 
-__all__ = ["Attempt"]
+__all__ = ["Attempt", "AttemptOutcome"]
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """How an attempt ended: a typed end, rank 0's pickled value on success, the error otherwise
+    (``detail`` says why it grows)."""
+
+    end: AttemptEnd
+    result: ResultBytes | None = None
+    error: BaseException | None = None
+    detail: str = ""
+
+    @classmethod
+    def succeeded(cls, result: ResultBytes | None) -> AttemptOutcome:
+        """The gang finished; ``result`` is rank 0's pickled value (None for scripts)."""
+        return cls(AttemptEnd.SUCCEEDED, result=result)
 
 
 @dataclass(frozen=True)

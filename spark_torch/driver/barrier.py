@@ -16,14 +16,14 @@ from dataclasses import replace
 from typing import Any
 
 from spark_torch.channel.driver_end import DriverChannel, new_secret
-from spark_torch.driver.attempt import Attempt
+from spark_torch.driver.attempt import Attempt, AttemptOutcome
 from spark_torch.driver.compat import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.dataframe import DataInput
-from spark_torch.driver.elastic import GrowRestart, GrowWatch
+from spark_torch.driver.elastic import GrowWatch
 from spark_torch.driver.endpoints import ChannelEndpoint
 from spark_torch.driver.outcome import error_from_spark_failure, timeout_error
+from spark_torch.driver.result import AttemptEnd
 from spark_torch.driver.shipping import ship_package
-from spark_torch.envelopes import ResultBytes
 from spark_torch.errors import ConfigurationError, LaunchError, RankFailure
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
@@ -81,8 +81,9 @@ def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint) -> DriverChannel:
 
 def run_distributed(
     spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None = None
-) -> ResultBytes | None:
-    """Run the barrier stage; return rank 0's pickled result (function mode) or None."""
+) -> AttemptOutcome:
+    """Run the barrier stage: succeeded (rank 0's pickled result in function mode) or grow
+    requested; raises the run's errors (failure, timeout, interruption)."""
     plan = attempt.spec.plan
     if plan.local_mode:  # pragma: no cover - guarded by the caller
         raise ConfigurationError("run_distributed called with a local-mode plan")
@@ -130,7 +131,7 @@ def _run_stage(
     data: DataInput | None,
     streamed: result_transfer.StreamedResult | None,
     grow: GrowWatch | None = None,
-) -> ResultBytes | None:
+) -> AttemptOutcome:
     plan = spec.plan
     # one input partition per node: the node's share of the data, or one placeholder row
     source = (
@@ -175,7 +176,7 @@ def _run_stage(
         )
     if grow is not None and grow.requested is not None:  # the nodes stopped after a checkpoint: restart larger
         channel.wait_for_nodes(timeout=DRAIN_SECONDS)
-        raise GrowRestart(grow.requested)
+        return AttemptOutcome(AttemptEnd.GROW_REQUESTED, detail=grow.requested)
     if "error" in box:
         channel.stop_nodes("another node failed")  # the nodes Spark did not stop yet
         channel.wait_for_nodes(timeout=FAILURE_REPORTS_SECONDS)  # other failed nodes' reports
@@ -192,5 +193,5 @@ def _run_stage(
             f"only {len(stage.finished)} of {plan.num_nodes} Spark barrier tasks reported back; check the executor logs"
         )
     if spec.payload is None:
-        return None
-    return result_transfer.assemble(stage, spec.result_dir, streamed)
+        return AttemptOutcome.succeeded(None)
+    return AttemptOutcome.succeeded(result_transfer.assemble(stage, spec.result_dir, streamed))

@@ -22,16 +22,12 @@ from spark_torch.driver.cluster import available_slots, master_of
 from spark_torch.driver.slots import can_wait, check_slots, wait_for_slots
 from spark_torch.errors import InsufficientSlotsError
 
-__all__ = ["Membership", "GrowWatch", "GrowRestart"]
+__all__ = ["Membership", "GrowWatch"]
 
 logger = logging.getLogger(__name__)
 
 #: how often a grow watch asks for the slots
 WATCH_SECONDS = 1.0
-
-
-class GrowRestart(Exception):
-    """An attempt ended at a checkpoint so that the run restarts with more nodes (not a failure)."""
 
 
 @dataclass(frozen=True)

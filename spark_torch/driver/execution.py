@@ -9,24 +9,25 @@ import os
 import platform
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from spark_torch.driver.attempt import Attempt
+from spark_torch.driver.attempt import Attempt, AttemptOutcome
 from spark_torch.driver.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.dataframe import DataInput
-from spark_torch.driver.elastic import GrowRestart, Membership
+from spark_torch.driver.elastic import Membership
 from spark_torch.driver.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
 from spark_torch.driver.logs import DriverLogSink
 from spark_torch.driver.payload import dump_function_payload
-from spark_torch.driver.plan import host_facts, make_plan
+from spark_torch.driver.plan import LaunchPlan, host_facts, make_plan
+from spark_torch.driver.policy import Action, RestartPolicy
 from spark_torch.driver.progress import RunStatus, interactive
-from spark_torch.driver.result import RunResult
+from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
 from spark_torch.driver.tracker import ReportTracker
 from spark_torch.envelopes import ResultBytes
-from spark_torch.errors import ConfigurationError, DistributedRunError, RunTimeoutError
+from spark_torch.errors import ConfigurationError, DistributedRunError, RunStalledError, RunTimeoutError
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import resolve as resolve_settings
 from spark_torch.spec import DataSpec, RunSpec, StorageSpec
@@ -99,60 +100,12 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
             elastic_wait=settings.elastic_wait,
             executor_wait=settings.executor_wait,
         )
+    controller = RunController(
+        spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=outcome,
+        sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
+    )  # fmt: skip
     try:
-        show = interactive() if config.progress is None else config.progress
-        unlimited = config.max_restarts < 0
-        restart = failures = 0
-        why = "start"
-        while True:
-            latest = storage.latest() if storage is not None else None
-            resume = latest.step if latest is not None else 0
-            if storage is not None:
-                storage.discard_incomplete_after(resume)
-            tracker.resume_from(resume)  # steps after the checkpoint will be reported again
-            sized = plan
-            if membership is not None and spark is not None:
-                nodes, size_note = membership.nodes_for(spark, first=restart == 0)
-                sized = replace(plan, num_nodes=nodes)
-                why = f"{why}: {size_note}"
-            outcome.attempts.append({"attempt": restart, "world_size": sized.world_size, "nodes": sized.num_nodes, "reason": why})
-            sink.status.close()
-            sink.status = RunStatus(sized.world_size, enabled=show)
-            attempt = Attempt(
-                spec=replace(
-                    base, plan=sized, restart_count=restart, resume_step=resume,
-                    resume_url=latest.url if latest else None,
-                ),  # fmt: skip
-                timeout=None if deadline is None else max(0.001, deadline - time.monotonic()),
-                run_timeout=config.timeout,
-                on_lines=sink,
-                tail=sink.tail,
-                on_row=tracker.row,
-                keep_checkpoints=config.keep_checkpoints,
-                score_attribute=config.checkpoint_score_attribute,
-                score_order=config.checkpoint_score_order,
-                membership=membership if config.elastic_grow else None,
-            )
-            outcome.restarts = restart
-            try:
-                result = _run_attempt(spark, attempt, endpoint, data)
-                break
-            except GrowRestart as exc:  # not a failure: does not count against max_restarts
-                restart += 1
-                why = f"grow ({exc})"
-            except RunTimeoutError:
-                raise
-            except DistributedRunError as exc:
-                if not unlimited and failures >= config.max_restarts:
-                    raise
-                restart += 1
-                failures += 1
-                cause = str(exc).splitlines()[0]
-                why = f"restart after a failure ({cause[:200]})"
-                logger.warning(
-                    "spark_torch: run %s failed (%s); restarting the gang (%d of %s)",
-                    run_id, cause, failures, "unlimited" if unlimited else config.max_restarts,
-                )
+        result = controller.run()
         outcome.value = _unpickle_result(result)
         return outcome.value
     except BaseException as exc:
@@ -187,14 +140,105 @@ def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage |
     return storage
 
 
-def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> ResultBytes | None:
-    if endpoint is None:
-        from spark_torch.driver.local import run_local
+def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> AttemptOutcome:
+    """One attempt, its end typed: the run's errors become outcomes the policy decides on."""
+    try:
+        if endpoint is None:
+            from spark_torch.driver.local import run_local
 
-        return run_local(attempt, data)
-    from spark_torch.driver.barrier import run_distributed
+            return run_local(attempt, data)
+        from spark_torch.driver.barrier import run_distributed
 
-    return run_distributed(spark, attempt, endpoint, data)
+        return run_distributed(spark, attempt, endpoint, data)
+    except RunTimeoutError as exc:
+        return AttemptOutcome(AttemptEnd.TIMED_OUT, error=exc)
+    except RunStalledError as exc:
+        return AttemptOutcome(AttemptEnd.STALLED, error=exc)
+    except DistributedRunError as exc:
+        return AttemptOutcome(AttemptEnd.FAILED, error=exc)
+    except KeyboardInterrupt as exc:
+        return AttemptOutcome(AttemptEnd.INTERRUPTED, error=exc)
+
+
+@dataclass
+class RunController:
+    """The attempts of one run: start an attempt sized by the membership, let the
+    :class:`RestartPolicy` decide from how it ended (finish, restart, raise), record it."""
+
+    spark: Any
+    base: RunSpec
+    plan: LaunchPlan
+    config: DistributorConfig
+    endpoint: ChannelEndpoint | None
+    data: DataInput | None
+    result: RunResult
+    sink: DriverLogSink
+    tracker: ReportTracker
+    storage: RunStorage | None
+    membership: Membership | None
+    deadline: float | None
+
+    def run(self) -> ResultBytes | None:
+        """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
+        policy = RestartPolicy(self.config.max_restarts)
+        show = interactive() if self.config.progress is None else self.config.progress
+        reason, failures = AttemptReason.START, 0
+        while True:
+            record, attempt = self._next_attempt(len(self.result.attempts), reason, show)
+            ended = _run_attempt(self.spark, attempt, self.endpoint, self.data)
+            record.end = ended.end
+            if ended.error is not None:
+                record.detail = (str(ended.error).splitlines() or [type(ended.error).__name__])[0][:300]
+            elif ended.detail:
+                record.detail = ended.detail
+            decision = policy.decide(ended.end, failures)
+            if decision.action is Action.FINISH:
+                return ended.result
+            if decision.action is Action.RAISE:
+                assert ended.error is not None
+                raise ended.error
+            assert decision.reason is not None
+            failures += decision.counts
+            if decision.counts:
+                logger.warning(
+                    "spark_torch: run %s %s (%s); restarting the gang (%d of %s)",
+                    self.result.run_id, ended.end, record.detail, failures, policy.budget(),
+                )
+            reason = decision.reason
+
+    def _next_attempt(self, number: int, reason: AttemptReason, show: bool) -> tuple[AttemptRecord, Attempt]:
+        storage = self.storage
+        latest = storage.latest() if storage is not None else None
+        resume = latest.step if latest is not None else 0
+        if storage is not None:
+            storage.discard_incomplete_after(resume)
+        self.tracker.resume_from(resume)  # steps after the checkpoint will be reported again
+        sized, note = self.plan, ""
+        if self.membership is not None and self.spark is not None:
+            nodes, note = self.membership.nodes_for(self.spark, first=number == 0)
+            sized = replace(self.plan, num_nodes=nodes)
+        record = AttemptRecord(attempt=number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size_note=note)
+        self.result.attempts.append(record)
+        self.result.restarts = number
+        self.sink.status.close()
+        self.sink.status = RunStatus(sized.world_size, enabled=show)
+        config = self.config
+        attempt = Attempt(
+            spec=replace(
+                self.base, plan=sized, restart_count=number, resume_step=resume,
+                resume_url=latest.url if latest else None,
+            ),  # fmt: skip
+            timeout=None if self.deadline is None else max(0.001, self.deadline - time.monotonic()),
+            run_timeout=config.timeout,
+            on_lines=self.sink,
+            tail=self.sink.tail,
+            on_row=self.tracker.row,
+            keep_checkpoints=config.keep_checkpoints,
+            score_attribute=config.checkpoint_score_attribute,
+            score_order=config.checkpoint_score_order,
+            membership=self.membership if config.elastic_grow else None,
+        )
+        return record, attempt
 
 
 def _unpickle_result(result: ResultBytes | None) -> Any:

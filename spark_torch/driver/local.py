@@ -11,11 +11,11 @@ import socket
 import threading
 from typing import Any
 
-from spark_torch.driver.attempt import Attempt
+from spark_torch.driver.attempt import Attempt, AttemptOutcome
 from spark_torch.driver.compat import collect_arrow
 from spark_torch.driver.dataframe import DataInput
 from spark_torch.driver.outcome import error_from_report, timeout_error
-from spark_torch.envelopes import ResultBytes, map_file
+from spark_torch.envelopes import map_file
 from spark_torch.errors import RankFailure
 from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
@@ -64,8 +64,9 @@ class LocalIO:
         """Nothing to tell: :func:`run_local` raises it."""
 
 
-def run_local(attempt: Attempt, data: DataInput | None = None) -> ResultBytes | None:
-    """Run all ranks here; return rank 0's pickled result (function mode) or None."""
+def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome:
+    """Run all ranks here: succeeded with rank 0's pickled result (function mode) or None;
+    raises the run's errors (failure, timeout)."""
     spec = attempt.spec
     io = LocalIO(attempt)
     # local mode: the driver reads the DataFrame and the ranks split its rows
@@ -89,14 +90,12 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> ResultBytes | 
         assert outcome is not None  # a local rendezvous is never stopped
         if outcome.stopped:
             running = outcome.running_at_stop
-            raise timeout_error(
-                attempt.run_timeout,
-                running,
-                f"ranks {', '.join(str(f.rank) for f in running) or '(none)'} were still running and have been stopped",
-            )
+            ranks = [str(f.rank) for f in running]
+            who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(ranks) or '(none)'} were"
+            raise timeout_error(attempt.run_timeout, running, f"{who} still running and stopped")
         if outcome.failures:
             error = error_from_report(hosted.failure_report())
             raise error from error.__cause__
         if outcome.result_file is None:
-            return None
-        return map_file(outcome.result_file)  # stays readable after the workdir is removed
+            return AttemptOutcome.succeeded(None)
+        return AttemptOutcome.succeeded(map_file(outcome.result_file))  # readable after the workdir is removed

@@ -73,7 +73,7 @@ def _modules_to_ship_by_value(obj: Any) -> list[ModuleType]:
 _ANONYMOUS_FILE = "<dynamic-code>"
 
 
-class _PayloadPickler(cloudpickle.Pickler):
+class _PayloadPickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no types
     """cloudpickle, keeping each function's source file name.
 
     cloudpickle replaces ``co_filename`` with ``<dynamic-code>`` to make payloads deterministic;

@@ -8,6 +8,7 @@ checkpoint, ``best_checkpoints`` the kept ones with their metrics, best first.
 
 from __future__ import annotations
 
+import enum
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -16,7 +17,66 @@ from typing import Any
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.storage import DEFAULT_STORAGE, CheckpointInfo, RunStorage, best
 
-__all__ = ["RunResult", "Checkpoint", "load_run"]
+__all__ = ["RunResult", "Checkpoint", "load_run", "AttemptEnd", "AttemptReason", "AttemptRecord"]
+
+
+class AttemptEnd(str, enum.Enum):
+    """How one attempt (one start of the whole gang) ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed out"
+    STALLED = "stalled"
+    GROW_REQUESTED = "grow requested"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AttemptReason(str, enum.Enum):
+    """Why an attempt started."""
+
+    START = "start"
+    RESTART_AFTER_FAILURE = "restart after a failure"
+    RESTART_AFTER_STALL = "restart after a stall"
+    GROW = "grow"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class AttemptRecord:
+    """One attempt of a ``run()`` call, in ``RunResult.attempts``.
+
+    Attributes:
+        attempt: 0 for the first start, then 1, 2, ... (what ``report()`` rows call ``attempt``).
+        world_size: the ranks of this attempt.
+        nodes: the nodes (barrier tasks) of this attempt; 1 in local mode.
+        reason: why it started (:class:`AttemptReason`).
+        size_note: why it had this size (elastic membership), e.g. ``"2 of 3 ranks: slots for 2 of 3 nodes"``.
+        end: how it ended (:class:`AttemptEnd`); None while it runs.
+        detail: the first line of the error it ended with, or why it asked to grow.
+    """
+
+    attempt: int
+    world_size: int
+    nodes: int
+    reason: AttemptReason
+    size_note: str = ""
+    end: AttemptEnd | None = None
+    detail: str | None = None
+
+    def __str__(self) -> str:
+        text = f"attempt {self.attempt}: {self.world_size} rank(s) on {self.nodes} node(s), {self.reason}"
+        if self.size_note:
+            text += f" ({self.size_note})"
+        if self.end is not None:
+            text += f"; {self.end}"
+        if self.detail:
+            text += f": {self.detail}"
+        return text
 
 
 
@@ -79,7 +139,8 @@ class RunResult:
         best_checkpoints: the run's kept checkpoints with their metrics, best first
             (``checkpoint_score_attribute``/``checkpoint_score_order``; else newest first).
         restarts: how many times the gang was restarted in this call (after failures, or to grow).
-        attempts: each attempt's world size and why it had that size (elastic membership).
+        attempts: one :class:`AttemptRecord` per attempt of this call: its size, why it started
+            (:class:`AttemptReason`) and how it ended (:class:`AttemptEnd`).
         error: the exception when the run failed (``run()`` raised it too).
         path: where the run's checkpoints and metrics are (None: no storage).
     """
@@ -93,9 +154,7 @@ class RunResult:
     restarts: int = 0
     error: BaseException | None = None
     path: str | None = None
-    #: per attempt of this call: ``attempt``, ``world_size``, ``nodes`` and ``reason`` (why it
-    #: started, and at this size: the start, a restart after a failure, growing)
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
 
     @property
     def metrics(self) -> dict[str, Any]:

@@ -16,9 +16,22 @@ def test_exported_members() -> None:
         "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
         "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "__version__",
         "RunResult", "Checkpoint", "load_run", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
+        "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason",
     ])
     for name in spark_torch.__all__:
         assert getattr(spark_torch, name) is not None
+    assert sorted(spark_torch._HOMES) == sorted(set(spark_torch.__all__) - {"__version__"})
+
+
+def test_a_rank_entry_module_loads_no_driver_or_node_module() -> None:
+    """spark_torch/__init__.py is lazy: a rank imports only its own layer and the shared modules."""
+    for entry in ("spark_torch.rank.function_main", "spark_torch.rank.script_main"):
+        code = (
+            f"import sys, {entry}; "
+            "print(sorted(m for m in sys.modules if m.startswith(('spark_torch.driver', 'spark_torch.node'))))"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+        assert out.strip() == "[]", (entry, out)
 
 
 def test_import_is_cheap() -> None:
@@ -34,6 +47,9 @@ def test_errors_pickle_and_subclass_builtins() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert str(again) == str(error) and again.rank == 1 and isinstance(again, RuntimeError)
     assert issubclass(spark_torch.RunTimeoutError, TimeoutError)
+    stalled = spark_torch.RunStalledError([], headline="no rank made progress", stacks={0: "a"}, stacks_text="rank 0: a")
+    again = pickle.loads(pickle.dumps(stalled))
+    assert str(again) == str(stalled) and again.stacks == {0: "a"} and isinstance(again, spark_torch.SparkTorchError)
     assert issubclass(spark_torch.ConfigurationError, ValueError)
 
 
