@@ -1,0 +1,48 @@
+"""Claims the README and docs/ make about the code, checked against the code: the
+``Distributor`` signature, the keyword lists, the requirements, the examples table, the names
+``report()`` reserves and the MLflow parameters."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from spark_torch import Distributor
+from spark_torch.settings import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SETTING_NAMES = [s.name for s in SETTINGS]
+
+
+def _readme_signature() -> list[str]:
+    """The parameters of the ``Distributor(...)`` signature README shows, in order."""
+    match = re.search(r"`Distributor\((num_processes=.*?)\)`", README, re.S)
+    assert match, "README shows Distributor's signature as `Distributor(num_processes=...)`"
+    return [p.strip() for p in " ".join(match.group(1).split()).split(",")]
+
+
+def test_readme_signature_is_the_code() -> None:
+    """README writes every keyword but the settings (``**settings``, one table in
+    docs/configuration.md) with its default, in the code's order."""
+    shown = _readme_signature()
+    code = []
+    for name, parameter in inspect.signature(Distributor).parameters.items():
+        if name in SETTING_NAMES:
+            continue
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in code:
+            code.append("*")
+        code.append(f"{name}={parameter.default!r}".replace("'", '"'))
+    assert shown == [*code, "**settings"]
+    keyword_settings = [n for n, p in inspect.signature(Distributor).parameters.items() if n in SETTING_NAMES]
+    assert sorted(keyword_settings) == sorted(SETTING_NAMES)  # each setting is a keyword
+    assert all(inspect.signature(Distributor).parameters[n].default is None for n in SETTING_NAMES)
+
+
+def test_configuration_page_lists_every_other_keyword() -> None:
+    page = " ".join((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").split())
+    sentence = page[page.index("The `Distributor` arguments themselves") :].split(") are documented")[0]
+    listed = re.findall(r"`(\w+)`", sentence)
+    others = [n for n in inspect.signature(Distributor).parameters if n not in SETTING_NAMES]
+    assert listed == ["Distributor", *others]
