@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import tomllib
 from pathlib import Path
 
 from spark_torch import Distributor
@@ -46,3 +47,21 @@ def test_configuration_page_lists_every_other_keyword() -> None:
     listed = re.findall(r"`(\w+)`", sentence)
     others = [n for n in inspect.signature(Distributor).parameters if n not in SETTING_NAMES]
     assert listed == ["Distributor", *others]
+
+
+def _requirements(text: str) -> tuple[str, str]:
+    match = re.search(r"Python (\d+\.\d+)\+ and Java (\d+)\+", text)
+    assert match, "states the requirements as 'Python X.Y+ and Java N+'"
+    return match.group(1), match.group(2)
+
+
+def test_one_set_of_requirements() -> None:
+    """README and docs/index.md state the same Python and Java: pyproject's requires-python and
+    the Java the Makefile checks for."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert _requirements(README) == _requirements(index)
+    python, java = _requirements(README)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    assert requires == f">={python}"
+    makefile = re.search(r"^JAVA_MIN \?= (\d+)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
+    assert makefile and makefile.group(1) == java
