@@ -65,3 +65,16 @@ def test_one_set_of_requirements() -> None:
     assert requires == f">={python}"
     makefile = re.search(r"^JAVA_MIN \?= (\d+)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
     assert makefile and makefile.group(1) == java
+
+
+def test_lifecycle_numbers_are_the_code() -> None:
+    """docs/lifecycle.md's line limit and node queue bounds are the constants the code uses."""
+    from spark_torch.channel.log_stream import QUEUE_BYTES, QUEUE_LINES
+    from spark_torch.channel.wire import MAX_FRAME
+    from spark_torch.lines import MAX_LINE_BYTES
+
+    page = " ".join((ROOT / "docs" / "lifecycle.md").read_text(encoding="utf-8").split())
+    assert f"the queue ({QUEUE_LINES:,} lines or {QUEUE_BYTES // 2**20} MiB)" in page
+    assert f"lines longer than {MAX_LINE_BYTES // 1024} KiB" in page
+    assert f"every frame (at most {MAX_FRAME // 2**20} MiB) is AES-256-GCM encrypted" in page
+    assert "SPARK_LOCAL_IP" not in page  # the channel never reads it
