@@ -31,7 +31,7 @@ CHART_SECONDS = 1.0
 
 
 def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
-    """The numeric metrics of a row (not step/time/attempt, not booleans or text)."""
+    """The numeric metrics of a row (not what spark_torch records with it, not booleans or text)."""
     return {
         k: float(v)
         for k, v in row.items()
@@ -97,7 +97,7 @@ class _MlflowLog:
         params = {
             "spark_torch.run_id": run_id,
             "spark_torch.num_processes": config.num_processes,
-            "spark_torch.driver.local": config.local_mode,
+            "spark_torch.local_mode": config.local_mode,
             "spark_torch.world_size": plan.world_size,
             "spark_torch.use_gpu": plan.use_gpu,
             "spark_torch.max_restarts": config.max_restarts,

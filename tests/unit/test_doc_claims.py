@@ -78,3 +78,14 @@ def test_lifecycle_numbers_are_the_code() -> None:
     assert f"lines longer than {MAX_LINE_BYTES // 1024} KiB" in page
     assert f"every frame (at most {MAX_FRAME // 2**20} MiB) is AES-256-GCM encrypted" in page
     assert "SPARK_LOCAL_IP" not in page  # the channel never reads it
+
+
+def test_reserved_metric_names_are_documented() -> None:
+    """Every name report() reserves is named where users read about report()."""
+    from spark_torch.reporting.api import RECORDED_KEYS, report
+
+    page = " ".join((ROOT / "docs" / "checkpoints.md").read_text(encoding="utf-8").split())
+    reserved = ", ".join(f"`{k}`" for k in RECORDED_KEYS[:-1]) + f" and `{RECORDED_KEYS[-1]}` are added by spark_torch"
+    assert reserved in page
+    assert f"a dict with {', '.join(f'`{k}`' for k in RECORDED_KEYS)} |" in page
+    assert ", ".join(RECORDED_KEYS) in " ".join((report.__doc__ or "").split())
