@@ -89,3 +89,43 @@ def test_reserved_metric_names_are_documented() -> None:
     assert reserved in page
     assert f"a dict with {', '.join(f'`{k}`' for k in RECORDED_KEYS)} |" in page
     assert ", ".join(RECORDED_KEYS) in " ".join((report.__doc__ or "").split())
+
+
+def _argparse_options(path: Path) -> list[str]:
+    """The long options an example's ``add_argument`` calls define, in order."""
+    import ast
+
+    options = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            options += [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+    return options
+
+
+def _examples_tables() -> list[dict[str, list[str]]]:
+    """docs/examples.md's tables: example file -> the options its ``arguments`` column names."""
+    tables: list[dict[str, list[str]]] = []
+    for block in (ROOT / "docs" / "examples.md").read_text(encoding="utf-8").split("\n\n"):
+        rows = [r for r in block.splitlines() if r.startswith("|")]
+        if not rows or rows[0].split("|")[1:3] != [" example ", " arguments "]:
+            continue
+        tables.append({
+            re.fullmatch(r" `(\w+\.py)` ", cells[1]).group(1): re.findall(r"`(--[\w-]+)`", cells[2])  # type: ignore[union-attr]
+            for cells in (r.split("|") for r in rows[2:])
+        })
+    return tables
+
+
+def test_examples_tables_are_the_examples_arguments() -> None:
+    """Every example is in docs/examples.md once, with exactly its argparse options; the first
+    table's examples take ``--num-processes`` and ``--local-mode`` as the page says."""
+    tables = _examples_tables()
+    assert len(tables) == 2, "docs/examples.md has two tables (function and script examples) with an arguments column"
+    functions, scripts = tables
+    listed = [*functions, *scripts]
+    assert sorted(listed) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+    for name in listed:
+        documented = {**functions, **scripts}[name]
+        assert sorted(documented) == sorted(_argparse_options(ROOT / "examples" / name)), name
+    for name, options in functions.items():
+        assert {"--num-processes", "--local-mode"} <= set(options), name
