@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import inspect
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from spark_torch import Distributor
 from spark_torch.settings import SETTINGS
@@ -109,10 +110,12 @@ def _examples_tables() -> list[dict[str, list[str]]]:
         rows = [r for r in block.splitlines() if r.startswith("|")]
         if not rows or rows[0].split("|")[1:3] != [" example ", " arguments "]:
             continue
-        tables.append({
-            re.fullmatch(r" `(\w+\.py)` ", cells[1]).group(1): re.findall(r"`(--[\w-]+)`", cells[2])  # type: ignore[union-attr]
-            for cells in (r.split("|") for r in rows[2:])
-        })
+        tables.append(
+            {
+                re.fullmatch(r" `(\w+\.py)` ", cells[1]).group(1): re.findall(r"`(--[\w-]+)`", cells[2])  # type: ignore[union-attr]
+                for cells in (r.split("|") for r in rows[2:])
+            }
+        )
     return tables
 
 
