@@ -5,6 +5,8 @@ that respect what the user or the cluster chose."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +56,53 @@ def test_record_error_file_becomes_the_traceback(no_leftovers: None) -> None:
     message = str(info.value)
     assert message.startswith("rank 1 on ") and "failed: ValueError: shard 1 is corrupt" in message.splitlines()[0]
     assert "Traceback from rank 1" in message and "in load_shard" in message
+
+
+def _whole_env() -> dict[str, str]:
+    return dict(os.environ)
+
+
+#: set by a node for its own ranks' plumbing (spark_torch.envnames), not part of the contract
+INTERNAL = {
+    "SPARK_TORCH_PARENT_PID", "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_START_STEP",
+    "SPARK_TORCH_CHECKPOINT", "SPARK_TORCH_DATA_FILE", "SPARK_TORCH_DATA_COLUMNS", "SPARK_TORCH_DATA_ROWS",
+}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _function_main_table() -> set[str]:
+    """The variables in the first column of the table in spark_torch/rank/function_main.py."""
+    import spark_torch.rank.function_main as function_main
+
+    doc = function_main.__doc__ or ""
+    rulers = [i for i, line in enumerate(doc.splitlines()) if re.fullmatch(r"=+ +=+", line)]
+    assert len(rulers) == 2, "function_main's docstring has one table between two rulers"
+    rows = doc.splitlines()[rulers[0] + 1 : rulers[1]]
+    width = doc.splitlines()[rulers[0]].index(" ")
+    return {name for row in rows for name in re.findall(r"``([A-Z_]+)``", row[:width])}
+
+
+def _concepts_table() -> set[str]:
+    """The variables in the first column of the environment table in docs/concepts.md."""
+    page = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    table = page[page.index("| variable | value |") :].split("\n\n")[0]
+    return {name for row in table.splitlines()[2:] for name in re.findall(r"`([A-Z_]+)`", row.split("|")[1])}
+
+
+def _readme_names() -> set[str]:
+    page = (ROOT / "README.md").read_text(encoding="utf-8")
+    paragraph = page[page.index("Every rank gets torchrun's environment") :].split("\n\n")[0]
+    return set(re.findall(r"`([A-Z][A-Z_]+)`", paragraph))
+
+
+def test_environment_tables_are_what_a_rank_gets(no_leftovers: None) -> None:
+    """The tables in function_main's docstring and docs/concepts.md, and README's list, name
+    every variable a real rank gets from spark_torch and nothing it does not get."""
+    before = dict(os.environ)
+    env = Distributor(num_processes=2).run(_whole_env)
+    documented = _function_main_table()
+    assert documented == _concepts_table(), "function_main.py and docs/concepts.md list different variables"
+    assert documented - env.keys() == set(), "documented but not set for a rank"
+    set_by_spark_torch = {k for k, v in env.items() if before.get(k) != v} - INTERNAL
+    assert set_by_spark_torch - documented == set(), "set for a rank but not documented"
+    assert _readme_names() <= documented and _readme_names() - env.keys() == set()

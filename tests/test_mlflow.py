@@ -4,6 +4,7 @@ parameters; against real MLflow with a local file store."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,16 @@ def test_mlflow_true_starts_and_ends_a_run(tracking: Any, tmp_path: Path, no_lef
     (run,) = tracking.search_runs([tracking.get_experiment_by_name("Default").experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_name == f"spark_torch-{d.last_run.run_id}"  # type: ignore[union-attr]
     assert [m.step for m in tracking.get_metric_history(run.info.run_id, "i")] == [1, 2, 3]
+    params = tracking.get_run(run.info.run_id).data.params
+    assert params["spark_torch.local_mode"] == "True" and params["spark_torch.world_size"] == "1"
+    assert sorted(params) == sorted(_documented_parameters())
+
+
+def _documented_parameters() -> list[str]:
+    """The MLflow parameters docs/checkpoints.md names."""
+    page = " ".join((Path(__file__).resolve().parent.parent / "docs" / "checkpoints.md").read_text().split())
+    sentence = page[page.index("the parameters (") :].split("), and")[0]
+    return re.findall(r"`(spark_torch\.\w+)`", sentence)
 
 
 def test_mlflow_none_without_active_run_logs_nothing(tracking: Any, tmp_path: Path, no_leftovers: None) -> None:

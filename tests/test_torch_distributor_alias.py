@@ -49,6 +49,28 @@ def test_script_like_pyspark(spark_session: Any, tmp_path: Path, no_leftovers: N
     assert [i["argv"] for i in infos] == [["--lr=1"], ["--lr=1"]]
 
 
+def test_input_params_are_set_by_the_constructor() -> None:
+    """As PySpark 4.3 does: the public settings, before any run(); a DeepSpeed distributor's
+    config among them."""
+    from spark_torch import DeepspeedTorchDistributor
+
+    distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
+    assert distributor.input_params == {"num_processes": 2, "local_mode": True, "use_gpu": False, "num_tasks": 2}
+    deepspeed = DeepspeedTorchDistributor(numGpus=2, localMode=True, useGpu=False, deepspeedConfig={"train_batch_size": 4})
+    assert deepspeed.input_params == {
+        "num_processes": 2, "local_mode": True, "use_gpu": False, "num_tasks": 2, "deepspeed_config": {"train_batch_size": 4},
+    }
+
+
+def test_input_params_are_pysparks(spark_session: Any) -> None:
+    """The same dict as PySpark's own class gives, in both modes."""
+    from pyspark.ml.torch.distributor import TorchDistributor as PySparkTorchDistributor
+
+    for local in (True, False):
+        theirs = PySparkTorchDistributor(num_processes=2, local_mode=local, use_gpu=False).input_params
+        assert TorchDistributor(num_processes=2, local_mode=local, use_gpu=False).input_params == theirs
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_bad_num_processes_is_a_value_error(bad: Any) -> None:
     with pytest.raises(ValueError, match="num_processes has to be a positive integer"):

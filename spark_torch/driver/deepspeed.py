@@ -83,7 +83,6 @@ class DeepspeedTorchDistributor(TorchDistributor):
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank: a function (rank 0's result), or the path of a
         script, given ``--deepspeed [--deepspeed_config PATH]`` after ``args``."""
-        self.input_params = self._input_params()
         entry = make_entrypoint(main, args, kwargs)
         if isinstance(entry, ScriptEntrypoint):
             extra, files = self._config_arguments()

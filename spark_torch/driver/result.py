@@ -90,7 +90,7 @@ class Checkpoint:
 
     path: str
     step: int
-    #: the metrics reported with it (rank 0's, plus ``step``, ``time``, ``attempt``)
+    #: the metrics reported with it (rank 0's, plus ``step``, ``time``, ``attempt``, ``world_size``)
     metrics: dict[str, Any] = field(default_factory=dict)
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -158,14 +158,14 @@ class RunResult:
 
     @property
     def metrics(self) -> dict[str, Any]:
-        """The last reported metrics (with ``step``, ``time``, ``attempt``); ``{}`` before any."""
+        """The last reported metrics (with ``step``, ``time``, ``attempt``, ``world_size``); ``{}`` before any."""
         rows = self.history or self.rows
         return dict(rows[-1]) if rows else {}
 
     @property
     def metrics_dataframe(self) -> Any:
         """The whole history as a pandas DataFrame (columns: the reported keys, ``step``, ``time``,
-        ``attempt``), one row per step."""
+        ``attempt``, ``world_size``), one row per step."""
         try:
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - pandas comes with the spark extra

@@ -10,8 +10,8 @@
 Same constructor (``num_processes=1, local_mode=True, use_gpu=True``, the private ``_ssl_conf``
 accepted), the public attributes of PySpark 4's class (``num_processes``, ``local_mode``,
 ``use_gpu``, ``num_tasks``, ``spark``, ``ssl_conf``, ``logger``, ``is_remote``,
-``is_spark_local_master``, ``input_params``), same ``run(main, *args, **kwargs)``, and the same exception types for
-the same misconfigurations (``RuntimeError`` for GPU and encryption settings, ``ValueError``
+``is_spark_local_master``, ``input_params``, all set by the constructor), same
+``run(main, *args, **kwargs)``, and the same exception types for the same misconfigurations (``RuntimeError`` for GPU and encryption settings, ``ValueError``
 for a bad ``num_processes``). Everything else is spark_torch's: live logs, rank 0's result,
 errors naming the failing rank. :class:`~spark_torch.Distributor` stays the recommended class
 (``use_gpu=None`` detects GPUs; more options); note that ``use_gpu`` defaults to ``True`` here,
@@ -84,8 +84,6 @@ class TorchDistributor:
         self.spark: Any = active_session() if local_mode else get_or_create_session()
         self.is_remote = self.spark is not None and is_connect_session(self.spark)
         self.is_spark_local_master = self.spark is not None and is_local_master(master_of(self.spark))
-        #: what run() was called with (PySpark sets it in run(); here too)
-        self.input_params: dict[str, Any] = {}
         self._distributor: Distributor = Distributor(self.num_processes, local_mode, use_gpu, spark=self.spark, env=_env)
         try:
             plan = self._distributor.plan()  # GPU and encryption settings are checked here, as PySpark does
@@ -102,6 +100,9 @@ class TorchDistributor:
             self._distributor = Distributor(available, local_mode, use_gpu, spark=self.spark, env=_env)
             plan = self._distributor.plan()
         self.num_tasks = self.num_processes if local_mode else plan.num_nodes
+        #: the public settings of this distributor (num_processes, local_mode, use_gpu,
+        #: num_tasks, and a subclass's own), set here, as PySpark sets them
+        self.input_params: dict[str, Any] = self._input_params()
 
     def _driver_gpus(self) -> int:
         cluster = read_cluster(self.spark) if self.spark is not None else ClusterInfo()
@@ -115,5 +116,4 @@ class TorchDistributor:
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` (a function, or the path of a script) on every rank; rank 0's result."""
-        self.input_params = self._input_params()
         return self._distributor.run(main, *args, **kwargs)

@@ -31,7 +31,7 @@ CHART_SECONDS = 1.0
 
 
 def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
-    """The numeric metrics of a row (not step/time/attempt, not booleans or text)."""
+    """The numeric metrics of a row (not what spark_torch records with it, not booleans or text)."""
     return {
         k: float(v)
         for k, v in row.items()
@@ -40,15 +40,21 @@ def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
 
 
 class _Chart:
-    """A matplotlib chart in the Jupyter cell, updated in place."""
+    """A matplotlib chart in the Jupyter cell, updated in place.
+
+    Drawn on a :class:`~matplotlib.figure.Figure` with its own Agg canvas, never through
+    pyplot: the user's backend and pyplot's figures stay as they were (a later ``plt.show()``
+    still draws).
+    """
 
     def __init__(self) -> None:
-        import matplotlib
-
-        matplotlib.use("agg")
         from IPython.display import display
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
         self._display = display
+        self._figure = Figure
+        self._canvas = FigureCanvasAgg
         self._handle: Any = None
         self._drawn = 0.0
 
@@ -59,13 +65,14 @@ class _Chart:
         self._drawn = now
         import io
 
-        import matplotlib.pyplot as plt
         from IPython.display import Image
 
         keys = sorted({k for row in rows for k in numeric_metrics(row)})
         if not keys:
             return
-        fig, axes = plt.subplots(1, len(keys), figsize=(min(4 * len(keys), 16), 3), squeeze=False)
+        fig = self._figure(figsize=(min(4 * len(keys), 16), 3))
+        self._canvas(fig)
+        axes = fig.subplots(1, len(keys), squeeze=False)
         for ax, key in zip(axes[0], keys):
             points = [(row["step"], numeric_metrics(row)[key]) for row in rows if key in numeric_metrics(row)]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
@@ -74,7 +81,6 @@ class _Chart:
         fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=80)
-        plt.close(fig)
         image = Image(data=buffer.getvalue(), format="png")  # type: ignore[no-untyped-call]
         if self._handle is None:
             self._handle = self._display(image, display_id=True)  # type: ignore[no-untyped-call]
@@ -97,7 +103,7 @@ class _MlflowLog:
         params = {
             "spark_torch.run_id": run_id,
             "spark_torch.num_processes": config.num_processes,
-            "spark_torch.driver.local": config.local_mode,
+            "spark_torch.local_mode": config.local_mode,
             "spark_torch.world_size": plan.world_size,
             "spark_torch.use_gpu": plan.use_gpu,
             "spark_torch.max_restarts": config.max_restarts,

@@ -1,21 +1,36 @@
 """Entry point of one rank in function mode: ``python -m spark_torch.rank.function_main PAYLOAD RESULT_DIR``.
 
-The environment contract (the same as ``torchrun`` gives a rank, in both modes):
+The environment contract (what ``torchrun`` gives a rank, and a few of ours; the same in both
+modes; ``docs/concepts.md`` has the same table, and ``tests/test_env_parity.py`` checks both
+against a real rank):
 
-=====================  ==========================================================
-``RANK``               global rank, ``0 .. WORLD_SIZE-1``
-``LOCAL_RANK``         rank on this node, ``0 .. LOCAL_WORLD_SIZE-1``
-``WORLD_SIZE``         total number of ranks (``num_processes``)
-``LOCAL_WORLD_SIZE``   ranks on this node (1 per CPU task, GPUs per task with GPUs)
-``NODE_RANK``          index of this node (Spark barrier task); alias ``GROUP_RANK``
-``GROUP_WORLD_SIZE``   number of nodes
-``MASTER_ADDR``        host of node 0 as Spark knows it (``127.0.0.1`` in local mode)
-``MASTER_PORT``        a free port reserved on node 0 for this run
-``CUDA_VISIBLE_DEVICES``  with GPUs: the GPUs Spark assigned to this node's task
-``OMP_NUM_THREADS``    cores of the task divided by ranks per node (Spark pins it to 1)
-``TORCHELASTIC_RUN_ID`` / ``SPARK_TORCH_RUN_ID``  the run's id
-``TORCHELASTIC_RESTART_COUNT`` / ``SPARK_TORCH_RESTART_COUNT``  restarts so far (0)
-=====================  ==========================================================
+====================================  ==========================================================
+``RANK``                              global rank, ``0 .. WORLD_SIZE-1``
+``LOCAL_RANK``                        rank on this node, ``0 .. LOCAL_WORLD_SIZE-1``
+``WORLD_SIZE``                        total number of ranks (``num_processes``)
+``LOCAL_WORLD_SIZE``                  ranks on this node (1 per CPU task, GPUs per task with GPUs)
+``NODE_RANK``, ``GROUP_RANK``         index of this node (Spark barrier task)
+``GROUP_WORLD_SIZE``                  number of nodes
+``ROLE_RANK``, ``ROLE_WORLD_SIZE``    as torchrun: ``RANK`` and ``WORLD_SIZE``
+``ROLE_NAME``                         ``default``
+``MASTER_ADDR``                       host of node 0 as Spark knows it (``127.0.0.1`` in local mode)
+``MASTER_PORT``                       a free port reserved on node 0 for this run
+``CUDA_VISIBLE_DEVICES``              the GPUs Spark assigned to this node's task (empty without GPUs)
+``OMP_NUM_THREADS``                   cores of the task divided by ranks per node (Spark pins it
+                                      to 1); kept when the user or the cluster set it
+``MKL_NUM_THREADS``                   the same as ``OMP_NUM_THREADS``
+``TORCHELASTIC_RUN_ID``               the run's id
+``SPARK_TORCH_RUN_ID``                the run's id
+``TORCHELASTIC_RESTART_COUNT``        restarts so far (0)
+``SPARK_TORCH_RESTART_COUNT``         restarts so far (0)
+``TORCHELASTIC_MAX_RESTARTS``         the restart budget (``max_restarts``)
+``TORCHELASTIC_USE_AGENT_STORE``      ``True`` on node 0's ranks when the rendezvous store was
+                                      hosted before the ranks started (warm starts)
+``TORCHELASTIC_ERROR_FILE``           a file per rank where torch's ``@record`` writes an error
+``TORCH_NCCL_ASYNC_ERROR_HANDLING``   ``1`` unless set: a failed NCCL collective raises
+``PYTHONUNBUFFERED``                  ``1``
+``PYTHONPATH``                        where this spark_torch was loaded from, ahead of the rest
+====================================  ==========================================================
 
 So ``torch.distributed.init_process_group(backend, init_method="env://")`` works unchanged.
 A rank ends like a Python program (non-daemon threads joined, atexit run, open files flushed

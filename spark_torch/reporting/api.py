@@ -188,7 +188,8 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
         RuntimeError: outside a rank started by spark_torch, or when persisting failed.
         TypeError: a metric that is not a single value.
         ValueError: a metric name or string that is not valid Unicode; metrics over
-            :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (step, time, attempt).
+            :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (:data:`RECORDED_KEYS`:
+            step, time, attempt, world_size).
     """
     global _reporter
     clean = _clean(metrics)

@@ -1,0 +1,134 @@
+"""Claims the README and docs/ make about the code, checked against the code: the
+``Distributor`` signature, the keyword lists, the requirements, the examples table, the names
+``report()`` reserves and the MLflow parameters."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import tomllib
+
+from spark_torch import Distributor
+from spark_torch.settings import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SETTING_NAMES = [s.name for s in SETTINGS]
+
+
+def _readme_signature() -> list[str]:
+    """The parameters of the ``Distributor(...)`` signature README shows, in order."""
+    match = re.search(r"`Distributor\((num_processes=.*?)\)`", README, re.S)
+    assert match, "README shows Distributor's signature as `Distributor(num_processes=...)`"
+    return [p.strip() for p in " ".join(match.group(1).split()).split(",")]
+
+
+def test_readme_signature_is_the_code() -> None:
+    """README writes every keyword but the settings (``**settings``, one table in
+    docs/configuration.md) with its default, in the code's order."""
+    shown = _readme_signature()
+    code = []
+    for name, parameter in inspect.signature(Distributor).parameters.items():
+        if name in SETTING_NAMES:
+            continue
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in code:
+            code.append("*")
+        code.append(f"{name}={parameter.default!r}".replace("'", '"'))
+    assert shown == [*code, "**settings"]
+    keyword_settings = [n for n, p in inspect.signature(Distributor).parameters.items() if n in SETTING_NAMES]
+    assert sorted(keyword_settings) == sorted(SETTING_NAMES)  # each setting is a keyword
+    assert all(inspect.signature(Distributor).parameters[n].default is None for n in SETTING_NAMES)
+
+
+def test_configuration_page_lists_every_other_keyword() -> None:
+    page = " ".join((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").split())
+    sentence = page[page.index("The `Distributor` arguments themselves") :].split(") are documented")[0]
+    listed = re.findall(r"`(\w+)`", sentence)
+    others = [n for n in inspect.signature(Distributor).parameters if n not in SETTING_NAMES]
+    assert listed == ["Distributor", *others]
+
+
+def _requirements(text: str) -> tuple[str, str]:
+    match = re.search(r"Python (\d+\.\d+)\+ and Java (\d+)\+", text)
+    assert match, "states the requirements as 'Python X.Y+ and Java N+'"
+    return match.group(1), match.group(2)
+
+
+def test_one_set_of_requirements() -> None:
+    """README and docs/index.md state the same Python and Java: pyproject's requires-python and
+    the Java the Makefile checks for."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert _requirements(README) == _requirements(index)
+    python, java = _requirements(README)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    assert requires == f">={python}"
+    makefile = re.search(r"^JAVA_MIN \?= (\d+)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
+    assert makefile and makefile.group(1) == java
+
+
+def test_lifecycle_numbers_are_the_code() -> None:
+    """docs/lifecycle.md's line limit and node queue bounds are the constants the code uses."""
+    from spark_torch.channel.log_stream import QUEUE_BYTES, QUEUE_LINES
+    from spark_torch.channel.wire import MAX_FRAME
+    from spark_torch.lines import MAX_LINE_BYTES
+
+    page = " ".join((ROOT / "docs" / "lifecycle.md").read_text(encoding="utf-8").split())
+    assert f"the queue ({QUEUE_LINES:,} lines or {QUEUE_BYTES // 2**20} MiB)" in page
+    assert f"lines longer than {MAX_LINE_BYTES // 1024} KiB" in page
+    assert f"every frame (at most {MAX_FRAME // 2**20} MiB) is AES-256-GCM encrypted" in page
+    assert "SPARK_LOCAL_IP" not in page  # the channel never reads it
+
+
+def test_reserved_metric_names_are_documented() -> None:
+    """Every name report() reserves is named where users read about report()."""
+    from spark_torch.reporting.api import RECORDED_KEYS, report
+
+    page = " ".join((ROOT / "docs" / "checkpoints.md").read_text(encoding="utf-8").split())
+    reserved = ", ".join(f"`{k}`" for k in RECORDED_KEYS[:-1]) + f" and `{RECORDED_KEYS[-1]}` are added by spark_torch"
+    assert reserved in page
+    assert f"a dict with {', '.join(f'`{k}`' for k in RECORDED_KEYS)} |" in page
+    assert ", ".join(RECORDED_KEYS) in " ".join((report.__doc__ or "").split())
+
+
+def _argparse_options(path: Path) -> list[str]:
+    """The long options an example's ``add_argument`` calls define, in order."""
+    import ast
+
+    options = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            options += [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+    return options
+
+
+def _examples_tables() -> list[dict[str, list[str]]]:
+    """docs/examples.md's tables: example file -> the options its ``arguments`` column names."""
+    tables: list[dict[str, list[str]]] = []
+    for block in (ROOT / "docs" / "examples.md").read_text(encoding="utf-8").split("\n\n"):
+        rows = [r for r in block.splitlines() if r.startswith("|")]
+        if not rows or rows[0].split("|")[1:3] != [" example ", " arguments "]:
+            continue
+        tables.append(
+            {
+                re.fullmatch(r" `(\w+\.py)` ", cells[1]).group(1): re.findall(r"`(--[\w-]+)`", cells[2])  # type: ignore[union-attr]
+                for cells in (r.split("|") for r in rows[2:])
+            }
+        )
+    return tables
+
+
+def test_examples_tables_are_the_examples_arguments() -> None:
+    """Every example is in docs/examples.md once, with exactly its argparse options; the first
+    table's examples take ``--num-processes`` and ``--local-mode`` as the page says."""
+    tables = _examples_tables()
+    assert len(tables) == 2, "docs/examples.md has two tables (function and script examples) with an arguments column"
+    functions, scripts = tables
+    listed = [*functions, *scripts]
+    assert sorted(listed) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+    for name in listed:
+        documented = {**functions, **scripts}[name]
+        assert sorted(documented) == sorted(_argparse_options(ROOT / "examples" / name)), name
+    for name, options in functions.items():
+        assert {"--num-processes", "--local-mode"} <= set(options), name
