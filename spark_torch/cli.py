@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="environment variable for every rank (repeatable)")
     run.add_argument("--timeout", type=float, default=None, metavar="S", help="bound on the whole run, seconds")
     run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times (-1: no limit)")
+    run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                     help="a run whose ranks made no progress for S seconds is stalled: log every rank's stack (default 600; 0: off)")
+    run.add_argument("--stall-action", choices=["warn", "fail"], default=None,
+                     help="on a stall: warn (the default) or fail (stop the run with RunStalledError)")
     run.add_argument("--min-processes", type=int, default=None, metavar="M",
                      help="distributed: go on with at least M ranks when nodes are missing or lost (default: -n)")
     run.add_argument("--grow", dest="elastic_grow", action="store_true",
@@ -188,6 +192,8 @@ def _run(args: argparse.Namespace) -> int:
             log_dir=args.log_dir,
             mlflow=args.mlflow,
             progress=args.progress,
+            stall_timeout=args.stall_timeout,
+            stall_action=args.stall_action,
         )
         distributor.run(args.script, *args.script_args)
         if distributor.last_run is not None and distributor.last_run.rows:

@@ -38,6 +38,9 @@ __all__ = [
     "DATA_COLUMNS",
     "DATA_ROWS",
     "CLI_VERBOSE",
+    "STACK_FILE",
+    "SAMPLE_SECONDS",
+    "STACK_ALL_THREADS",
     "RESERVED",
     "SCRUBBED",
 ]
@@ -85,6 +88,12 @@ START_STEP = "SPARK_TORCH_START_STEP"
 DATA_FILE = "SPARK_TORCH_DATA_FILE"
 DATA_COLUMNS = "SPARK_TORCH_DATA_COLUMNS"
 DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
+
+#: stall detection: where a rank's sampler writes its main thread's stack, how often, and
+#: whether it adds every other thread's stack (spark_torch.rank.sampler)
+STACK_FILE = "SPARK_TORCH_STACK_FILE"
+SAMPLE_SECONDS = "SPARK_TORCH_SAMPLE_SECONDS"
+STACK_ALL_THREADS = "SPARK_TORCH_STACK_ALL_THREADS"
 
 #: the ``spark-torch`` command keeps Spark's own log level (``--verbose`` does the same)
 CLI_VERBOSE = "SPARK_TORCH_CLI_VERBOSE"

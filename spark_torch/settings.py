@@ -30,9 +30,11 @@ __all__ = [
     "parse_ports",
     "parse_host_port",
     "RESULT_TRANSFERS",
+    "STALL_ACTIONS",
 ]
 
 RESULT_TRANSFERS = ("auto", "channel", "spark")
+STALL_ACTIONS = ("warn", "fail")
 
 
 def parse_ports(text: str, source: str) -> tuple[int, int]:
@@ -105,6 +107,13 @@ def _switch(text: str, source: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ConfigurationError(f"{source}={text!r} must be true or false (also 1/0, yes/no, on/off)")
+
+
+def _stall_action(text: str, source: str) -> str:
+    value = text.strip().lower()
+    if value not in STALL_ACTIONS:
+        raise ConfigurationError(f"{source}={text!r} is not valid; use 'warn' (the default: say where each rank is) or 'fail' (also stop the run)")
+    return value
 
 
 def _transfer(text: str, source: str) -> str:
@@ -188,6 +197,21 @@ SETTINGS: tuple[Setting, ...] = (
         "A warm-start template with no rank running exits after this long (it also exits with its "
         "owner: the driver in local mode, the executor in distributed mode).",
     ),
+    Setting(
+        "stall_timeout", "SPARK_TORCH_STALL_TIMEOUT", "spark.torch.stall.timeout", 600.0, _seconds_or_zero, "seconds",
+        "A run in which no rank made progress (its main thread's Python position, its output, report()) "
+        "for this long is stalled: spark_torch logs every rank's stack, grouped (0: no stall detection).",
+    ),
+    Setting(
+        "stall_action", "SPARK_TORCH_STALL_ACTION", "spark.torch.stall.action", "warn", _stall_action, "warn or fail",
+        "What a stall does: `warn` logs where each rank is (again at most once per stall_timeout, and "
+        "once when the run moves again); `fail` also stops the attempt with RunStalledError (a failure "
+        "for max_restarts).",
+    ),
+    Setting(
+        "stall_all_threads", "SPARK_TORCH_STALL_ALL_THREADS", "spark.torch.stall.allThreads", False, _switch, "true or false",
+        "Stall messages show every thread of each rank, not only its main thread.",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -209,6 +233,9 @@ class Settings:
     elastic_wait: float
     ship_package: bool
     warm_start_idle: float
+    stall_timeout: float
+    stall_action: str
+    stall_all_threads: bool
 
     @classmethod
     def defaults(cls) -> Settings:

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from spark_torch.channel.log_stream import LineReceiver
@@ -59,6 +60,8 @@ class DriverChannel:
         self.failures: dict[int, FailureReport] = {}
         #: where the nodes' bulk data goes (rank 0's result; set by the caller)
         self.bulk_sink: BulkSink | None = None
+        #: receives each node's progress snapshots (stall detection; set by the caller)
+        self.on_progress: Callable[[int, Any], None] | None = None
         self._receiver = LineReceiver(sink)
         self._coordinator = RendezvousCoordinator(nodes)
         self._lock = threading.Condition()
@@ -139,6 +142,9 @@ class DriverChannel:
             if self.reports is None:
                 raise ValueError("a report, but this run has no report coordinator")
             self.reports.node_report(node, message["report"])
+        elif "progress" in message:
+            if self.on_progress is not None:
+                self.on_progress(node, message["progress"])
         elif "dropped" in message:
             self._receiver.dropped_lines(node, message["dropped"])
         elif "eof" in message:

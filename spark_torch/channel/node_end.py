@@ -89,6 +89,11 @@ class NodeChannel:
         if timeout is not None:
             self._client.drain(timeout)
 
+    def send_progress(self, stacks: list[dict[str, Any]]) -> None:
+        """This node's ranks' progress and stacks (stall detection), for the driver."""
+        if not self._detached:
+            self._client.send({"progress": stacks})
+
     @property
     def usable(self) -> bool:
         """Whether the driver was reached and the channel is still in use."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from spark_torch.driver.elastic import Membership
 from spark_torch.driver.result import AttemptEnd
+from spark_torch.driver.stall import StallWatch
 from spark_torch.envelopes import ResultBytes
 from spark_torch.lines import RankOutput
 from spark_torch.reporting.coordinator import ReportCoordinator
@@ -51,6 +52,14 @@ class Attempt:
     score_order: str = "max"
     #: elastic_grow: the run's sizes (an attempt below full size watches for free slots)
     membership: Membership | None = None
+    #: the status line's stall: seconds without progress, None when the run moves (again)
+    on_stall: Callable[[float | None], None] = field(default=lambda idle: None, repr=False)
+
+    def stall_watch(self, stop: Callable[[str], None]) -> StallWatch:
+        """This attempt's stall detector (inactive with ``stall_timeout=0``); ``stop`` stops the
+        attempt when ``stall_action="fail"``."""
+        settings = self.spec.settings
+        return StallWatch(self.spec.world_size, settings.stall_timeout, settings.stall_action, stop=stop, on_status=self.on_stall)
 
     def report_coordinator(
         self, answer: Callable[[int, str | None], None], after_checkpoint: Callable[[int], None] | None = None

@@ -24,6 +24,7 @@ from spark_torch.driver.endpoints import ChannelEndpoint
 from spark_torch.driver.outcome import error_from_spark_failure, timeout_error
 from spark_torch.driver.result import AttemptEnd
 from spark_torch.driver.shipping import ship_package
+from spark_torch.driver.stall import note_stacks
 from spark_torch.errors import ConfigurationError, LaunchError, RankFailure
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
@@ -45,7 +46,7 @@ FAILURE_REPORTS_SECONDS = 3.0
 DRAIN_SECONDS = 10.0
 
 
-def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading.Event) -> None:
+def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading.Event, wake: threading.Event) -> None:
     try:
         with tagged_job(spark, tag):
             box["table"] = collect_arrow(df)
@@ -53,6 +54,7 @@ def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading
         box["error"] = exc
     finally:
         done.set()
+        wake.set()
 
 
 def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint) -> DriverChannel:
@@ -142,12 +144,16 @@ def _run_stage(
     df = source.mapInArrow(functools.partial(run_barrier_task, spec), result_transfer.RESULT_SCHEMA, barrier=True)
     tag = attempt.tag
     box: dict[str, Any] = {}
-    done = threading.Event()
-    worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done), name=tag, daemon=True)
+    done = threading.Event()  # the Spark job ended
+    wake = threading.Event()  # the job ended, or the stall watch stopped the attempt
+    stall = attempt.stall_watch(stop=lambda reason: wake.set())
+    channel.on_progress = stall.update
+    worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done, wake), name=tag, daemon=True)
     worker.start()
     channel.start_rendezvous_clock()
 
     def cancel(reason: str) -> None:
+        stall.freeze()  # where the ranks were, not where they are while stopping
         channel.stop_nodes(reason)
         try:
             # the nodes give their ranks SIGTERM and a grace period; cancelling the Spark job
@@ -158,22 +164,34 @@ def _run_stage(
             done.wait(CANCEL_WAIT_SECONDS)
 
     try:
-        finished = done.wait(attempt.timeout)
-    except BaseException:  # KeyboardInterrupt: stop every node, then re-raise
-        cancel("cancelled on the driver")
-        raise
-    if not finished:
-        cancel("timeout")
-    if not finished and "table" not in box:  # (a job that completed right at the deadline succeeded)
-        running = [
-            RankFailure(rank=r, host="?", exc_type="still running", exc_message="stopped", last_lines=attempt.tail(r))
-            for r in range(plan.world_size)
-        ]
-        raise timeout_error(
-            attempt.run_timeout,
-            running,
-            f"the Spark job was cancelled and the ranks of all {plan.num_nodes} node(s) were stopped",
-        )
+        try:
+            wake.wait(attempt.timeout)
+        except BaseException as interrupt:  # KeyboardInterrupt: stop every node, then re-raise
+            stall.freeze()
+            note_stacks(interrupt, stall)
+            cancel("cancelled on the driver")
+            raise
+        finished = done.is_set()
+        if not finished and stall.failed.is_set():
+            cancel("the run stalled (stall_action='fail')")
+            if "table" not in box:
+                raise stall.error()
+            finished = True  # it completed while being stopped
+        if not finished:
+            cancel("timeout")
+        if not finished and "table" not in box:  # (a job that completed right at the deadline succeeded)
+            running = [
+                RankFailure(rank=r, host="?", exc_type="still running", exc_message="stopped", last_lines=attempt.tail(r))
+                for r in range(plan.world_size)
+            ]
+            raise timeout_error(
+                attempt.run_timeout,
+                running,
+                f"the Spark job was cancelled and the ranks of all {plan.num_nodes} node(s) were stopped",
+                stall.stacks(),
+            )
+    finally:
+        stall.close()
     if grow is not None and grow.requested is not None:  # the nodes stopped after a checkpoint: restart larger
         channel.wait_for_nodes(timeout=DRAIN_SECONDS)
         return AttemptOutcome(AttemptEnd.GROW_REQUESTED, detail=grow.requested)

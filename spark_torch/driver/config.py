@@ -83,6 +83,9 @@ class DistributorConfig:
     warm_start_idle: Any = None
     ship_package: Any = None
     elastic_wait: Any = None
+    stall_timeout: Any = None
+    stall_action: Any = None
+    stall_all_threads: Any = None
 
     def __post_init__(self) -> None:
         self._check_reporting()

@@ -121,6 +121,9 @@ class Distributor:
         warm_start_idle: float | None = None,
         ship_package: bool | None = None,
         elastic_wait: float | None = None,
+        stall_timeout: float | None = None,
+        stall_action: str | None = None,
+        stall_all_threads: bool | None = None,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -153,6 +156,9 @@ class Distributor:
             warm_start_idle=warm_start_idle,
             ship_package=ship_package,
             elastic_wait=elastic_wait,
+            stall_timeout=stall_timeout,
+            stall_action=stall_action,
+            stall_all_threads=stall_all_threads,
         )
         self._spark = spark
         #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)

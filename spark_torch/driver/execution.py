@@ -237,6 +237,7 @@ class RunController:
             score_attribute=config.checkpoint_score_attribute,
             score_order=config.checkpoint_score_order,
             membership=self.membership if config.elastic_grow else None,
+            on_stall=self.sink.status.stalled,
         )
         return record, attempt
 

@@ -15,6 +15,7 @@ from spark_torch.driver.attempt import Attempt, AttemptOutcome
 from spark_torch.driver.compat import collect_arrow
 from spark_torch.driver.dataframe import DataInput
 from spark_torch.driver.outcome import error_from_report, timeout_error
+from spark_torch.driver.stall import note_stacks
 from spark_torch.envelopes import map_file
 from spark_torch.errors import RankFailure
 from spark_torch.failure_reports import FailureReport
@@ -39,6 +40,7 @@ class LocalIO:
         self.attempt = attempt
         self.host = socket.gethostname()
         self.stop = threading.Event()
+        self.stall = attempt.stall_watch(stop=lambda reason: self.stop.set())
         #: this attempt's report() coordinator, once the ranks' pipes exist
         self.coordinator: ReportCoordinator | None = None
 
@@ -57,6 +59,14 @@ class LocalIO:
         coordinator = self.coordinator = self.attempt.report_coordinator(answer=reports.persisted)
         return reports
 
+    def progress(self, stacks: list[dict[str, Any]]) -> None:
+        self.stall.update(0, stacks)
+
+    def time_is_up(self) -> None:
+        """``timeout``: keep where the ranks are, then stop them."""
+        self.stall.freeze()
+        self.stop.set()
+
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         """Nothing to tell: the driver is right here."""
 
@@ -71,13 +81,16 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
     io = LocalIO(attempt)
     # local mode: the driver reads the DataFrame and the ranks split its rows
     batches = collect_arrow(data.df.select(*data.columns)).to_batches() if data is not None else None
-    timer = threading.Timer(attempt.timeout, io.stop.set) if attempt.timeout else None
+    timer = threading.Timer(attempt.timeout, io.time_is_up) if attempt.timeout else None
     with NodeWorkdir(spec.run_id, 0) as workdir:
         if timer is not None:
             timer.daemon = True
             timer.start()
         try:
             hosted = host_node(spec, io, workdir, batches)
+        except KeyboardInterrupt as interrupt:
+            note_stacks(interrupt, io.stall)
+            raise
         except NodeProblem as problem:
             failure = RankFailure(rank=0, host=io.host, exc_type=problem.kind, exc_message=problem.message)
             raise error_from_report(FailureReport(failures=(failure,), kind=problem.kind)) from None
@@ -86,16 +99,20 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
                 timer.cancel()
             if io.coordinator is not None:
                 io.coordinator.close()
+            io.stall.close()
         outcome = hosted.outcome
         assert outcome is not None  # a local rendezvous is never stopped
+        if outcome.stopped and io.stall.failed.is_set():
+            raise io.stall.error()
         if outcome.stopped:
             running = outcome.running_at_stop
             ranks = [str(f.rank) for f in running]
             who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(ranks) or '(none)'} were"
-            raise timeout_error(attempt.run_timeout, running, f"{who} still running and stopped")
+            raise timeout_error(attempt.run_timeout, running, f"{who} still running and stopped", io.stall.stacks())
         if outcome.failures:
             error = error_from_report(hosted.failure_report())
             raise error from error.__cause__
         if outcome.result_file is None:
             return AttemptOutcome.succeeded(None)
         return AttemptOutcome.succeeded(map_file(outcome.result_file))  # readable after the workdir is removed
+

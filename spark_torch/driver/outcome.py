@@ -98,7 +98,14 @@ def error_from_spark_failure(exc: BaseException, secret: bytes, channel_reports:
     return LaunchError(f"the Spark barrier job failed before the ranks reported: {first[:2000]}")
 
 
-def timeout_error(run_timeout: float | None, running: Sequence[RankFailure], stopped: str) -> RunTimeoutError:
+def timeout_error(
+    run_timeout: float | None,
+    running: Sequence[RankFailure],
+    stopped: str,
+    stacks: tuple[dict[int, str], str | None] = ({}, None),
+) -> RunTimeoutError:
     """The run exceeded ``timeout``: ``running`` are the ranks still running (with their last
-    lines), ``stopped`` says what was stopped."""
-    return RunTimeoutError(list(running), headline=f"the run exceeded timeout={run_timeout:g}s; {stopped}")
+    lines), ``stopped`` says what was stopped, ``stacks`` where each rank was just before."""
+    return RunTimeoutError(
+        list(running), headline=f"the run exceeded timeout={run_timeout:g}s; {stopped}", stacks=stacks[0], stacks_text=stacks[1]
+    )

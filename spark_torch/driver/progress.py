@@ -102,6 +102,8 @@ class RunStatus:
         self.stopped = 0
         #: the latest reported metrics, shown after the counts
         self.latest = ""
+        #: " | STALLED 62s" while no rank makes progress (stall detection)
+        self.stall = ""
         self._start = time.monotonic()
         self._lock = threading.RLock()
         self._view: _Terminal | _Notebook | None = None
@@ -118,7 +120,7 @@ class RunStatus:
         if self._view is not None:
             self._view.show(
                 f"{self.started}/{self.world_size} started, {self.running} running, {self.finished} finished, "
-                f"{self.failed} failed, {self.stopped} stopped{self.latest}"
+                f"{self.failed} failed, {self.stopped} stopped{self.stall}{self.latest}"
             )
 
     def metrics(self, row: dict[str, Any]) -> None:
@@ -130,6 +132,12 @@ class RunStatus:
         ][:4]
         with self._lock:
             self.latest = f" | step {row.get('step')}: " + ", ".join(shown)
+            self._render()
+
+    def stalled(self, idle: float | None) -> None:
+        """No rank made progress for ``idle`` seconds (None: the run moves again)."""
+        with self._lock:
+            self.stall = "" if idle is None else f" | STALLED: no progress for {idle:.0f}s"
             self._render()
 
     def event(self, rank: int, state: str) -> None:

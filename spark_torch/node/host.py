@@ -75,6 +75,9 @@ class NodeIO(Protocol):
     def node_failed(self, report: FailureReport) -> None:
         """The node's ranks failed (after cleanup, with their last lines)."""
 
+    def progress(self, stacks: list[dict[str, Any]]) -> None:
+        """A snapshot of the ranks' progress and stacks (:class:`~spark_torch.stacks.RankStack` dicts)."""
+
 
 @dataclass
 class HostedNode:
@@ -225,7 +228,7 @@ def host_node(
             agent_store=store is not None,
         )
         outcome, pickled = run_node(
-            spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed
+            spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed, on_progress=io.progress
         )
         hosted = HostedNode(outcome=outcome, pickled=pickled)
         if outcome.failures:

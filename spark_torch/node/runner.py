@@ -27,6 +27,7 @@ from spark_torch.node.processes import (
     spawn_rank,
     with_package_on_path,
 )
+from spark_torch.node.progress import ProgressWatch, sample_interval, stack_file
 from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir, node_marker
 from spark_torch.reporting.pipes import NodeReports
@@ -163,15 +164,18 @@ def run_node(
     workdir: NodeWorkdir | None = None,
     reports: NodeReports | None = None,
     on_failure: Callable[[RankFailure, str | None], None] | None = None,
+    on_progress: Callable[[list[dict[str, object]]], None] | None = None,
 ) -> tuple[NodeOutcome, dict[int, str | None]]:
     """Run this node's ranks to completion (or first failure, or ``stop``) and clean up.
 
     Uses (and leaves to the caller) ``workdir`` when given, else makes and removes its own.
     Returns the outcome and, per failed rank, its pickled exception (base64) when it wrote one.
+    With ``on_progress`` and a ``stall_timeout``, the ranks' stacks are sampled and a snapshot
+    of their progress goes there regularly (:class:`~spark_torch.node.progress.ProgressWatch`).
     """
     if workdir is None:
         with NodeWorkdir(spec.run.run_id, spec.node_rank, spec.python) as own:
-            return run_node(spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure)
+            return run_node(spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure, on_progress=on_progress)
     guard = workdir
     workdir_path = guard.path
     outcome = NodeOutcome()
@@ -182,6 +186,14 @@ def run_node(
     exited: list[tuple[RankProcess, float]] = []
     changed = threading.Condition()
     stopping = threading.Event()  # set once the node stops its ranks (their exits are "stopped")
+    settings = spec.run.settings
+    progress = None
+    if on_progress is not None and settings.stall_timeout > 0:
+        ranks = [spec.global_rank(local) for local in range(spec.procs_per_node)]
+        progress = ProgressWatch(
+            {rank: stack_file(workdir_path, rank) for rank in ranks}, sample_interval(settings.stall_timeout), on_progress
+        )
+        on_lines = progress.observing(on_lines)
     try:
         if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
             storage = spec.run.storage
@@ -210,6 +222,10 @@ def run_node(
 
         for local_rank in range(spec.procs_per_node):
             env = _rank_env(spec, local_rank, workdir_path)
+            if progress is not None:  # the rank's stack sampler (spark_torch.rank.sampler)
+                env[envnames.STACK_FILE] = stack_file(workdir_path, spec.global_rank(local_rank))
+                env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
+                env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
             fds: tuple[int, ...] = ()
             if reports is not None:
                 fds = reports.open(spec.global_rank(local_rank))
@@ -237,6 +253,8 @@ def run_node(
                     target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}"
                 ).start()
 
+        if progress is not None:
+            progress.start()
         seen = 0
         with changed:
             while seen < len(procs):
@@ -293,6 +311,8 @@ def run_node(
                     )
         return outcome, pickled
     finally:
+        if progress is not None:
+            progress.close()
         if procs and not cleaned:  # an exception (Ctrl-C): a short grace, then SIGKILL
             stopping.set()
             kill_group(procs, grace=INTERRUPT_GRACE_SECONDS, marker=marker)

@@ -129,6 +129,11 @@ class BarrierIO:
         if self.channel is not None:
             self.channel.send_failure(report)
 
+    def progress(self, stacks: list[dict[str, Any]]) -> None:
+        channel = self.channel
+        if channel is not None and channel.usable:
+            channel.send_progress(stacks)
+
     # the task's own ends
     def channel_error(self) -> str | None:
         """The last error of a node that never reached the driver's channel."""

@@ -30,6 +30,10 @@ against a real rank):
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING``   ``1`` unless set: a failed NCCL collective raises
 ``PYTHONUNBUFFERED``                  ``1``
 ``PYTHONPATH``                        where this spark_torch was loaded from, ahead of the rest
+``SPARK_TORCH_STACK_FILE``            stall detection (``stall_timeout`` > 0): where the rank's
+                                      sampler writes its main thread's stack
+``SPARK_TORCH_SAMPLE_SECONDS``        how often it samples (a tenth of ``stall_timeout``, 0.2-1 s)
+``SPARK_TORCH_STACK_ALL_THREADS``     ``1`` when stall messages show every thread (``stall_all_threads``)
 ====================================  ==========================================================
 
 So ``torch.distributed.init_process_group(backend, init_method="env://")`` works unchanged.
@@ -46,6 +50,7 @@ import sys
 
 from spark_torch import envelopes
 from spark_torch.rank.deathsig import die_with_parent
+from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
 
 __all__ = ["main"]
@@ -55,6 +60,7 @@ def main(argv: list[str]) -> int:
     """Load the payload, call the function, publish the result or the error. Returns the exit code."""
     payload_path, result_dir = argv
     rank = int(os.environ.get("RANK", "0"))
+    start_sampler()  # stall detection, when the node asked for it
     try:
         with open(payload_path, "rb") as fh:
             fn, args, kwargs = envelopes.load_function_payload(fh.read())

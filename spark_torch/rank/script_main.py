@@ -19,6 +19,7 @@ import sys
 import traceback
 
 from spark_torch.rank.deathsig import die_with_parent
+from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
 
 __all__ = ["main"]
@@ -28,6 +29,7 @@ def main(argv: list[str]) -> int:
     """Run the script; return its exit status."""
     script, *args = argv
     sys.argv = [script, *args]
+    start_sampler()  # stall detection, when the node asked for it
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
     try:

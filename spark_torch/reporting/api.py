@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from spark_torch import envnames
+from spark_torch.stacks import note_progress
 
 __all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS"]
 
@@ -203,4 +204,6 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
                 )
             _reporter = _Reporter(fds)
         reporter = _reporter
+    note_progress()  # stall detection: a rank that reports makes progress
     reporter.report(clean, checkpoint)
+    note_progress()

@@ -1,0 +1,195 @@
+"""Stall detection on the driver: the run is stalled when no rank made progress for
+``stall_timeout`` seconds.
+
+The nodes send snapshots of their ranks (:class:`~spark_torch.stacks.RankStack`: where each is,
+how long it made no progress, whether its sampler still answers); :class:`StallWatch` keeps the
+latest per rank, and a thread checks them. On a stall it logs one WARNING with every rank's
+stack, grouped, repeats it at most once per ``stall_timeout`` while the stall lasts, says in one
+line when the run moves again, and shows the stall on the status line. With
+``stall_action="fail"`` it stops the attempt (``stop``) and :meth:`StallWatch.error` is the
+:class:`~spark_torch.RunStalledError` the attempt ends with. Timeouts and interruptions take
+their stacks from here too (:meth:`StallWatch.stacks`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from spark_torch.errors import RunStalledError
+from spark_torch.stacks import RankStack, StackState, format_stacks
+
+__all__ = ["StallWatch", "note_stacks"]
+
+logger = logging.getLogger(__name__)
+
+#: how long a rank no node has reported yet counts as starting
+START_GRACE_SECONDS = 60.0
+
+
+class StallWatch:
+    """The stall detector of one attempt of ``world_size`` ranks (see the module docstring)."""
+
+    def __init__(
+        self,
+        world_size: int,
+        timeout: float,
+        action: str = "warn",
+        *,
+        stop: Callable[[str], None] | None = None,
+        on_status: Callable[[float | None], None] | None = None,
+    ) -> None:
+        self.world_size = world_size
+        self.timeout = timeout
+        self.action = action
+        self._stop = stop
+        self._on_status = on_status
+        self._lock = threading.Lock()
+        self._latest: dict[int, tuple[RankStack, float]] = {}
+        self._frozen = False
+        self._start = time.monotonic()
+        #: monotonic time the current stall was first seen (None: not stalled)
+        self._stalled_since: float | None = None
+        self._warned_at = 0.0
+        #: set once ``stall_action="fail"`` stopped the attempt
+        self.failed = threading.Event()
+        self._failure: RunStalledError | None = None
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        if timeout > 0:
+            self._thread = threading.Thread(target=self._loop, name="spark-torch-stall-watch", daemon=True)
+            self._thread.start()
+
+    def update(self, node: int, snapshot: Any) -> None:
+        """A node's snapshot: a list of :class:`RankStack` dicts (malformed entries are skipped)."""
+        now = time.monotonic()
+        if not isinstance(snapshot, list):
+            return
+        with self._lock:
+            if self._frozen:
+                return
+            for item in snapshot:
+                try:
+                    stack = RankStack.from_dict(item)
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if 0 <= stack.rank < self.world_size:
+                    self._latest[stack.rank] = (stack, now)
+
+    def freeze(self) -> None:
+        """Keep the stacks as they are now: the ranks are about to be stopped (timeout, stall,
+        interruption), and what they show while stopping is not where they were."""
+        with self._lock:
+            self._frozen = True
+
+    def current(self) -> list[RankStack]:
+        """Every rank's latest stack, its idle time and age brought up to now."""
+        now = time.monotonic()
+        stacks = []
+        with self._lock:
+            for rank in range(self.world_size):
+                known = self._latest.get(rank)
+                if known is None:
+                    idle = max(0.0, now - self._start - START_GRACE_SECONDS)
+                    stacks.append(RankStack(rank, "", idle, StackState.STARTING))
+                else:
+                    stack, received = known
+                    late = now - received
+                    stacks.append(RankStack(rank, stack.text, stack.idle + late, stack.state, stack.age + late))
+        return stacks
+
+    def stacks(self) -> tuple[dict[int, str], str | None]:
+        """``({rank: stack text}, grouped text)`` of the latest snapshots; ``({}, None)`` when
+        stall detection is off or no node sent one."""
+        with self._lock:
+            known = bool(self._latest)
+        if not known:
+            return {}, None
+        current = self.current()
+        return {s.rank: s.text for s in current}, format_stacks(current)
+
+    def _message(self, idle: float, stacks: list[RankStack]) -> str:
+        return (
+            f"spark_torch: no rank made progress for {idle:.0f}s (stall_timeout={self.timeout:g}s); "
+            f"where each rank is, innermost call last:\n{format_stacks(stacks)}"
+        )
+
+    def check(self) -> None:
+        """One look at the ranks (the watch thread calls it about once a second)."""
+        stacks = self.current()
+        if not stacks or all(s.state is StackState.EXITED for s in stacks):
+            return  # the attempt is ending
+        idle = min(s.idle for s in stacks)
+        now = time.monotonic()
+        if idle < self.timeout:
+            if self._stalled_since is not None:
+                logger.warning("spark_torch: the run moves again after %.0fs without progress", now - self._stalled_since)
+                self._stalled_since = None
+                if self._on_status is not None:
+                    self._on_status(None)
+            return
+        if self._stalled_since is None:
+            self._stalled_since = now - (idle - self.timeout)
+        if self._on_status is not None:
+            self._on_status(idle)
+        if self.action == "fail":
+            if not self.failed.is_set():
+                message = self._message(idle, stacks)
+                logger.warning("%s\nstall_action='fail': stopping the run", message)
+                self._failure = RunStalledError(
+                    [],
+                    headline=f"the run stalled: no rank made progress for {idle:.0f}s (stall_timeout={self.timeout:g}s), "
+                    "so it was stopped (stall_action='fail'). Look at where each rank was, below: ranks waiting in "
+                    "different collectives, or one rank elsewhere while the others wait, is the usual cause "
+                    "(docs/troubleshooting.md, 'A run that hangs')",
+                    stacks={s.rank: s.text for s in stacks},
+                    stacks_text=format_stacks(stacks),
+                )
+                self.failed.set()
+                self.freeze()
+                if self._stop is not None:
+                    self._stop(f"stalled: no rank made progress for {idle:.0f}s")
+            return
+        if self._warned_at == 0.0 or now - self._warned_at >= self.timeout:
+            self._warned_at = now
+            logger.warning(
+                "%s\nThe run goes on (stall_action='warn'); stall_action='fail' stops such a run, "
+                "stall_timeout changes when this is said (docs/troubleshooting.md, 'A run that hangs')",
+                self._message(idle, stacks),
+            )
+
+    def error(self) -> RunStalledError:
+        """The error of an attempt this watch stopped."""
+        assert self._failure is not None, "error() before the watch failed the attempt"
+        return self._failure
+
+    def _loop(self) -> None:
+        while not self._closed.wait(min(1.0, max(0.1, self.timeout / 10))):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - a detector must never break the run it watches
+                logger.debug("spark_torch: stall check failed", exc_info=True)
+
+    def close(self) -> None:
+        """Stop watching; a stall that ended with the attempt gets its "moves again" line."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+        if self._stalled_since is not None and not self.failed.is_set():
+            logger.warning("spark_torch: the run moves again after %.0fs without progress", time.monotonic() - self._stalled_since)
+            self._stalled_since = None
+            if self._on_status is not None:
+                self._on_status(None)
+
+
+def note_stacks(interrupt: BaseException, stall: StallWatch) -> None:
+    """Where the ranks were when the run was interrupted (Ctrl-C, the notebook's stop button):
+    on the exception (``stacks``, and a note under its traceback) and in the log."""
+    stacks, text = stall.stacks()
+    if text:
+        interrupt.stacks = stacks  # type: ignore[attr-defined]
+        interrupt.add_note(f"spark_torch: where each rank was when the run was interrupted:\n{text}")
+        logger.warning("spark_torch: the run was interrupted; where each rank was:\n%s", text)

@@ -1,0 +1,163 @@
+"""A node's progress watch: how long each of its ranks made no progress, and where it is.
+
+Every ``interval`` seconds it reads each rank's stack file (written by
+:mod:`spark_torch.rank.sampler`) and sends one snapshot (a list of
+:class:`~spark_torch.stacks.RankStack` dicts) to the driver, which decides whether the run is
+stalled. A rank makes progress when its sampler saw its position move, when it writes output, or
+when it exits; a rank whose sampler stops answering is marked so, with its last stack; a rank
+not sampled yet is starting (given ``start_grace`` seconds before its silence counts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spark_torch.lines import RankOutput
+from spark_torch.stacks import RankStack, StackState
+
+__all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
+
+#: a sampler silent for this many of its intervals (and at least 2 s) is not answering
+NOT_ANSWERING_AFTER = 5
+
+
+def sample_interval(stall_timeout: float) -> float:
+    """How often ranks are sampled and nodes report: a tenth of the stall timeout, 0.2-1 s (a
+    timeout or an interruption then shows stacks at most about a second old)."""
+    return min(1.0, max(0.2, stall_timeout / 10))
+
+
+@dataclass
+class _Rank:
+    file: str
+    started: float
+    progress: float
+    seq: int = -1
+    moved: int = -1
+    sampled_at: float | None = None
+    text: str = ""
+    exited: bool = False
+
+
+class _Observed:
+    """A rank output that tells the watch about every block and exit, then hands them on."""
+
+    def __init__(self, watch: ProgressWatch, inner: RankOutput) -> None:
+        self._watch = watch
+        self._inner = inner
+
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        self._watch.made_progress(rank)
+        self._inner(rank, stream, block)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def rank_event(self, rank: int, state: str) -> None:
+        if state in ("finished", "failed", "stopped"):
+            self._watch.exited(rank)
+        self._inner.rank_event(rank, state)
+
+
+class ProgressWatch:
+    """Watches ``files`` ({rank: stack file}) and sends a snapshot every ``interval`` seconds."""
+
+    def __init__(
+        self,
+        files: dict[int, str],
+        interval: float,
+        send: Callable[[list[dict[str, object]]], None],
+        start_grace: float = 60.0,
+    ) -> None:
+        now = time.monotonic()
+        self._ranks = {rank: _Rank(file=path, started=now, progress=now) for rank, path in files.items()}
+        self._interval = interval
+        self._send = send
+        self._start_grace = start_grace
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="spark-torch-progress-watch", daemon=True)
+
+    def observing(self, output: RankOutput) -> RankOutput:
+        """``output``, telling this watch about the ranks' output and exits."""
+        return _Observed(self, output)
+
+    def made_progress(self, rank: int) -> None:
+        """The rank wrote output (or otherwise made progress) now."""
+        state = self._ranks.get(rank)
+        if state is not None:
+            state.progress = time.monotonic()
+
+    def exited(self, rank: int) -> None:
+        """The rank's process ended."""
+        state = self._ranks.get(rank)
+        if state is not None:
+            state.exited = True
+            state.progress = time.monotonic()
+
+    def start(self) -> None:
+        """Start watching (the ranks were started)."""
+        self._thread.start()
+
+    def _read(self, state: _Rank, now: float) -> None:
+        try:
+            with open(state.file, encoding="utf-8") as fh:
+                sample = json.load(fh)
+            seq, moved, text = int(sample["seq"]), int(sample["moved"]), str(sample["stack"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not written yet, or being replaced: the next round reads it
+        if seq != state.seq:
+            state.seq, state.sampled_at, state.text = seq, now, text
+        if moved != state.moved:
+            if state.moved != -1:
+                state.progress = now
+            state.moved = moved
+
+    def snapshot(self) -> list[RankStack]:
+        """Every rank's stack and idle time, now."""
+        now = time.monotonic()
+        stacks = []
+        with self._lock:
+            for rank, state in sorted(self._ranks.items()):
+                if not state.exited:
+                    self._read(state, now)
+                idle = now - state.progress
+                if state.exited:
+                    stacks.append(RankStack(rank, state.text, idle, StackState.EXITED))
+                elif state.sampled_at is None:
+                    idle = max(0.0, now - state.started - self._start_grace)
+                    stacks.append(RankStack(rank, "", idle, StackState.STARTING))
+                else:
+                    age = now - state.sampled_at
+                    silent = age > max(NOT_ANSWERING_AFTER * self._interval, 2.0)
+                    stacks.append(RankStack(rank, state.text, idle, StackState.NOT_ANSWERING if silent else StackState.SAMPLED, age))
+        return stacks
+
+    def _report(self) -> None:
+        try:
+            self._send([s.to_dict() for s in self.snapshot()])
+        except Exception:  # noqa: BLE001 - a closed channel: the run is ending anyway
+            pass
+
+    def _loop(self) -> None:
+        while not self._closed.wait(self._interval):
+            self._report()
+
+    def close(self) -> None:
+        """Stop watching, after one last snapshot (the exits the driver may not have heard of)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._thread.is_alive():
+            self._thread.join(self._interval + 2.0)
+            self._report()
+
+
+def stack_file(workdir: str, rank: int) -> str:
+    """Where a rank's sampler writes its stack."""
+    return os.path.join(workdir, f"stack-{rank}.json")

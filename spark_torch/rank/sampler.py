@@ -1,0 +1,108 @@
+"""A rank's stack sampler: where its main thread is, for stall detection.
+
+A daemon thread samples the main thread's Python stack every ``SPARK_TORCH_SAMPLE_SECONDS``
+(``sys._current_frames``: no ptrace, no signal, nothing the user's code owns) and writes it with
+two counters into ``SPARK_TORCH_STACK_FILE`` (a temporary file renamed over it, so the node never
+reads half a sample): ``seq`` grows with every sample (a node that sees it stand still knows the
+rank is not answering: a native call holding the GIL), ``moved`` with every sample whose
+position differs from the one before (a frame, a line, the bytecode offset of the innermost frame,
+or a report() call). The launcher's own frames (this package's rank entry, runpy) are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from types import FrameType
+from typing import Any
+
+from spark_torch import envnames
+from spark_torch.stacks import MAX_STACK_CHARS, progress_count
+
+__all__ = ["start_sampler"]
+
+#: where the launcher's frames end: the rank entry's ``main`` (then runpy's, for a script)
+_ENTRY_DIR = os.path.join("spark_torch", "rank", "")
+
+
+def _user_frames(frame: FrameType | None) -> list[traceback.FrameSummary]:
+    """The main thread's frames from the user's first on (the template, runpy and the rank
+    entry module are spark_torch's launcher, not the user's code)."""
+    frames = traceback.extract_stack(frame) if frame is not None else []
+    entry = max((i for i, f in enumerate(frames) if _ENTRY_DIR in f.filename and f.name == "main"), default=-1)
+    rest = frames[entry + 1 :]
+    while rest and "runpy" in rest[0].filename:
+        rest = rest[1:]
+    return rest or frames[-1:]
+
+
+def _text(frames: list[traceback.FrameSummary]) -> str:
+    text = "".join(traceback.format_list(frames))
+    return text if len(text) <= MAX_STACK_CHARS else "  ...\n" + text[-MAX_STACK_CHARS:]
+
+
+def _all_threads(main_id: int, own_id: int) -> str:
+    blocks = []
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        if ident in (main_id, own_id):
+            continue
+        blocks.append(f"  Thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame)))
+    return "\n".join(blocks)
+
+
+class _Sampler:
+    def __init__(self, path: str, interval: float, all_threads: bool) -> None:
+        self.path = path
+        self.interval = interval
+        self.all_threads = all_threads
+        self.main_id = threading.main_thread().ident or 0
+        self.seq = 0
+        self.moved = 0
+        self.position: Any = None
+
+    def sample(self) -> None:
+        frame = sys._current_frames().get(self.main_id)
+        frames = _user_frames(frame)
+        position = (tuple((f.filename, f.lineno, f.name) for f in frames), frame.f_lasti if frame is not None else -1, progress_count())
+        self.seq += 1
+        if position != self.position:
+            self.moved += 1
+            self.position = position
+        text = _text(frames)
+        if self.all_threads:
+            others = _all_threads(self.main_id, threading.get_ident())
+            if others:
+                text += "\n" + others[: MAX_STACK_CHARS]
+        record = {"seq": self.seq, "moved": self.moved, "time": time.time(), "stack": text}
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+        os.replace(temporary, self.path)
+
+    def loop(self) -> None:
+        while True:
+            time.sleep(self.interval)  # first after one interval: not inside start_sampler()
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 - a sampler must never disturb the rank (shutdown, full disk)
+                pass
+
+
+def start_sampler(environ: dict[str, str] | None = None) -> bool:
+    """Start sampling when the node asked for it (``SPARK_TORCH_STACK_FILE`` is set); whether it started."""
+    env = os.environ if environ is None else environ
+    path = env.get(envnames.STACK_FILE)
+    if not path:
+        return False
+    try:
+        interval = max(0.05, float(env.get(envnames.SAMPLE_SECONDS, "1")))
+    except ValueError:
+        interval = 1.0
+    sampler = _Sampler(path, interval, env.get(envnames.STACK_ALL_THREADS) == "1")
+    threading.Thread(target=sampler.loop, name="spark-torch-stack-sampler", daemon=True).start()
+    return True

@@ -1,0 +1,139 @@
+"""Where the ranks are: one rank's stack as the driver knows it, and the grouped text a stall
+warning, a :class:`~spark_torch.RunStalledError` or a :class:`~spark_torch.RunTimeoutError`
+shows (ranks with the same stack together: "ranks 0, 2-7", "rank 1").
+
+Shared by the three sides: a rank counts its report() calls here (:func:`note_progress`), a node
+sends :class:`RankStack` fields in its progress messages, the driver groups them. Plain data only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["StackState", "RankStack", "note_progress", "progress_count", "rank_ranges", "format_stacks", "innermost_call"]
+
+#: report() calls of this process (a rank): progress even when the stack looks the same
+_progress = 0
+
+
+def note_progress() -> None:
+    """A rank did something that counts as progress (report())."""
+    global _progress
+    _progress += 1
+
+
+def progress_count() -> int:
+    """How many times :func:`note_progress` was called in this process."""
+    return _progress
+
+
+class StackState(str, enum.Enum):
+    """What is known about a rank's position."""
+
+    #: sampled: ``text`` is where its main thread is
+    SAMPLED = "sampled"
+    #: started, not sampled yet (importing, unpickling the function)
+    STARTING = "starting"
+    #: its sampler stopped answering (a native call holding the GIL?): ``text`` is the last stack
+    NOT_ANSWERING = "not answering"
+    #: its process exited
+    EXITED = "exited"
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """One rank's latest stack (innermost call last) and how long it made no progress."""
+
+    rank: int
+    text: str
+    #: seconds since the rank last made progress
+    idle: float
+    state: StackState = StackState.SAMPLED
+    #: seconds since ``text`` was sampled
+    age: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dict (what a node sends)."""
+        return {"rank": self.rank, "text": self.text, "idle": self.idle, "state": self.state.value, "age": self.age}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> RankStack:
+        """Inverse of :meth:`to_dict` (values from a node: checked, text bounded)."""
+        state = str(data.get("state", StackState.SAMPLED.value))
+        return cls(
+            rank=int(str(data["rank"])),
+            text=str(data.get("text", ""))[:MAX_STACK_CHARS],
+            idle=max(0.0, float(str(data.get("idle", 0.0)))),
+            state=StackState(state) if state in StackState._value2member_map_ else StackState.SAMPLED,
+            age=max(0.0, float(str(data.get("age", 0.0)))),
+        )
+
+
+#: a stack longer than this is cut (its innermost end kept)
+MAX_STACK_CHARS = 16_000
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``[0, 2, 3, 4, 7]`` -> ``"0, 2-4, 7"``."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = prev = None
+    for rank in ordered:
+        if start is None:
+            start = prev = rank
+        elif prev is not None and rank == prev + 1:
+            prev = rank
+        else:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = prev = rank
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
+
+
+def innermost_call(text: str) -> str:
+    """The function of a stack's innermost frame (``"all_reduce"``), or ``""``."""
+    for line in reversed(text.splitlines()):
+        stripped = line.strip()
+        if stripped.startswith("File ") and ", in " in stripped:
+            return stripped.rsplit(", in ", 1)[1]
+    return ""
+
+
+def _label(state: StackState, age: float) -> str:
+    if state is StackState.STARTING:
+        return " (starting: not sampled yet)"
+    if state is StackState.EXITED:
+        return " (exited)"
+    if state is StackState.NOT_ANSWERING:
+        return f" (not answering for {age:.0f}s, a native call holding the GIL?; its last stack)"
+    return ""
+
+
+def format_stacks(stacks: Sequence[RankStack]) -> str:
+    """Every rank's stack, ranks with the same stack and state grouped, the largest group first:
+
+    .. code-block:: text
+
+        ranks 0, 2-7: in all_reduce
+          File "train.py", line 12, in train
+            dist.all_reduce(t)
+          ...
+        rank 1: in load_batch
+          ...
+    """
+    groups: dict[tuple[str, StackState], list[RankStack]] = {}
+    for stack in stacks:
+        groups.setdefault((stack.text, stack.state), []).append(stack)
+    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), min(s.rank for s in item[1])))
+    blocks = []
+    for (text, state), members in ordered:
+        ranks = [s.rank for s in members]
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
+        call = innermost_call(text)
+        head = f"{who}: in {call}" if call else who
+        body = text.rstrip() or "  (no Python frame)"
+        blocks.append(f"{head}{_label(state, max(s.age for s in members))}\n{body}")
+    return "\n".join(blocks)
