@@ -38,6 +38,7 @@ __all__ = [
     "DATA_COLUMNS",
     "DATA_ROWS",
     "CLI_VERBOSE",
+    "STORAGE_OPTIONS",
     "RESERVED",
     "SCRUBBED",
 ]
@@ -88,6 +89,9 @@ DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
 
 #: the ``spark-torch`` command keeps Spark's own log level (``--verbose`` does the same)
 CLI_VERBOSE = "SPARK_TORCH_CLI_VERBOSE"
+#: the ``spark-torch`` command's storage options when ``--storage-options`` is not given: JSON,
+#: or ``@FILE`` (credentials stay off the command line, which every local user can read)
+STORAGE_OPTIONS = "SPARK_TORCH_STORAGE_OPTIONS"
 
 #: set by the launcher for every rank; a user's ``env=`` may not override them
 RESERVED = frozenset({RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT})
