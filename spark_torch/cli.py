@@ -40,13 +40,23 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def _storage_options(text: str, source: str) -> dict[str, Any]:
+    """A JSON object, or ``@FILE`` naming a file that holds one. The text may hold credentials:
+    an error says what is wrong with it, never what it is."""
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{source}: cannot read {path} ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
+        source = f"{source}: {path}"
     try:
         value = json.loads(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
+    except ValueError as exc:  # its message gives the position, never the text
+        raise ValueError(f"{source} is not valid JSON ({exc}); give a JSON object like {{\"anon\": false}} or @FILE") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+        raise ValueError(f"{source} must be a JSON object (got a JSON {type(value).__name__}), like {{\"anon\": false}}")
     return value
 
 
@@ -111,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep only N checkpoints: the newest, or the best by --checkpoint-score (default: all)")
     run.add_argument("--checkpoint-score", default=None, metavar="METRIC[:min]",
                      help="rank checkpoints by this reported metric (higher is better; METRIC:min for lower)")
-    run.add_argument("--storage-options", type=_json_object, default=None, metavar="JSON",
-                     help="fsspec options of the storage as a JSON object, e.g. '{\"anon\": false}'")
+    run.add_argument("--storage-options", default=None, metavar="JSON|@FILE",
+                     help="fsspec options of the storage as a JSON object, e.g. '{\"anon\": false}', or @FILE: a "
+                     f"file holding one (default: ${envnames.STORAGE_OPTIONS}, either form). Credentials belong in the "
+                     "file or the variable: a command line is visible to every user of this machine (ps)")
     run.add_argument("--log-ranks", default="all", metavar="all|none|0,1,...",
                      help="whose output to print (default all; the others still go to --log-dir)")
     run.add_argument("--log-dir", default=None, metavar="DIR", help="also write each rank's output to DIR/rank-N.log")
@@ -170,6 +182,11 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"spark-torch: --master {args.master}: running distributed (pass --local to run every "
                       "rank on this machine)", file=sys.stderr)
         score, _, order = (args.checkpoint_score or "").partition(":")
+        storage_options = None
+        if args.storage_options is not None:
+            storage_options = _storage_options(args.storage_options, "--storage-options")
+        elif envnames.STORAGE_OPTIONS in os.environ:
+            storage_options = _storage_options(os.environ[envnames.STORAGE_OPTIONS], envnames.STORAGE_OPTIONS)
         spark = _session(args, needed=not local_mode)
         distributor = Distributor(
             num_processes=args.num_processes,
@@ -187,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
             keep_checkpoints=args.keep_checkpoints,
             checkpoint_score_attribute=score or None,
             checkpoint_score_order=order or "max",
-            storage_options=args.storage_options,
+            storage_options=storage_options,
             log_ranks=_log_ranks(args.log_ranks),
             log_dir=args.log_dir,
             mlflow=args.mlflow,

@@ -41,6 +41,7 @@ __all__ = [
     "STACK_FILE",
     "SAMPLE_SECONDS",
     "STACK_ALL_THREADS",
+    "STORAGE_OPTIONS",
     "RESERVED",
     "SCRUBBED",
 ]
@@ -97,6 +98,9 @@ STACK_ALL_THREADS = "SPARK_TORCH_STACK_ALL_THREADS"
 
 #: the ``spark-torch`` command keeps Spark's own log level (``--verbose`` does the same)
 CLI_VERBOSE = "SPARK_TORCH_CLI_VERBOSE"
+#: the ``spark-torch`` command's storage options when ``--storage-options`` is not given: JSON,
+#: or ``@FILE`` (credentials stay off the command line, which every local user can read)
+STORAGE_OPTIONS = "SPARK_TORCH_STORAGE_OPTIONS"
 
 #: set by the launcher for every rank; a user's ``env=`` may not override them
 RESERVED = frozenset({RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT})

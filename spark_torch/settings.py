@@ -31,6 +31,7 @@ __all__ = [
     "parse_host_port",
     "RESULT_TRANSFERS",
     "STALL_ACTIONS",
+    "WARM_START_IDLE_MAX",
 ]
 
 RESULT_TRANSFERS = ("auto", "channel", "spark")
@@ -89,6 +90,22 @@ def _how_many_seconds(text: str, source: str, *, zero_ok: bool) -> float:
         value = -1.0
     if not (value >= 0 if zero_ok else value > 0):
         raise ConfigurationError(f"{source}={text!r} must be a number of seconds {'>=' if zero_ok else '>'} 0")
+    return value
+
+
+#: the longest ``warm_start_idle``: a template is a cache, not a service (and select() takes no longer timeout)
+WARM_START_IDLE_MAX = 24 * 3600.0
+
+
+def _idle_seconds(text: str, source: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= WARM_START_IDLE_MAX:  # also refuses nan and inf
+        raise ConfigurationError(
+            f"{source}={text!r} must be a number of seconds > 0 and <= {WARM_START_IDLE_MAX:g} (24 h)"
+        )
     return value
 
 
@@ -193,9 +210,11 @@ SETTINGS: tuple[Setting, ...] = (
         "installed. Off: the executors need the same version installed (checked when the nodes meet).",
     ),
     Setting(
-        "warm_start_idle", "SPARK_TORCH_WARM_START_IDLE", "spark.torch.warmStart.idleTimeout", 300.0, _seconds, "seconds",
+        "warm_start_idle", "SPARK_TORCH_WARM_START_IDLE", "spark.torch.warmStart.idleTimeout", 300.0, _idle_seconds,
+        "seconds, at most 86400",
         "A warm-start template with no rank running exits after this long (it also exits with its "
-        "owner: the driver in local mode, the executor in distributed mode).",
+        "owner: the driver in local mode, the executor in distributed mode). Runs that share a template "
+        "each keep it this long after their own last rank: the longest wins, a shorter one never cuts it.",
     ),
     Setting(
         "stall_timeout", "SPARK_TORCH_STALL_TIMEOUT", "spark.torch.stall.timeout", 600.0, _seconds_or_zero, "seconds",
@@ -255,7 +274,7 @@ def check_value(name: str, value: Any) -> Any:
         return parse_ports(str(value), name)
     if setting.parse is parse_ports and isinstance(value, (tuple, list)) and len(value) == 2:
         return parse_ports(f"{value[0]}-{value[1]}", name)
-    if setting.parse in (_seconds, _seconds_or_zero) and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if setting.parse in (_seconds, _seconds_or_zero, _idle_seconds) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return setting.parse(str(value), name)
     if setting.parse is _switch and isinstance(value, bool):
         return value

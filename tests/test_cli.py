@@ -207,6 +207,6 @@ def test_logging_and_storage_flags(tmp_path: Path) -> None:
     assert "[rank 0]" in done.stdout and "[rank 1]" not in done.stdout
     assert "env written by rank 1" in (logs / "rank-1.log").read_text()
     bad = cli("run", "--storage-options", "[1]", str(SCRIPTS / "env_dump.py"), str(tmp_path))
-    assert bad.returncode == 2 and "--storage-options: expected a JSON object, got '[1]'" in bad.stderr
+    assert bad.returncode == 2 and "--storage-options must be a JSON object (got a JSON list)" in bad.stderr
     bad = cli("run", "--log-ranks", "first", str(SCRIPTS / "env_dump.py"), str(tmp_path))
     assert bad.returncode == 2 and "--log-ranks takes all, none, or rank numbers like 0,1; got 'first'" in bad.stderr

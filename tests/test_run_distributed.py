@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -87,6 +88,27 @@ def test_script_local2(spark_session: Any, tmp_path: Path, no_leftovers: None) -
 
 
 @pytest.mark.slow
+def _rpc_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "Spark's RPC is not encrypted" in r.getMessage()]
+
+
+def test_a_cluster_run_without_rpc_encryption_warns_once(cluster_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+    """local-cluster with spark.network.crypto.enabled off: the run secret travels in the task
+    closure, in clear; one WARNING says so and what to set (docs/security.md)."""
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        Distributor(num_processes=1, local_mode=False, spark=cluster_spark).run(os.getpid)
+    (line,) = _rpc_warnings(caplog)
+    assert "channel secret reaches the executors inside the Spark task" in line
+    assert "spark.authenticate=true and spark.network.crypto.enabled=true" in line
+
+
+def test_a_local_master_run_does_not_warn_about_rpc_encryption(spark_session: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+    """local[2]: the tasks never leave this machine's processes; no warning."""
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        Distributor(num_processes=1, local_mode=False, spark=spark_session).run(os.getpid)
+    assert _rpc_warnings(caplog) == []
+
+
 def test_script_cluster(cluster_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
     _script_run(cluster_spark, tmp_path)
 

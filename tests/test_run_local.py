@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -193,6 +194,37 @@ def test_a_link_planted_in_log_dir_is_refused(tmp_path: Path, no_leftovers: None
         Distributor(num_processes=2, log_dir=str(logs)).run(env_and_allreduce, "t")
     assert victim.read_text() == "precious\n" and victim.stat().st_mode & 0o777 == 0o644
     assert not (logs / "rank-0.log").exists() or (logs / "rank-0.log").read_text() == ""
+
+
+@pytest.mark.timeout(60)  # a FIFO opened for writing without O_NONBLOCK blocks until a reader comes: for ever
+@pytest.mark.parametrize("planted", ["a FIFO", "a FIFO with a reader", "a hard link"])
+def test_a_fifo_or_a_hard_link_planted_in_log_dir_is_refused(tmp_path: Path, planted: str, no_leftovers: None) -> None:
+    """``rank-1.log`` planted as a named pipe (it used to block the driver before anything
+    started) or as a second name of a victim's file: refused at once, naming the path and the fix;
+    the victim's file keeps its content and mode."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    target = logs / "rank-1.log"
+    reader = None
+    if planted == "a hard link":
+        os.link(victim, target)
+        says = "rank-1.log has 2 names (a hard link"
+    else:
+        os.mkfifo(target)
+        says = "rank-1.log is a named pipe (FIFO), not a regular file"
+        if planted == "a FIFO with a reader":  # with a reader the open succeeds: the check after it refuses
+            reader = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
+            says = "rank-1.log is not a regular file of this user"
+    try:
+        with pytest.raises(ConfigurationError, match=rf"log_dir: {re.escape(f'{logs}/{says}')}.*; remove it or choose another log_dir"):
+            Distributor(num_processes=2, log_dir=str(logs)).run(env_and_allreduce, "t")
+    finally:
+        if reader is not None:
+            os.close(reader)
+    assert victim.read_text() == "precious\n" and victim.stat().st_mode & 0o777 == 0o644
 
 
 def big_result(megabytes: int) -> bytes:

@@ -9,6 +9,10 @@ environment.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +20,14 @@ from typing import Any
 import pytest
 
 from spark_torch import ConfigurationError, Distributor, load_run
+from spark_torch.driver.config import DistributorConfig
 
+from .conftest import SCRIPTS
 from .report_programs import deterministic_ddp
 
 SECRET = "moto-secret-for-tests"
+#: the spark-torch command's variable for storage options (docs/cli.md)
+STORAGE_OPTIONS = "SPARK_TORCH_STORAGE_OPTIONS"
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +82,65 @@ def test_checkpoints_kill_resume_prune_on_s3(s3: dict[str, Any], spark_session: 
 def test_a_storage_error_is_one_error_naming_the_url(s3: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError, match=r"storage_path='s3://no-such-bucket/x': cannot create the run's directory; the run's storage s3://no-such-bucket/x/\w+ cannot be used"):
         Distributor(storage_path="s3://no-such-bucket/x", storage_options=s3["options"]).run(print)
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if k != STORAGE_OPTIONS}
+    # options that do not arrive must not send the test to AWS: a refused loopback port instead
+    full.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, AWS_ENDPOINT_URL="http://127.0.0.1:9", EPOCHS="1")
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "spark_torch", *args], capture_output=True, text=True, timeout=240, env=full)
+
+
+def test_the_cli_takes_storage_options_from_a_file_or_the_environment(s3: dict[str, Any], tmp_path: Path) -> None:
+    """Credentials off the command line: ``--storage-options @FILE`` and SPARK_TORCH_STORAGE_OPTIONS
+    both reach the storage (the run's metrics land in S3); a bad text is described, never quoted."""
+    options = tmp_path / "options.json"
+    options.write_text(json.dumps(s3["options"]))
+    script = str(SCRIPTS / "report_script.py")
+    by_file = _cli("run", "--storage-path", "s3://runs/cli", "--run-id", "by-file", "--storage-options", f"@{options}", script)
+    assert by_file.returncode == 0, by_file.stderr[-2000:]
+    by_env = _cli("run", "--storage-path", "s3://runs/cli", "--run-id", "by-env", script,
+                  env={STORAGE_OPTIONS: json.dumps(s3["options"])})  # fmt: skip
+    assert by_env.returncode == 0, by_env.stderr[-2000:]
+    keys = {o["Key"] for o in s3["client"].list_objects_v2(Bucket="runs", Prefix="cli/")["Contents"]}
+    assert {"cli/by-file/metrics.jsonl", "cli/by-env/metrics.jsonl"} <= keys, keys
+    broken = '{"secret": "' + SECRET + '",}'
+    options.write_text(broken)
+    for args, env, says in [
+        (["--storage-options", broken], None, "--storage-options is not valid JSON (Expecting property name"),
+        (["--storage-options", f"@{options}"], None, f"--storage-options: {options} is not valid JSON"),
+        (["--storage-options", f"@{tmp_path}/missing.json"], None, f"--storage-options: cannot read {tmp_path}/missing.json"),
+        ([], {STORAGE_OPTIONS: broken}, f"{STORAGE_OPTIONS} is not valid JSON"),
+        ([], {STORAGE_OPTIONS: f'["{SECRET}"]'}, f"{STORAGE_OPTIONS} must be a JSON object (got a JSON list)"),
+    ]:
+        done = _cli("run", "--storage-path", "s3://runs/cli", *args, script, env=env)
+        assert done.returncode == 2 and says in done.stderr, (args, env, done.stderr[-2000:])
+        assert SECRET not in done.stderr + done.stdout, done.stderr
+
+
+@pytest.mark.parametrize(
+    "quoted",
+    [
+        {"client_kwargs": {"endpoint_url": f"http://user:{SECRET}@"}},  # botocore: "Invalid endpoint: ..."
+        {"config_kwargs": {"signature_version": SECRET}},  # botocore: "Unknown Signature Version: ..."
+    ],
+)
+def test_a_storage_error_never_quotes_the_options(s3: dict[str, Any], quoted: dict[str, Any]) -> None:
+    """The backend quotes the option it refused; spark_torch's error (and what it chains) does
+    not, nor do the config's repr and its type errors."""
+    options = {**s3["options"], **quoted}
+    with pytest.raises(ConfigurationError, match=r"cannot create the run's directory; the run's storage s3://runs/q/\w+ cannot be used") as info:
+        Distributor(storage_path="s3://runs/q", storage_options=options).run(print)
+    chain: list[BaseException] = []
+    link: BaseException | None = info.value
+    while link is not None:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    assert "***" in str(info.value) and not any(SECRET in str(e) for e in chain), [str(e) for e in chain]
+    config = DistributorConfig(storage_options=options)
+    assert SECRET not in repr(config) and "storage_options" not in repr(config)
+    for bad in ({"secret": object()}, [("secret", SECRET)]):
+        with pytest.raises(TypeError, match="storage_options") as error:
+            DistributorConfig(storage_options=bad)  # type: ignore[arg-type]
+        assert SECRET not in str(error.value) and "object at" not in str(error.value)

@@ -56,13 +56,13 @@ def _wait(what: str, done: Callable[[], bool], seconds: float, fix: str) -> None
 class Template:
     """A template this test started as a node runner starts one (its owner: this process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: str | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="tpl-")  # Unix socket paths are short: not under tmp_path
         self.path = os.path.join(self.dir, "t.sock")
         self.stderr_path = os.path.join(self.dir, "stderr")
         with open(self.stderr_path, "wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", TEMPLATE_MODULE, self.path, str(os.getpid())],
+                [sys.executable, "-m", TEMPLATE_MODULE, self.path, str(os.getpid()), *([idle] if idle else [])],
                 env=with_package_on_path(dict(os.environ)),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -122,13 +122,15 @@ class Request:
     ``module``'s argv) with its stdin (/dev/null) and stdout/stderr (one pipe, kept here) as
     passed descriptors."""
 
-    def __init__(self, conn: socket.socket, script: str, *args: str, module: str | None = None) -> None:
+    def __init__(
+        self, conn: socket.socket, script: str, *args: str, module: str | None = None, idle: float | None = None
+    ) -> None:
         self.conn = conn
         argv = [module, script, *args] if module else [SCRIPT_MAIN, str(SCRIPTS / script), *args]
         self.output, out_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
         env = with_package_on_path({**os.environ, "RANK": "0", "PYTHONUNBUFFERED": "1"})
-        request = {"argv": argv, "env": env, "cwd": str(SCRIPTS)}
+        request = {"argv": argv, "env": env, "cwd": str(SCRIPTS), "idle": idle}
         try:
             socket.send_fds(conn, [json.dumps(request).encode()], [null, out_w, out_w])
         finally:
@@ -174,9 +176,9 @@ def _runner_connect(template: Template) -> socket.socket:
     return conn
 
 
-def run_rank(template: Template, script: str, *args: str) -> int:
+def run_rank(template: Template, script: str, *args: str, idle: float | None = None) -> int:
     """One well-behaved rank start, to its end: its exit status."""
-    request = Request(_runner_connect(template), script, *args)
+    request = Request(_runner_connect(template), script, *args, idle=idle)
     try:
         started = request.answer()
         assert "pid" in started, f"no rank started: {started} (template exit status {template.process.poll()}): {template.stderr()}"
@@ -394,6 +396,62 @@ def test_a_burst_of_runners_all_get_ranks(template: Template, no_leftovers: None
         thread.join(ANSWER_SECONDS * 2)
     assert results == [(True, 0)] * n, [r for r in results if r != (True, 0)]
     assert template.alive()
+
+
+def test_an_idle_time_too_large_for_select_is_clamped(no_leftovers: None) -> None:
+    """A template told to idle for ever (``inf``, as a runner passes it) and a request for 1e9 s:
+    select() takes neither (the template used to exit with OverflowError, leaving its socket and
+    turning warm starts off); both are clamped to a day, and the template serves."""
+    template = Template(idle="inf")
+    try:
+        assert run_rank(template, "exit_code.py", "0", idle=1e9) == 0
+        assert run_rank(template, "exit_code.py", "3", idle=float("inf")) == 3
+        assert template.alive() and os.path.exists(template.path), template.stderr()
+    finally:
+        template.close()
+
+
+def test_runs_sharing_a_template_each_keep_it_their_idle_time(no_leftovers: None) -> None:
+    """Run A asks for 15 s, then run B for 0.3 s: B's shorter time does not cut A's (the template
+    used to take the latest request's), and A's expires: the template removes its socket and exits."""
+    template = Template()
+    try:
+        assert run_rank(template, "exit_code.py", "0", idle=15.0) == 0
+        assert run_rank(template, "exit_code.py", "0", idle=0.3) == 0
+        b_ended = time.monotonic()
+        while time.monotonic() < b_ended + 2.0:  # well past B's 0.3 s, well within A's 15 s
+            assert os.path.exists(template.path), f"B's 0.3 s idle time ended run A's 15 s: {template.stderr()}"
+            time.sleep(0.05)
+        assert run_rank(template, "exit_code.py", "0") == 0  # a request without an idle time changes nothing
+        _wait("the template to stop once A's 15 s passed", lambda: template.process.poll() is not None, 60,
+              "A's idle time did not expire")  # fmt: skip
+        assert template.process.returncode == 0 and not os.path.exists(template.path), template.stderr()
+    finally:
+        template.close()
+
+
+def test_a_failure_of_the_loop_itself_removes_the_socket(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not one connection's failure but the loop's own (here select() fails): one line on stderr,
+    and the socket is gone, so the next runner starts a new template instead of meeting a dead
+    socket."""
+    from spark_torch.node.template_main import _Template
+
+    path = str(tmp_path / "t.sock")
+    template = _Template(path, os.getpid(), None)
+
+    def broken_select(timeout: float | None = None) -> list[Any]:
+        raise OSError("select() failed (injected)")
+
+    template.selector.select = broken_select  # type: ignore[method-assign]
+    try:
+        template.serve()  # nothing runs: it stops listening and, with nothing left, returns
+    finally:
+        template.selector.close()
+        os.close(template.owner_fd)
+    assert not os.path.exists(path) and template.listener is None
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "spark_torch template" in line]
+    assert "stopped taking ranks after a failure of its loop (OSError: select() failed (injected))" in line
+    assert "the next rank starts a new template" in line
 
 
 def test_a_runner_waits_for_room_in_a_full_listen_queue() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -189,8 +190,10 @@ def test_ranks_hold_no_descriptor_but_their_own(no_leftovers: None) -> None:
 
 def test_an_idle_template_exits_and_a_later_run_starts_a_new_one(no_leftovers: None) -> None:
     """warm_start_idle: the template ends that long after its last rank, this process reaps it
-    (no zombie), and the next run starts a new one."""
-    first = Distributor(num_processes=1, warm_start_idle=1.0).run(what_a_rank_sees, "idle")
+    (no zombie), and the next run starts a new one. A template of its own (keyed by a startup
+    variable): earlier runs' templates keep their default 300 s, which a shorter request never cuts."""
+    own = {"PYTHON_SPARK_TORCH_TEST_KEY": uuid.uuid4().hex}
+    first = Distributor(num_processes=1, warm_start_idle=1.0, env=own).run(what_a_rank_sees, "idle")
     template = psutil.Process(first["ppid"])
     assert "spark_torch.node.template_main" in " ".join(template.cmdline())
     deadline = time.monotonic() + 60
@@ -200,7 +203,7 @@ def test_an_idle_template_exits_and_a_later_run_starts_a_new_one(no_leftovers: N
             "not ended when idle, or not reaped by the process that started it"
         )
         time.sleep(0.05)
-    second = Distributor(num_processes=2, warm_start_idle=1.0).run(what_a_rank_sees, "after")
+    second = Distributor(num_processes=2, warm_start_idle=1.0, env=own).run(what_a_rank_sees, "after")
     assert "spark_torch.node.template_main" in second["ppid_cmd"] and second["leaked"] is None
     (rebuilt,) = [t for t in _templates() if t.pid == second["ppid"]]  # a child of this process, reaped when it ends
     assert rebuilt.pid != template.pid

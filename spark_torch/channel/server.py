@@ -120,6 +120,8 @@ class ChannelServer:
         self._wake_read.setblocking(False)
         self.rejected = 0
         self._warn = RateLimitedLog(logger, logging.WARNING)
+        # its own line: a flood of strangers' rejections must not hide an attack on a live connection
+        self._tampered = RateLimitedLog(logger, logging.WARNING)
         self._error = RateLimitedLog(logger, logging.ERROR)
         self._accepter = threading.Thread(target=self._handshake_loop, name="spark-torch-channel-accept", daemon=True)
         self._accepter.start()
@@ -262,6 +264,8 @@ class ChannelServer:
         try:
             try:
                 first = link.recv()
+            except (ProtocolError, AuthenticationError):
+                raise  # tampering (or a bug) on an authenticated connection: below
             except (OSError, ConnectionError) as exc:
                 self._reject(addr, f"no attach after the handshake ({type(exc).__name__}: {exc})")
                 return
@@ -283,7 +287,10 @@ class ChannelServer:
                 link.send(message)
             self._receive(link, node)
         except (ProtocolError, AuthenticationError) as exc:  # a bug on one side, or an attack
-            self._warn("spark_torch channel: dropped the connection of node %s: %s", node, exc)
+            self._tampered(
+                "spark_torch channel: dropped an authenticated connection (node %s, from %s): %s",
+                "?" if node < 0 else node, addr, exc,
+            )  # fmt: skip
         except (OSError, ConnectionError) as exc:
             if not self._closed.is_set() and not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
                 logger.debug("spark_torch channel: node %s disconnected: %s", node, exc)
@@ -381,4 +388,5 @@ class ChannelServer:
             self._wake_read.close()
             self._wake_write.close()
         self._warn.flush("spark_torch channel: rejected connections")
+        self._tampered.flush("spark_torch channel: dropped authenticated connections")
         self._error.flush("spark_torch channel: failures handling node messages")

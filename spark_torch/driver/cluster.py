@@ -16,7 +16,10 @@ from typing import Any
 from spark_torch.errors import ConfigurationError
 from spark_torch.settings import SETTINGS
 
-__all__ = ["ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "DEEPSPEED_IGNORE_SSL_KEY", "is_connect_session", "available_slots", "slots_from_conf"]
+__all__ = [
+    "ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "DEEPSPEED_IGNORE_SSL_KEY", "is_connect_session", "available_slots",
+    "slots_from_conf", "unencrypted_rpc_warning",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ class ClusterInfo:
     ssl_enabled: bool = False
     #: ``spark.network.crypto.enabled``: Spark encrypts its RPC (runs; gloo/NCCL are not encrypted)
     crypto_enabled: bool = False
+    #: ``spark.ssl.rpc.enabled`` (Spark 4): Spark's RPC over TLS
+    rpc_ssl_enabled: bool = False
     ignore_ssl: bool = False
     is_connect: bool = False
     #: ``spark.driver.bindAddress`` (classic sessions), None when unset
@@ -109,12 +114,28 @@ def read_cluster(spark: Any) -> ClusterInfo:
         driver_gpu_addresses=addresses,
         ssl_enabled=_is_true(_conf(spark, "spark.ssl.enabled")),
         crypto_enabled=_is_true(_conf(spark, "spark.network.crypto.enabled")),
+        rpc_ssl_enabled=_is_true(_conf(spark, "spark.ssl.rpc.enabled")),
         ignore_ssl=_is_true(_conf(spark, IGNORE_SSL_KEY)) or _is_true(_conf(spark, DEEPSPEED_IGNORE_SSL_KEY)),
         is_connect=connect,
         driver_bind_address=None if connect else _conf(spark, "spark.driver.bindAddress"),
         connect_host=connect_host,
         torch_conf={s.conf: v for s in SETTINGS if (v := _conf(spark, s.conf)) is not None},
         executor_threads=_conf(spark, "spark.executorEnv.OMP_NUM_THREADS"),
+    )
+
+
+def unencrypted_rpc_warning(cluster: ClusterInfo) -> str | None:
+    """The warning for a distributed run whose Spark RPC is not encrypted on a real cluster (not a
+    ``local`` master, whose tasks never leave this machine's processes), else None. The run's
+    channel secret travels to the executors inside the task (the run spec in its closure), so
+    an observer of that traffic learns it and can then read the channel."""
+    if cluster.crypto_enabled or cluster.rpc_ssl_enabled or re.fullmatch(r"local(\[.*\])?", cluster.master.strip()):
+        return None
+    return (
+        "spark_torch: Spark's RPC is not encrypted (spark.network.crypto.enabled is off): the run's channel "
+        "secret reaches the executors inside the Spark task, so whoever can watch the network between the "
+        "driver and the executors can read the ranks' logs, metrics and results on spark_torch's channel too. "
+        "Set spark.authenticate=true and spark.network.crypto.enabled=true to keep them confidential"
     )
 
 

@@ -30,6 +30,15 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+def _plain(value: Any) -> bool:
+    """Whether ``value`` survives JSON (how the options reach the ranks)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _normalise_log_ranks(value: Any) -> LogRanks:
     if value is None or value == "all":
         return "all"
@@ -64,7 +73,8 @@ class DistributorConfig:
     run_id: str | None = None
     keep_checkpoints: int | None = None
     mlflow: bool | None = None
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    #: may hold credentials: never in the repr, and errors name its keys only
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
     #: elastic membership: the fewest ranks a run goes on with (None: num_processes, a fixed size)
@@ -158,15 +168,18 @@ class DistributorConfig:
             )
         if self.keep_checkpoints is not None:
             object.__setattr__(self, "keep_checkpoints", _check_int("keep_checkpoints", self.keep_checkpoints, 1))
+        # the options may hold credentials: the errors name their type and keys, never a value
         if not isinstance(self.storage_options, Mapping) or not all(isinstance(k, str) for k in self.storage_options):
-            raise TypeError(f"storage_options must be a dict of fsspec keyword arguments, got {self.storage_options!r}")
-        try:  # ranks on other hosts open the storage with them
-            json.dumps(dict(self.storage_options))
-        except (TypeError, ValueError) as exc:
             raise TypeError(
-                f"storage_options must hold plain values (strings, numbers, lists, dicts): the ranks open the "
-                f"storage with them on their own hosts ({exc})"
-            ) from None
+                f"storage_options must be a dict of fsspec keyword arguments with string keys, got a "
+                f"{type(self.storage_options).__name__}"
+            )
+        unplain = [k for k, v in self.storage_options.items() if not _plain(v)]
+        if unplain:  # ranks on other hosts open the storage with them
+            raise TypeError(
+                f"storage_options {unplain} must hold plain values (strings, numbers, lists, dicts): the ranks "
+                "open the storage with them on their own hosts"
+            )
         object.__setattr__(self, "storage_options", dict(self.storage_options))
         if self.checkpoint_score_attribute is not None and (
             not isinstance(self.checkpoint_score_attribute, str) or not self.checkpoint_score_attribute

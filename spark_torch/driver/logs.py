@@ -28,22 +28,35 @@ TAIL_LINES = 20
 
 def _open_log(log_dir: str, rank: int) -> IO[str]:
     """``log_dir/rank-N.log`` for appending, owner-only (logs may hold data or credentials a
-    rank printed). Never through a symbolic link and never someone else's file: a link planted
-    in a shared ``log_dir`` must not redirect the log into (or chmod) a victim's file."""
+    rank printed). Only a regular file of this user with no other name: never through a
+    symbolic link, never someone else's file, never a hard link to a file elsewhere (a link
+    planted in a shared ``log_dir`` must not redirect the log into, or chmod, a victim's file),
+    and never a FIFO (opened non-blocking, it cannot stop the driver before anything starts)."""
     path = os.path.join(log_dir, f"rank-{rank}.log")
+    fix = "remove it or choose another log_dir"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, flags, 0o600)
     except OSError as exc:
-        reason = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
-        raise ConfigurationError(f"log_dir: {path} {reason}; remove it or choose another log_dir") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        reasons = {errno.ELOOP: "is a symbolic link", errno.ENXIO: "is a named pipe (FIFO), not a regular file"}
+        reason = reasons.get(exc.errno or 0, f"cannot be opened ({exc.strerror})")
+        raise ConfigurationError(f"log_dir: {path} {reason}; {fix}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise ConfigurationError(
+                f"log_dir: {path} is not a regular file of this user (owner uid {info.st_uid}); {fix}"
+            )
+        if info.st_nlink != 1:
+            raise ConfigurationError(
+                f"log_dir: {path} has {info.st_nlink} names (a hard link: the log would also change the file "
+                f"under its other name); {fix}"
+            )
+        os.set_blocking(fd, True)  # a regular file: writes block as usual
+        os.fchmod(fd, 0o600)  # also when our own file existed with wider permissions
+    except BaseException:
         os.close(fd)
-        raise ConfigurationError(
-            f"log_dir: {path} is not a regular file of this user (owner uid {info.st_uid}); remove it or "
-            "choose another log_dir"
-        )
-    os.fchmod(fd, 0o600)  # also when our own file existed with wider permissions
+        raise
     return os.fdopen(fd, "a", encoding="utf-8")
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.reporting.storage import DEFAULT_STORAGE, CheckpointInfo, RunStorage, best
+from spark_torch.reporting.storage import DEFAULT_STORAGE, CheckpointInfo, RunStorage, best, options_withheld
 
 __all__ = ["RunResult", "Checkpoint", "load_run", "AttemptEnd", "AttemptReason", "AttemptRecord"]
 
@@ -114,8 +114,9 @@ class Checkpoint:
             return target
         from fsspec.core import url_to_fs
 
-        fs, root = url_to_fs(self.path, **self.storage_options)
-        fs.get(root.rstrip("/") + "/", target.rstrip("/") + "/", recursive=True)
+        with options_withheld(self.storage_options):
+            fs, root = url_to_fs(self.path, **self.storage_options)
+            fs.get(root.rstrip("/") + "/", target.rstrip("/") + "/", recursive=True)
         return target
 
     @classmethod

@@ -5,10 +5,12 @@ spark_torch's rank entry points) once, with every thread pool at one thread so t
 thread but its main one, listens on a Unix socket in a private (0700) directory, and answers
 requests from node runners (its peer must be the same user: ``SO_PEERCRED``). It lives as long
 as its owner (the driver in local mode; the executor JVM in distributed mode, so every Python
-worker of an executor shares it), watched through a pidfd: no polling; and it ends after
-``IDLE_SECONDS`` with no rank running (the latest request's ``idle`` replaces it). If a node
-runner goes away while its rank runs (its connection closes), the template kills that rank's
-process group.
+worker of an executor shares it), watched through a pidfd: no polling; and it stops taking
+ranks once idle: no rank running, ``IDLE_SECONDS`` after it started and each request's ``idle``
+after that request's rank ended (several runs may share a template: each keeps it its own idle
+time after its own last rank, so the longest wins, a shorter one never cuts another run's, and
+each one expires; every idle time is clamped to 24 h). If a node runner goes away while its rank
+runs (its connection closes), the template kills that rank's process group.
 
 A request carries the rank's argv, environment, working directory, umask and resource limits
 (the node runner's, as a cold rank would inherit them) and, as passed file descriptors, its
@@ -27,9 +29,11 @@ them (:mod:`spark_torch.node.warm`).
 Failures stay with their connection, by construction: every event (a connection, a request, a
 rank's exit, a runner leaving) is handled under one guard whose failure (a runner that left
 before its answer, ``fork()`` refused by a pids limit, a request that does not parse, ...) closes
-that connection only, releases its rank and logs one line to the template's stderr. The
-template itself never runs user code, never initializes CUDA and never starts a thread, so
-every run's ranks are forks of the same pristine process: nothing leaks from run to run.
+that connection only, releases its rank and logs one line to the template's stderr. A failure of
+the loop itself (a bug) logs one line, removes the socket (the next rank starts a new template)
+and serves the ranks running until they end; a second one ends the template, its ranks and its
+socket. The template itself never runs user code, never initializes CUDA and never starts a
+thread, so every run's ranks are forks of the same pristine process: nothing leaks from run to run.
 
 The request's checks and the keying rules are in :mod:`spark_torch.node.template_protocol`,
 the child's side in :mod:`spark_torch.node.template_child`; what stays here is one concern, the
@@ -55,7 +59,7 @@ import time
 from typing import Any
 
 from spark_torch.node.template_child import become_rank
-from spark_torch.node.template_protocol import MAX_FDS, MAX_REQUEST, THREAD_ENV, check_request
+from spark_torch.node.template_protocol import MAX_FDS, MAX_REQUEST, THREAD_ENV, check_request, clamp_idle
 
 __all__ = ["main"]
 
@@ -76,6 +80,7 @@ class _Rank:
         self.pidfd: int | None = None  # readable once the child exited
         self.go: int | None = None  # the write end the child waits on before it becomes the rank
         self.client: _Client | None = None
+        self.idle: float | None = None  # its request's idle time, counted from its exit
 
 
 class _Client:
@@ -105,7 +110,9 @@ def _kill(pid: int) -> None:
 class _Template:
     def __init__(self, path: str, owner: int, idle: float | None) -> None:
         self.path = path
-        self.idle = idle
+        #: stop listening at this time (monotonic) once no rank runs; None: only with the owner
+        self.idle_until: float | None = None
+        self._keep_idle(idle)
         # SEQPACKET: a request arrives whole, with its descriptors, or not at all
         self.listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         if os.path.exists(path):
@@ -123,22 +130,35 @@ class _Template:
         self.selector.register(self.owner_fd, selectors.EVENT_READ, _OWNER)
         self.clients: set[_Client] = set()
         self.ranks: dict[int, _Rank] = {}
-        self.idle_since = time.monotonic()
         self.accept_paused_until: float | None = None
         self.owner_gone = False
 
     # -- the loop ----------------------------------------------------------------------------
     def serve(self) -> None:
-        """Serve until the owner exits, or until idle with the socket gone and nothing left."""
-        while not self.owner_gone:
-            if self.listener is None and not self.clients and not self.ranks:
-                return  # idle: the socket was removed and every connection served
-            for key, _ in self.selector.select(self._timeout()):
-                self._handle(key.data)
-                if self.owner_gone:
-                    break
-            self._expire()
-        self._shutdown()
+        """Serve until the owner exits, or until idle with the socket gone and nothing left.
+        Whatever way it ends, the socket is removed and no rank is left running."""
+        try:
+            while not self.owner_gone:
+                if self.listener is None and not self.clients and not self.ranks:
+                    return  # idle: the socket was removed and every connection served
+                try:
+                    self._turn()
+                except Exception as exc:
+                    if self.listener is None:
+                        raise  # failed again: give up
+                    _log(f"stopped taking ranks after a failure of its loop ({type(exc).__name__}: {exc}); "
+                         "the next rank starts a new template")  # fmt: skip
+                    self._stop_listening()
+        finally:
+            self._shutdown()
+
+    def _turn(self) -> None:
+        """One wait for events, their handling, and the deadlines."""
+        for key, _ in self.selector.select(self._timeout()):
+            self._handle(key.data)
+            if self.owner_gone:
+                return
+        self._expire()
 
     def _handle(self, what: Any) -> None:
         """One event, under the guard: its failure ends that connection only."""
@@ -178,8 +198,8 @@ class _Template:
     def _timeout(self) -> float | None:
         """Until the next deadline: a request due, the idle timeout, accepting again."""
         deadlines = [c.since + REQUEST_SECONDS for c in self.clients if c.rank is None]
-        if self.idle is not None and self.listener is not None and not self.ranks and not self.clients:
-            deadlines.append(self.idle_since + self.idle)
+        if self.idle_until is not None and self.listener is not None and not self.ranks and not self.clients:
+            deadlines.append(self.idle_until)
         if self.accept_paused_until is not None:
             deadlines.append(self.accept_paused_until)
         if any(r.pidfd is None for r in self.ranks.values()):
@@ -197,10 +217,16 @@ class _Template:
             with contextlib.suppress(Exception):
                 self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
         if (
-            self.idle is not None and self.listener is not None and not self.ranks and not self.clients
-            and now - self.idle_since >= self.idle
+            self.idle_until is not None and self.listener is not None and not self.ranks and not self.clients
+            and now >= self.idle_until
         ):
             self._stop_listening()
+
+    def _keep_idle(self, idle: float | None) -> None:
+        """Keep listening ``idle`` seconds from now at least (a rank ended, or the template started)."""
+        if idle is not None:
+            until = time.monotonic() + clamp_idle(idle)
+            self.idle_until = until if self.idle_until is None else max(self.idle_until, until)
 
     # -- connections and requests ------------------------------------------------------------
     def _accept(self) -> bool:
@@ -251,8 +277,6 @@ class _Template:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise ValueError(f"a request over {MAX_REQUEST} bytes or {MAX_FDS} descriptors")
             request = check_request(json.loads(message.decode("utf-8")), fds)
-            if request.get("idle") is not None:
-                self.idle = float(request["idle"])  # the latest run's setting
             self._start_rank(client, request, fds)
         finally:
             for fd in fds:  # the child has its own copies; a refused request's are closed here
@@ -277,7 +301,7 @@ class _Template:
             become_rank(request, fds, go_r, template)
         os.close(go_r)
         rank = _Rank(pid)
-        rank.go = go_w
+        rank.go, rank.idle = go_w, request.get("idle")
         self.ranks[pid] = rank
         try:
             pidfd = os.pidfd_open(pid)
@@ -371,8 +395,7 @@ class _Template:
             with contextlib.suppress(OSError):
                 os.close(rank.go)
             rank.go = None
-        if not self.ranks:
-            self.idle_since = time.monotonic()
+        self._keep_idle(rank.idle)
 
     def _leave_in_child(self) -> None:
         """In the forked child: drop every object of the template that holds a descriptor
@@ -431,7 +454,11 @@ def main(argv: list[str]) -> int:
     idle = float(argv[2]) if len(argv) > 2 and argv[2] not in ("", "none") else None
     template = _Template(argv[0], int(argv[1]), idle)
     print("ready", flush=True)
-    template.serve()
+    try:
+        template.serve()
+    except Exception as exc:  # noqa: BLE001 - its socket is removed: the next rank starts a new template
+        _log(f"ended after a second failure of its loop ({type(exc).__name__}: {exc})")
+        return 1
     return 0
 
 

@@ -2,7 +2,8 @@
 settings of a rank's environment a fork cannot change (so templates are keyed by them).
 
 Used by both ends: :mod:`spark_torch.node.warm` (the runner, the client) and
-:mod:`spark_torch.node.template_main` (the template, the server). Standard library only.
+:mod:`spark_torch.node.template_main` (the template, the server). Standard library and
+spark_torch's leaf modules only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spark_torch.envnames import SCRUBBED
+from spark_torch.settings import WARM_START_IDLE_MAX
 
 __all__ = [
     "THREAD_ENV",
@@ -21,6 +23,7 @@ __all__ = [
     "RLIMITS",
     "STARTUP_PREFIXES",
     "check_request",
+    "clamp_idle",
     "startup_env",
     "runner_limits",
     "runner_umask",
@@ -98,9 +101,21 @@ def check_request(request: Any, fds: list[int]) -> dict[str, Any]:
     ):
         raise ValueError(f"rlimits must map names of {RLIMITS} to [soft, hard]")
     idle = request.get("idle")
-    if idle is not None and (not isinstance(idle, (int, float)) or idle <= 0):
-        raise ValueError("idle must be a positive number of seconds")
+    if idle is not None:
+        if isinstance(idle, bool) or not isinstance(idle, (int, float)):
+            raise ValueError("idle must be a positive number of seconds")
+        request["idle"] = clamp_idle(idle)
     return request
+
+
+def clamp_idle(idle: float) -> float:
+    """An idle time within (0, :data:`~spark_torch.settings.WARM_START_IDLE_MAX`]: the settings
+    refuse more, and the template never trusts its clients to have checked (select() takes no
+    timeout of 1e9 s or inf). ValueError for one that is not > 0 (nan included)."""
+    value = float(idle)
+    if not value > 0:
+        raise ValueError(f"idle must be a positive number of seconds, got {value}")
+    return min(value, WARM_START_IDLE_MAX)
 
 
 def cold_reason(env: Mapping[str, str]) -> str | None:

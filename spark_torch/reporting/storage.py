@@ -18,17 +18,22 @@ kept whole (a little over 350 lines) so that every path of the layout is written
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import posixpath
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "best"]
+__all__ = [
+    "RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "best",
+    "options_withheld",
+]
 
 MANIFEST = ".spark_torch"
 METRICS = "metrics.jsonl"
@@ -78,6 +83,71 @@ def storage_error(url: str, exc: BaseException) -> str:
     )
 
 
+#: option values shorter than this are not looked for in error texts (``"s3"``, ``"1"``...)
+_SHORTEST_HIDDEN = 4
+
+
+def _option_texts(options: Any) -> Iterator[str]:
+    """Every string in ``options`` (nested dicts and lists) worth hiding."""
+    if isinstance(options, Mapping):
+        options = list(options.values())
+    if isinstance(options, (list, tuple)):
+        for value in options:
+            yield from _option_texts(value)
+    elif isinstance(options, str) and len(options) >= _SHORTEST_HIDDEN:
+        yield options
+
+
+def _withheld(exc: BaseException, options: Mapping[str, Any]) -> BaseException:
+    """``exc`` with every value of ``options`` in its message (and its causes') replaced by
+    ``***``: the same exception (its type matters to callers), or an OSError naming its type
+    when its text cannot be changed."""
+    values = sorted(set(_option_texts(options)), key=len, reverse=True)
+    if not values:
+        return exc
+
+    def hide(text: str) -> str:
+        for value in values:
+            text = text.replace(value, "***")
+        return text
+
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if any(value in str(link) for value in values):
+            link.args = tuple(hide(a) if isinstance(a, str) else a for a in link.args)
+        link = link.__cause__ or link.__context__
+    if any(value in str(exc) for value in values):
+        return OSError(f"{type(exc).__name__} (its message quoted a storage option and is withheld)")
+    return exc
+
+
+@contextlib.contextmanager
+def options_withheld(options: Mapping[str, Any]) -> Iterator[None]:
+    """Errors raised inside never quote a value of ``options``: a backend may quote an option it
+    refused (botocore quotes a bad endpoint URL or signature version), and the message ends up
+    in logs and in the user's error."""
+    try:
+        yield
+    except Exception as exc:
+        clean = _withheld(exc, options)
+        if clean is exc:
+            raise
+        raise clean from None
+
+
+def _withholding_options(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A :class:`RunStorage` method under :func:`options_withheld`."""
+
+    @functools.wraps(method)
+    def call(self: RunStorage, *args: Any, **kwargs: Any) -> Any:
+        with options_withheld(self.options):
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 def _fsync(path: str, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
@@ -117,7 +187,8 @@ def best(checkpoints: list[CheckpointInfo], score: str | None, order: str = "max
 
 
 class RunStorage:
-    """The storage of one run (``base``/``run_id``)."""
+    """The storage of one run (``base``/``run_id``). No error of its methods quotes a value of
+    the storage options (:func:`options_withheld`)."""
 
     def __init__(self, base: str, run_id: str, options: Mapping[str, Any] | None = None) -> None:
         base = local_base(base)
@@ -151,6 +222,7 @@ class RunStorage:
         name = f"checkpoint_{step:06d}"
         return os.path.join(self.url, name) if self.local else f"{self.url}/{name}"
 
+    @_withholding_options
     def create(self, token: str) -> None:
         """Make the run's directory and mark it with ``token`` (the driver, before ranks start)."""
         if self.local:
@@ -161,12 +233,14 @@ class RunStorage:
             self.fs.makedirs(self._path(), exist_ok=True)
             self.fs.pipe_file(self._path(RUN_MARKER), token.encode("utf-8"))
 
+    @_withholding_options
     def exists(self) -> bool:
         """Whether the run's directory exists (a run of this id was started here)."""
         if self.local:
             return os.path.isdir(self.url)
         return bool(self.fs.exists(self._path()))
 
+    @_withholding_options
     def visible(self, token: str) -> bool:
         """Whether this host sees the driver's run directory (the same ``token`` in its marker)."""
         try:
@@ -177,6 +251,7 @@ class RunStorage:
         except (OSError, UnicodeDecodeError):
             return False
 
+    @_withholding_options
     def remove_if_unused(self) -> bool:
         """Remove the run's directory if nothing but its marker is in it (a run that reported nothing)."""
         if set(self._names()) - {RUN_MARKER}:
@@ -191,6 +266,7 @@ class RunStorage:
         return True
 
     # ranks
+    @_withholding_options
     def upload(self, local_dir: str, step: int) -> None:
         """Copy the files of ``local_dir`` into checkpoint ``step`` (merging with other ranks')."""
         if not os.path.isdir(local_dir):
@@ -209,6 +285,7 @@ class RunStorage:
                 self.fs.put_file(os.path.join(root, file), posixpath.join(remote_dir, file))
 
     # driver
+    @_withholding_options
     def complete(self, step: int, attempt: int, ranks: list[int], metrics: Mapping[str, Any] | None = None) -> None:
         """Mark checkpoint ``step`` complete: write its manifest (last), with the step's metrics."""
         manifest = json.dumps(
@@ -257,6 +334,7 @@ class RunStorage:
             return {}  # written by hand or cut short: complete, without details
         return data if isinstance(data, dict) else {}
 
+    @_withholding_options
     def checkpoints(self) -> tuple[list[CheckpointInfo], list[int]]:
         """(complete checkpoints by step, steps of incomplete checkpoint directories)."""
         complete, incomplete = [], []
@@ -280,11 +358,13 @@ class RunStorage:
                 incomplete.append(step)
         return sorted(complete, key=lambda c: c.step), sorted(incomplete)
 
+    @_withholding_options
     def latest(self) -> CheckpointInfo | None:
         """The newest complete checkpoint, or None."""
         complete, _ = self.checkpoints()
         return complete[-1] if complete else None
 
+    @_withholding_options
     def remove_checkpoint(self, step: int) -> None:
         """Delete checkpoint ``step`` (complete or not)."""
         name = f"checkpoint_{step:06d}"
@@ -296,6 +376,7 @@ class RunStorage:
             except FileNotFoundError:
                 pass
 
+    @_withholding_options
     def discard_incomplete_after(self, step: int) -> None:
         """Before an attempt starts (no rank running): drop partial checkpoints newer than ``step``."""
         _, incomplete = self.checkpoints()
@@ -303,6 +384,7 @@ class RunStorage:
             if partial > step:
                 self.remove_checkpoint(partial)
 
+    @_withholding_options
     def prune(self, keep: int, score: str | None = None, order: str = "max") -> list[int]:
         """Keep ``keep`` complete checkpoints: the newest ones, or with ``score`` the best by that
         metric (``order`` "max" or "min"; without the metric: worst); the latest is always kept
@@ -317,6 +399,7 @@ class RunStorage:
             self.remove_checkpoint(step)
         return old
 
+    @_withholding_options
     def history(self) -> list[dict[str, Any]]:
         """Every reported step of the run, across attempts and ``run()`` calls with this run id:
         one row per step (a step reported again after a restart: the newest row)."""
@@ -339,6 +422,7 @@ class RunStorage:
                 rows[row["step"]] = row
         return [rows[step] for step in sorted(rows)]
 
+    @_withholding_options
     def append_metrics(self, row: dict[str, Any]) -> None:
         """Append one row to the run's metrics log."""
         line = json.dumps(row, default=str) + "\n"
@@ -355,6 +439,7 @@ class RunStorage:
             self.fs.pipe_file(path, old + line.encode("utf-8"))
 
     # nodes
+    @_withholding_options
     def download(self, checkpoint: CheckpointInfo, local_dir: str) -> str:
         """The checkpoint as a local directory: itself for local storage, else a copy in ``local_dir``."""
         if self.local:

@@ -4,6 +4,7 @@ driver closing the connection (the node then reconnects and nothing is lost or d
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
@@ -112,6 +113,36 @@ def test_a_tampered_frame_closes_the_drivers_connection(attack: str) -> None:
         assert lines.texts() == (["once"] if attack == "replayed" else [])
     finally:
         link.close()
+        driver.close()
+
+
+@pytest.mark.parametrize("when", ["after the attach", "as the first frame"])
+def test_tampering_gets_its_own_warning_that_strangers_cannot_suppress(when: str, caplog: pytest.LogCaptureFixture) -> None:
+    """50 strangers' rejections use up the rate-limited warning about strangers; then a forged
+    frame on an authenticated connection: its own warning line still appears, naming what happened."""
+    driver, _ = _driver()
+    link = None
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch.channel"):
+            for _ in range(50):
+                socket.create_connection(("127.0.0.1", driver.port), timeout=5).close()
+            wait_for("the strangers' rejections", lambda: driver.rejected >= 50)
+            assert sum("rejected a connection" in r.getMessage() for r in caplog.records) == 1  # the rest suppressed
+            sock = socket.create_connection(("127.0.0.1", driver.port))
+            link = wire.client_handshake(sock, driver.spec.secret, time.monotonic() + 5, 5.0)
+            if when == "after the attach":
+                link.send({"attach": 0})
+            frame = bytearray(sealed_frame(link, {"seq": 1, "lines": [[0, "stdout", "forged"]]}))
+            frame[10] ^= 0x01
+            link.sock.sendall(bytes(frame))
+            assert _closed_by_peer(link.sock), "the driver kept a connection that sent an altered frame"
+            wait_for("the tampering warning", lambda: any("authenticated" in r.getMessage() for r in caplog.records))
+        (line,) = [r for r in caplog.records if "authenticated" in r.getMessage()]
+        assert line.levelno == logging.WARNING
+        assert "dropped an authenticated connection" in line.getMessage() and "failed to decrypt" in line.getMessage()
+    finally:
+        if link is not None:
+            link.close()
         driver.close()
 
 

@@ -300,3 +300,24 @@ def test_pyspark_34_fails_before_anything_starts() -> None:
     assert "ConfigurationError distributed mode needs PySpark 3.5 or 4.x" in done.stdout, done.stdout + done.stderr
     assert "this driver has PySpark 3.4.1" in done.stdout and "session started: False" in done.stdout
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize(
+    ("cluster", "warns"),
+    [
+        (ClusterInfo(master="local"), False),
+        (ClusterInfo(master="local[4]"), False),
+        (ClusterInfo(master="local[*, 2]"), False),
+        (ClusterInfo(master="local-cluster[2,1,1024]"), True),
+        (ClusterInfo(master="spark://h:7077"), True),
+        (ClusterInfo(master="yarn"), True),
+        (ClusterInfo(master="spark://h:7077", crypto_enabled=True), False),
+        (ClusterInfo(master="k8s://h", rpc_ssl_enabled=True), False),
+    ],
+)
+def test_a_cluster_without_rpc_encryption_is_warned(cluster: ClusterInfo, warns: bool) -> None:
+    from spark_torch.driver.cluster import unencrypted_rpc_warning
+
+    warning = unencrypted_rpc_warning(cluster)
+    assert (warning is not None) == warns, (cluster.master, warning)
+    assert warning is None or "spark.network.crypto.enabled=true" in warning

@@ -55,6 +55,11 @@ def test_precedence_keyword_then_environment_then_conf_then_default() -> None:
         ("env", {"SPARK_TORCH_HEARTBEAT_SECONDS": ""}, "SPARK_TORCH_HEARTBEAT_SECONDS='' must be a number of seconds > 0"),
         ("conf", {"spark.torch.channel.host": "h:1-2"}, "spark.torch.channel.host='h:1-2': give one port after the host"),
         ("conf", {"spark.torch.result.transfer": "x"}, "spark.torch.result.transfer='x' is not valid"),
+        # select() takes no timeout this large: the template stopped (issue 27)
+        ("keyword", {"warm_start_idle": float("inf")}, "warm_start_idle='inf' must be a number of seconds > 0 and <= 86400 (24 h)"),
+        ("keyword", {"warm_start_idle": 1e9}, "warm_start_idle='1000000000.0' must be a number of seconds > 0 and <= 86400"),
+        ("env", {"SPARK_TORCH_WARM_START_IDLE": "nan"}, "SPARK_TORCH_WARM_START_IDLE='nan' must be a number of seconds > 0"),
+        ("conf", {"spark.torch.warmStart.idleTimeout": "86401"}, "spark.torch.warmStart.idleTimeout='86401' must be a number"),
     ],
 )
 def test_bad_values_name_where_they_came_from(where: str, value: dict[str, Any], message: str) -> None:
@@ -64,6 +69,10 @@ def test_bad_values_name_where_they_came_from(where: str, value: dict[str, Any],
         else:
             resolve({}, value if where == "env" else {}, value if where == "conf" else {})
     assert message in str(info.value)
+
+
+def test_the_longest_idle_time_is_a_day() -> None:
+    assert DistributorConfig(warm_start_idle=86400).warm_start_idle == settings.WARM_START_IDLE_MAX == 86400.0
 
 
 def test_keyword_types() -> None:
