@@ -22,6 +22,7 @@ __all__ = [
     "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES",
     "THREAD_VARS",
+    "IMPORT_SIZED_THREAD_VARS",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS",
@@ -38,6 +39,7 @@ __all__ = [
     "DATA_COLUMNS",
     "DATA_ROWS",
     "CLI_VERBOSE",
+    "DS_ACCELERATOR",
     "STACK_FILE",
     "SAMPLE_SECONDS",
     "STACK_ALL_THREADS",
@@ -62,6 +64,9 @@ MASTER_PORT = "MASTER_PORT"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: thread pools sized per rank (Spark pins OMP_NUM_THREADS=1 for Python tasks)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: thread pools sized once, when their library is imported (numpy's OpenBLAS): a fork cannot
+#: resize them (spark_torch.node.template_protocol starts such a rank cold unless they are 1)
+IMPORT_SIZED_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
@@ -95,6 +100,9 @@ DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
 STACK_FILE = "SPARK_TORCH_STACK_FILE"
 SAMPLE_SECONDS = "SPARK_TORCH_SAMPLE_SECONDS"
 STACK_ALL_THREADS = "SPARK_TORCH_STACK_ALL_THREADS"
+
+#: DeepSpeed's accelerator choice: ``cpu`` for DeepspeedTorchDistributor ranks without GPUs
+DS_ACCELERATOR = "DS_ACCELERATOR"
 
 #: the ``spark-torch`` command keeps Spark's own log level (``--verbose`` does the same)
 CLI_VERBOSE = "SPARK_TORCH_CLI_VERBOSE"

@@ -14,6 +14,7 @@ variables or keys. ``docs/configuration.md`` is generated from :data:`SETTINGS`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,19 +156,23 @@ class Setting:
     #: what the value looks like, for the docs
     kind: str
     doc: str
+    #: earlier names of ``env``, still read (with a DeprecationWarning) when ``env`` is not set
+    old_env: tuple[str, ...] = ()
 
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "channel_host", "SPARK_TORCH_LOG_HOST", "spark.torch.channel.host", None, parse_host_port, "host or host:port",
+        "channel_host", "SPARK_TORCH_CHANNEL_HOST", "spark.torch.channel.host", None, parse_host_port, "host or host:port",
         "Address of the driver that the executors reach its channel at (rank output, rendezvous, "
         "reports, results). The `host:port` form is for NAT or published container ports. Default: "
         "`spark.driver.host`; for a Spark Connect client, this machine's address on the route to the server.",
+        old_env=("SPARK_TORCH_LOG_HOST",),
     ),
     Setting(
-        "channel_bind_address", "SPARK_TORCH_LOG_BIND", "spark.torch.channel.bindAddress", None, _address, "address",
+        "channel_bind_address", "SPARK_TORCH_CHANNEL_BIND_ADDRESS", "spark.torch.channel.bindAddress", None, _address, "address",
         "Local address the channel listens on. Default: `spark.driver.bindAddress`, else "
         "`spark.driver.host` (Spark Connect client: the advertised host).",
+        old_env=("SPARK_TORCH_LOG_BIND",),
     ),
     Setting(
         "channel_ports", "SPARK_TORCH_CHANNEL_PORTS", "spark.torch.channel.ports", None, parse_ports, "FIRST-LAST or PORT",
@@ -178,8 +183,9 @@ SETTINGS: tuple[Setting, ...] = (
         "How long nodes wait to rendezvous through the channel before falling back to one Spark allGather round.",
     ),
     Setting(
-        "heartbeat", "SPARK_TORCH_HEARTBEAT_SECONDS", "spark.torch.channel.heartbeat", 2.0, _seconds, "seconds",
+        "heartbeat", "SPARK_TORCH_HEARTBEAT", "spark.torch.channel.heartbeat", 2.0, _seconds, "seconds",
         "A quiet channel connection sends a heartbeat this often; one silent for 4 heartbeats is re-established.",
+        old_env=("SPARK_TORCH_HEARTBEAT_SECONDS",),
     ),
     Setting(
         "result_transfer", "SPARK_TORCH_RESULT_TRANSFER", "spark.torch.result.transfer", "auto", _transfer,
@@ -290,6 +296,14 @@ def resolve(given: Mapping[str, Any], environ: Mapping[str, str], conf: Mapping[
         value = given.get(setting.name)
         if value is None and setting.env in environ:  # set but empty is an error, not "unset"
             value = setting.parse(environ[setting.env], setting.env)
+        for old in setting.old_env:
+            if value is None and old in environ:
+                warnings.warn(
+                    f"{old} is deprecated; set {setting.env} (the name of the `{setting.name}` setting) instead",
+                    DeprecationWarning,
+                    stacklevel=3,
+                )
+                value = setting.parse(environ[old], old)
         if value is None and conf.get(setting.conf) is not None:
             value = setting.parse(str(conf[setting.conf]), setting.conf)
         if value is not None:
@@ -305,5 +319,6 @@ def markdown_table() -> str:
     ]
     for s in SETTINGS:
         default = "derived" if s.default is None else f"`{str(s.default).lower() if isinstance(s.default, bool) else s.default}`"
-        rows.append(f"| `{s.name}` | `{s.env}` | `{s.conf}` | {s.kind} | {default} | {s.doc} |")
+        old = "".join(f" (formerly `{name}`, still read)" for name in s.old_env)
+        rows.append(f"| `{s.name}` | `{s.env}`{old} | `{s.conf}` | {s.kind} | {default} | {s.doc} |")
     return "\n".join(rows) + "\n"

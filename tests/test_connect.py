@@ -136,7 +136,7 @@ def test_connect_unreachable_channel_falls_back(
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     port = dead.getsockname()[1]
-    monkeypatch.setenv("SPARK_TORCH_LOG_HOST", f"127.0.0.1:{port}")
+    monkeypatch.setenv("SPARK_TORCH_CHANNEL_HOST", f"127.0.0.1:{port}")
     monkeypatch.setenv("SPARK_TORCH_RENDEZVOUS_TIMEOUT", "3")
     try:
         with caplog.at_level(logging.WARNING, logger="spark_torch"):
@@ -145,4 +145,4 @@ def test_connect_unreachable_channel_falls_back(
         dead.close()
     assert out == 10.0
     assert caplog.text.count("could not reach the driver's channel") == 1
-    assert f"127.0.0.1:{port}" in caplog.text and "SPARK_TORCH_LOG_HOST" in caplog.text
+    assert f"127.0.0.1:{port}" in caplog.text and "SPARK_TORCH_CHANNEL_HOST" in caplog.text

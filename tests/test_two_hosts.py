@@ -178,7 +178,7 @@ def test_channel_unreachable_from_one_host_falls_back(two_host_spark: TwoHosts, 
         start = time.monotonic()
         proc = _submit_from_a(
             hosts, tmp_path,
-            extra_env={"SPARK_TORCH_LOG_HOST": private, "SPARK_TORCH_LOG_BIND": private, "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "8"},
+            extra_env={"SPARK_TORCH_CHANNEL_HOST": private, "SPARK_TORCH_CHANNEL_BIND_ADDRESS": private, "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "8"},
         )  # fmt: skip
         elapsed = time.monotonic() - start
     finally:
@@ -188,7 +188,7 @@ def test_channel_unreachable_from_one_host_falls_back(two_host_spark: TwoHosts, 
     assert proc.returncode == 0 and "RESULT 3" in out.splitlines(), out[-8000:]
     warnings = [line for line in out.splitlines() if "could not reach the driver's channel" in line]
     assert len(warnings) == 1, out[-8000:]
-    assert f"at {private}:" in warnings[0] and "SPARK_TORCH_LOG_HOST" in warnings[0]
+    assert f"at {private}:" in warnings[0] and "SPARK_TORCH_CHANNEL_HOST" in warnings[0]
     assert "Network is unreachable" in out, out[-8000:]
     # the node that did reach the driver still streamed its rank's lines
     assert sum(line.startswith("[rank ") and "all_reduce sum=3" in line for line in out.splitlines()) == 1

@@ -108,7 +108,7 @@ def fallback_warning(address: str, nodes: int, missing: list[int], timeout: floa
         f"channel at {address} within {timeout:g}s.{seen} The run goes on through a Spark barrier "
         "allGather round; those nodes' rank output goes to the executors' stderr logs and they are "
         "stopped by Spark alone. Fix: make that address reachable from the executors (set "
-        "spark.driver.host, or SPARK_TORCH_LOG_HOST, to an address of the driver the executors can "
+        "spark.driver.host, or SPARK_TORCH_CHANNEL_HOST, to an address of the driver the executors can "
         "reach; with a firewall, open a port range and set SPARK_TORCH_CHANNEL_PORTS or "
         "spark.torch.channel.ports to it). See docs/troubleshooting.md"
     )

@@ -76,7 +76,7 @@ def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint) -> DriverChannel:
             f"spark_torch could not listen for its channel on {endpoint.bind_host}"
             f"{f' (ports {endpoint.ports[0]}-{endpoint.ports[1]})' if endpoint.ports else ''}: {exc}. "
             "The address comes from spark.driver.bindAddress, else spark.driver.host, else "
-            "SPARK_TORCH_LOG_HOST; it must be an address of this machine. Free or widen the port "
+            "SPARK_TORCH_CHANNEL_HOST; it must be an address of this machine. Free or widen the port "
             "range (SPARK_TORCH_CHANNEL_PORTS / spark.torch.channel.ports) if one is set"
         ) from exc
 

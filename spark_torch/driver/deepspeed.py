@@ -23,6 +23,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from spark_torch import envnames
 from spark_torch.driver.cluster import DEEPSPEED_IGNORE_SSL_KEY
 from spark_torch.driver.entrypoint import ScriptEntrypoint, make_entrypoint
 from spark_torch.driver.torch_distributor import TorchDistributor
@@ -66,7 +67,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
         for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} has to be a positive integer, got {value!r}")
-        cpu = {} if useGpu or "DS_ACCELERATOR" in os.environ else {"DS_ACCELERATOR": "cpu"}
+        cpu = {} if useGpu or envnames.DS_ACCELERATOR in os.environ else {envnames.DS_ACCELERATOR: "cpu"}
         super().__init__(numGpus * nnodes, localMode, useGpu, _ssl_conf=DEEPSPEED_IGNORE_SSL_KEY, _env=cpu)
         self.cleanup_deepspeed_conf = False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spark_torch import envnames
 from spark_torch.driver.cluster import IGNORE_SSL_KEY, ClusterInfo
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.cpus import available_cpus
@@ -36,7 +37,7 @@ def host_facts(config: DistributorConfig, cluster: ClusterInfo, environ: Mapping
     if config.local_mode and config.use_gpu is not False and not spark_gives_gpus:
         found = gpus.detect_local_gpus(environ)
     return HostFacts(
-        omp_threads=environ.get("OMP_NUM_THREADS"),
+        omp_threads=environ.get(envnames.THREAD_VARS[0]),
         cuda_visible=environ.get(CUDA_VISIBLE_DEVICES),
         gpus_found=found[0],
         gpus_found_by=found[1],

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
+from spark_torch import envnames
 from spark_torch.errors import ClusterConfigurationError
 
 __all__ = [
@@ -103,12 +104,12 @@ def detect_local_gpus(
     ``CUDA_VISIBLE_DEVICES`` when set (its entries; empty or ``-1`` means none), else the GPUs
     ``nvidia-smi -L`` lists; ``((), "")`` when neither says anything.
     """
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    visible = environ.get(envnames.CUDA_VISIBLE_DEVICES)
     if visible is not None:
         entries = tuple(e.strip() for e in visible.split(",") if e.strip())
         if not entries or entries[0] == "-1":
-            return (), "CUDA_VISIBLE_DEVICES"
-        return entries, "CUDA_VISIBLE_DEVICES"
+            return (), envnames.CUDA_VISIBLE_DEVICES
+        return entries, envnames.CUDA_VISIBLE_DEVICES
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if smi is None:
         return (), ""

@@ -101,7 +101,7 @@ class BarrierIO:
             raise NodeProblem(
                 f"the nodes could not rendezvous: the driver's channel at {where} was not usable ({reason}) "
                 f"and the Spark barrier allGather fallback {detail}. Make {where} reachable from the "
-                "executors (spark.driver.host / SPARK_TORCH_LOG_HOST, SPARK_TORCH_CHANNEL_PORTS for a "
+                "executors (spark.driver.host / SPARK_TORCH_CHANNEL_HOST, SPARK_TORCH_CHANNEL_PORTS for a "
                 "firewall); see docs/troubleshooting.md"
             )
         return [json.loads(m) for m in box["messages"]]

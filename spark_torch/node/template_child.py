@@ -87,7 +87,7 @@ def _reseed_and_size_threads() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()
-        threads = os.environ.get("OMP_NUM_THREADS", "")
+        threads = os.environ.get(envnames.THREAD_VARS[0], "")
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
     numpy = sys.modules.get("numpy")

@@ -13,6 +13,7 @@ import resource
 from collections.abc import Mapping
 from typing import Any
 
+from spark_torch import envnames
 from spark_torch.envnames import SCRUBBED
 from spark_torch.settings import WARM_START_IDLE_MAX
 
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 #: the template's own thread pools: one thread each, so that it has no thread to lose in fork()
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+THREAD_ENV = {name: "1" for name in (*envnames.THREAD_VARS, *envnames.IMPORT_SIZED_THREAD_VARS)}
 MAX_REQUEST = 4 << 20
 #: at most this many file descriptors per request (stdin, stdout, stderr, two report pipes)
 MAX_FDS = 8
@@ -53,7 +54,7 @@ STARTUP_PREFIXES = (
 STARTUP_EXEMPT = (*THREAD_ENV, "TORCH_NCCL_")
 #: thread counts a fork cannot give a rank: numpy's OpenBLAS pool is sized when numpy is
 #: imported (in the template, single-threaded); a rank that asks for more starts cold
-COLD_IF_NOT_ONE = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+COLD_IF_NOT_ONE = envnames.IMPORT_SIZED_THREAD_VARS
 
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import os
 import sys
 
-from spark_torch import envelopes
+from spark_torch import envelopes, envnames
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
@@ -59,7 +59,7 @@ __all__ = ["main"]
 def main(argv: list[str]) -> int:
     """Load the payload, call the function, publish the result or the error. Returns the exit code."""
     payload_path, result_dir = argv
-    rank = int(os.environ.get("RANK", "0"))
+    rank = int(os.environ.get(envnames.RANK, "0"))
     start_sampler()  # stall detection, when the node asked for it
     try:
         with open(payload_path, "rb") as fh:

@@ -59,7 +59,7 @@ def proxied(monkeypatch: pytest.MonkeyPatch) -> Any:
                 proxy.target = ("127.0.0.1", self.port)
 
         monkeypatch.setattr(barrier, "DriverChannel", Proxied)
-        monkeypatch.setenv("SPARK_TORCH_LOG_HOST", f"127.0.0.1:{proxy.port}")
+        monkeypatch.setenv("SPARK_TORCH_CHANNEL_HOST", f"127.0.0.1:{proxy.port}")
         return proxy
 
     yield make
@@ -100,7 +100,7 @@ def test_idle_drop_during_a_silent_phase(
 def test_heartbeat_shorter_than_idle_timeout_keeps_connections(
     spark_session: Any, proxied: Any, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
 ) -> None:
-    monkeypatch.setenv("SPARK_TORCH_HEARTBEAT_SECONDS", "0.3")
+    monkeypatch.setenv("SPARK_TORCH_HEARTBEAT", "0.3")
     proxy = proxied(idle_cut=1.5, faulty=100)
     assert Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 10, 4.0) == 2.0
     assert proxy.cuts == 0 and proxy.connections == 2
@@ -120,7 +120,7 @@ def test_unreachable_advertised_address_falls_back(
     one warning names the address, the nodes' error and the fix."""
     dead = _dead_port()
     port = dead.getsockname()[1]
-    monkeypatch.setenv("SPARK_TORCH_LOG_HOST", f"127.0.0.1:{port}")
+    monkeypatch.setenv("SPARK_TORCH_CHANNEL_HOST", f"127.0.0.1:{port}")
     monkeypatch.setenv("SPARK_TORCH_RENDEZVOUS_TIMEOUT", "3")
     try:
         start = time.monotonic()
@@ -133,7 +133,7 @@ def test_unreachable_advertised_address_falls_back(
     assert elapsed < 3 * 1.5 + 5 + 15, elapsed
     text = caplog.text
     assert text.count("could not reach the driver's channel") == 1
-    assert f"127.0.0.1:{port}" in text and "SPARK_TORCH_LOG_HOST" in text
+    assert f"127.0.0.1:{port}" in text and "SPARK_TORCH_CHANNEL_HOST" in text
     assert "Connection refused" in text  # the executors' error (it reaches the driver with the stage's end)
 
 
@@ -214,4 +214,4 @@ def test_twenty_runs_leave_no_thread_fd_or_listener(spark_session: Any, no_lefto
     assert not [n for n in names if n.startswith("spark-torch") and not n.startswith("spark-torch-template-")], sorted(names)
     started_here = {n for n in names if n.startswith("spark-torch-template-")} - earlier_waiters
     assert len(started_here) <= 1, sorted(names)
-    assert os.environ.get("SPARK_TORCH_LOG_HOST") is None
+    assert os.environ.get("SPARK_TORCH_CHANNEL_HOST") is None

@@ -171,7 +171,7 @@ def test_one_node_cannot_reach_the_driver_all_fall_back(caplog: pytest.LogCaptur
         warnings = [r.getMessage() for r in caplog.records if "could not reach the driver's channel" in r.getMessage()]
         assert len(warnings) == 1
         assert f"at 127.0.0.1:{driver.port}" in warnings[0] and "(node 1)" in warnings[0]
-        assert "SPARK_TORCH_LOG_HOST" in warnings[0]
+        assert "SPARK_TORCH_CHANNEL_HOST" in warnings[0]
     finally:
         for n in nodes:
             n.close()
@@ -231,4 +231,4 @@ def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any
     assert report is not None and report.kind == "LaunchError"
     message = report.failures[0].exc_message or ""
     assert f"127.0.0.1:{channel.port}" in message and "allGather fallback did not complete within 1s" in message
-    assert "Connection refused" in message and "SPARK_TORCH_LOG_HOST" in message
+    assert "Connection refused" in message and "SPARK_TORCH_CHANNEL_HOST" in message

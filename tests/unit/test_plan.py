@@ -148,13 +148,13 @@ def test_endpoint_resolution() -> None:
     e = _endpoint(bound, {"SPARK_TORCH_CHANNEL_PORTS": "40000-40100", "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "5"})
     assert (e.bind_host, e.advertise_host, e.ports, e.rendezvous_timeout) == ("0.0.0.0", "driver.svc", (40000, 40100), 5.0)
     # the override applies in every mode; host:port is for NAT / port mapping
-    e = _endpoint(bound, {"SPARK_TORCH_LOG_HOST": "203.0.113.9:31000"})
+    e = _endpoint(bound, {"SPARK_TORCH_CHANNEL_HOST": "203.0.113.9:31000"})
     assert (e.bind_host, e.advertise_host, e.advertise_port) == ("0.0.0.0", "203.0.113.9", 31000)
-    e = _endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "[::1]:5"})
+    e = _endpoint(ClusterInfo(), {"SPARK_TORCH_CHANNEL_HOST": "[::1]:5"})
     assert (e.advertise_host, e.advertise_port, e.bind_host) == ("::1", 5, "127.0.0.1")
-    e = _endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "::1", "SPARK_TORCH_LOG_BIND": "::1"})
+    e = _endpoint(ClusterInfo(), {"SPARK_TORCH_CHANNEL_HOST": "::1", "SPARK_TORCH_CHANNEL_BIND_ADDRESS": "::1"})
     assert (e.advertise_host, e.bind_host) == ("::1", "::1")
-    assert _endpoint(ClusterInfo(), {"SPARK_TORCH_LOG_HOST": "fe80::1"}).advertise_host == "fe80::1"
+    assert _endpoint(ClusterInfo(), {"SPARK_TORCH_CHANNEL_HOST": "fe80::1"}).advertise_host == "fe80::1"
     # Spark conf keys when no environment variable is set
     conf = ClusterInfo(torch_conf={"spark.torch.channel.ports": "41000", "spark.torch.rendezvous.timeout": "7.5"})
     e = _endpoint(conf, {})
@@ -171,9 +171,9 @@ def test_endpoint_resolution() -> None:
         ({"SPARK_TORCH_CHANNEL_PORTS": "40100-40000"}, "SPARK_TORCH_CHANNEL_PORTS='40100-40000' is not a port range"),
         ({"SPARK_TORCH_CHANNEL_PORTS": "many"}, "SPARK_TORCH_CHANNEL_PORTS='many' is not a port range"),
         ({"SPARK_TORCH_RENDEZVOUS_TIMEOUT": "0"}, "SPARK_TORCH_RENDEZVOUS_TIMEOUT='0' must be a number of seconds > 0"),
-        ({"SPARK_TORCH_LOG_HOST": ""}, "SPARK_TORCH_LOG_HOST is empty"),
-        ({"SPARK_TORCH_LOG_HOST": "host:1-2"}, "give one port after the host"),
-        ({"SPARK_TORCH_HEARTBEAT_SECONDS": "-1"}, "SPARK_TORCH_HEARTBEAT_SECONDS='-1' must be"),
+        ({"SPARK_TORCH_CHANNEL_HOST": ""}, "SPARK_TORCH_CHANNEL_HOST is empty"),
+        ({"SPARK_TORCH_CHANNEL_HOST": "host:1-2"}, "give one port after the host"),
+        ({"SPARK_TORCH_HEARTBEAT": "-1"}, "SPARK_TORCH_HEARTBEAT='-1' must be"),
     ],
 )
 def test_endpoint_errors(env: dict[str, str], message: str) -> None:

@@ -52,7 +52,7 @@ def test_precedence_keyword_then_environment_then_conf_then_default() -> None:
         ("keyword", {"result_transfer": "pigeon"}, "result_transfer='pigeon' is not valid"),
         ("keyword", {"warm_start": "maybe"}, "warm_start='maybe' must be true or false"),
         ("env", {"SPARK_TORCH_EXECUTOR_WAIT": "-1"}, "SPARK_TORCH_EXECUTOR_WAIT='-1' must be a number of seconds >= 0"),
-        ("env", {"SPARK_TORCH_HEARTBEAT_SECONDS": ""}, "SPARK_TORCH_HEARTBEAT_SECONDS='' must be a number of seconds > 0"),
+        ("env", {"SPARK_TORCH_HEARTBEAT": ""}, "SPARK_TORCH_HEARTBEAT='' must be a number of seconds > 0"),
         ("conf", {"spark.torch.channel.host": "h:1-2"}, "spark.torch.channel.host='h:1-2': give one port after the host"),
         ("conf", {"spark.torch.result.transfer": "x"}, "spark.torch.result.transfer='x' is not valid"),
         # select() takes no timeout this large: the template stopped (issue 27)
@@ -106,3 +106,29 @@ def test_env_names_are_typed_once() -> None:
                 if node.value.isupper() and " " not in node.value and node.value != MARKER:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value}")
     assert not found, "env names re-typed outside envnames.py/settings.py:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "old, new, given, expected",
+    [
+        ("SPARK_TORCH_LOG_HOST", "SPARK_TORCH_CHANNEL_HOST", "10.0.0.5:7000", ("channel_host", ("10.0.0.5", 7000))),
+        ("SPARK_TORCH_LOG_BIND", "SPARK_TORCH_CHANNEL_BIND_ADDRESS", "127.0.0.1", ("channel_bind_address", "127.0.0.1")),
+        ("SPARK_TORCH_HEARTBEAT_SECONDS", "SPARK_TORCH_HEARTBEAT", "0.5", ("heartbeat", 0.5)),
+    ],
+)
+def test_variables_are_named_after_their_keyword_old_names_still_read(old: str, new: str, given: str, expected: tuple[str, Any]) -> None:
+    name, value = expected
+    assert next(s for s in settings.SETTINGS if s.name == name).env == new
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; set {new}"):
+        assert getattr(settings.resolve({}, {old: given}, {}), name) == value
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name: no warning, and it wins over the old one
+        assert getattr(settings.resolve({}, {new: given}, {}), name) == value
+    assert getattr(settings.resolve({}, {new: given, old: "garbage"}, {}), name) == value
+
+
+def test_every_variable_is_named_after_its_keyword() -> None:
+    for setting in settings.SETTINGS:
+        assert setting.env == "SPARK_TORCH_" + setting.name.upper(), setting.env
