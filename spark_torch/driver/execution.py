@@ -22,6 +22,7 @@ from spark_torch.driver.entrypoint import Entrypoint, FunctionEntrypoint, Script
 from spark_torch.driver.logs import DriverLogSink
 from spark_torch.driver.payload import dump_function_payload
 from spark_torch.driver.plan import host_facts, make_plan
+from spark_torch.driver.preflight import check_executors
 from spark_torch.driver.progress import RunStatus, interactive
 from spark_torch.driver.result import RunResult
 from spark_torch.driver.tracker import ReportTracker
@@ -113,6 +114,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
             sized = plan
             if membership is not None and spark is not None:
                 nodes, size_note = membership.nodes_for(spark, first=restart == 0)
+                check_executors(spark, nodes, settings.ship_package)  # their Python, before the barrier stage
                 sized = replace(plan, num_nodes=nodes)
                 why = f"{why}: {size_note}"
             outcome.attempts.append({"attempt": restart, "world_size": sized.world_size, "nodes": sized.num_nodes, "reason": why})
