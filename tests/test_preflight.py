@@ -187,7 +187,11 @@ def test_probe_travels_by_value() -> None:
 
 def test_problem_names_each_interpreter_once() -> None:
     bare = ExecutorPython("/usr/bin/python3", "3.11.2", "h1", (("psutil", ""), ("torch", "")))
-    found = [bare, ExecutorPython("/usr/bin/python3", "3.11.2", "h2", bare.missing), ExecutorPython("/venv/bin/python", "3.11.2", "h3")]
+    found = [
+        bare,
+        ExecutorPython("/usr/bin/python3", "3.11.2", "h2", bare.missing),
+        ExecutorPython("/venv/bin/python", "3.11.2", "h3"),
+    ]
     message = describe_problem(found, "python3", driver_python="/venv/bin/python")
     assert message is not None and "\n" not in message
     assert message.startswith(
@@ -221,7 +225,9 @@ def fake_java(directory: Path, version: str) -> Path:
     """``directory/bin/java`` printing ``version`` the way ``java -version`` does."""
     (directory / "bin").mkdir(parents=True)
     java = directory / "bin" / "java"
-    java.write_text(f"#!/bin/sh\necho 'openjdk version \"{version}\" 2019-01-15' >&2\necho 'OpenJDK Runtime Environment' >&2\n")
+    java.write_text(
+        f"#!/bin/sh\necho 'openjdk version \"{version}\" 2019-01-15' >&2\necho 'OpenJDK Runtime Environment' >&2\n"
+    )
     java.chmod(0o755)
     return java
 
@@ -242,7 +248,10 @@ def test_required_java() -> None:
 
 def test_check_java_in_process(tmp_path: Path) -> None:
     fake_java(tmp_path / "jdk11", "11.0.2")
-    with pytest.raises(LaunchError, match=r"^PySpark 4\.3\.0 needs Java 17 or newer, but .*/jdk11/bin/java \(JAVA_HOME=.*\) is Java 11\.0\.2; install"):
+    with pytest.raises(
+        LaunchError,
+        match=r"^PySpark 4\.3\.0 needs Java 17 or newer, but .*/jdk11/bin/java \(JAVA_HOME=.*\) is Java 11\.0\.2; install",
+    ):
         check_java("4.3.0", {"JAVA_HOME": str(tmp_path / "jdk11"), "PATH": ""})
     check_java("3.5.2", {"JAVA_HOME": str(tmp_path / "jdk11"), "PATH": ""})  # 3.5 runs on 11
     with pytest.raises(LaunchError, match=r"and .*/nowhere/bin/java does not exist"):
@@ -288,7 +297,9 @@ def test_distributor_run_without_a_usable_java(case: str, tmp_path: Path) -> Non
         "except LaunchError as exc:\n"
         "    print('ERROR', exc)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=java_env(case, tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=java_env(case, tmp_path)
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ERROR ") and done.stdout.count("\n") == 1, done.stdout
     assert_java_line(done.stdout, case, tmp_path)
@@ -298,9 +309,17 @@ def test_distributor_run_without_a_usable_java(case: str, tmp_path: Path) -> Non
 @pytest.mark.parametrize("case", JAVA_CASES)
 @pytest.mark.parametrize("command", ["run", "doctor"])
 def test_cli_without_a_usable_java(command: str, case: str, tmp_path: Path) -> None:
-    args = ["run", "--distributed", "-n", "2", str(SCRIPTS / "env_dump.py"), str(tmp_path)] if command == "run" else ["doctor"]
+    args = (
+        ["run", "--distributed", "-n", "2", str(SCRIPTS / "env_dump.py"), str(tmp_path)]
+        if command == "run"
+        else ["doctor"]
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "spark_torch", *args], capture_output=True, text=True, timeout=120, env=java_env(case, tmp_path)
+        [sys.executable, "-m", "spark_torch", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=java_env(case, tmp_path),
     )
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()

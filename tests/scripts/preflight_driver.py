@@ -1,5 +1,6 @@
 """A driver whose executors run the Python given as argv[2] on master argv[1]: it runs a tiny
 distributed function and prints the outcome as one line (``RESULT ...`` or ``ERROR Type: message``)."""
+
 import os
 import sys
 import time
