@@ -85,7 +85,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         driver_python=platform.python_version(),
         driver_package=package_identity(),
         data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
-        storage=StorageSpec(base=storage.base, token=token, options=storage.options) if storage is not None else None,
+        storage=StorageSpec(base=storage.base, token=token, options=storage.options, required=config.storage_path is not None) if storage is not None else None,
         settings=settings,
     )
     deadline = time.monotonic() + config.timeout if config.timeout else None
