@@ -113,7 +113,11 @@ def _executor_set(spark: Any) -> str:
     if is_connect_session(spark):
         return f"connect:{getattr(spark, 'session_id', id(spark))}"
     sc = spark.sparkContext
-    return f"{sc.applicationId}:{sc._jsc.sc().getExecutorIds().mkString(',')}"
+    try:
+        executors = str(sc._jsc.sc().getExecutorIds().mkString(","))
+    except Exception:  # noqa: BLE001 - a Spark without this (internal) call: one answer per context
+        executors = "?"
+    return f"{sc.applicationId}:{executors}"
 
 
 def _configured_python(spark: Any) -> str | None:
