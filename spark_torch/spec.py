@@ -79,6 +79,9 @@ class StorageSpec:
     token: str = field(default="", repr=False)
     #: fsspec's keyword arguments (credentials: never printed, never in a rank's environment)
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: chosen by the user (``storage_path=``): every node must see it, or the run stops at the
+    #: rendezvous; the default storage only fails a rank that uses it (report(checkpoint=...))
+    required: bool = False
 
 
 #: starts an argument that names a file of ``RunSpec.files`` (NUL never occurs in a real argument)

@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -146,3 +147,12 @@ def test_connect_unreachable_channel_falls_back(
     assert out == 10.0
     assert caplog.text.count("could not reach the driver's channel") == 1
     assert f"127.0.0.1:{port}" in caplog.text and "SPARK_TORCH_CHANNEL_HOST" in caplog.text
+
+
+def test_connect_executors_python_is_checked(connect_spark: Any) -> None:
+    """The check before the barrier stage works through Spark Connect too (a plain Python UDF)."""
+    from spark_torch.driver import preflight
+
+    facts = preflight._ask(connect_spark, 2, *preflight.node_modules(ship_package=True))
+    assert isinstance(facts, list) and len(facts) == 2, facts
+    assert {(f.executable, f.missing) for f in facts} == {(sys.executable, ())}

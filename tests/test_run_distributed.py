@@ -324,12 +324,13 @@ def test_root_cause_leads_whichever_task_spark_saw_fail_first(spark_session: Any
 
 
 def test_executors_missing_a_dependency(no_psutil_spark: Any, no_leftovers: None) -> None:
-    """The executors' Python lacks a dependency: one LaunchError naming the module and the fix,
-    within seconds (not Py4J's 'An error occurred while calling ...getResult')."""
+    """The executors' Python lacks a dependency: one LaunchError naming the interpreter, the module
+    and the fix, from the check before the barrier stage (not Py4J's 'An error occurred while
+    calling ...getResult'); tests/test_preflight.py has the end-to-end cases."""
     from spark_torch import LaunchError
 
     started = time.monotonic()
-    with pytest.raises(LaunchError, match=r"cannot import psutil, which spark_torch needs.*PYSPARK_PYTHON") as info:
+    with pytest.raises(LaunchError, match=r"the executors' Python cannot run spark_torch: .*/python \(Python [\d.]+, on .*\) cannot import psutil \(PYSPARK_PYTHON was .*Point PYSPARK_PYTHON") as info:
         Distributor(num_processes=2, local_mode=False).run(world_info, "x")
-    assert "getResult" not in str(info.value)
+    assert "getResult" not in str(info.value) and "\n" not in str(info.value)
     assert time.monotonic() - started < 60

@@ -23,6 +23,7 @@ from spark_torch.driver.logs import DriverLogSink
 from spark_torch.driver.payload import dump_function_payload
 from spark_torch.driver.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.policy import Action, RestartPolicy
+from spark_torch.driver.preflight import check_executors
 from spark_torch.driver.progress import RunStatus, interactive
 from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
 from spark_torch.driver.tracker import ReportTracker
@@ -85,7 +86,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         driver_python=platform.python_version(),
         driver_package=package_identity(),
         data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
-        storage=StorageSpec(base=storage.base, token=token, options=storage.options) if storage is not None else None,
+        storage=StorageSpec(base=storage.base, token=token, options=storage.options, required=config.storage_path is not None) if storage is not None else None,
         settings=settings,
     )
     deadline = time.monotonic() + config.timeout if config.timeout else None
@@ -216,6 +217,7 @@ class RunController:
         sized, note = self.plan, ""
         if self.membership is not None and self.spark is not None:
             nodes, note = self.membership.nodes_for(self.spark, first=number == 0)
+            check_executors(self.spark, nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
             sized = replace(self.plan, num_nodes=nodes)
         record = AttemptRecord(attempt=number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size_note=note)
         self.result.attempts.append(record)

@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["active_session", "get_or_create_session", "master_endpoints", "check_master_reachable"]
+__all__ = ["active_session", "get_or_create_session", "executor_python", "master_endpoints", "check_master_reachable"]
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +17,8 @@ _SESSION_LOCK = threading.Lock()
 #: how long one master address may take to accept a TCP connection
 CONNECT_SECONDS = 5.0
 _DEFAULT_PORTS = {"spark": 7077, "sc": 15002}
+#: the Spark key naming the executors' Python (read by spark-submit)
+PYSPARK_PYTHON_KEY = "spark.pyspark.python"
 
 
 def master_endpoints(master: str) -> list[tuple[str, int]]:
@@ -110,8 +112,10 @@ def active_session() -> Any | None:
 def get_or_create_session(master: str | None = None, conf: dict[str, str] | None = None) -> Any:
     """The active session, or a new embedded session (``local[*]`` unless ``master``) on this interpreter.
 
-    Executors of the embedded session start ``sys.executable`` (PySpark reads PYSPARK_PYTHON
-    once, when the SparkContext starts; the driver's environment is restored right after).
+    Executors of the embedded session start :func:`executor_python` (PySpark reads PYSPARK_PYTHON
+    once, when the SparkContext starts; the driver's environment is restored right after). Before
+    a classic session starts, :func:`~spark_torch.driver.java.check_java` makes sure a Java Spark
+    can run on is there.
     """
     with _SESSION_LOCK:  # PYSPARK_PYTHON is process-global; two run() calls must not interleave here
         session = active_session()
@@ -120,16 +124,37 @@ def get_or_create_session(master: str | None = None, conf: dict[str, str] | None
         return _start_session(master, conf)
 
 
+def executor_python(conf: dict[str, str] | None) -> str:
+    """The interpreter the executors of an embedded session run: ``spark.pyspark.python`` when
+    given in ``conf`` (a session started in this process ignores that key otherwise: only
+    spark-submit reads it), else this driver's own. The executors' check
+    (:mod:`spark_torch.driver.preflight`) names both in its advice."""
+    return (conf or {}).get(PYSPARK_PYTHON_KEY) or sys.executable
+
+
+def _check_java() -> None:
+    """Before PySpark starts a JVM: one line when Java is missing or too old (not its Py4J traceback)."""
+    import pyspark
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return  # a JVM is already there (an earlier session, or spark-submit started this driver)
+    from spark_torch.driver.java import check_java
+
+    check_java(pyspark.__version__)
+
+
 def _start_session(master: str | None, conf: dict[str, str] | None) -> Any:
     SparkSession = _import_session_class()  # noqa: N806 - a class
     if master:
         check_master_reachable(master)
     if master and master.startswith("sc://"):
         return SparkSession.builder.remote(master).getOrCreate()
+    _check_java()
     if master is None:
         logger.warning("spark_torch: no active SparkSession; starting an embedded local[*] session")
     saved = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = executor_python(conf)
     try:
         builder = SparkSession.builder.appName("spark_torch").config("spark.ui.showConsoleProgress", "false")
         builder = builder.master(master or "local[*]")

@@ -26,6 +26,7 @@ from spark_torch.failure_reports import FailureReport, encode_report
 from spark_torch.lines import RankOutput
 from spark_torch.node import result_transfer
 from spark_torch.node.host import NodeProblem, host_node, host_of
+from spark_torch.node.storage_check import storage_hello, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
@@ -69,6 +70,15 @@ class BarrierIO:
 
     # NodeIO
     def rendezvous(self, hello: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """Every node's hello in node order; None if stopped. Raises :class:`NodeProblem` when a
+        storage the run needs is not visible from every node (:mod:`spark_torch.node.storage_check`)."""
+        peers = self._meet({**hello, **storage_hello(self.spec)})
+        problem = storage_problem(self.spec, peers) if peers is not None else None
+        if problem is not None:
+            raise NodeProblem(problem, kind="ConfigurationError")
+        return peers
+
+    def _meet(self, hello: dict[str, Any]) -> list[dict[str, Any]] | None:
         """Every node's hello in node order, through the channel or Spark's allGather; None if stopped."""
         reason = "the run has no driver channel"
         if self.channel is not None:

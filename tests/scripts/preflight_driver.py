@@ -1,0 +1,27 @@
+"""A driver whose executors run the Python given as argv[2] on master argv[1]: it runs a tiny
+distributed function and prints the outcome as one line (``RESULT ...`` or ``ERROR Type: message``)."""
+
+import os
+import sys
+import time
+
+os.environ["PYSPARK_PYTHON"] = sys.argv[2]  # read once, when the SparkContext starts
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from spark_torch import Distributor  # noqa: E402
+
+spark = (
+    SparkSession.builder.master(sys.argv[1])
+    .config("spark.driver.host", "127.0.0.1")
+    .config("spark.ui.enabled", "false")
+    .config("spark.ui.showConsoleProgress", "false")
+    .getOrCreate()
+)
+started = time.monotonic()
+try:
+    print("RESULT", Distributor(num_processes=2, local_mode=False, spark=spark).run(os.getpid), flush=True)
+except Exception as exc:  # noqa: BLE001 - the outcome is the output
+    print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
+print(f"SECONDS {time.monotonic() - started:.1f}", flush=True)
+spark.stop()
