@@ -66,7 +66,7 @@ class RankProcess:
 
     rank: int
     local_rank: int
-    #: a ``subprocess.Popen``, or a :class:`~spark_torch.warm.WarmProcess` (pid, poll, wait)
+    #: a ``subprocess.Popen``, or a :class:`~spark_torch.node.warm.WarmProcess` (pid, poll, wait)
     popen: Any
     started_at: float
     #: psutil's creation time of the process: a stale pid is never signalled
@@ -221,7 +221,7 @@ def kill_group(procs: Sequence[RankProcess], grace: float = 5.0, marker: Mapping
     :mod:`spark_torch.node.process_tree`), then reap each rank, bounded.
 
     ``marker``: environment items every process of this node inherits (see
-    :func:`spark_torch.node.node_marker`), which finds descendants that left the rank's process group or were
+    :func:`spark_torch.node.workdir.node_marker`), which finds descendants that left the rank's process group or were
     orphaned by its exit.
     """
     left = terminate_trees([(p.pid, p.created) for p in procs], grace, marker=marker)
