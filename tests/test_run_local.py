@@ -308,3 +308,42 @@ def test_spark_secrets_do_not_reach_ranks(no_leftovers: None) -> None:
     })  # fmt: skip  (restored by the autouse _restore_environ fixture)
     seen = Distributor(num_processes=1).run(_secret_env)
     assert seen == {"MY_API_SECRET": "mine"}
+
+
+def test_a_store_host_that_never_said_ready_does_not_keep_rank_0_off_the_port(monkeypatch: Any, no_leftovers: None) -> None:
+    """A store host slow to start under load may still come up on the reserved port after
+    node 0 gave up on it: rank 0 then hosts the store on a fresh port, not the taken one."""
+    import socket
+
+    from spark_torch.node import host as node_host
+
+    squatters: list[socket.socket] = []
+
+    def late_store_host(run: Any, port: int, cwd: Any) -> None:
+        late = socket.socket()  # what a late store host does: listen on the port
+        late.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        late.bind(("127.0.0.1", port))
+        late.listen()
+        squatters.append(late)
+        return None  # ... after node 0 stopped waiting for it
+
+    monkeypatch.setattr(node_host, "start_store_host", late_store_host)
+    try:
+        assert Distributor(num_processes=2, warm_start=True, log_ranks=[]).run(_world_sum) == 3
+    finally:
+        for late in squatters:
+            late.close()
+    assert squatters
+
+
+def _world_sum() -> int:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.tensor([float(os.environ["RANK"]) + 1])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())

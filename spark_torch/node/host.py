@@ -26,7 +26,7 @@ from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.runner import NodeOutcome, NodeSpec, run_node
 from spark_torch.node.staging import check_shards, data_env, write_node_data
-from spark_torch.node.store_host import start_store_host
+from spark_torch.node.store_host import hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
@@ -186,6 +186,12 @@ def host_node(
         port = reservation.getsockname()[1] if reservation is not None else 0
         if reservation is not None:  # listening before any node's rank can ask for it
             store = start_store_host(run, port, cwd)
+            if store is None and hosts_store(run):
+                # a store host that did not say "ready" in time may still hold the port (a
+                # template slow to fork under load): rank 0 hosts the store on a fresh one
+                reservation.close()
+                reservation = reserve_port(io.master_host)
+                port = reservation.getsockname()[1]
         hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": rows}
         peers = io.rendezvous(hello)
         if peers is None:

@@ -89,11 +89,17 @@ def host_store(
     return host
 
 
+def hosts_store(run: RunSpec) -> bool:
+    """Whether node 0 hosts the run's store before the ranks start: with warm starts and
+    several ranks (nobody to race with otherwise, and no template to fork it from)."""
+    return run.world_size >= 2 and run.settings.warm_start
+
+
 def start_store_host(run: RunSpec, port: int, cwd: str | None, python: str = sys.executable) -> StoreHost | None:
     """Node 0: host the run's rendezvous store on ``port`` before any rank starts (None: not
     hosted; rank 0 hosts it as usual). Its environment has the ranks' import path, so it is
     forked from the same warm-start template; without warm starts nothing is hosted."""
-    if run.world_size < 2 or not run.settings.warm_start:  # nobody to race with / no template
+    if not hosts_store(run):
         return None
     # the interpreter-start settings the ranks get (rank_env: PYTHONUNBUFFERED=1 unless the
     # user's env says otherwise), so that the store host forks from the ranks' template
