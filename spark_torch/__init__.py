@@ -15,7 +15,7 @@ from spark_torch.version import __version__
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
     from spark_torch.driver.distributor import Distributor
-    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, Checkpoint, RunResult, load_run
+    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, Checkpoint, RunResult
     from spark_torch.driver.torch_distributor import TorchDistributor
     from spark_torch.errors import (
         ClusterConfigurationError,
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         SparkTorchError,
     )
     from spark_torch.reporting.api import get_checkpoint, report
+    from spark_torch.spec import LaunchPlan
 
 #: where each public name lives; imported on first access (module ``__getattr__``, PEP 562)
 _HOMES = {
@@ -41,7 +42,7 @@ _HOMES = {
     "AttemptRecord": "spark_torch.driver.result",
     "AttemptEnd": "spark_torch.driver.result",
     "AttemptReason": "spark_torch.driver.result",
-    "load_run": "spark_torch.driver.result",
+    "LaunchPlan": "spark_torch.spec",
     "report": "spark_torch.reporting.api",
     "get_checkpoint": "spark_torch.reporting.api",
     "SparkTorchError": "spark_torch.errors",
@@ -65,7 +66,7 @@ __all__ = [
     "AttemptRecord",
     "AttemptEnd",
     "AttemptReason",
-    "load_run",
+    "LaunchPlan",
     "report",
     "get_checkpoint",
     "SparkTorchError",
@@ -82,8 +83,12 @@ __all__ = [
 ]
 
 
+#: names kept for old code, not in ``__all__`` (each warns when called)
+_DEPRECATED = {"load_run": "spark_torch.driver.result"}
+
+
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
+    home = _HOMES.get(name) or _DEPRECATED.get(name)
     if home is None:
         raise AttributeError(f"module 'spark_torch' has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)

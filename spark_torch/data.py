@@ -5,6 +5,6 @@ import rank_loader``); the code lives in :mod:`spark_torch.rank.data`, which doc
 rows are split and converted.
 """
 
-from spark_torch.rank.data import RankDataset, column_kind, rank_dataset, rank_loader, rank_positions
+from spark_torch.rank.data import RankDataset, rank_dataset, rank_loader
 
-__all__ = ["rank_loader", "rank_dataset", "RankDataset", "column_kind", "rank_positions"]
+__all__ = ["rank_loader", "rank_dataset", "RankDataset"]

@@ -20,7 +20,15 @@ __all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "StorageSpec", "RunSpec", "F
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """How a run is laid out: nodes (Spark tasks, or the driver), ranks per node, devices."""
+    """How a run is laid out (what :meth:`spark_torch.Distributor.plan` returns): nodes (Spark
+    barrier tasks; the driver in local mode), ranks per node, devices.
+
+    Attributes:
+        local_mode: all ranks on the driver machine.
+        num_nodes: Spark barrier tasks (1 in local mode).
+        procs_per_node: ranks per node; ``world_size`` is ``num_nodes * procs_per_node``.
+        use_gpu: whether the ranks use GPUs (and NCCL).
+    """
 
     local_mode: bool
     num_nodes: int

@@ -264,8 +264,8 @@ def test_a_step_waits_for_every_rank_and_is_answered_once() -> None:
 
 def test_best_checkpoints_by_score_and_opening_a_past_run(tmp_path: Path, no_leftovers: None) -> None:
     """keep_checkpoints with a score keeps the best N (and the latest, to resume from);
-    best_checkpoints lists them best first with their metrics; load_run() opens the run later."""
-    from spark_torch import Checkpoint, load_run
+    best_checkpoints lists them best first with their metrics; RunResult.from_path() opens the run later."""
+    from spark_torch import Checkpoint, RunResult
 
     scores = [0.2, 0.9, 0.1, 0.7, 0.3]
     d = Distributor(num_processes=2, storage_path=tmp_path, keep_checkpoints=2, checkpoint_score_attribute="score")
@@ -279,11 +279,11 @@ def test_best_checkpoints_by_score_and_opening_a_past_run(tmp_path: Path, no_lef
     ]  # fmt: skip
     top, metrics = result.best_checkpoints[0]
     assert isinstance(top, Checkpoint) and Path(top.to_directory(tmp_path / "best"), "score.txt").read_text() == "0.9"
-    past = load_run(tmp_path, result.run_id, checkpoint_score_attribute="score", checkpoint_score_order="min")
+    past = RunResult.from_path(tmp_path, result.run_id, checkpoint_score_attribute="score", checkpoint_score_order="min")
     assert [c.step for c, _ in past.best_checkpoints] == [5, 4, 2] and past.value is None
     assert past.metrics_dataframe["score"].tolist() == scores and past.metrics["step"] == 5
     with pytest.raises(FileNotFoundError, match="no run 'nope' under"):
-        load_run(tmp_path, "nope")
+        RunResult.from_path(tmp_path, "nope")
     with pytest.raises(ValueError, match="checkpoint_score_order must be 'max' or 'min'"):
         Distributor(checkpoint_score_order="best")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import ConfigurationError, Distributor, load_run
+from spark_torch import ConfigurationError, Distributor, RunResult
 from spark_torch.driver.config import DistributorConfig
 
 from .conftest import SCRIPTS
@@ -73,7 +73,7 @@ def test_checkpoints_kill_resume_prune_on_s3(s3: dict[str, Any], spark_session: 
     assert checkpoints == ["checkpoint_000006", "checkpoint_000008"]  # pruned in S3
     local = result.checkpoint.to_directory(tmp_path / "latest")
     assert sorted(p.name for p in Path(local).iterdir()) == [".spark_torch", "state.pt"]
-    again = load_run("s3://runs/team", result.run_id, storage_options=s3["options"])
+    again = RunResult.from_path("s3://runs/team", result.run_id, storage_options=s3["options"])
     assert again.checkpoint is not None and again.checkpoint.step == 8 and again.metrics["step"] == 8
     # the credentials reach the ranks in a 0600 file, not in their environment
     assert Distributor(num_processes=1, storage_path="s3://runs/team", storage_options=s3["options"]).run(environment_has, SECRET) is False

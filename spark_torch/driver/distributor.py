@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import threading
@@ -13,6 +14,7 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.plan import host_facts, make_plan
 from spark_torch.driver.result import RunResult
+from spark_torch.settings import SETTINGS
 from spark_torch.spec import LaunchPlan
 
 if TYPE_CHECKING:
@@ -21,6 +23,19 @@ if TYPE_CHECKING:
 __all__ = ["Distributor"]
 
 logger = logging.getLogger(__name__)
+
+
+def _settings(given: dict[str, Any]) -> dict[str, Any]:
+    """The ``**settings`` keywords, checked against the table of settings."""
+    names = [s.name for s in SETTINGS]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        hints = [f"{u!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(u, names, 1)) else repr(u) for u in unknown]
+        raise TypeError(
+            f"Distributor() got unexpected keyword argument(s) {', '.join(hints)}; its settings are "
+            f"{', '.join(names)} (docs/configuration.md)"
+        )
+    return given
 
 
 class Distributor:
@@ -85,6 +100,10 @@ class Distributor:
             slots for more nodes have been free for ``elastic_wait`` seconds.
         mlflow: log the reported metrics, parameters and the final checkpoint to one MLflow
             run (None: when an MLflow run is active on the driver).
+        **settings: any setting of the table in docs/configuration.md by its keyword
+            (``stall_timeout=300``, ``warm_start=False``, ``channel_host="10.0.0.5"``, ...);
+            each can also come from an environment variable or a Spark conf key. An unknown
+            keyword raises ``TypeError`` naming the settings there are.
     """
 
     def __init__(
@@ -110,20 +129,7 @@ class Distributor:
         checkpoint_score_order: str = "max",
         min_processes: int | None = None,
         elastic_grow: bool = False,
-        channel_host: str | None = None,
-        channel_bind_address: str | None = None,
-        channel_ports: str | tuple[int, int] | None = None,
-        rendezvous_timeout: float | None = None,
-        heartbeat: float | None = None,
-        result_transfer: str | None = None,
-        executor_wait: float | None = None,
-        warm_start: bool | None = None,
-        warm_start_idle: float | None = None,
-        ship_package: bool | None = None,
-        elastic_wait: float | None = None,
-        stall_timeout: float | None = None,
-        stall_action: str | None = None,
-        stall_all_threads: bool | None = None,
+        **settings: Any,
     ) -> None:
         self.config = DistributorConfig(
             num_processes=num_processes,
@@ -145,20 +151,7 @@ class Distributor:
             checkpoint_score_order=checkpoint_score_order,
             min_processes=min_processes,
             elastic_grow=elastic_grow,
-            channel_host=channel_host,
-            channel_bind_address=channel_bind_address,
-            channel_ports=channel_ports,
-            rendezvous_timeout=rendezvous_timeout,
-            heartbeat=heartbeat,
-            result_transfer=result_transfer,
-            executor_wait=executor_wait,
-            warm_start=warm_start,
-            warm_start_idle=warm_start_idle,
-            ship_package=ship_package,
-            elastic_wait=elastic_wait,
-            stall_timeout=stall_timeout,
-            stall_action=stall_action,
-            stall_all_threads=stall_all_threads,
+            **_settings(settings),
         )
         self._spark = spark
         #: the outcome of the latest run() (value, metrics, checkpoint, restarts, error)

@@ -114,7 +114,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         raise
     finally:
         try:
-            outcome.collect(storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
+            outcome._collect(storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
             logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
         tracker.close()

@@ -1,5 +1,5 @@
 """What a ``run()`` produced (:class:`RunResult`, ``distributor.last_run``), its checkpoints
-(:class:`Checkpoint`), and a past run opened from its storage (:func:`load_run`).
+(:class:`Checkpoint`), and a past run opened from its storage (:meth:`RunResult.from_path`).
 
 The names follow Ray Train's ``Result`` where they mean the same thing: ``metrics`` is the last
 reported metrics dict, ``metrics_dataframe`` the whole history, ``checkpoint`` the latest
@@ -11,13 +11,14 @@ from __future__ import annotations
 import enum
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.storage import DEFAULT_STORAGE, CheckpointInfo, RunStorage, best, options_withheld
 
-__all__ = ["RunResult", "Checkpoint", "load_run", "AttemptEnd", "AttemptReason", "AttemptRecord"]
+__all__ = ["RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord"]
 
 
 class AttemptEnd(str, enum.Enum):
@@ -126,7 +127,7 @@ class Checkpoint:
 
 @dataclass
 class RunResult:
-    """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :func:`load_run`).
+    """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :meth:`RunResult.from_path`).
 
     Attributes:
         run_id: the run's id (pass it again as ``run_id=`` to resume from its checkpoint).
@@ -177,7 +178,7 @@ class RunResult:
         ordered = [c for c in frame.columns if c not in RECORDED_KEYS] + [c for c in RECORDED_KEYS if c in frame.columns]
         return frame[ordered].sort_values("step", kind="stable").reset_index(drop=True)
 
-    def collect(self, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
+    def _collect(self, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
         """Fill ``history``, ``checkpoint`` and ``best_checkpoints`` from the run's storage."""
         if storage is None:
             self.history = list(self.rows)
@@ -205,7 +206,7 @@ class RunResult:
         if not storage.exists():
             raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         result = cls(run_id=run_id)
-        result.collect(storage, checkpoint_score_attribute, checkpoint_score_order)
+        result._collect(storage, checkpoint_score_attribute, checkpoint_score_order)
         return result
 
 
@@ -217,7 +218,8 @@ def load_run(
     checkpoint_score_attribute: str | None = None,
     checkpoint_score_order: str = "max",
 ) -> RunResult:
-    """Open a past run by its ``storage_path`` and ``run_id`` (``RunResult.from_path``)."""
+    """Deprecated: use :meth:`RunResult.from_path` (the same arguments)."""
+    warnings.warn("spark_torch.load_run() is deprecated; use spark_torch.RunResult.from_path()", DeprecationWarning, stacklevel=2)
     if not run_id:
         raise ValueError("load_run() needs the run_id (see distributor.last_run.run_id, or the directory names under storage_path)")
     return RunResult.from_path(

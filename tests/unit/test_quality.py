@@ -15,12 +15,18 @@ def test_exported_members() -> None:
     assert sorted(spark_torch.__all__) == sorted([
         "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
         "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "__version__",
-        "RunResult", "Checkpoint", "load_run", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
-        "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason",
+        "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
+        "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
     ])
     for name in spark_torch.__all__:
         assert getattr(spark_torch, name) is not None
     assert sorted(spark_torch._HOMES) == sorted(set(spark_torch.__all__) - {"__version__"})
+    import pytest
+
+    with pytest.warns(DeprecationWarning, match="use spark_torch.RunResult.from_path"):
+        with pytest.raises(ValueError):
+            spark_torch.load_run("/nowhere", "")  # one way to load a past run; the old name warns
+    assert not hasattr(spark_torch.RunResult, "collect")  # no internal mutator on the public class
 
 
 def test_a_rank_entry_module_loads_no_driver_or_node_module() -> None:

@@ -23,10 +23,12 @@ def test_every_setting_is_a_keyword_a_config_field_and_a_resolved_value() -> Non
     import inspect
 
     keywords = inspect.signature(Distributor.__init__).parameters
+    assert keywords["settings"].kind is inspect.Parameter.VAR_KEYWORD  # the table's, by keyword
     fields = {f.name for f in dataclasses.fields(DistributorConfig)}
     resolved = {f.name for f in dataclasses.fields(Settings)}
     for setting in SETTINGS:
-        assert setting.name in keywords and setting.name in fields and setting.name in resolved, setting.name
+        assert setting.name not in keywords and setting.name in fields and setting.name in resolved, setting.name
+        assert getattr(Distributor(**{setting.name: setting.default}).config, setting.name) is not None or setting.default is None
         assert setting.env.startswith("SPARK_TORCH_") and setting.conf.startswith("spark.torch."), setting
     assert resolved == {s.name for s in SETTINGS}
     assert len({s.env for s in SETTINGS}) == len({s.conf for s in SETTINGS}) == len(SETTINGS)
@@ -132,3 +134,8 @@ def test_variables_are_named_after_their_keyword_old_names_still_read(old: str, 
 def test_every_variable_is_named_after_its_keyword() -> None:
     for setting in settings.SETTINGS:
         assert setting.env == "SPARK_TORCH_" + setting.name.upper(), setting.env
+
+
+def test_an_unknown_keyword_names_the_settings_there_are() -> None:
+    with pytest.raises(TypeError, match=r"'stall_timout' \(did you mean 'stall_timeout'\?\).*warm_start_idle"):
+        Distributor(stall_timout=3)
