@@ -43,6 +43,8 @@ __all__ = [
     "STACK_FILE",
     "SAMPLE_SECONDS",
     "STACK_ALL_THREADS",
+    "FR_BUFFER_SIZE",
+    "NCCL_TRACE_BUFFER_SIZE",
     "STORAGE_OPTIONS",
     "RESERVED",
     "SCRUBBED",
@@ -100,6 +102,10 @@ DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
 STACK_FILE = "SPARK_TORCH_STACK_FILE"
 SAMPLE_SECONDS = "SPARK_TORCH_SAMPLE_SECONDS"
 STACK_ALL_THREADS = "SPARK_TORCH_STACK_ALL_THREADS"
+#: torch's Flight Recorder: how many collectives each process group remembers (the newer name
+#: covers gloo and NCCL, the older one NCCL in earlier torch releases)
+FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"
+NCCL_TRACE_BUFFER_SIZE = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 
 #: DeepSpeed's accelerator choice: ``cpu`` for DeepspeedTorchDistributor ranks without GPUs
 DS_ACCELERATOR = "DS_ACCELERATOR"

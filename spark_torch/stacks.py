@@ -12,7 +12,31 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["StackState", "RankStack", "note_progress", "progress_count", "rank_ranges", "format_stacks", "innermost_call"]
+__all__ = [
+    "StackState",
+    "RankStack",
+    "note_progress",
+    "progress_count",
+    "rank_ranges",
+    "format_stacks",
+    "innermost_call",
+    "trace_path",
+    "trace_request_path",
+    "MAX_TRACE_BYTES",
+]
+
+#: a rank's Flight Recorder trace larger than this is not collected (it travels in one frame)
+MAX_TRACE_BYTES = 512 * 1024
+
+
+def trace_path(stack_file: str) -> str:
+    """Where a rank writes its Flight Recorder trace when its node asks (a stall)."""
+    return stack_file + ".trace"
+
+
+def trace_request_path(stack_file: str) -> str:
+    """The file a node touches to ask its rank for that trace."""
+    return stack_file + ".trace-request"
 
 #: report() calls of this process (a rank): progress even when the stack looks the same
 _progress = 0

@@ -6,6 +6,7 @@ all_reduce: the shape of the most common distributed hang.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -42,9 +43,11 @@ def _distributor(mode: str, spark: Any, **kwargs: Any) -> Distributor:
 
 
 @pytest.mark.parametrize("mode", ["local-warm", "local-cold", "distributed-warm"])
-def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(mode: str, spark_session: Any, caplog: Any, no_leftovers: None) -> None:
+def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(
+    mode: str, spark_session: Any, caplog: Any, tmp_path: Path, no_leftovers: None
+) -> None:
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
-        assert _distributor(mode, spark_session).run(one_rank_stuck, 4 * TIMEOUT) == 3
+        assert _distributor(mode, spark_session, log_dir=tmp_path).run(one_rank_stuck, 4 * TIMEOUT) == 3
     warnings = _stall_warnings(caplog)
     assert warnings, "no stall warning"
     first = warnings[0]
@@ -54,6 +57,13 @@ def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(mode: str, spar
     times = [r.created for r in _stall_records(caplog)]  # at most once per stall_timeout while it lasts
     assert all(later - earlier >= TIMEOUT * 0.9 for earlier, later in zip(times, times[1:])), times
     assert len(_moved_again(caplog)) == 1
+    # torch's Flight Recorder (gloo records too): what each rank had in flight, and its JSON dump
+    recorder = [r.getMessage() for r in caplog.records if "Flight Recorder, the collectives in flight" in r.getMessage()]
+    assert recorder, "no Flight Recorder summary"
+    assert "rank 0: gloo:all_reduce #" in recorder[0] and "rank 1: no collective in flight" in recorder[0], recorder
+    traces = tmp_path / "flight-recorder" / "attempt-0"
+    assert sorted(p.name for p in traces.iterdir()) == ["rank_0.json", "rank_1.json"]
+    assert json.loads((traces / "rank_0.json").read_text())["entries"][0]["profiling_name"] == "gloo:all_reduce"
 
 
 @pytest.mark.parametrize("mode", ["local-warm", "distributed-cold"])
@@ -67,13 +77,17 @@ def test_fail_stops_the_run_with_both_stacks(mode: str, spark_session: Any, no_l
     assert "no rank made progress" in message and "stall_action='fail'" in message
     assert "rank 0: in all_reduce" in message and "rank 1: in wait_for_the_loader" in message, message
     assert set(error.stacks) == {0, 1} and "wait_for_the_loader" in error.stacks[1]
+    assert "rank 0: gloo:all_reduce #" in message and "rank 1: no collective in flight" in message, message
     assert took < TIMEOUT + 30, took  # seconds after the stall, not the 30 min of a collective's timeout
 
 
 @pytest.mark.parametrize("mode", ["local-warm", "distributed-warm"])
 def test_ranks_that_compute_silently_are_not_stalled(mode: str, spark_session: Any, caplog: Any) -> None:
+    # a longer timeout than the other tests: on a loaded 2-core machine the node's reports can
+    # lag a second or two, and this test is about the ranks, not about how late a report comes
+    timeout = 2 * TIMEOUT
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
-        assert _distributor(mode, spark_session).run(silent_compute, 4 * TIMEOUT) == 2
+        assert _distributor(mode, spark_session, stall_timeout=timeout).run(silent_compute, 4 * timeout) == 2
     assert not _stall_warnings(caplog)
 
 

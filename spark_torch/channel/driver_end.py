@@ -62,6 +62,8 @@ class DriverChannel:
         self.bulk_sink: BulkSink | None = None
         #: receives each node's progress snapshots (stall detection; set by the caller)
         self.on_progress: Callable[[int, Any], None] | None = None
+        #: receives a rank's Flight Recorder trace: (rank as the node said, bytes never unpickled)
+        self.on_trace: Callable[[Any, bytes], None] | None = None
         self._receiver = LineReceiver(sink)
         self._coordinator = RendezvousCoordinator(nodes)
         self._lock = threading.Condition()
@@ -145,6 +147,10 @@ class DriverChannel:
         elif "progress" in message:
             if self.on_progress is not None:
                 self.on_progress(node, message["progress"])
+        elif "trace" in message:
+            data = message.get("_bytes")
+            if self.on_trace is not None and data is not None and isinstance(message["trace"], dict):
+                self.on_trace(message["trace"].get("rank"), bytes(data))
         elif "dropped" in message:
             self._receiver.dropped_lines(node, message["dropped"])
         elif "eof" in message:
@@ -217,6 +223,10 @@ class DriverChannel:
     def answer_reports(self, step: int, error: str | None) -> None:
         """Tell every node that report step ``step`` is persisted (or failed)."""
         self._server.broadcast({"reported": {"step": step, "error": error}})
+
+    def request_traces(self) -> None:
+        """Ask every node for its ranks' Flight Recorder traces (a stall)."""
+        self._server.broadcast({"traces": True})
 
     def stop_nodes(self, reason: str) -> None:
         """Tell every node to stop its ranks now (nodes that reconnect are told again)."""

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from spark_torch.channel.client import ChannelClient
@@ -31,6 +32,8 @@ class NodeChannel:
         self._spec = spec
         #: the node's report pipes (set by the node host): answers from the driver go there
         self.reports: StepAnswers | None = None
+        #: called when the driver asks for the ranks' Flight Recorder traces (a stall)
+        self.on_trace_request: Callable[[], None] | None = None
         self._node = node
         self._nodes = nodes
         self._stop = stop
@@ -94,6 +97,11 @@ class NodeChannel:
         if not self._detached:
             self._client.send({"progress": stacks})
 
+    def send_trace(self, rank: int, data: bytes) -> None:
+        """A rank's Flight Recorder trace (raw bytes in one binary frame), for the driver."""
+        if not self._detached:
+            self._client.send({"trace": {"rank": rank}, "_bytes": data})
+
     @property
     def usable(self) -> bool:
         """Whether the driver was reached and the channel is still in use."""
@@ -128,6 +136,9 @@ class NodeChannel:
                 self._client.cond.notify_all()
         elif "stop" in message:
             self._stop.set()
+        elif "traces" in message:
+            if self.on_trace_request is not None:
+                self.on_trace_request()
         elif "reported" in message:
             answer = message["reported"]
             if self.reports is not None and isinstance(answer, dict) and isinstance(answer.get("step"), int):

@@ -54,12 +54,17 @@ class Attempt:
     membership: Membership | None = None
     #: the status line's stall: seconds without progress, None when the run moves (again)
     on_stall: Callable[[float | None], None] = field(default=lambda idle: None, repr=False)
+    #: where the ranks' Flight Recorder traces go when a stall is found
+    trace_dir: str | None = None
 
     def stall_watch(self, stop: Callable[[str], None]) -> StallWatch:
         """This attempt's stall detector (inactive with ``stall_timeout=0``); ``stop`` stops the
         attempt when ``stall_action="fail"``."""
         settings = self.spec.settings
-        return StallWatch(self.spec.world_size, settings.stall_timeout, settings.stall_action, stop=stop, on_status=self.on_stall)
+        return StallWatch(
+            self.spec.world_size, settings.stall_timeout, settings.stall_action,
+            stop=stop, on_status=self.on_stall, trace_dir=self.trace_dir,
+        )  # fmt: skip
 
     def report_coordinator(
         self, answer: Callable[[int, str | None], None], after_checkpoint: Callable[[int], None] | None = None

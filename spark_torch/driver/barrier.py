@@ -148,6 +148,8 @@ def _run_stage(
     wake = threading.Event()  # the job ended, or the stall watch stopped the attempt
     stall = attempt.stall_watch(stop=lambda reason: wake.set())
     channel.on_progress = stall.update
+    channel.on_trace = stall.trace
+    stall.request_traces = channel.request_traces
     worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done, wake), name=tag, daemon=True)
     worker.start()
     channel.start_rendezvous_clock()

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import platform
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -240,6 +241,10 @@ class RunController:
             score_order=config.checkpoint_score_order,
             membership=self.membership if config.elastic_grow else None,
             on_stall=self.sink.status.stalled,
+            trace_dir=os.path.join(
+                config.log_dir or os.path.join(tempfile.gettempdir(), "spark_torch_traces", self.result.run_id),
+                "flight-recorder" if config.log_dir else "", f"attempt-{number}",
+            ),
         )
         return record, attempt
 

@@ -21,6 +21,7 @@ from spark_torch.errors import RankFailure
 from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
 from spark_torch.node.host import NodeProblem, host_node
+from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
@@ -61,6 +62,12 @@ class LocalIO:
 
     def progress(self, stacks: list[dict[str, Any]]) -> None:
         self.stall.update(0, stacks)
+
+    def trace(self, rank: int, data: bytes) -> None:
+        self.stall.trace(rank, data)
+
+    def watching(self, watch: ProgressWatch) -> None:
+        self.stall.request_traces = watch.request_traces
 
     def time_is_up(self) -> None:
         """``timeout``: keep where the ranks are, then stop them."""

@@ -24,6 +24,7 @@ from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.processes import reserve_port
+from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.runner import NodeOutcome, NodeSpec, run_node
 from spark_torch.node.staging import check_shards, data_env, write_node_data
 from spark_torch.node.store_host import hosts_store, start_store_host
@@ -77,6 +78,12 @@ class NodeIO(Protocol):
 
     def progress(self, stacks: list[dict[str, Any]]) -> None:
         """A snapshot of the ranks' progress and stacks (:class:`~spark_torch.stacks.RankStack` dicts)."""
+
+    def trace(self, rank: int, data: bytes) -> None:
+        """A rank's Flight Recorder trace (a pickle: the driver stores it, never loads it)."""
+
+    def watching(self, watch: ProgressWatch) -> None:
+        """The node's progress watch (the driver asks it for traces through this NodeIO)."""
 
 
 @dataclass
@@ -234,7 +241,8 @@ def host_node(
             agent_store=store is not None,
         )
         outcome, pickled = run_node(
-            spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed, on_progress=io.progress
+            spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
+            on_trace=io.trace, watching=io.watching,
         )
         hosted = HostedNode(outcome=outcome, pickled=pickled)
         if outcome.failures:

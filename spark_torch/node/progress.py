@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spark_torch.lines import RankOutput
-from spark_torch.stacks import RankStack, StackState
+from spark_torch.stacks import MAX_TRACE_BYTES, RankStack, StackState, trace_path, trace_request_path
 
 __all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
 
@@ -42,6 +42,8 @@ class _Rank:
     sampled_at: float | None = None
     text: str = ""
     exited: bool = False
+    #: the mtime of the Flight Recorder trace last sent (None: none yet)
+    trace_sent: int | None = None
 
 
 class _Observed:
@@ -73,11 +75,13 @@ class ProgressWatch:
         interval: float,
         send: Callable[[list[dict[str, object]]], None],
         start_grace: float = 60.0,
+        send_trace: Callable[[int, bytes], None] | None = None,
     ) -> None:
         now = time.monotonic()
         self._ranks = {rank: _Rank(file=path, started=now, progress=now) for rank, path in files.items()}
         self._interval = interval
         self._send = send
+        self._send_trace = send_trace
         self._start_grace = start_grace
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -103,6 +107,34 @@ class ProgressWatch:
     def start(self) -> None:
         """Start watching (the ranks were started)."""
         self._thread.start()
+
+    def request_traces(self) -> None:
+        """Ask every running rank for its Flight Recorder trace (the driver saw a stall); each
+        arrives through ``send_trace`` as its rank writes it."""
+        for state in self._ranks.values():
+            if not state.exited:
+                try:
+                    with open(trace_request_path(state.file), "w", encoding="utf-8") as fh:
+                        fh.write(str(time.time()))
+                except OSError:
+                    pass  # the workdir is going away: the run is ending
+
+    def _forward_traces(self) -> None:
+        if self._send_trace is None:
+            return
+        for rank, state in sorted(self._ranks.items()):
+            path = trace_path(state.file)
+            try:
+                info = os.stat(path)
+                if info.st_mtime_ns == state.trace_sent or info.st_size > MAX_TRACE_BYTES:
+                    continue
+                with open(path, "rb") as fh:
+                    data = fh.read(MAX_TRACE_BYTES + 1)
+            except OSError:
+                continue
+            state.trace_sent = info.st_mtime_ns
+            if 0 < len(data) <= MAX_TRACE_BYTES:
+                self._send_trace(rank, data)
 
     def _read(self, state: _Rank, now: float) -> None:
         try:
@@ -141,6 +173,7 @@ class ProgressWatch:
     def _report(self) -> None:
         try:
             self._send([s.to_dict() for s in self.snapshot()])
+            self._forward_traces()
         except Exception:  # noqa: BLE001 - a closed channel: the run is ending anyway
             pass
 

@@ -97,6 +97,10 @@ def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str
     return [spec.python, "-m", RANK_MAIN_MODULE, payload_path, result_dir]
 
 
+#: collectives the Flight Recorder keeps per process group (unless the user set a size)
+FLIGHT_RECORDER_ENTRIES = 2000
+
+
 def storage_file(workdir: str) -> str:
     """Where a node describes the run's storage to its ranks (``SPARK_TORCH_STORAGE``)."""
     return os.path.join(workdir, "storage.json")
@@ -165,17 +169,23 @@ def run_node(
     reports: NodeReports | None = None,
     on_failure: Callable[[RankFailure, str | None], None] | None = None,
     on_progress: Callable[[list[dict[str, object]]], None] | None = None,
+    on_trace: Callable[[int, bytes], None] | None = None,
+    watching: Callable[[ProgressWatch], None] | None = None,
 ) -> tuple[NodeOutcome, dict[int, str | None]]:
     """Run this node's ranks to completion (or first failure, or ``stop``) and clean up.
 
     Uses (and leaves to the caller) ``workdir`` when given, else makes and removes its own.
     Returns the outcome and, per failed rank, its pickled exception (base64) when it wrote one.
     With ``on_progress`` and a ``stall_timeout``, the ranks' stacks are sampled and a snapshot
-    of their progress goes there regularly (:class:`~spark_torch.node.progress.ProgressWatch`).
+    of their progress goes there regularly (:class:`~spark_torch.node.progress.ProgressWatch`,
+    handed to ``watching``); the ranks' Flight Recorder traces, when asked for, go to ``on_trace``.
     """
     if workdir is None:
         with NodeWorkdir(spec.run.run_id, spec.node_rank, spec.python) as own:
-            return run_node(spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure, on_progress=on_progress)
+            return run_node(
+                spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure,
+                on_progress=on_progress, on_trace=on_trace, watching=watching,
+            )  # fmt: skip
     guard = workdir
     workdir_path = guard.path
     outcome = NodeOutcome()
@@ -191,9 +201,14 @@ def run_node(
     if on_progress is not None and settings.stall_timeout > 0:
         ranks = [spec.global_rank(local) for local in range(spec.procs_per_node)]
         progress = ProgressWatch(
-            {rank: stack_file(workdir_path, rank) for rank in ranks}, sample_interval(settings.stall_timeout), on_progress
+            {rank: stack_file(workdir_path, rank) for rank in ranks},
+            sample_interval(settings.stall_timeout),
+            on_progress,
+            send_trace=on_trace,
         )
         on_lines = progress.observing(on_lines)
+        if watching is not None:
+            watching(progress)
     try:
         if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
             storage = spec.run.storage
@@ -226,6 +241,9 @@ def run_node(
                 env[envnames.STACK_FILE] = stack_file(workdir_path, spec.global_rank(local_rank))
                 env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
                 env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
+                # torch's Flight Recorder: what each rank's collectives were, for a stall
+                for name in (envnames.FR_BUFFER_SIZE, envnames.NCCL_TRACE_BUFFER_SIZE):
+                    env.setdefault(name, str(FLIGHT_RECORDER_ENTRIES))
             fds: tuple[int, ...] = ()
             if reports is not None:
                 fds = reports.open(spec.global_rank(local_rank))

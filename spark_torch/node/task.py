@@ -26,6 +26,7 @@ from spark_torch.failure_reports import FailureReport, encode_report
 from spark_torch.lines import RankOutput
 from spark_torch.node import result_transfer
 from spark_torch.node.host import NodeProblem, host_node, host_of
+from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.storage_check import storage_hello, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
@@ -143,6 +144,15 @@ class BarrierIO:
         channel = self.channel
         if channel is not None and channel.usable:
             channel.send_progress(stacks)
+
+    def trace(self, rank: int, data: bytes) -> None:
+        channel = self.channel
+        if channel is not None and channel.usable:
+            channel.send_trace(rank, data)
+
+    def watching(self, watch: ProgressWatch) -> None:
+        if self.channel is not None:
+            self.channel.on_trace_request = watch.request_traces
 
     # the task's own ends
     def channel_error(self) -> str | None:

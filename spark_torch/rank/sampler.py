@@ -7,6 +7,8 @@ reads half a sample): ``seq`` grows with every sample (a node that sees it stand
 rank is not answering: a native call holding the GIL), ``moved`` with every sample whose
 position differs from the one before (a frame, a line, the bytecode offset of the innermost frame,
 or a report() call). The launcher's own frames (this package's rank entry, runpy) are left out.
+When the node asks (a stall), it also writes torch's Flight Recorder record of the collectives
+still in flight (:func:`trace_path`), if the rank uses torch.distributed.
 """
 
 from __future__ import annotations
@@ -21,9 +23,23 @@ from types import FrameType
 from typing import Any
 
 from spark_torch import envnames
-from spark_torch.stacks import MAX_STACK_CHARS, progress_count
+from spark_torch.stacks import MAX_STACK_CHARS, progress_count, trace_path, trace_request_path
 
 __all__ = ["start_sampler"]
+
+
+def _flight_recorder_trace() -> bytes | None:
+    """torch's Flight Recorder record of the collectives still in flight in this process, as
+    JSON, or None: torch.distributed not in use, or a torch without the recorder."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return None
+    c10d = sys.modules["torch"]._C._distributed_c10d
+    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
+    if dump is None:
+        return None
+    data = dump(True, True)  # the collectives, only those still active
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data) if data else None
 
 #: where the launcher's frames end: the rank entry's ``main`` (then runpy's, for a script)
 _ENTRY_DIR = os.path.join("spark_torch", "rank", "")
@@ -64,6 +80,8 @@ class _Sampler:
         self.seq = 0
         self.moved = 0
         self.position: Any = None
+        #: the trace request last served (its file's mtime)
+        self.served: int | None = None
 
     def sample(self) -> None:
         frame = sys._current_frames().get(self.main_id)
@@ -84,13 +102,33 @@ class _Sampler:
             json.dump(record, fh)
         os.replace(temporary, self.path)
 
+    def serve_trace_request(self) -> None:
+        """The node asked for this rank's Flight Recorder trace (a stall): write it next to the
+        stack file, once per request."""
+        request = trace_request_path(self.path)
+        try:
+            asked = os.stat(request).st_mtime_ns
+        except OSError:
+            return
+        if asked == self.served:
+            return
+        self.served = asked
+        data = _flight_recorder_trace()
+        if data is None:
+            return
+        temporary = f"{self.path}.{os.getpid()}.trace.tmp"
+        with open(temporary, "wb") as fh:
+            fh.write(data)
+        os.replace(temporary, trace_path(self.path))
+
     def loop(self) -> None:
         while True:
             time.sleep(self.interval)  # first after one interval: not inside start_sampler()
-            try:
-                self.sample()
-            except Exception:  # noqa: BLE001 - a sampler must never disturb the rank (shutdown, full disk)
-                pass
+            for step in (self.sample, self.serve_trace_request):
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - a sampler must never disturb the rank (shutdown, full disk)
+                    pass
 
 
 def start_sampler(environ: dict[str, str] | None = None) -> bool:
