@@ -15,7 +15,15 @@ from spark_torch.version import __version__
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
     from spark_torch.driver.distributor import Distributor
-    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, Checkpoint, RunResult, load_run
+    from spark_torch.driver.result import (
+        AttemptEnd,
+        AttemptReason,
+        AttemptRecord,
+        RunResult,
+        RunSummary,
+        list_runs,
+        load_run,
+    )
     from spark_torch.driver.torch_distributor import TorchDistributor
     from spark_torch.errors import (
         ClusterConfigurationError,
@@ -29,7 +37,9 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         RunTimeoutError,
         SparkTorchError,
     )
+    from spark_torch.rank.prepare import init_process_group, prepare_data_loader, prepare_model
     from spark_torch.reporting.api import get_checkpoint, report
+    from spark_torch.reporting.checkpoint import Checkpoint
 
 #: where each public name lives; imported on first access (module ``__getattr__``, PEP 562)
 _HOMES = {
@@ -37,11 +47,16 @@ _HOMES = {
     "TorchDistributor": "spark_torch.driver.torch_distributor",
     "DeepspeedTorchDistributor": "spark_torch.driver.deepspeed",
     "RunResult": "spark_torch.driver.result",
-    "Checkpoint": "spark_torch.driver.result",
+    "Checkpoint": "spark_torch.reporting.checkpoint",
     "AttemptRecord": "spark_torch.driver.result",
     "AttemptEnd": "spark_torch.driver.result",
     "AttemptReason": "spark_torch.driver.result",
     "load_run": "spark_torch.driver.result",
+    "list_runs": "spark_torch.driver.result",
+    "RunSummary": "spark_torch.driver.result",
+    "init_process_group": "spark_torch.rank.prepare",
+    "prepare_model": "spark_torch.rank.prepare",
+    "prepare_data_loader": "spark_torch.rank.prepare",
     "report": "spark_torch.reporting.api",
     "get_checkpoint": "spark_torch.reporting.api",
     "SparkTorchError": "spark_torch.errors",
@@ -66,6 +81,11 @@ __all__ = [
     "AttemptEnd",
     "AttemptReason",
     "load_run",
+    "list_runs",
+    "RunSummary",
+    "init_process_group",
+    "prepare_model",
+    "prepare_data_loader",
     "report",
     "get_checkpoint",
     "SparkTorchError",
