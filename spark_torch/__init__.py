@@ -15,15 +15,8 @@ from spark_torch.version import __version__
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
     from spark_torch.driver.distributor import Distributor
-    from spark_torch.driver.result import (
-        AttemptEnd,
-        AttemptReason,
-        AttemptRecord,
-        RunResult,
-        RunSummary,
-        list_runs,
-        load_run,
-    )
+    from spark_torch.driver.past_runs import RunSummary, list_runs
+    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult, load_run
     from spark_torch.driver.torch_distributor import TorchDistributor
     from spark_torch.errors import (
         ClusterConfigurationError,
@@ -52,8 +45,8 @@ _HOMES = {
     "AttemptEnd": "spark_torch.driver.result",
     "AttemptReason": "spark_torch.driver.result",
     "load_run": "spark_torch.driver.result",
-    "list_runs": "spark_torch.driver.result",
-    "RunSummary": "spark_torch.driver.result",
+    "list_runs": "spark_torch.driver.past_runs",
+    "RunSummary": "spark_torch.driver.past_runs",
     "init_process_group": "spark_torch.rank.prepare",
     "prepare_model": "spark_torch.rank.prepare",
     "prepare_data_loader": "spark_torch.rank.prepare",

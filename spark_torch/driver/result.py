@@ -1,6 +1,6 @@
 """What a ``run()`` produced (:class:`RunResult`, ``distributor.last_run``), its checkpoints
-(:class:`Checkpoint`), a past run opened from its storage (:func:`load_run`,
-``RunResult.from_path``), and the runs a storage holds (:func:`list_runs`).
+(:class:`Checkpoint`), and a past run opened from its storage (:func:`load_run`,
+``RunResult.from_path``).
 
 The names follow Ray Train's ``Result`` where they mean the same thing: ``metrics`` is the last
 reported metrics dict, ``metrics_dataframe`` the whole history, ``checkpoint`` the latest
@@ -18,7 +18,7 @@ from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_MARKER, RunStorage, best, run_ids, split_run_path
 
-__all__ = ["RunResult", "Checkpoint", "load_run", "list_runs", "RunSummary", "AttemptEnd", "AttemptReason", "AttemptRecord"]
+__all__ = ["RunResult", "Checkpoint", "load_run", "AttemptEnd", "AttemptReason", "AttemptRecord"]
 
 
 class AttemptEnd(str, enum.Enum):
@@ -190,80 +190,6 @@ def _not_a_run(path: str, options: dict[str, Any] | None) -> str:
     example = os.path.join(path, runs[0]) if "://" not in path else f"{path.rstrip('/')}/{runs[0]}"
     shown = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
     return text + f"; it is a storage holding the runs {shown}: pass one run's directory, e.g. {example!r}"
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One past run, as :func:`list_runs` and ``spark-torch runs`` show it (read from its storage).
-
-    Attributes:
-        run_id: the run's id.
-        path: the run's directory (``RunResult.from_path(path)`` opens it whole).
-        started: when its first attempt started (Unix seconds); for runs whose storage holds no
-            attempt log, the time of the first reported step; None when neither is there.
-        attempts: the attempts started, over every ``run()`` call with this ``run_id``
-            (restarts included); None when the storage holds no attempt log.
-        world_size: the ranks of the latest attempt (None: unknown).
-        steps: the steps reported.
-        metrics: the last reported metrics (with ``step``, ``time``, ``attempt``, ``world_size``).
-        checkpoint: the latest complete checkpoint, or None.
-        best_checkpoint: the best kept checkpoint by ``checkpoint_score_attribute`` (without
-            one: the latest), or None.
-        attempt_log: one dict per attempt started, oldest first: ``attempt`` (0 for the first
-            of a ``run()`` call, then its restarts), ``world_size``, ``nodes``, ``time``.
-    """
-
-    run_id: str
-    path: str
-    started: float | None
-    attempts: int | None
-    world_size: int | None
-    steps: int
-    metrics: dict[str, Any]
-    checkpoint: Checkpoint | None
-    best_checkpoint: Checkpoint | None
-    attempt_log: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def _read(cls, storage: RunStorage, score: str | None, order: str) -> RunSummary:
-        history = storage.history()
-        log = storage.attempts()
-        complete, _ = storage.checkpoints()
-        ranked = best(complete, score, order)
-        last = dict(history[-1]) if history else {}
-        started = log[0].get("time") if log else (history[0].get("time") if history else None)
-        world_size = log[-1].get("world_size") if log else last.get("world_size")
-        return cls(
-            run_id=storage.run_id,
-            path=storage.url,
-            started=float(started) if isinstance(started, (int, float)) else None,
-            attempts=len(log) if log else None,
-            world_size=world_size if isinstance(world_size, int) else None,
-            steps=len(history),
-            metrics=last,
-            checkpoint=Checkpoint._of(complete[-1], storage.options) if complete else None,
-            best_checkpoint=Checkpoint._of(ranked[0], storage.options) if ranked else None,
-            attempt_log=log,
-        )
-
-
-def list_runs(
-    storage_path: str | os.PathLike[str] | None = None,
-    *,
-    storage_options: dict[str, Any] | None = None,
-    checkpoint_score_attribute: str | None = None,
-    checkpoint_score_order: str = "max",
-) -> list[RunSummary]:
-    """The runs kept under ``storage_path`` (default ``~/spark_torch_runs``), newest first, as
-    :class:`RunSummary` (``spark-torch runs`` prints the same). ``checkpoint_score_attribute``
-    and ``checkpoint_score_order`` choose each run's ``best_checkpoint``, as in ``Distributor``.
-    A storage that does not exist holds no runs."""
-    base = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE
-    summaries = [
-        RunSummary._read(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order)
-        for run_id in run_ids(base, storage_options)
-    ]
-    return sorted(summaries, key=lambda s: (s.started is not None, s.started or 0.0, s.run_id), reverse=True)
 
 
 def load_run(
