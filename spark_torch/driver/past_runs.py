@@ -158,4 +158,5 @@ def summary_json(summary: RunSummary) -> dict[str, Any]:
     for key in ("checkpoint", "best_checkpoint"):
         checkpoint = getattr(summary, key)
         data[key] = None if checkpoint is None else {"path": checkpoint.path, "step": checkpoint.step, "metrics": checkpoint.metrics}
-    return json.loads(json.dumps(data, default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return plain

@@ -12,8 +12,10 @@
             for x, y in loader:                               # this rank's share, on its device
                 ...
 
-Plain ``torch.distributed`` works as well (every rank has torchrun's environment); these are
-conveniences over it, nothing more. The rank's device is ``cuda:LOCAL_RANK`` when CUDA is
+``prepare_model`` and ``prepare_data_loader`` join the process group themselves when the
+world has more than one rank; call ``init_process_group()`` first when you use
+``torch.distributed`` before them. Plain ``torch.distributed`` works as well (every rank has
+torchrun's environment); these are conveniences over it, nothing more. The rank's device is ``cuda:LOCAL_RANK`` when CUDA is
 available and this rank has a GPU (``LOCAL_RANK`` < the GPUs it sees), else the CPU. torch is
 imported inside the functions: importing this module costs nothing.
 """
@@ -95,7 +97,8 @@ def prepare_data_loader(loader: Any) -> DeviceLoader:
     wrapper calls ``set_epoch`` at each new iteration) with the same ``batch_size``,
     ``num_workers``, ``collate_fn``, ``drop_last``, ``pin_memory`` and worker settings. A loader
     that already has a ``DistributedSampler``, or over an ``IterableDataset`` (which shards
-    itself), is kept as it is.
+    itself), is kept as it is. Joins the process group first (:func:`init_process_group`) if
+    the rank has not.
 
     Returns:
         an iterable with ``len()``; the ``DataLoader`` is its ``loader`` attribute, and its other
@@ -115,7 +118,8 @@ def prepare_data_loader(loader: Any) -> DeviceLoader:
                 "between ranks here; build it with batch_size= (and shuffle=), or give each rank its share yourself "
                 "(e.g. a DistributedSampler inside your batch sampler)"
             )
-        sampler = DistributedSampler(loader.dataset, shuffle=isinstance(loader.sampler, RandomSampler), drop_last=loader.drop_last)
+        init_process_group()  # the sampler asks the group for this rank and the world size
+        sampler: Any = DistributedSampler(loader.dataset, shuffle=isinstance(loader.sampler, RandomSampler), drop_last=loader.drop_last)
         options: dict[str, Any] = {
             "batch_size": loader.batch_size,
             "sampler": sampler,
