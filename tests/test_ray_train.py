@@ -129,3 +129,28 @@ def test_run_result_from_the_run_directory_alone(tmp_path: Path, no_leftovers: N
         RunResult.from_path(tmp_path)  # the storage, not a run
     with pytest.raises(FileNotFoundError, match=r"not a run's directory.*pass the run's own directory \(STORAGE/RUN_ID"):
         RunResult.from_path(tmp_path / "nothing-here")
+
+
+def test_the_ray_train_page_names_what_exists() -> None:
+    """docs/ray-train.md: every spark_torch name and Distributor keyword in its table exists, and
+    the table covers the Ray Train names a migrating user looks for."""
+    import importlib
+    import inspect
+    import re
+
+    page = (ROOT / "docs" / "ray-train.md").read_text(encoding="utf-8")
+    rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    ray_column = " ".join(row[0] for row in rows)
+    for name in ("TorchTrainer", "ScalingConfig", "RunConfig", "FailureConfig", "train_loop_config", "ray.train.report",
+                 "get_checkpoint", "Checkpoint.from_directory", "as_directory", "Result.from_path", "get_dataset_shard",
+                 "prepare_model", "prepare_data_loader"):  # fmt: skip
+        assert name in ray_column, name
+    ours = " ".join(row[1] for row in rows[1:])
+    for dotted in set(re.findall(r"spark_torch(?:\.\w+)+", ours)):
+        parts = dotted.split(".")
+        target: Any = importlib.import_module("spark_torch")
+        for index, part in enumerate(parts[1:], start=1):
+            target = getattr(target, part) if hasattr(target, part) else importlib.import_module(".".join(parts[: index + 1]))
+    keywords = set(inspect.signature(Distributor.__init__).parameters) | set(inspect.signature(spark_torch.report).parameters)
+    used = set(re.findall(r"(\w+)=", ours)) - {"init_method"}
+    assert used <= keywords, used - keywords
