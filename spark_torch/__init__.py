@@ -15,7 +15,8 @@ from spark_torch.version import __version__
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
     from spark_torch.driver.distributor import Distributor
-    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, Checkpoint, RunResult
+    from spark_torch.driver.past_runs import RunSummary, list_runs
+    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
     from spark_torch.driver.torch_distributor import TorchDistributor
     from spark_torch.errors import (
         ClusterConfigurationError,
@@ -29,7 +30,9 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         RunTimeoutError,
         SparkTorchError,
     )
+    from spark_torch.rank.prepare import init_process_group, prepare_data_loader, prepare_model
     from spark_torch.reporting.api import get_checkpoint, report
+    from spark_torch.reporting.checkpoint import Checkpoint
     from spark_torch.spec import LaunchPlan
 
 #: where each public name lives; imported on first access (module ``__getattr__``, PEP 562)
@@ -38,11 +41,16 @@ _HOMES = {
     "TorchDistributor": "spark_torch.driver.torch_distributor",
     "DeepspeedTorchDistributor": "spark_torch.driver.deepspeed",
     "RunResult": "spark_torch.driver.result",
-    "Checkpoint": "spark_torch.driver.result",
+    "Checkpoint": "spark_torch.reporting.checkpoint",
     "AttemptRecord": "spark_torch.driver.result",
     "AttemptEnd": "spark_torch.driver.result",
     "AttemptReason": "spark_torch.driver.result",
     "LaunchPlan": "spark_torch.spec",
+    "list_runs": "spark_torch.driver.past_runs",
+    "RunSummary": "spark_torch.driver.past_runs",
+    "init_process_group": "spark_torch.rank.prepare",
+    "prepare_model": "spark_torch.rank.prepare",
+    "prepare_data_loader": "spark_torch.rank.prepare",
     "report": "spark_torch.reporting.api",
     "get_checkpoint": "spark_torch.reporting.api",
     "SparkTorchError": "spark_torch.errors",
@@ -67,6 +75,11 @@ __all__ = [
     "AttemptEnd",
     "AttemptReason",
     "LaunchPlan",
+    "list_runs",
+    "RunSummary",
+    "init_process_group",
+    "prepare_model",
+    "prepare_data_loader",
     "report",
     "get_checkpoint",
     "SparkTorchError",

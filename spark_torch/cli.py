@@ -1,4 +1,4 @@
-"""The ``spark-torch`` command: ``run`` a training script, ``doctor`` a cluster.
+"""The ``spark-torch`` command: ``run`` a training script, ``doctor`` a cluster, list past ``runs``.
 
 Command-line text becomes the same :class:`~spark_torch.Distributor` call the Python API
 makes; nothing here launches processes by itself.
@@ -27,6 +27,8 @@ examples:
   spark-torch run --distributed --master spark://host:7077 --conf spark.task.cpus=4 \\
       --env NCCL_SOCKET_IFNAME=eth0 --timeout 3600 -n 8 train.py
   spark-torch doctor --master spark://host:7077
+  spark-torch runs ~/spark_torch_runs
+  spark-torch runs show RUN_ID --storage ~/spark_torch_runs
 """
 
 EXIT_USAGE = 2
@@ -141,6 +143,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check versions on the driver and executors, slots, GPUs, TLS, and a 2-rank gloo all_reduce.",
     )
     _spark_options(doctor)
+
+    runs = commands.add_parser(
+        "runs",
+        help="list the runs kept in a storage, or show one",
+        description="runs [STORAGE]: one line per run kept in STORAGE (default ~/spark_torch_runs), newest "
+        "first: its id, start, attempts, world size, steps, last metrics and best checkpoint. "
+        "runs show RUN_ID [--storage STORAGE]: one run in full (every attempt, every kept checkpoint).",
+    )
+    runs.add_argument("words", nargs="*", metavar="STORAGE | show RUN_ID",
+                      help="a storage directory or URL to list; or show and a run's id")
+    runs.add_argument("--storage", default=None, metavar="DIR_OR_URL",
+                      help="the storage of runs show (default ~/spark_torch_runs)")
+    runs.add_argument("--checkpoint-score", default=None, metavar="METRIC[:min]",
+                      help="the best checkpoint is the one with the highest METRIC (METRIC:min: lowest); default: the latest")
+    runs.add_argument("--storage-options", default=None, metavar="JSON|@FILE",
+                      help=f"fsspec options of the storage, as for run (default: ${envnames.STORAGE_OPTIONS})")
+    runs.add_argument("--json", action="store_true", help="print JSON (a list of runs, or one run)")
     return parser
 
 
@@ -235,6 +254,58 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs(args: argparse.Namespace) -> int:
+    """``spark-torch runs [STORAGE]`` and ``spark-torch runs show RUN_ID [--storage STORAGE]``."""
+    from spark_torch.driver.past_runs import list_runs, read_summary, run_details, runs_table, summary_json
+    from spark_torch.driver.result import RunResult
+    from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage
+
+    words = list(args.words)
+    show = words[:1] == ["show"]
+    if (show and len(words) != 2) or (not show and len(words) > 1):
+        print("spark-torch runs: error: give one STORAGE to list, or show RUN_ID (a storage named show: ./show)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if not show and words and args.storage is not None:
+        print("spark-torch runs: error: give the storage once: runs STORAGE, or runs --storage STORAGE", file=sys.stderr)
+        return EXIT_USAGE
+    score, _, order = (args.checkpoint_score or "").partition(":")
+    try:
+        options = None
+        if args.storage_options is not None:
+            options = _storage_options(args.storage_options, "--storage-options")
+        elif envnames.STORAGE_OPTIONS in os.environ:
+            options = _storage_options(os.environ[envnames.STORAGE_OPTIONS], envnames.STORAGE_OPTIONS)
+        if order not in ("", "min", "max"):
+            raise ValueError(f"--checkpoint-score {args.checkpoint_score}: write METRIC, METRIC:max or METRIC:min")
+        if not show:
+            base = words[0] if words else (args.storage or DEFAULT_STORAGE)
+            summaries = list_runs(base, storage_options=options, checkpoint_score_attribute=score or None,
+                                  checkpoint_score_order=order or "max")
+            if args.json:
+                print(json.dumps([summary_json(s) for s in summaries], indent=2))
+            elif summaries:
+                print(runs_table(summaries))
+            else:
+                print(f"spark-torch: no runs in {base}", file=sys.stderr)
+            return 0
+        base = args.storage or DEFAULT_STORAGE
+        result = RunResult.from_path(base, words[1], storage_options=options,
+                                     checkpoint_score_attribute=score or None, checkpoint_score_order=order or "max")
+        summary = read_summary(RunStorage(base, words[1], options), score or None, order or "max")
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, ImportError) as exc:
+        print(_paragraph(str(exc)), file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        data = summary_json(summary)
+        data["checkpoints"] = [{"path": c.path, "step": c.step, "metrics": c.metrics} for c, _ in result.best_checkpoints]
+        data["history"] = result.history
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(run_details(summary, [c for c, _ in result.best_checkpoints]))
+    return 0
+
+
 def _stack_dumps_on_sigusr1() -> None:
     """``kill -USR1 <pid>`` prints every thread's stack to stderr (for a run that seems stuck)."""
     import faulthandler
@@ -266,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (LaunchError, ImportError) as exc:
             print(_paragraph(str(exc)), file=sys.stderr)
             return 1
+    if args.command == "runs":
+        return _runs(args)
     parser.print_help()
-    print(textwrap.dedent("\nerror: choose a command: run or doctor"), file=sys.stderr)
+    print(textwrap.dedent("\nerror: choose a command: run, doctor or runs"), file=sys.stderr)
     return EXIT_USAGE

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import ConfigurationError, Distributor, RunResult
+from spark_torch import ConfigurationError, Distributor, RunResult, list_runs
 from spark_torch.driver.config import DistributorConfig
 
 from .conftest import SCRIPTS
@@ -75,6 +75,13 @@ def test_checkpoints_kill_resume_prune_on_s3(s3: dict[str, Any], spark_session: 
     assert sorted(p.name for p in Path(local).iterdir()) == [".spark_torch", "state.pt"]
     again = RunResult.from_path("s3://runs/team", result.run_id, storage_options=s3["options"])
     assert again.checkpoint is not None and again.checkpoint.step == 8 and again.metrics["step"] == 8
+    by_dir = RunResult.from_path(f"s3://runs/team/{result.run_id}", storage_options=s3["options"])
+    assert by_dir.history == again.history and by_dir.path == f"s3://runs/team/{result.run_id}"
+    (listed,) = [r for r in list_runs("s3://runs/team", storage_options=s3["options"]) if r.run_id == result.run_id]
+    assert listed.attempts == 2 and listed.world_size == 2 and listed.steps == 8  # the attempt log, appended in S3
+    with result.checkpoint.as_directory() as directory:  # downloaded, then removed
+        assert sorted(os.listdir(directory)) == [".spark_torch", "state.pt"]
+    assert not os.path.exists(directory)
     # the credentials reach the ranks in a 0600 file, not in their environment
     assert Distributor(num_processes=1, storage_path="s3://runs/team", storage_options=s3["options"]).run(environment_has, SECRET) is False
 

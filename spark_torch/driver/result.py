@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import enum
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.reporting.storage import DEFAULT_STORAGE, CheckpointInfo, RunStorage, best, options_withheld
+from spark_torch.reporting.checkpoint import Checkpoint
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_MARKER, RunStorage, best, run_ids, split_run_path
 
 __all__ = ["RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord"]
 
@@ -78,51 +78,6 @@ class AttemptRecord:
         if self.detail:
             text += f": {self.detail}"
         return text
-
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A persisted checkpoint of a run: the files the ranks passed to ``report(checkpoint=...)``.
-
-    ``path`` is a local directory, or a URL for object storage; ``str(checkpoint)`` and
-    ``os.fspath(checkpoint)`` give it too. :meth:`to_directory` always gives a local directory.
-    """
-
-    path: str
-    step: int
-    #: the metrics reported with it (rank 0's, plus ``step``, ``time``, ``attempt``, ``world_size``)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    def __fspath__(self) -> str:
-        return self.path
-
-    def __str__(self) -> str:
-        return self.path
-
-    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
-        """A local directory with the checkpoint's files: the checkpoint itself when it is local
-        and no ``path`` is given, else a copy in ``path`` (default: a new temporary directory)."""
-        local = "://" not in self.path
-        if local and path is None:
-            return self.path
-        target = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
-        if local:
-            import shutil
-
-            shutil.copytree(self.path, target, dirs_exist_ok=True)
-            return target
-        from fsspec.core import url_to_fs
-
-        with options_withheld(self.storage_options):
-            fs, root = url_to_fs(self.path, **self.storage_options)
-            fs.get(root.rstrip("/") + "/", target.rstrip("/") + "/", recursive=True)
-        return target
-
-    @classmethod
-    def _of(cls, info: CheckpointInfo, options: dict[str, Any]) -> Checkpoint:
-        return cls(path=info.url, step=info.step, metrics=dict(info.metrics), storage_options=dict(options))
 
 
 @dataclass
@@ -195,19 +150,46 @@ class RunResult:
     def from_path(
         cls,
         storage_path: str | os.PathLike[str],
-        run_id: str,
+        run_id: str | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
         checkpoint_score_attribute: str | None = None,
         checkpoint_score_order: str = "max",
     ) -> RunResult:
-        """A past run, opened from its storage (its history and checkpoints; no value)."""
-        storage = RunStorage(os.fspath(storage_path), run_id, storage_options)
-        if not storage.exists():
-            raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
+        """A past run, opened from its storage (its history and checkpoints; no value).
+
+        ``RunResult.from_path(run_dir)`` takes the run's own directory (``STORAGE/RUN_ID``, what
+        ``RunResult.path`` says; Ray Train's ``Result.from_path``); ``from_path(storage_path,
+        run_id)`` the storage and the run's id.
+
+        Raises:
+            FileNotFoundError: no run there (the message lists the runs when ``run_dir`` is a
+                storage directory).
+        """
+        text = os.fspath(storage_path)
+        if run_id is None:
+            base, run_id = split_run_path(text)
+            storage = RunStorage(base, run_id, storage_options)
+            if not run_id or not storage.is_run():
+                raise FileNotFoundError(_not_a_run(text, storage_options))
+        else:
+            storage = RunStorage(text, run_id, storage_options)
+            if not storage.exists():
+                raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         result = cls(run_id=run_id)
         result._collect(storage, checkpoint_score_attribute, checkpoint_score_order)
         return result
+
+
+def _not_a_run(path: str, options: dict[str, Any] | None) -> str:
+    """Why ``RunResult.from_path(path)`` found no run, and what to pass instead."""
+    text = f"RunResult.from_path({path!r}): not a run's directory (no {RUN_MARKER} in it)"
+    runs = run_ids(path, options)
+    if not runs:
+        return text + "; pass the run's own directory (STORAGE/RUN_ID, what RunResult.path says), or (storage_path, run_id)"
+    example = os.path.join(path, runs[0]) if "://" not in path else f"{path.rstrip('/')}/{runs[0]}"
+    shown = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
+    return text + f"; it is a storage holding the runs {shown}: pass one run's directory, e.g. {example!r}"
 
 
 def load_run(

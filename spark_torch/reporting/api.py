@@ -26,6 +26,7 @@ local and distributed mode. This module imports neither torch nor pyspark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
@@ -148,7 +149,8 @@ class _Reporter:
         with self._lock:
             step = self.step + 1
             if checkpoint is not None:
-                self.storage().upload(os.fspath(checkpoint), step)
+                with _local_directory(checkpoint) as directory:
+                    self.storage().upload(directory, step)
             message = {"step": step, "metrics": metrics if self.rank == 0 else None, "checkpoint": checkpoint is not None}
             self._out.write(json.dumps(message) + "\n")
             self._out.flush()
@@ -172,6 +174,16 @@ class _Reporter:
             return dict(reply)
 
 
+def _local_directory(checkpoint: str | os.PathLike[str]) -> contextlib.AbstractContextManager[str]:
+    """The local directory of ``checkpoint``: a path as it is; a :class:`Checkpoint` through
+    ``as_directory()`` (a remote one is downloaded for the upload, then removed)."""
+    from spark_torch.reporting.checkpoint import Checkpoint
+
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint.as_directory()
+    return contextlib.nullcontext(os.fspath(checkpoint))
+
+
 _reporter: _Reporter | None = None
 _reporter_lock = threading.Lock()
 
@@ -180,8 +192,10 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
     """Record ``metrics`` (rank 0's are kept, with a ``step``) and persist ``checkpoint``.
 
     A collective: every rank calls it the same number of times. ``checkpoint`` is a local
-    directory this rank wrote (any rank may pass one: sharded saves, where each rank writes
-    its own files, merge into one checkpoint; files with the same name: the last writer wins).
+    directory this rank wrote, as a path or a :class:`~spark_torch.Checkpoint`
+    (``Checkpoint.from_directory(d)``, as in Ray Train). Any rank may pass one: sharded saves,
+    where each rank writes its own files, merge into one checkpoint; files with the same name:
+    the last writer wins.
     Returns once everything is persisted on every rank. Metric values are numbers, strings,
     booleans or None (0-d tensors and numpy scalars are converted).
 

@@ -1,5 +1,7 @@
 """Driver side of :func:`spark_torch.report`: once every node reported step N, persist it.
 
+The coordinator of an attempt also notes in the run's storage that the attempt started.
+
 Persisting step N: mark its checkpoint complete (the manifest, written after every rank's
 files), prune old checkpoints (``keep_checkpoints``), append rank 0's metrics row to the run's
 metrics log, hand the row to the live view and MLflow, then answer every node. A failure to
@@ -60,6 +62,11 @@ class ReportCoordinator:
         self._steps: queue.Queue[tuple[int, dict[int, dict[str, Any]]] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._persist_loop, name="spark-torch-report-persist", daemon=True)
         self._thread.start()
+        if storage is not None:  # the run's record of its attempts (``spark-torch runs``)
+            try:
+                storage.record_attempt(attempt, world_size, nodes)
+            except Exception as exc:  # noqa: BLE001 - a missing line in a listing must not stop training
+                logger.warning("spark_torch: could not record attempt %d in %s: %s", attempt, storage.url, exc)
 
     def node_report(self, node: int, report: Any) -> None:
         """A node's report of one step (from the channel or the local node runner)."""

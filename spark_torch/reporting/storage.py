@@ -8,6 +8,9 @@ Layout of one run::
                                                     the step's metrics): a checkpoint without
                                                     it is incomplete
     STORAGE/RUN_ID/metrics.jsonl                    one JSON row per report() of rank 0
+    STORAGE/RUN_ID/attempts.jsonl                   one JSON row per attempt started (its
+                                                    number, world size, nodes, time)
+    STORAGE/RUN_ID/.spark_torch_run                 the marker of a run's directory
 
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
 half-written "latest" checkpoint. On a local (or mounted) filesystem the ranks' files and the
@@ -32,11 +35,12 @@ from typing import Any
 
 __all__ = [
     "RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "best",
-    "options_withheld",
+    "options_withheld", "run_ids", "split_run_path",
 ]
 
 MANIFEST = ".spark_torch"
 METRICS = "metrics.jsonl"
+ATTEMPTS = "attempts.jsonl"
 #: written by the driver when a run() starts: ranks check they see the same storage
 RUN_MARKER = ".spark_torch_run"
 #: where runs go when ``storage_path`` is not given
@@ -186,6 +190,39 @@ def best(checkpoints: list[CheckpointInfo], score: str | None, order: str = "max
     return sorted(checkpoints, key=key)
 
 
+def split_run_path(path: str) -> tuple[str, str]:
+    """A run's own directory (``STORAGE/RUN_ID``, a path or URL) as ``(STORAGE, RUN_ID)``."""
+    if _is_local(path):
+        trimmed = os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+        return os.path.dirname(trimmed), os.path.basename(trimmed)
+    base, _, run_id = path.rstrip("/").rpartition("/")
+    return base, run_id
+
+
+def run_ids(base: str, options: Mapping[str, Any] | None = None) -> list[str]:
+    """The runs under the storage ``base`` (directories holding a run marker), by name; none
+    when ``base`` does not exist."""
+    base = local_base(base)
+    options = dict(options or {})
+    with options_withheld(options):
+        if _is_local(base):
+            root = os.path.expanduser(base)
+            try:
+                names = os.listdir(root)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            return sorted(n for n in names if os.path.isfile(os.path.join(root, n, RUN_MARKER)))
+        from fsspec.core import url_to_fs
+
+        fs, root = url_to_fs(base.rstrip("/"), **options)
+        try:
+            children = fs.ls(root, detail=False)
+        except FileNotFoundError:
+            return []
+        names = [posixpath.basename(str(c).rstrip("/")) for c in children]
+        return sorted(n for n in names if fs.exists(posixpath.join(root, n, RUN_MARKER)))
+
+
 class RunStorage:
     """The storage of one run (``base``/``run_id``). No error of its methods quotes a value of
     the storage options (:func:`options_withheld`)."""
@@ -241,6 +278,13 @@ class RunStorage:
         return bool(self.fs.exists(self._path()))
 
     @_withholding_options
+    def is_run(self) -> bool:
+        """Whether the run's directory holds a run's marker (a run of this id was started here)."""
+        if self.local:
+            return os.path.isfile(os.path.join(self.url, RUN_MARKER))
+        return bool(self.fs.exists(self._path(RUN_MARKER)))
+
+    @_withholding_options
     def visible(self, token: str) -> bool:
         """Whether this host sees the driver's run directory (the same ``token`` in its marker)."""
         try:
@@ -254,7 +298,7 @@ class RunStorage:
     @_withholding_options
     def remove_if_unused(self) -> bool:
         """Remove the run's directory if nothing but its marker is in it (a run that reported nothing)."""
-        if set(self._names()) - {RUN_MARKER}:
+        if set(self._names()) - {RUN_MARKER, ATTEMPTS}:
             return False
         if self.local:
             shutil.rmtree(self.url, ignore_errors=True)
@@ -399,44 +443,62 @@ class RunStorage:
             self.remove_checkpoint(step)
         return old
 
-    @_withholding_options
-    def history(self) -> list[dict[str, Any]]:
-        """Every reported step of the run, across attempts and ``run()`` calls with this run id:
-        one row per step (a step reported again after a restart: the newest row)."""
-        path = os.path.join(self.url, METRICS) if self.local else self._path(METRICS)
+    def _jsonl(self, name: str) -> list[dict[str, Any]]:
+        """The rows of one of the run's JSON-lines logs (a line cut short by a crash: skipped)."""
         try:
             if self.local:
-                with open(path, "rb") as fh:
+                with open(os.path.join(self.url, name), "rb") as fh:
                     raw = fh.read()
             else:
-                raw = self.fs.cat_file(path)
+                raw = self.fs.cat_file(self._path(name))
         except FileNotFoundError:
             return []
-        rows: dict[int, dict[str, Any]] = {}
+        rows = []
         for line in raw.decode("utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
             except ValueError:
-                continue  # a line cut short by a crash
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                rows[row["step"]] = row
-        return [rows[step] for step in sorted(rows)]
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
 
-    @_withholding_options
-    def append_metrics(self, row: dict[str, Any]) -> None:
-        """Append one row to the run's metrics log."""
+    def _append(self, name: str, row: Mapping[str, Any]) -> None:
         line = json.dumps(row, default=str) + "\n"
         if self.local:
-            with open(os.path.join(self.url, METRICS), "a", encoding="utf-8") as fh:
+            with open(os.path.join(self.url, name), "a", encoding="utf-8") as fh:
                 fh.write(line)
             return
-        path = self._path(METRICS)
+        path = self._path(name)
         try:
             with self.fs.open(path, "ab") as fh:
                 fh.write(line.encode("utf-8"))
         except (NotImplementedError, ValueError):  # object stores cannot append: rewrite
             old = self.fs.cat_file(path) if self.fs.exists(path) else b""
             self.fs.pipe_file(path, old + line.encode("utf-8"))
+
+    @_withholding_options
+    def record_attempt(self, attempt: int, world_size: int, nodes: int) -> None:
+        """Note that an attempt started (the driver, before its ranks start)."""
+        self._append(ATTEMPTS, {"attempt": attempt, "world_size": world_size, "nodes": nodes, "time": time.time()})
+
+    @_withholding_options
+    def attempts(self) -> list[dict[str, Any]]:
+        """One row per attempt started, oldest first: ``attempt`` (0 for the first of a ``run()``
+        call, then its restarts), ``world_size``, ``nodes``, ``time`` (Unix seconds)."""
+        return self._jsonl(ATTEMPTS)
+
+    @_withholding_options
+    def history(self) -> list[dict[str, Any]]:
+        """Every reported step of the run, across attempts and ``run()`` calls with this run id:
+        one row per step (a step reported again after a restart: the newest row)."""
+        rows = {row["step"]: row for row in self._jsonl(METRICS) if isinstance(row.get("step"), int)}
+        return [rows[step] for step in sorted(rows)]
+
+    @_withholding_options
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        """Append one row to the run's metrics log."""
+        self._append(METRICS, row)
 
     # nodes
     @_withholding_options

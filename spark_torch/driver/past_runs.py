@@ -1,0 +1,162 @@
+"""The runs a storage holds (:func:`list_runs`, ``spark-torch runs``): one :class:`RunSummary`
+per run, read from what its storage records (the attempt log, the metrics log, the
+checkpoints), and the text the command prints for them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spark_torch.reporting.api import RECORDED_KEYS
+from spark_torch.reporting.checkpoint import Checkpoint
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, best, run_ids
+
+__all__ = ["RunSummary", "list_runs", "read_summary", "runs_table", "run_details", "summary_json"]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One past run, as :func:`list_runs` and ``spark-torch runs`` show it (read from its storage).
+
+    Attributes:
+        run_id: the run's id.
+        path: the run's directory (``RunResult.from_path(path)`` opens it whole).
+        started: when its first attempt started (Unix seconds); for runs whose storage holds no
+            attempt log, the time of the first reported step; None when neither is there.
+        attempts: the attempts started, over every ``run()`` call with this ``run_id``
+            (restarts included); None when the storage holds no attempt log.
+        world_size: the ranks of the latest attempt (None: unknown).
+        steps: the steps reported.
+        metrics: the last reported metrics (with ``step``, ``time``, ``attempt``, ``world_size``).
+        checkpoint: the latest complete checkpoint, or None.
+        best_checkpoint: the best kept checkpoint by ``checkpoint_score_attribute`` (without
+            one: the latest), or None.
+        attempt_log: one dict per attempt started, oldest first: ``attempt`` (0 for the first
+            of a ``run()`` call, then its restarts), ``world_size``, ``nodes``, ``time``.
+    """
+
+    run_id: str
+    path: str
+    started: float | None
+    attempts: int | None
+    world_size: int | None
+    steps: int
+    metrics: dict[str, Any]
+    checkpoint: Checkpoint | None
+    best_checkpoint: Checkpoint | None
+    attempt_log: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_summary(storage: RunStorage, score: str | None = None, order: str = "max") -> RunSummary:
+    """The summary of the run in ``storage``; ``score``/``order`` choose its best checkpoint."""
+    history = storage.history()
+    log = storage.attempts()
+    complete, _ = storage.checkpoints()
+    ranked = best(complete, score, order)
+    last = dict(history[-1]) if history else {}
+    started = log[0].get("time") if log else (history[0].get("time") if history else None)
+    world_size = log[-1].get("world_size") if log else last.get("world_size")
+    return RunSummary(
+        run_id=storage.run_id,
+        path=storage.url,
+        started=float(started) if isinstance(started, (int, float)) else None,
+        attempts=len(log) if log else None,
+        world_size=world_size if isinstance(world_size, int) else None,
+        steps=len(history),
+        metrics=last,
+        checkpoint=Checkpoint._of(complete[-1], storage.options) if complete else None,
+        best_checkpoint=Checkpoint._of(ranked[0], storage.options) if ranked else None,
+        attempt_log=log,
+    )
+
+
+def list_runs(
+    storage_path: str | os.PathLike[str] | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    checkpoint_score_attribute: str | None = None,
+    checkpoint_score_order: str = "max",
+) -> list[RunSummary]:
+    """The runs kept under ``storage_path`` (default ``~/spark_torch_runs``), newest first, as
+    :class:`RunSummary` (``spark-torch runs`` prints the same). ``checkpoint_score_attribute``
+    and ``checkpoint_score_order`` choose each run's ``best_checkpoint``, as in ``Distributor``.
+    A storage that does not exist holds no runs."""
+    base = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE
+    summaries = [
+        read_summary(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order)
+        for run_id in run_ids(base, storage_options)
+    ]
+    return sorted(summaries, key=lambda s: (s.started is not None, s.started or 0.0, s.run_id), reverse=True)
+
+
+def _when(seconds: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds is not None else "-"
+
+
+def _metrics_text(metrics: dict[str, Any], limit: int | None = None) -> str:
+    """``name=value`` for the reported metrics (not the recorded keys), numbers to 4 digits."""
+    parts = [
+        f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+        for key, value in metrics.items()
+        if key not in RECORDED_KEYS
+    ]
+    if limit is not None and len(parts) > limit:
+        parts = parts[:limit] + ["..."]
+    return " ".join(parts) or "-"
+
+
+def _unknown(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def runs_table(summaries: list[RunSummary]) -> str:
+    """The table ``spark-torch runs`` prints: one line per run."""
+    header = ("RUN ID", "STARTED", "ATTEMPTS", "WORLD", "STEPS", "LAST METRICS", "BEST CHECKPOINT")
+    rows = [
+        (
+            s.run_id, _when(s.started), _unknown(s.attempts), _unknown(s.world_size), str(s.steps),
+            _metrics_text(s.metrics, limit=3), s.best_checkpoint.path if s.best_checkpoint else "-",
+        )
+        for s in summaries
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in [header, *rows]
+    )
+
+
+def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
+    """What ``spark-torch runs show`` prints: the summary, every attempt, the kept checkpoints."""
+    lines = [
+        f"run {summary.run_id}",
+        f"  path             {summary.path}",
+        f"  started          {_when(summary.started)}",
+        f"  attempts         {_unknown(summary.attempts)}",
+        f"  world size       {_unknown(summary.world_size)} (latest attempt)",
+        f"  steps            {summary.steps}",
+        f"  last metrics     {_metrics_text(summary.metrics)}",
+        f"  best checkpoint  {summary.best_checkpoint.path if summary.best_checkpoint else '-'}",
+    ]
+    if summary.attempt_log:
+        lines.append("attempts (0: the start of a run() call, then its restarts):")
+        for row in summary.attempt_log:
+            lines.append(
+                f"  {_when(row.get('time'))}  attempt {row.get('attempt')}: {row.get('world_size')} rank(s) on {row.get('nodes')} node(s)"
+            )
+    lines.append(f"checkpoints ({len(checkpoints)}, best first):" if checkpoints else "checkpoints: none")
+    for checkpoint in checkpoints:
+        lines.append(f"  step {checkpoint.step}  {checkpoint.path}  {_metrics_text(checkpoint.metrics)}")
+    return "\n".join(lines)
+
+
+def summary_json(summary: RunSummary) -> dict[str, Any]:
+    """A run's summary as plain JSON data (checkpoints as their paths)."""
+    data = asdict(summary)
+    for key in ("checkpoint", "best_checkpoint"):
+        checkpoint = getattr(summary, key)
+        data[key] = None if checkpoint is None else {"path": checkpoint.path, "step": checkpoint.step, "metrics": checkpoint.metrics}
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return plain

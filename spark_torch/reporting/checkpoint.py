@@ -1,0 +1,101 @@
+"""A checkpoint as an object (:class:`Checkpoint`): a persisted one of a run (``RunResult``),
+or a directory a rank wrote (:meth:`Checkpoint.from_directory`, as in Ray Train).
+
+Lives in the reporting layer so that a rank can use it without loading the driver; imports
+neither torch nor pyspark (fsspec only to fetch a remote checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_torch.reporting.storage import CheckpointInfo, options_withheld
+
+__all__ = ["Checkpoint"]
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint: the files the ranks passed to ``report(checkpoint=...)``, once persisted, or
+    a directory wrapped by :meth:`from_directory`.
+
+    ``path`` is a local directory, or a URL for object storage; ``str(checkpoint)`` and
+    ``os.fspath(checkpoint)`` give it too, so a checkpoint goes wherever a path does (``report``'s
+    ``checkpoint=`` among them). :meth:`to_directory` and :meth:`as_directory` always give a
+    local directory.
+    """
+
+    path: str
+    #: the step it was persisted at; 0 for a directory not (yet) persisted by a run
+    step: int = 0
+    #: the metrics reported with it (rank 0's, plus ``step``, ``time``, ``attempt``, ``world_size``)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __str__(self) -> str:
+        return self.path
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
+        """A checkpoint of the files in the local directory ``path`` (Ray Train's
+        ``Checkpoint.from_directory``); pass it to ``report(metrics, checkpoint=...)``.
+
+        Raises:
+            NotADirectoryError: ``path`` is not an existing local directory.
+        """
+        text = os.fspath(path)
+        if _is_remote(text) or not os.path.isdir(text):
+            raise NotADirectoryError(
+                f"Checkpoint.from_directory({text!r}): not a local directory; write the checkpoint's files "
+                "into a local directory (e.g. tempfile.TemporaryDirectory()) and pass that"
+            )
+        return cls(path=os.path.abspath(text))
+
+    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
+        """A local directory with the checkpoint's files: the checkpoint itself when it is local
+        and no ``path`` is given, else a copy in ``path`` (default: a new temporary directory,
+        which the caller removes)."""
+        local = not _is_remote(self.path)
+        if local and path is None:
+            return self.path
+        target = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
+        if local:
+            shutil.copytree(self.path, target, dirs_exist_ok=True)
+            return target
+        from fsspec.core import url_to_fs
+
+        with options_withheld(self.storage_options):
+            fs, root = url_to_fs(self.path, **self.storage_options)
+            fs.get(root.rstrip("/") + "/", target.rstrip("/") + "/", recursive=True)
+        return target
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """``with checkpoint.as_directory() as d:`` a local directory with the checkpoint's files
+        (Ray Train's ``as_directory``): the checkpoint itself when it is local (nothing is
+        copied; do not change it), else a temporary download removed when the block ends."""
+        if not _is_remote(self.path):
+            yield self.path
+            return
+        target = tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
+        try:
+            yield self.to_directory(target)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+
+    @classmethod
+    def _of(cls, info: CheckpointInfo, options: dict[str, Any]) -> Checkpoint:
+        return cls(path=info.url, step=info.step, metrics=dict(info.metrics), storage_options=dict(options))

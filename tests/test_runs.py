@@ -1,0 +1,108 @@
+"""Past runs: list_runs()/RunSummary and ``spark-torch runs`` / ``runs show`` over real runs
+that reported (local mode, storage in tmp_path); the command as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import spark_torch
+from spark_torch import Distributor
+
+from .ray_train_programs import report_losses
+
+CLI = [sys.executable, "-m", "spark_torch"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two runs: "steady" (2 ranks, 3 steps, one attempt, then resumed by a second run() call
+    that adds a step) and "restarted" (1 rank, whose first attempt fails after one step)."""
+    base = tmp_path_factory.mktemp("runs")
+    Distributor(num_processes=2, storage_path=base, run_id="steady", log_ranks=[]).run(report_losses, [0.9, 0.4, 0.6])
+    Distributor(num_processes=1, storage_path=base, run_id="restarted", max_restarts=1, log_ranks=[]).run(
+        report_losses, [0.8, 0.3], fail_attempts=1
+    )
+    Distributor(num_processes=2, storage_path=base, run_id="steady", log_ranks=[]).run(report_losses, [0.9, 0.4, 0.6, 0.5])
+    return base
+
+
+def test_list_runs(storage: Path) -> None:
+    runs = spark_torch.list_runs(storage, checkpoint_score_attribute="loss", checkpoint_score_order="min")
+    assert [r.run_id for r in runs] == ["restarted", "steady"]  # newest start first
+    restarted, steady = runs
+    assert restarted.attempts == 2 and restarted.world_size == 1 and restarted.steps == 2
+    assert [row["attempt"] for row in restarted.attempt_log] == [0, 1]
+    assert restarted.metrics["loss"] == 0.3 and restarted.metrics["step"] == 2
+    assert restarted.best_checkpoint is not None and restarted.best_checkpoint.step == 2
+    assert restarted.path == str(storage / "restarted")
+    assert steady.attempts == 2 and [row["attempt"] for row in steady.attempt_log] == [0, 0]  # two run() calls
+    assert steady.world_size == 2 and steady.steps == 4 and steady.metrics["loss"] == 0.5
+    assert steady.best_checkpoint is not None and steady.best_checkpoint.step == 2  # loss 0.4, the lowest
+    assert steady.checkpoint is not None and steady.checkpoint.step == 4
+    assert steady.started is not None and restarted.started is not None and steady.started < restarted.started
+    newest = spark_torch.list_runs(storage)[1].best_checkpoint  # without a score: the latest
+    assert newest is not None and newest.step == 4
+    assert spark_torch.list_runs(storage / "no-such-storage") == []
+
+
+def test_cli_runs_lists_the_runs(storage: Path) -> None:
+    done = cli("runs", str(storage), "--checkpoint-score", "loss:min")
+    assert done.returncode == 0, done.stderr
+    header, first, second = done.stdout.splitlines()
+    assert header.split()[:5] == ["RUN", "ID", "STARTED", "ATTEMPTS", "WORLD"] and "BEST CHECKPOINT" in header
+    assert first.split()[0] == "restarted" and first.split()[3:6] == ["2", "1", "2"]  # attempts, world, steps
+    assert "loss=0.3" in first and first.endswith(str(storage / "restarted" / "checkpoint_000002"))
+    assert second.split()[0] == "steady" and second.split()[3:6] == ["2", "2", "4"]
+    assert second.endswith(str(storage / "steady" / "checkpoint_000002"))
+    listed = json.loads(cli("runs", str(storage), "--json").stdout)
+    assert [r["run_id"] for r in listed] == ["restarted", "steady"] and listed[1]["checkpoint"]["step"] == 4
+
+
+def test_cli_runs_show(storage: Path) -> None:
+    done = cli("runs", "show", "restarted", "--storage", str(storage))
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert text.startswith("run restarted\n") and f"path             {storage / 'restarted'}" in text
+    assert "attempt 0: 1 rank(s) on 1 node(s)" in text and "attempt 1: 1 rank(s) on 1 node(s)" in text
+    assert "checkpoints (2, best first):" in text and "step 2  " + str(storage / "restarted" / "checkpoint_000002") in text
+    shown = json.loads(cli("runs", "show", "steady", "--storage", str(storage), "--json").stdout)
+    assert [row["step"] for row in shown["history"]] == [1, 2, 3, 4] and len(shown["checkpoints"]) == 4
+
+
+def test_cli_runs_errors(storage: Path, tmp_path: Path) -> None:
+    missing = cli("runs", "show", "nope", "--storage", str(storage))
+    assert missing.returncode == 2 and missing.stderr.startswith(f"spark-torch: error: no run 'nope' under {storage}")
+    assert "Traceback" not in missing.stderr
+    usage = cli("runs", "show")
+    assert usage.returncode == 2 and "give one STORAGE to list, or show RUN_ID" in usage.stderr
+    twice = cli("runs", str(storage), "--storage", str(storage))
+    assert twice.returncode == 2 and "give the storage once" in twice.stderr
+    empty = cli("runs", str(tmp_path))
+    assert empty.returncode == 0 and empty.stdout == "" and f"no runs in {tmp_path}" in empty.stderr
+    bad_score = cli("runs", str(storage), "--checkpoint-score", "loss:lowest")
+    assert bad_score.returncode == 2 and "write METRIC, METRIC:max or METRIC:min" in bad_score.stderr
+
+
+def test_a_run_without_an_attempt_log(storage: Path, tmp_path: Path) -> None:
+    """A run written before attempts were recorded: its start is its first report, its
+    attempts unknown (``-`` in the table)."""
+    import shutil
+
+    shutil.copytree(storage / "restarted", tmp_path / "old")
+    (tmp_path / "old" / "attempts.jsonl").unlink()
+    (old,) = spark_torch.list_runs(tmp_path)
+    first_row = json.loads((tmp_path / "old" / "metrics.jsonl").read_text().splitlines()[0])
+    assert old.attempts is None and old.attempt_log == [] and old.started == first_row["time"]
+    assert old.world_size == 1 and old.steps == 2
+    line = cli("runs", str(tmp_path)).stdout.splitlines()[1]
+    assert line.split()[0] == "old" and line.split()[3:6] == ["-", "1", "2"]
