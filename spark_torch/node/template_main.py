@@ -58,7 +58,7 @@ import sys
 import time
 from typing import Any
 
-from spark_torch.node.template_child import become_rank
+from spark_torch.node.template_child import become_rank, environ_slot
 from spark_torch.node.template_protocol import MAX_FDS, MAX_REQUEST, THREAD_ENV, check_request, clamp_idle
 
 __all__ = ["main"]
@@ -110,6 +110,8 @@ def _kill(pid: int) -> None:
 class _Template:
     def __init__(self, path: str, owner: int, idle: float | None) -> None:
         self.path = path
+        #: where each child writes its node's marker; a template that cannot mark its children does not start
+        self.slot = environ_slot()
         #: stop listening at this time (monotonic) once no rank runs; None: only with the owner
         self.idle_until: float | None = None
         self._keep_idle(idle)
@@ -298,7 +300,7 @@ class _Template:
         if pid == 0:
             os.close(go_w)
             self._leave_in_child()
-            become_rank(request, fds, go_r, template)
+            become_rank(request, fds, go_r, template, self.slot)
         os.close(go_r)
         rank = _Rank(pid)
         rank.go, rank.idle = go_w, request.get("idle")
