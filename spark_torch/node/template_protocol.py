@@ -50,7 +50,7 @@ def _platform_rlimits() -> tuple[str, ...]:
 
 #: the resource limits a rank gets from its node runner: all of them, as a cold rank inherits them
 RLIMITS = _platform_rlimits()
-#: The template's environment ends with :data:`~spark_torch.envnames.MARK_SLOT` set to this:
+#: The template runs with :data:`~spark_torch.envnames.MARK_SLOT` set to this, last in its environment:
 #: room in its environment block (what /proc/PID/environ shows, for every fork of it too) that
 #: each child overwrites with its node's marker (:data:`~spark_torch.envnames.NODE_MARKER`), so
 #: that a warm rank's forked descendants are found as a cold rank's are

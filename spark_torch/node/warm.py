@@ -40,8 +40,8 @@ from importlib import metadata
 
 import psutil
 
-from spark_torch.envnames import MARK_SLOT, SCRUBBED
-from spark_torch.node.template_protocol import MARK_SLOT_VALUE, cold_reason, runner_limits, runner_umask, startup_env
+from spark_torch.envnames import SCRUBBED
+from spark_torch.node.template_protocol import cold_reason, runner_limits, runner_umask, startup_env
 
 __all__ = [
     "WarmProcess",
@@ -275,11 +275,9 @@ AVOID_SECONDS = 60.0
 def _template_env(env: Mapping[str, str]) -> dict[str, str]:
     """The template's own environment: this process's, none of Spark's secrets, and the rank's
     interpreter-start settings (nothing else rank-specific: each rank gets its own environment
-    after the fork), and last the room each child writes its node's marker into."""
+    after the fork)."""
     keep = {k: v for k, v in os.environ.items() if k not in SCRUBBED and k not in startup_env(os.environ)}
     keep.update(startup_env(env))
-    keep.pop(MARK_SLOT, None)
-    keep[MARK_SLOT] = MARK_SLOT_VALUE  # last: psutil reads a block's later duplicates over earlier ones
     return keep
 
 
