@@ -29,6 +29,8 @@ __all__ = [
     "TORCHELASTIC_ERROR_FILE",
     "TORCHELASTIC_USE_AGENT_STORE",
     "RUN_ID",
+    "NODE_MARKER",
+    "MARK_SLOT",
     "RESTART_COUNT",
     "PARENT_PID",
     "REPORT_FDS",
@@ -79,6 +81,12 @@ TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 # ours, for every rank (and everything it starts: also the node's marker for orphan searches)
 RUN_ID = "SPARK_TORCH_RUN_ID"
+#: a node's marker: these two of every rank's variables, which everything the rank starts
+#: inherits (:func:`spark_torch.node.workdir.node_marker`), find the node's processes
+NODE_MARKER = (RUN_ID, NODE_RANK)
+#: the warm-start template's last variable: room in its environment block that each of its
+#: children overwrites with its node's marker (:mod:`spark_torch.node.template_child`)
+MARK_SLOT = "SPARK_TORCH_MARK_SLOT"
 RESTART_COUNT = "SPARK_TORCH_RESTART_COUNT"
 
 # between a node runner and its ranks (internal)

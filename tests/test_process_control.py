@@ -3,11 +3,13 @@ never a recycled pid, a short grace on Ctrl-C, a run finishing at its deadline i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,78 @@ def test_descendant_in_its_own_session_is_stopped(tmp_path: Path, no_leftovers: 
     except psutil.NoSuchProcess:
         alive = False
     assert not alive, "the rank's escaped child survived the run"
+
+
+def detach_a_grandchild(name: str, fail: bool) -> dict[str, Any]:
+    """A rank that forks (no exec: it keeps the rank's /proc environment block) a grandchild
+    which starts a session of its own, names itself ``name`` and sleeps; the rank returns (or
+    fails) once the grandchild is set up."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)  # loaded before the fork: the child calls only into it
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.setsid()
+            libc.prctl(15, name.encode())  # PR_SET_NAME: what psutil's name() shows
+            os.write(ready_w, b"x")
+            time.sleep(600)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    parent = " ".join(psutil.Process(os.getppid()).cmdline())
+    if fail:
+        raise RuntimeError(f"the rank failed after detaching {pid} (its parent: {parent})")
+    return {"pid": pid, "parent": parent}
+
+
+def _named(name: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.info["name"] == name and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _run_detaching(distributor: Distributor, fail: bool) -> tuple[str, list[psutil.Process]]:
+    """Run :func:`detach_a_grandchild`; the rank's parent's command line and the grandchildren
+    that survived the run (killed here, so that a failing test leaves nothing behind)."""
+    name = f"st-{uuid.uuid4().hex[:10]}"
+    try:
+        if fail:
+            with pytest.raises(DistributedRunError, match="the rank failed after detaching") as info:
+                distributor.run(detach_a_grandchild, name, True)
+            parent = str(info.value)
+        else:
+            parent = distributor.run(detach_a_grandchild, name, False)["parent"]
+        return parent, _named(name)
+    finally:
+        for proc in _named(name):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["success", "failure"])
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_forked_descendant_in_its_own_session_is_stopped(warm: bool, fail: bool, no_leftovers: None) -> None:
+    """A rank's forked (not exec'd) descendant that left the rank's session is stopped when the
+    run ends, whether the run succeeded or failed, for warm ranks (forks of the template, whose
+    environment block they show) as for cold ones."""
+    parent, survivors = _run_detaching(Distributor(num_processes=1, warm_start=warm), fail)
+    assert ("spark_torch.node.template_main" in parent) is warm
+    assert survivors == [], "the rank's detached grandchild survived the run"
+
+
+def test_a_forked_descendant_of_a_warm_rank_is_stopped_on_an_executor(spark_session: Any, no_leftovers: None) -> None:
+    parent, survivors = _run_detaching(Distributor(num_processes=1, local_mode=False, warm_start=True), fail=True)
+    assert "spark_torch.node.template_main" in parent
+    assert survivors == [], "the rank's detached grandchild survived the run"
 
 
 def test_a_recycled_pid_is_never_signalled() -> None:
@@ -119,7 +193,10 @@ def test_the_reaper_gets_its_paths_over_its_pipe_not_argv() -> None:
     with NodeWorkdir("argv-check", 0) as workdir:
         reaper = workdir._reaper
         assert reaper is not None
-        cmdline = " ".join(psutil.Process(reaper.pid).cmdline())
+        deadline = time.monotonic() + 10.0
+        cmdline = ""
+        while not cmdline and time.monotonic() < deadline:  # empty while the kernel still sets up its exec
+            cmdline = " ".join(psutil.Process(reaper.pid).cmdline())
         assert "spark_torch.node.reaper_main" in cmdline and workdir.path not in cmdline
         assert "argv-check" not in cmdline
 

@@ -19,7 +19,7 @@ from spark_torch import Distributor
 from .conftest import SCRIPTS
 
 IGNORED = {"SPARK_TORCH_PARENT_PID", "SPARK_TORCH_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
-           "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_WARM_START", "_"}
+           "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_WARM_START", "SPARK_TORCH_STACK_FILE", "_"}
 
 
 def what_a_rank_sees(marker: str) -> dict[str, Any]:
@@ -123,6 +123,7 @@ def what_starts_with_the_interpreter() -> dict[str, Any]:
     """What a rank's interpreter took from its environment when it started, and what it got
     from its node runner (umask, limits), plus every descriptor it holds."""
     import resource
+    import site
     import sys
     import warnings
 
@@ -143,30 +144,70 @@ def what_starts_with_the_interpreter() -> dict[str, Any]:
         "dont_write_bytecode": sys.dont_write_bytecode,
         "umask": umask,
         "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+        "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")},
+        "path": list(sys.path),
+        "cwd": os.getcwd(),
+        "user_site": site.USER_SITE,
+        "user_base": site.USER_BASE,
         "fds": fds,
         "report_fds": [int(fd) for fd in os.environ.get("SPARK_TORCH_REPORT_FDS", "").split(",") if fd],
         "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
     }
 
 
-def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(no_leftovers: None) -> None:
-    """Interpreter-start settings of env= (hash seed, warnings, bytecode), and the node
-    runner's umask and open-files limit as they are when the rank starts (changed after its
-    template started): warm ranks get them as cold ranks do."""
+#: limits a test may lower (soft only) without harm to itself
+HARMLESS_LIMITS = ("RLIMIT_FSIZE", "RLIMIT_RSS", "RLIMIT_MSGQUEUE", "RLIMIT_SIGPENDING", "RLIMIT_RTTIME")
+
+
+def _lower_soft_limits() -> dict[int, tuple[int, int]]:
+    """Lower the soft value of every harmless limit this platform has; what they were."""
     import resource
 
-    env = {"PYTHONHASHSEED": "123", "PYTHONWARNINGS": "ignore::UserWarning", "PYTHONDONTWRITEBYTECODE": "1"}
+    saved = {}
+    for name in HARMLESS_LIMITS:
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
+        soft, hard = resource.getrlimit(which)
+        lower = 1 << 40 if soft == resource.RLIM_INFINITY else soft - 1
+        if lower > 0 and (hard == resource.RLIM_INFINITY or lower <= hard):
+            saved[which] = (soft, hard)
+            resource.setrlimit(which, (lower, hard))
+    return saved
+
+
+def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path, no_leftovers: None) -> None:
+    """Interpreter-start settings of env= (hash seed, warnings, bytecode, PYTHONSAFEPATH, HOME
+    and so the user site directory), and the node runner's umask and resource limits (all of
+    them) as they are when the rank starts (changed after its template started): warm ranks
+    get them as cold ranks do."""
+    import resource
+
+    env = {
+        "PYTHONHASHSEED": "123", "PYTHONWARNINGS": "ignore::UserWarning", "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONSAFEPATH": "1", "HOME": str(tmp_path / "home"),
+    }  # fmt: skip
+    (tmp_path / "work").mkdir()
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "work")  # on no sys.path but its own (the tests run with PYTHONPATH=checkout)
     before = set(_templates())
-    Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)  # starts their template
-    mask = os.umask(0o027)
+    saved: dict[int, tuple[int, int]] = {}
+    mask = os.umask(0o022)
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limits[0], 4096) - 3, limits[1]))
     try:
+        Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)  # starts their template
+        os.umask(0o027)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(limits[0], 4096) - 3, limits[1]))
+        saved = _lower_soft_limits()
         warm = Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)
         cold = Distributor(num_processes=1, env=env, warm_start=False).run(what_starts_with_the_interpreter)
+        lowered = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
     finally:
+        os.chdir(cwd)
         os.umask(mask)
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        for which, value in saved.items():
+            resource.setrlimit(which, value)
         for template in set(_templates()) - before:  # the one for these settings
             template.kill()
     assert "spark_torch.node.template_main" in warm["ppid_cmd"] and "spark_torch.node.template_main" not in cold["ppid_cmd"]
@@ -175,6 +216,11 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(no_leftovers: 
     assert cold["dont_write_bytecode"] is warm["dont_write_bytecode"] is True
     assert cold["umask"] == warm["umask"] == 0o027
     assert cold["nofile"] == warm["nofile"] == [min(limits[0], 4096) - 3, limits[1]]
+    assert saved and cold["rlimits"] == warm["rlimits"] == lowered
+    assert cold["cwd"] == warm["cwd"] == str(tmp_path / "work")
+    assert cold["path"] == warm["path"] and warm["cwd"] not in warm["path"]  # PYTHONSAFEPATH: no cwd first
+    assert cold["user_site"] == warm["user_site"] and warm["user_site"].startswith(str(tmp_path / "home"))
+    assert cold["user_base"] == warm["user_base"]
 
 
 def test_ranks_hold_no_descriptor_but_their_own(no_leftovers: None) -> None:

@@ -16,7 +16,9 @@ A request carries the rank's argv, environment, working directory, umask and res
 (the node runner's, as a cold rank would inherit them) and, as passed file descriptors, its
 stdin, stdout, stderr and report pipes. The template forks; the child becomes the rank: a new
 session, those descriptors as 0/1/2 and every other descriptor closed, the limits and umask, the
-rank's environment, directory and ``sys.argv``, fresh random seeds, torch's thread count from
+rank's environment, directory and ``sys.argv``, its node's marker written where
+/proc/PID/environ shows it (a fork shows the template's block otherwise; the template runs with
+room for it), fresh random seeds, torch's thread count from
 the rank's ``OMP_NUM_THREADS``, then ``python -m spark_torch.rank.function_main`` (or
 ``script_main``) runs in it exactly as in a cold start (the rank arms its own parent-death
 signal). The child waits for the template's go before any of that: it comes only once the pid
@@ -58,8 +60,16 @@ import sys
 import time
 from typing import Any
 
-from spark_torch.node.template_child import become_rank
-from spark_torch.node.template_protocol import MAX_FDS, MAX_REQUEST, THREAD_ENV, check_request, clamp_idle
+from spark_torch.envnames import MARK_SLOT
+from spark_torch.node.template_child import become_rank, environ_slot
+from spark_torch.node.template_protocol import (
+    MARK_SLOT_VALUE,
+    MAX_FDS,
+    MAX_REQUEST,
+    THREAD_ENV,
+    check_request,
+    clamp_idle,
+)
 
 __all__ = ["main"]
 
@@ -108,8 +118,10 @@ def _kill(pid: int) -> None:
 
 
 class _Template:
-    def __init__(self, path: str, owner: int, idle: float | None) -> None:
+    def __init__(self, path: str, owner: int, idle: float | None, slot: int | None = None) -> None:
         self.path = path
+        #: where each child writes its node's marker (:func:`main` finds it); None: no child is started
+        self.slot = slot
         #: stop listening at this time (monotonic) once no rank runs; None: only with the owner
         self.idle_until: float | None = None
         self._keep_idle(idle)
@@ -284,6 +296,9 @@ class _Template:
                     os.close(fd)
 
     def _start_rank(self, client: _Client, request: dict[str, Any], fds: list[int]) -> None:
+        if self.slot is None:  # its children could not be found by their node's marker: the rank starts cold
+            raise RuntimeError(f"no room for the node's marker ({MARK_SLOT}) in the template's environment")
+        slot = self.slot
         go_r, go_w = os.pipe()
         template = os.getpid()
         try:
@@ -298,7 +313,7 @@ class _Template:
         if pid == 0:
             os.close(go_w)
             self._leave_in_child()
-            become_rank(request, fds, go_r, template)
+            become_rank(request, fds, go_r, template, slot)
         os.close(go_r)
         rank = _Rank(pid)
         rank.go, rank.idle = go_w, request.get("idle")
@@ -438,9 +453,21 @@ class _Template:
                 os.unlink(self.path)
 
 
+def _with_mark_slot() -> None:
+    """Run with :data:`~spark_torch.envnames.MARK_SLOT` in the environment block the kernel
+    holds (and every fork keeps), where each child writes its node's marker: if it is not there,
+    exec this interpreter again, same pid and arguments, with it added last."""
+    if os.environ.get(MARK_SLOT) == MARK_SLOT_VALUE:
+        return
+    env = {k: v for k, v in os.environ.items() if k != MARK_SLOT}
+    env[MARK_SLOT] = MARK_SLOT_VALUE  # last: psutil reads a block's later duplicates over earlier ones
+    os.execve(sys.executable, sys.orig_argv, env)
+
+
 def main(argv: list[str]) -> int:
     """Import torch, listen on ``argv[0]``, print ``ready`` and serve until process ``argv[1]``
     exits or, with ``argv[2]``, until that many seconds pass with no rank running."""
+    _with_mark_slot()
     os.environ.update(THREAD_ENV)
     import runpy  # noqa: F401 - used by the children
 
@@ -452,7 +479,8 @@ def main(argv: list[str]) -> int:
     except ImportError:
         pass
     idle = float(argv[2]) if len(argv) > 2 and argv[2] not in ("", "none") else None
-    template = _Template(argv[0], int(argv[1]), idle)
+    # a template that cannot mark its children does not start (the ranks start cold)
+    template = _Template(argv[0], int(argv[1]), idle, environ_slot())
     print("ready", flush=True)
     try:
         template.serve()

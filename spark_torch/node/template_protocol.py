@@ -23,6 +23,8 @@ __all__ = [
     "MAX_FDS",
     "RLIMITS",
     "STARTUP_PREFIXES",
+    "STARTUP_NAMES",
+    "MARK_SLOT_VALUE",
     "check_request",
     "clamp_idle",
     "startup_env",
@@ -36,8 +38,25 @@ THREAD_ENV = {name: "1" for name in (*envnames.THREAD_VARS, *envnames.IMPORT_SIZ
 MAX_REQUEST = 4 << 20
 #: at most this many file descriptors per request (stdin, stdout, stderr, two report pipes)
 MAX_FDS = 8
-#: the resource limits a rank gets from its node runner (a cold rank inherits them all)
-RLIMITS = ("NOFILE", "CORE", "STACK", "AS", "DATA", "NPROC", "MEMLOCK", "CPU")
+
+
+def _platform_rlimits() -> tuple[str, ...]:
+    """Every ``RLIMIT_*`` this platform has, one name per limit (``OFILE`` is ``NOFILE``)."""
+    names: dict[int, str] = {}
+    for attr in sorted(dir(resource)):
+        if attr.startswith("RLIMIT_"):
+            names.setdefault(getattr(resource, attr), attr[len("RLIMIT_") :])
+    return tuple(names.values())
+
+
+#: the resource limits a rank gets from its node runner: all of them, as a cold rank inherits them
+RLIMITS = _platform_rlimits()
+#: The template runs with :data:`~spark_torch.envnames.MARK_SLOT` set to this, last in its environment:
+#: room in its environment block (what /proc/PID/environ shows, for every fork of it too) that
+#: each child overwrites with its node's marker (:data:`~spark_torch.envnames.NODE_MARKER`), so
+#: that a warm rank's forked descendants are found as a cold rank's are
+#: (:func:`spark_torch.node.process_tree.find_marked`)
+MARK_SLOT_VALUE = "-" * 256
 #: Environment read when an interpreter starts or torch is imported, which a fork cannot change
 #: afterwards: Python's own (PYTHONHASHSEED, PYTHONWARNINGS, PYTHONMALLOC, PYTHONOPTIMIZE,
 #: PYTHONPATH, ...), the dynamic loader's (LD_PRELOAD, LD_LIBRARY_PATH), glibc malloc's and
@@ -48,6 +67,9 @@ STARTUP_PREFIXES = (
     "PYTHON", "LD_", "MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "JEMALLOC_", "LC_", "LANG", "TZ",
     "TORCH_", "PYTORCH_", "OMP_", "KMP_", "GOMP_", "MKL_",
 )
+#: ... and these whole names: ``HOME`` places the user site directory (``site.USER_SITE``,
+#: on ``sys.path`` outside a virtual environment), which ``site`` sets when the interpreter starts
+STARTUP_NAMES = ("HOME",)
 #: ... except what the fork handles per rank or what is read later, in the rank: the thread
 #: counts (the template runs single-threaded, each child sizes torch's pool) and NCCL's
 #: settings (read when a NCCL group is created; the template never touches CUDA)
@@ -58,16 +80,24 @@ COLD_IF_NOT_ONE = envnames.IMPORT_SIZED_THREAD_VARS
 
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that an interpreter reads at start-up (:data:`STARTUP_PREFIXES`)."""
+    """The variables of ``env`` that an interpreter reads at start-up (:data:`STARTUP_PREFIXES`,
+    :data:`STARTUP_NAMES`)."""
     return {
         k: v for k, v in env.items()
-        if k.startswith(STARTUP_PREFIXES) and not k.startswith(STARTUP_EXEMPT) and k not in SCRUBBED
+        if (k in STARTUP_NAMES or k.startswith(STARTUP_PREFIXES) and not k.startswith(STARTUP_EXEMPT))
+        and k not in SCRUBBED
     }
 
 
 def runner_limits() -> dict[str, list[int]]:
-    """This process's resource limits, as a cold rank would inherit them."""
-    return {name: list(resource.getrlimit(getattr(resource, f"RLIMIT_{name}"))) for name in RLIMITS}
+    """This process's resource limits (every one the platform has), as a cold rank would inherit them."""
+    limits = {}
+    for name in RLIMITS:
+        try:
+            limits[name] = list(resource.getrlimit(getattr(resource, f"RLIMIT_{name}")))
+        except (OSError, ValueError):  # a limit the running kernel does not know
+            continue
+    return limits
 
 
 def runner_umask() -> int:

@@ -27,7 +27,7 @@ REAPER_MODULE = "spark_torch.node.reaper_main"
 def node_marker(run_id: str, node_rank: int) -> dict[str, str]:
     """Environment items every rank of this node, and everything they start, inherits: how the
     node's processes are found even after they left the rank's process group."""
-    return {envnames.RUN_ID: run_id, envnames.NODE_RANK: str(node_rank)}
+    return dict(zip(envnames.NODE_MARKER, (run_id, str(node_rank))))
 
 
 def _start_reaper(python: str, workdir: str, marker: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
