@@ -4,7 +4,7 @@
 to 127.0.0.1:PORT from 127.0.0.2 .. 127.0.0.(K+1) in turn (other loopback addresses, so they
 are strangers to a driver that trusts 127.0.0.1), R per second (0: as fast as it can), never
 sends a byte, keeps each one H seconds, and stops after S seconds, N connections, or when its
-stdin closes, whichever comes first. Prints ``ready`` when it starts and one JSON line when it
+stdin closes, whichever comes first (out of file descriptors, it closes its oldest first). Prints ``ready`` when it starts and one JSON line when it
 stops: connections opened, failed, and the seconds it ran."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import collections
 import errno
 import json
+import resource
 import select
 import socket
 import sys
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=8)
     parser.add_argument("--hold", type=float, default=2.0)
     args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     sources = [f"127.0.0.{2 + i}" for i in range(args.sources)]
     held: collections.deque[tuple[float, socket.socket]] = collections.deque()
     sent = failed = 0
@@ -40,7 +43,13 @@ def main() -> None:
             time.sleep(min(start + sent / args.rate - now, 0.005))  # pacing the attacker
             now = time.monotonic()
             continue
-        sock = socket.socket()
+        try:
+            sock = socket.socket()
+        except OSError as exc:
+            if exc.errno != errno.EMFILE or not held:
+                raise
+            held.popleft()[1].close()
+            continue
         sock.setblocking(False)
         try:
             sock.bind((sources[sent % len(sources)], 0))
