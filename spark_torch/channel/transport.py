@@ -67,6 +67,9 @@ LOG_INTERVAL = 10.0
 WINDOW = 64
 #: reconnect backoff bounds (seconds)
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
+#: the backoff bound while the driver answers but closes the handshake (its handshake slots are
+#: full of a flood's: a node's chance is per attempt, so it tries again soon)
+BUSY_BACKOFF_MAX = 0.25
 #: how long close() waits for each of its threads
 JOIN_SECONDS = 5.0
 
