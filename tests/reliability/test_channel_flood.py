@@ -96,7 +96,9 @@ def _summary(m: dict[str, Any]) -> str:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
-    ("rate", "delay"), [(1000, 0.3), (3000, 0.1), (1000, 1.5), (0, 0.3)], ids=["1000/s", "3000/s", "slow-node", "unpaced"]
+    ("rate", "delay"),
+    [(1000, 0.3), (3000, 0.1), (1000, 1.5), (0, 0.3)],
+    ids=["1000/s", "3000/s", "slow-node", "unpaced"],
 )
 def test_a_flood_cannot_keep_known_executors_out(rate: float, delay: float) -> None:
     """Nodes from a trusted address attach under the flood (the issue's numbers: 1000/s with a
