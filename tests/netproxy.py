@@ -10,7 +10,9 @@ through):
 - ``blackhole_after``: after this many bytes, stop forwarding but keep both sides open (a
   silent drop: nothing arrives, nobody is told);
 - ``corrupt_at``: flip one bit of the byte at this offset of what the client sends (an active
-  attacker, or a broken middlebox).
+  attacker, or a broken middlebox);
+- ``answer_delay``: hold the client's first bytes this many seconds (a node slow to answer the
+  driver's handshake: a loaded executor, a long round trip).
 
 ``record=True`` keeps every byte forwarded (``recorded``: all connections, both directions), for
 tests of what a passive observer of the network sees.
@@ -46,6 +48,7 @@ class Proxy:
         idle_cut: float | None = None,
         blackhole_after: int | None = None,
         corrupt_at: int | None = None,
+        answer_delay: float | None = None,
         faulty: int = 1,
         record: bool = False,
     ) -> None:
@@ -54,6 +57,7 @@ class Proxy:
         self.idle_cut = idle_cut
         self.blackhole_after = blackhole_after
         self.corrupt_at = corrupt_at
+        self.answer_delay = answer_delay
         self.faulty_left = faulty
         self.record = record
         #: every byte forwarded (``record=True``), in the order the proxy forwarded it
@@ -136,6 +140,8 @@ class Proxy:
                 if self.record:
                     self.recorded += data
             if source is pair.client:
+                if pair.faulty and self.answer_delay is not None and pair.upstream == 0:
+                    time.sleep(self.answer_delay)  # the slowness being simulated, not a synchronisation
                 offset = pair.upstream
                 pair.upstream += len(data)
                 if pair.faulty and self.corrupt_at is not None and offset <= self.corrupt_at < pair.upstream:

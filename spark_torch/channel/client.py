@@ -15,7 +15,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from spark_torch.channel.transport import BACKOFF_MAX, BACKOFF_MIN, DEAD_AFTER, HANDSHAKE_SECONDS, JOIN_SECONDS, WINDOW
+from spark_torch.channel.transport import (
+    BACKOFF_MAX,
+    BACKOFF_MIN,
+    BUSY_BACKOFF_MAX,
+    DEAD_AFTER,
+    HANDSHAKE_SECONDS,
+    JOIN_SECONDS,
+    WINDOW,
+)
 from spark_torch.channel.wire import Body, Link, client_handshake, encode, tune_socket
 
 __all__ = ["ChannelClient", "Outbox", "Frame", "Numbering"]
@@ -77,6 +85,8 @@ class ChannelClient:
         self.attached = threading.Event()
         self.last_error: str | None = None
         self.connects = 0
+        #: the last connection was closed by the driver during the handshake (it is busy)
+        self._refused = False
         self._sender = threading.Thread(target=self._send_loop, name="spark-torch-channel-client", daemon=True)
         self._sender.start()
 
@@ -120,6 +130,7 @@ class ChannelClient:
         return not self._control and not self._unacked and not (self._outbox is not None and self._outbox.pending())
 
     def _connect(self) -> Link:
+        self._refused = False
         sock = socket.create_connection(self._address, timeout=HANDSHAKE_SECONDS)
         with self.cond:
             self._connecting = sock  # close() shuts it down instead of waiting out the handshake
@@ -130,8 +141,9 @@ class ChannelClient:
             tune_socket(sock, self._heartbeat)
             link = client_handshake(sock, self._secret, time.monotonic() + HANDSHAKE_SECONDS, self._heartbeat * DEAD_AFTER)
             link.send({"attach": self._node})
-        except BaseException:
+        except BaseException as exc:
             sock.close()
+            self._refused = isinstance(exc, ConnectionError)  # closed by a driver whose handshake slots are full
             raise
         finally:
             with self.cond:
@@ -226,7 +238,7 @@ class ChannelClient:
                 with self.cond:
                     self._link_alive = False
                 self._closing.wait(backoff * (0.5 + random.random()))  # jittered reconnect backoff
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                backoff = min(backoff * 2, BUSY_BACKOFF_MAX if self._refused else BACKOFF_MAX)
         with self.cond:
             link = self._link
         if link is not None:

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from spark_torch.channel.log_stream import LineReceiver
@@ -38,6 +38,8 @@ class DriverChannel:
 
     Listens on ``bind_host`` (a port of ``ports``, or one the OS picks); nodes are told
     ``advertise_host`` (and ``advertise_port``, default the bound port) through :attr:`spec`.
+    ``trusted_hosts`` are the IP addresses the nodes are expected to connect from (the executors
+    the driver knows): a flood of strangers cannot keep their handshakes out.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class DriverChannel:
         ports: tuple[int, int] | None = None,
         heartbeat: float = 2.0,
         rendezvous_timeout: float = 60.0,
+        trusted_hosts: Iterable[str] = (),
     ) -> None:
         self._nodes = nodes
         #: report() of the ranks (set by the caller: it needs this channel to answer)
@@ -74,7 +77,9 @@ class DriverChannel:
         #: per node, why the bulk sink failed (the node was told; later pieces are not handed on)
         self._bulk_errors: dict[int, str] = {}
         self._bulk_log = RateLimitedLog(logger, logging.ERROR)
-        self._server = ChannelServer(bind_host, secret, self, nodes=nodes, ports=ports, heartbeat=heartbeat)
+        self._server = ChannelServer(
+            bind_host, secret, self, nodes=nodes, ports=ports, heartbeat=heartbeat, trusted=trusted_hosts
+        )
         self.spec = ChannelSpec(
             host=advertise_host,
             port=advertise_port or self._server.port,

@@ -3,12 +3,12 @@ authenticated node connections, hands their numbered messages on exactly once, a
 them, answers heartbeats, and sends the driver's state to (re)attaching nodes.
 
 One thread (``spark-torch-channel-accept``) accepts connections and runs every handshake with a
-selector, so a peer that has not proved the run's secret costs a socket, never a thread; when the
-pending handshakes are at their bound, the oldest one (of the newcomer's address, when that
-address is at its own bound) is closed to make room. A peer that proved the secret and attached as
-a node gets a thread that reads its connection. Handler calls for one node are serialized by a
-lock per node, across an old and a new connection of that node (a reconnect), so they stay in
-order and never overlap. (One module, a little over 350 lines: the accept loop, the handshakes
+selector, so a peer that has not proved the run's secret costs a socket, never a thread; which
+pending handshakes it keeps when they are at their bound (trusted executor addresses apart,
+never one younger than a second) is :mod:`spark_torch.channel.handshake_slots`. A peer that
+proved the secret and attached as a node gets a thread that reads its connection. Handler calls
+for one node are serialized by a lock per node, across an old and a new connection of that node
+(a reconnect), so they stay in order and never overlap. (One module, about 400 lines: the accept loop, the handshakes
 and the connection threads share the server's state and bounds, and read best together.)
 """
 
@@ -20,15 +20,19 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from spark_torch.channel.handshake_slots import HandshakeSlots
 from spark_torch.channel.transport import (
     DEAD_AFTER,
     HANDSHAKE_SECONDS,
     JOIN_SECONDS,
     MAX_PENDING_HANDSHAKES,
     MAX_PENDING_PER_ADDRESS,
+    MAX_PENDING_PER_TRUSTED_ADDRESS,
+    MIN_HANDSHAKE_AGE,
     RateLimitedLog,
     bind_listener,
 )
@@ -86,7 +90,11 @@ class _Pending:
 
 
 class ChannelServer:
-    """Driver side: accepts authenticated node connections and hands their messages on."""
+    """Driver side: accepts authenticated node connections and hands their messages on.
+
+    ``trusted`` are the IP addresses of the executors the driver knows: their handshakes wait in
+    slots strangers cannot take (:mod:`spark_torch.channel.handshake_slots`).
+    """
 
     def __init__(
         self,
@@ -97,6 +105,7 @@ class ChannelServer:
         nodes: int,
         ports: tuple[int, int] | None = None,
         heartbeat: float = 2.0,
+        trusted: Iterable[str] = (),
     ) -> None:
         self._secret = secret
         self._handler = handler
@@ -114,11 +123,21 @@ class ChannelServer:
         self._node_locks = [threading.Lock() for _ in range(nodes)]
         # handshake thread only: pending connections in arrival (= deadline) order
         self._pending: collections.OrderedDict[socket.socket, _Pending] = collections.OrderedDict()
-        self._per_address: collections.Counter[str] = collections.Counter()
+        self._slots: HandshakeSlots[socket.socket] = HandshakeSlots(
+            trusted,
+            total=MAX_PENDING_HANDSHAKES,
+            per_address=MAX_PENDING_PER_ADDRESS,
+            trusted_per_address=MAX_PENDING_PER_TRUSTED_ADDRESS,
+            min_age=MIN_HANDSHAKE_AGE,
+        )
         self._selector = selectors.DefaultSelector()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self.rejected = 0
+        #: of those: newcomers refused (their slots were full of handshakes under a second old)
+        self.refused = 0
+        #: of those: pending handshakes closed to make room for a newcomer
+        self.evicted = 0
         self._warn = RateLimitedLog(logger, logging.WARNING)
         # its own line: a flood of strangers' rejections must not hide an attack on a live connection
         self._tampered = RateLimitedLog(logger, logging.WARNING)
@@ -168,9 +187,7 @@ class ChannelServer:
 
     def _forget(self, pending: _Pending) -> None:
         del self._pending[pending.sock]
-        self._per_address[pending.host] -= 1
-        if not self._per_address[pending.host]:
-            del self._per_address[pending.host]
+        self._slots.remove(pending.sock)
         self._selector.unregister(pending.sock)
 
     def _drop(self, pending: _Pending, why: str) -> None:
@@ -189,26 +206,35 @@ class ChannelServer:
                     self._warn("spark_torch channel: accept failed (%s); retrying", exc)
                     self._closed.wait(0.1)
                 return
-            pending = _Pending(conn, addr, time.monotonic() + HANDSHAKE_SECONDS, ServerChallenge(self._secret))
-            # full: make room by closing the oldest pending connection, never by refusing the
-            # newcomer (idle strangers would otherwise hold every slot until their deadline)
-            if self._per_address[pending.host] >= MAX_PENDING_PER_ADDRESS:
-                oldest = next(p for p in self._pending.values() if p.host == pending.host)
-                self._drop(oldest, f"replaced: more than {MAX_PENDING_PER_ADDRESS} handshakes pending from its address")
-            elif len(self._pending) >= MAX_PENDING_HANDSHAKES:
-                oldest = next(iter(self._pending.values()))
-                self._drop(oldest, f"replaced: more than {MAX_PENDING_HANDSHAKES} handshakes pending")
+            now = time.monotonic()
+            pending = _Pending(conn, addr, now + HANDSHAKE_SECONDS, ServerChallenge(self._secret))
+            admission = self._slots.admit(conn, pending.host, now)
+            if not admission.admitted:
+                conn.close()
+                with self._lock:
+                    self.refused += 1
+                self._reject(
+                    addr, f"refused: its handshake slots are full of handshakes under {MIN_HANDSHAKE_AGE:g}s old"
+                )
+                continue
+            if admission.evict is not None:
+                victim = self._pending.pop(admission.evict)  # the slots already forgot it
+                self._selector.unregister(victim.sock)
+                victim.sock.close()
+                with self._lock:
+                    self.evicted += 1
+                self._reject(victim.addr, "replaced by a newer connection: its handshake slots were full")
             try:
                 conn.setblocking(False)
                 # a fresh socket's send buffer always takes the greeting whole
                 if conn.send(pending.challenge.greeting) != len(pending.challenge.greeting):
                     raise ConnectionError("the greeting did not fit the socket buffer")
             except OSError as exc:
+                self._slots.remove(conn)
                 conn.close()
                 self._reject(addr, f"handshake failed ({type(exc).__name__}: {exc})")
                 continue
             self._pending[conn] = pending
-            self._per_address[pending.host] += 1
             self._selector.register(conn, selectors.EVENT_READ, pending)
 
     def _answer_ready(self, pending: _Pending) -> None:

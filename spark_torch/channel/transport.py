@@ -10,10 +10,13 @@ balancer is noticed within seconds and the node reconnects (TCP keepalive is the
 
 The driver side bounds what strangers can cost: no thread for a connection that has not
 proved the secret (one thread runs every handshake), a deadline on the whole handshake, at most
-``MAX_PENDING_HANDSHAKES`` unauthenticated connections at once and ``MAX_PENDING_PER_ADDRESS``
-from one address (when full, the oldest pending one is closed to make room, so idle strangers
-cannot lock nodes out), warnings about them rate-limited (:class:`RateLimitedLog`), one
-connection per node, and no thread survives its close.
+``MAX_PENDING_HANDSHAKES`` unauthenticated connections at once from strangers and
+``MAX_PENDING_PER_ADDRESS`` from one of them, ``MAX_PENDING_PER_TRUSTED_ADDRESS`` more for each
+executor address the driver knew from Spark, which strangers cannot take; when full, a random
+handshake older than ``MIN_HANDSHAKE_AGE`` is closed, else the newcomer is refused
+(:mod:`spark_torch.channel.handshake_slots`), so no flood pushes out a node that answers within
+that time; a listen backlog of ``socket.SOMAXCONN``; warnings about strangers rate-limited
+(:class:`RateLimitedLog`), one connection per node, and no thread survives its close.
 
 This module holds the protocol's bounds and the listener; the two ends are
 :mod:`spark_torch.channel.server` (driver) and :mod:`spark_torch.channel.client` (node).
@@ -35,6 +38,8 @@ __all__ = [
     "DEAD_AFTER",
     "MAX_PENDING_HANDSHAKES",
     "MAX_PENDING_PER_ADDRESS",
+    "MAX_PENDING_PER_TRUSTED_ADDRESS",
+    "MIN_HANDSHAKE_AGE",
     "LOG_INTERVAL",
     "RateLimitedLog",
     "WINDOW",
@@ -46,18 +51,25 @@ logger = logging.getLogger(__name__)
 HANDSHAKE_SECONDS = 5.0
 #: a connection silent for this many heartbeats is given up (and re-established by the node)
 DEAD_AFTER = 4
-#: a pending handshake costs one socket and no thread: room for many, so that a flood has to
-#: be fast to push a node out (it then retries), and so that many nodes behind one address (a
-#: NAT, several executors per host) connecting at once do not push each other out
+#: a pending handshake costs one socket and no thread: room for many strangers' (an executor the
+#: driver did not know when the run started is one of them), shared by every untrusted address
 MAX_PENDING_HANDSHAKES = 128
-#: one address cannot take more of them than this (its newcomers replace its oldest)
+#: one untrusted address cannot take more of them than this
 MAX_PENDING_PER_ADDRESS = 32
+#: each trusted address (an executor host known from Spark) has this many slots of its own, so
+#: that many nodes on one host connecting at once do not push each other out
+MAX_PENDING_PER_TRUSTED_ADDRESS = 128
+#: a pending handshake younger than this is never closed to make room (a newcomer is refused)
+MIN_HANDSHAKE_AGE = 1.0
 #: a rate-limited kind of log line is written at most once per this many seconds
 LOG_INTERVAL = 10.0
 #: frames sent but not yet acknowledged before the node waits for the driver
 WINDOW = 64
 #: reconnect backoff bounds (seconds)
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
+#: the backoff bound while the driver answers but closes the handshake (its handshake slots are
+#: full of a flood's: a node's chance is per attempt, so it tries again soon)
+BUSY_BACKOFF_MAX = 0.25
 #: how long close() waits for each of its threads
 JOIN_SECONDS = 5.0
 
@@ -80,7 +92,7 @@ def bind_listener(host: str, ports: tuple[int, int] | None) -> socket.socket:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.bind((address[0], port, *address[2:]))
-            sock.listen(64)
+            sock.listen(socket.SOMAXCONN)  # the kernel caps it (net.core.somaxconn)
             return sock
         except OSError as exc:
             sock.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 from spark_torch.channel.driver_end import DriverChannel, new_secret
 from spark_torch.driver.attempt import Attempt, AttemptOutcome
+from spark_torch.driver.cluster import executor_hosts
 from spark_torch.driver.compat import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.dataframe import DataInput
 from spark_torch.driver.elastic import GrowWatch
@@ -57,8 +58,9 @@ def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading
         wake.set()
 
 
-def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint) -> DriverChannel:
-    """Bind the run's channel, or say which address could not be bound and what to change."""
+def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint, trusted_hosts: set[str] | None = None) -> DriverChannel:
+    """Bind the run's channel, or say which address could not be bound and what to change;
+    ``trusted_hosts`` (the executors' addresses) get handshake slots strangers cannot take."""
     try:
         return DriverChannel(
             attempt.on_lines,
@@ -70,6 +72,7 @@ def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint) -> DriverChannel:
             ports=endpoint.ports,
             heartbeat=endpoint.heartbeat,
             rendezvous_timeout=endpoint.rendezvous_timeout,
+            trusted_hosts=trusted_hosts or (),
         )
     except OSError as exc:
         raise ConfigurationError(
@@ -95,7 +98,7 @@ def run_distributed(
             ship_package(spark)
         except Exception as exc:  # noqa: BLE001 - the nodes still check that they run the driver's code
             logger.warning("spark_torch: could not ship spark_torch to the executors (%s); they use their own", exc)
-    channel = _open_channel(attempt, endpoint)
+    channel = _open_channel(attempt, endpoint, executor_hosts(spark))
     grow = None
     if attempt.membership is not None and plan.num_nodes < attempt.membership.max_nodes:
         grow = GrowWatch(spark, plan.num_nodes, attempt.membership, channel.stop_nodes)

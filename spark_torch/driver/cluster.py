@@ -2,23 +2,26 @@
 
 :func:`read_cluster` takes a snapshot of the conf a plan depends on (including the
 ``spark.torch.*`` keys of :mod:`spark_torch.settings`); :func:`available_slots` asks the
-scheduler (or, for a Spark Connect client, the conf) how many tasks can run at once.
+scheduler (or, for a Spark Connect client, the conf) how many tasks can run at once;
+:func:`executor_hosts` the addresses of the executors it knows (the channel's trusted addresses).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.channel.handshake_slots import normalize_address
 from spark_torch.errors import ConfigurationError
 from spark_torch.settings import SETTINGS
 
 __all__ = [
     "ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "DEEPSPEED_IGNORE_SSL_KEY", "is_connect_session", "available_slots",
-    "slots_from_conf", "unencrypted_rpc_warning",
+    "slots_from_conf", "unencrypted_rpc_warning", "executor_hosts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -178,3 +181,43 @@ def available_slots(spark: Any) -> int | None:
 def master_of(spark: Any) -> str:
     """The session's master URL (``spark.master`` of a Connect client's conf)."""
     return str(_conf(spark, "spark.master", "") or "") if is_connect_session(spark) else str(spark.sparkContext.master)
+
+
+#: on a local master every node runs on this machine and may connect over loopback
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+
+
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` (a name or an address) resolves to; none if it does not."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        logger.debug("spark_torch: executor host %r does not resolve (%s); it is not trusted", host, exc)
+        return set()
+    return {normalize_address(str(info[4][0])) for info in infos}
+
+
+def _executor_names(spark: Any) -> set[str]:
+    """The hosts of the executors (and the driver) the scheduler knows, as Spark names them."""
+    if is_connect_session(spark):
+        return set()
+    try:
+        return {str(info.host()) for info in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()}
+    except Exception as exc:  # noqa: BLE001 - the channel then treats every node as a stranger
+        logger.debug("spark_torch: could not list the executors (%s); no channel address is trusted", exc)
+        return set()
+
+
+def executor_hosts(spark: Any) -> set[str]:
+    """IP addresses of the executors Spark knows now (the driver's own included), host names
+    resolved, plus loopback on a ``local``/``local-cluster`` master: the addresses the run's
+    nodes connect from, whose handshakes the channel keeps apart from strangers'. An executor
+    that registers later (dynamic allocation) is not in it; a Spark Connect client cannot ask
+    the scheduler, so on a remote cluster it gets an empty set (every node shares the
+    strangers' slots)."""
+    hosts: set[str] = set()
+    for name in _executor_names(spark):
+        hosts |= _addresses(name)
+    if re.fullmatch(r"local(\[.*\])?|local-cluster\[.*\]", master_of(spark).strip()):
+        hosts |= LOOPBACK
+    return hosts

@@ -1,6 +1,7 @@
 """Strangers who can reach the driver's channel port cannot lock nodes out or flood the log:
-idle connections are pushed out by newer ones instead of refusing the newcomers, and the
-driver's warnings about them are rate-limited."""
+idle connections over a second old are pushed out by newer ones, younger ones are kept (the
+newcomer is refused), and the driver's warnings about them are rate-limited. (A flood from other
+addresses: ``test_channel_flood.py``.)"""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_idle_strangers_cannot_lock_a_node_out(caplog: pytest.LogCaptureFixture)
 
 def test_pending_handshakes_cost_no_thread_and_are_bounded_per_address() -> None:
     """Many more connections than there are handshake slots, all from one address: no thread is
-    started for any of them, and all but the newest MAX_PENDING_PER_ADDRESS are closed at once."""
+    started for any of them, and all but the first MAX_PENDING_PER_ADDRESS are refused at once
+    (the pending ones are younger than a second: they are kept, the newcomers refused)."""
     driver, _ = _driver()
     socks = []
     try:
@@ -94,12 +96,17 @@ def test_pending_handshakes_cost_no_thread_and_are_bounded_per_address() -> None
         deadline = time.monotonic() + 5
         while driver.rejected < count - MAX_PENDING_PER_ADDRESS and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert driver.rejected == count - MAX_PENDING_PER_ADDRESS, "the oldest pending connections were not closed"
+        assert driver.rejected == count - MAX_PENDING_PER_ADDRESS, "the newcomers were not refused"
+        assert driver._server.refused == count - MAX_PENDING_PER_ADDRESS and driver._server.evicted == 0
         assert len(_channel_threads()) == before, [t.name for t in _channel_threads()]
-        # the oldest ones are the ones closed: they read EOF, the newest got the greeting only
+        # the first ones got the greeting and are still pending; the newest were closed unanswered
         socks[0].settimeout(5)
         assert socks[0].recv(4096)[:18] == b"spark-torch-channe"
-        assert socks[0].recv(4096) == b""
+        socks[0].setblocking(False)
+        with pytest.raises(BlockingIOError):
+            socks[0].recv(4096)
+        socks[-1].settimeout(5)
+        assert socks[-1].recv(4096) == b"", "a refused connection got the greeting"
     finally:
         for sock in socks:
             sock.close()
