@@ -199,7 +199,7 @@ def _child(nodes: int) -> None:
     time.sleep(HEARTBEAT * 5)  # a quiet period: only heartbeats
     for channel in channels:
         channel.close(timeout=60)
-    print(json.dumps({"rendezvous_s": rendezvous, "ok": ok, "reconnects": sum(c._client.connects - 1 for c in channels)}), flush=True)
+    print(json.dumps({"rendezvous_s": rendezvous, "ok": ok, "reconnects": sum(c.connections - 1 for c in channels)}), flush=True)
 
 
 def scale(nodes: int) -> dict[str, Any]:

@@ -191,12 +191,12 @@ def test_the_reaper_gets_its_paths_over_its_pipe_not_argv() -> None:
     from spark_torch.node.workdir import NodeWorkdir
 
     with NodeWorkdir("argv-check", 0) as workdir:
-        reaper = workdir._reaper
-        assert reaper is not None
+        reaper_pid = workdir.reaper_pid
+        assert reaper_pid is not None
         deadline = time.monotonic() + 10.0
         cmdline = ""
         while not cmdline and time.monotonic() < deadline:  # empty while the kernel still sets up its exec
-            cmdline = " ".join(psutil.Process(reaper.pid).cmdline())
+            cmdline = " ".join(psutil.Process(reaper_pid).cmdline())
         assert "spark_torch.node.reaper_main" in cmdline and workdir.path not in cmdline
         assert "argv-check" not in cmdline
 

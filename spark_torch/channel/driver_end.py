@@ -95,6 +95,21 @@ class DriverChannel:
         return self._server.port
 
     @property
+    def connected_nodes(self) -> set[int]:
+        """The nodes connected right now."""
+        return self._server.connected()
+
+    @property
+    def refused(self) -> int:
+        """Handshakes turned away because their slots were full."""
+        return self._server.refused
+
+    @property
+    def evicted(self) -> int:
+        """Older handshakes closed to make room for a newcomer."""
+        return self._server.evicted
+
+    @property
     def rejected(self) -> int:
         """Connections refused (failed authentication, too many at once, bad attach)."""
         return self._server.rejected

@@ -60,6 +60,15 @@ class NodeChannel:
         """Nothing to do: queueing a block already woke the sender."""
 
     @property
+    def connections(self) -> int:
+        """How many times this node connected to the driver (1 unless a connection dropped)."""
+        return self._client.connects
+
+    def wait_attached(self, timeout: float) -> bool:
+        """Wait until the driver accepted this node; False after ``timeout`` seconds."""
+        return self._client.attached.wait(timeout)
+
+    @property
     def connected_ever(self) -> bool:
         """Whether the driver ever accepted this node."""
         return self._client.attached.is_set()

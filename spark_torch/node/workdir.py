@@ -84,6 +84,11 @@ class NodeWorkdir:
         # the driver's result dir guards no ranks; a node's reaper also finds the node's orphans
         self._reaper = _start_reaper(python, self.path, node_marker(run_id, node_rank) if role == "node" else {})
 
+    @property
+    def reaper_pid(self) -> int | None:
+        """The pid of this workdir's reaper (None: it could not be started)."""
+        return self._reaper.pid if self._reaper is not None else None
+
     def track(self, pgid: int, created: float) -> None:
         """Tell the reaper about a process group (and its leader's creation time) to stop if this process dies."""
         _tell_reaper(self._reaper, f"{pgid} {created!r}")

@@ -59,11 +59,11 @@ def _attach_under_flood(rate: float, delay: float, *, trusted: bool) -> dict[str
         attach: list[float | None] = [None] * NODES
         while flood.poll() is None and None in attach:
             for n, node in enumerate(nodes):
-                if attach[n] is None and node._client.attached.is_set():
+                if attach[n] is None and node.wait_attached(0):
                     attach[n] = time.monotonic() - start
             time.sleep(0.01)
         flood_running = flood.poll() is None
-        connected = driver._server.connected()
+        connected = driver.connected_nodes
         server = driver._server
         refused, evicted, rejected = server.refused, server.evicted, server.rejected
         report = json.loads(flood.communicate(timeout=20)[0].strip().splitlines()[-1])  # closes its stdin: it stops
@@ -72,7 +72,7 @@ def _attach_under_flood(rate: float, delay: float, *, trusted: bool) -> dict[str
             "flood_running": flood_running, "flood": report,
             "flood_rate": report["sent"] / max(report["seconds"], 1e-9),
             "before_nodes": start - flood_start, "refused": refused, "evicted": evicted, "rejected": rejected,
-            "connects": [node._client.connects for node in nodes],
+            "connects": [node.connections for node in nodes],
         }  # fmt: skip
     finally:
         if flood.poll() is None:

@@ -51,7 +51,7 @@ def test_256_nodes_against_one_driver() -> None:
         )
         expected = [{"port": n, "node": n} for n in range(NODES)]
         assert all(o.peers == expected for o in outcomes.values())
-        assert driver._server.connected() == set(range(NODES))
+        assert driver.connected_nodes == set(range(NODES))
         for block in range(BLOCKS):
             for n, node in enumerate(nodes):
                 node(n, "stdout", "\n".join(f"node {n} block {block} line {i}" for i in range(LINES)))
@@ -72,7 +72,7 @@ def test_256_nodes_against_one_driver() -> None:
         for n in (0, 1, NODES // 2, NODES - 1):
             mine = [t for t in texts if t.startswith(f"node {n} ")]
             assert mine == [f"node {n} block {b} line {i}" for b in range(BLOCKS) for i in range(LINES)]
-        assert all(node._client.connects == 1 for node in nodes), "a connection was dropped (missed heartbeats?)"
+        assert all(node.connections == 1 for node in nodes), "a connection was dropped (missed heartbeats?)"
     finally:
         for node in nodes:
             node.close(timeout=5)

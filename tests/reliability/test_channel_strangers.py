@@ -50,7 +50,7 @@ def test_idle_strangers_cannot_lock_a_node_out(caplog: pytest.LogCaptureFixture)
             start = time.monotonic()
             nodes = [NodeChannel(driver.spec, n, 2, threading.Event()) for n in range(2)]
             for n, node in enumerate(nodes):
-                assert node._client.attached.wait(10), (
+                assert node.wait_attached(10), (
                     f"node {n} could not attach within 10s while strangers held connections "
                     f"(last error: {node.last_error}); the driver must evict idle pending handshakes"
                 )
@@ -97,7 +97,7 @@ def test_pending_handshakes_cost_no_thread_and_are_bounded_per_address() -> None
         while driver.rejected < count - MAX_PENDING_PER_ADDRESS and time.monotonic() < deadline:
             time.sleep(0.02)
         assert driver.rejected == count - MAX_PENDING_PER_ADDRESS, "the newcomers were not refused"
-        assert driver._server.refused == count - MAX_PENDING_PER_ADDRESS and driver._server.evicted == 0
+        assert driver.refused == count - MAX_PENDING_PER_ADDRESS and driver.evicted == 0
         assert len(_channel_threads()) == before, [t.name for t in _channel_threads()]
         # the first ones got the greeting and are still pending; the newest were closed unanswered
         socks[0].settimeout(5)
