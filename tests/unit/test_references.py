@@ -1,5 +1,6 @@
 """Docs that cannot go stale: every ``spark_torch.…`` name in docs/, README and the package's own
-docstrings and comments resolves to a module or an attribute that exists."""
+docstrings and comments resolves to a module or an attribute that exists, and
+docs/architecture.md names every module of the package."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import dataclasses
 import importlib
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "spark_torch"
@@ -54,3 +57,20 @@ def test_every_reference_resolves() -> None:
             if not _resolves(name):
                 stale.append(f"{where}: {name}")
     assert not stale, "references to names that do not exist:\n" + "\n".join(sorted(set(stale)))
+def _modules() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(ROOT).with_suffix("")
+        if relative.name == "__init__":
+            relative = relative.parent
+        names.append(".".join(relative.parts))
+    return names
+
+
+@pytest.mark.parametrize("module", _modules())
+def test_architecture_names_every_module(module: str) -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    short = module.removeprefix("spark_torch.")
+    relative = short.replace(".", "/")
+    named = (module, f"`{short}`", f"{relative}.py", f"{relative}/")
+    assert module == "spark_torch" or any(n in page for n in named), f"docs/architecture.md does not name {module}"
