@@ -74,3 +74,10 @@ def test_architecture_names_every_module(module: str) -> None:
     relative = short.replace(".", "/")
     named = (module, f"`{short}`", f"{relative}.py", f"{relative}/")
     assert module == "spark_torch" or any(n in page for n in named), f"docs/architecture.md does not name {module}"
+
+
+def test_the_test_map_names_every_test_file_and_helper() -> None:
+    page = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
+    files = [p for p in (ROOT / "tests").rglob("*.py") if p.name != "__init__.py" and "scripts" not in p.parts]
+    missing = sorted(str(p.relative_to(ROOT / "tests")) for p in files if p.name not in page)
+    assert not missing, f"tests/README.md does not name: {missing}"
