@@ -46,7 +46,9 @@ def test_embedded_session_starts_quietly_on_loopback() -> None:
     assert "driver 127.0.0.1 127.0.0.1" in done.stdout and "rows 7" in done.stdout, output
     assert "environment restored True" in done.stdout
     assert "WARN probe: a real problem after start-up" in done.stderr, output
-    noise = [line for line in output.splitlines() if any(n in line for n in JVM_START_NOISE) or "SPARK_LOCAL_IP" in line]
+    noise = [
+        line for line in output.splitlines() if any(n in line for n in JVM_START_NOISE) or "SPARK_LOCAL_IP" in line
+    ]
     assert not noise, f"start-up noise: {noise}"
 
 
@@ -61,7 +63,9 @@ def test_quiet_log4j_only_without_the_users_own(tmp_path: Path, monkeypatch: pyt
     assert added["spark.driver.extraJavaOptions"] == f"-Xss4m {quiet}"
     # the user's log4j configuration wins, however it is given
     own = {"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=/etc/mine.xml"}
-    assert embedded_conf("local[2]", own, environ)["spark.driver.extraJavaOptions"] == own["spark.driver.extraJavaOptions"]
+    assert (
+        embedded_conf("local[2]", own, environ)["spark.driver.extraJavaOptions"] == own["spark.driver.extraJavaOptions"]
+    )
     assert "spark.driver.extraJavaOptions" not in embedded_conf("local[2]", {}, {"LOG4J_CONFIGURATION_FILE": "/x"})
     assert "spark.driver.extraJavaOptions" not in embedded_conf("local[2]", {}, {"SPARK_SUBMIT_OPTS": "-Dlog4j.debug"})
     (tmp_path / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -Dfoo=1\n")

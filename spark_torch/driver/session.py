@@ -180,7 +180,9 @@ JVM_START_NOISE = (
 _INCUBATOR_NOTICE = b"WARNING: Using incubator modules"
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _JAVA_OPTION_VARS = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
-_LOG4J_FILES = tuple(f"log4j2{test}.{ext}" for test in ("", "-test") for ext in ("properties", "xml", "yaml", "yml", "json"))
+_LOG4J_FILES = tuple(
+    f"log4j2{test}.{ext}" for test in ("", "-test") for ext in ("properties", "xml", "yaml", "yml", "json")
+)
 _LOOPBACK = "127.0.0.1"
 _QUIET_FILE: list[str] = []  # the configuration file written for this process (at most one)
 
@@ -234,7 +236,9 @@ def _is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def embedded_conf(master: str, conf: dict[str, str] | None, environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+def embedded_conf(
+    master: str, conf: dict[str, str] | None, environ: dict[str, str] | os._Environ[str] = os.environ
+) -> dict[str, str]:
     """The configuration spark_torch adds to the user's for a session it starts itself:
 
     - a quiet driver log (WARN and above, no start-up notices) unless the user configured
