@@ -422,6 +422,11 @@ class RunStorage:
                 rows[row["step"]] = row
         return [rows[step] for step in sorted(rows)]
 
+    def next_attempt(self) -> int:
+        """The number of the run's next attempt: one more than the last that reported a step
+        (0 for a new run), so a run resumed by a later ``run()`` call numbers on."""
+        return max((int(r.get("attempt") or 0) for r in self.history()), default=-1) + 1
+
     @_withholding_options
     def append_metrics(self, row: dict[str, Any]) -> None:
         """Append one row to the run's metrics log."""
