@@ -88,6 +88,21 @@ def _normalise(line: str) -> str:
     return line.strip()
 
 
+#: Spark's log lines about the machine that ran the notebook, not about the notebook (another
+#: Spark's web UI holds port 4040 on a shared machine): not stored
+_MACHINE_STATE = re.compile(r"^\S+ \S+ WARN Utils: Service '[^']+' could not bind on port \d+\. Attempting port \d+\.$")
+
+
+def _ignored(line: str) -> bool:
+    """Lines the check skips: blank, Spark's own log lines, the live status."""
+    return (
+        not line.strip()
+        or " WARN " in line
+        or "spark_torch ranks:" in line
+        or line.startswith(("Using Spark", "Setting default log", "To adjust logging", "WARNING:"))
+    )
+
+
 def signature(book: Any) -> list[tuple[int, tuple[str, ...], frozenset[str]]]:
     """What must stay the same between the stored and a fresh execution: per code cell, the
     kinds of outputs it has (stream / image / table / error), and its `[rank N]` lines and
@@ -100,15 +115,10 @@ def signature(book: Any) -> list[tuple[int, tuple[str, ...], frozenset[str]]]:
         lines: set[str] = set()
         for out in cell.get("outputs", []):
             if out.output_type == "stream":
-                kinds.add(f"stream:{out.name}")
-                lines.update(
-                    _normalise(line)
-                    for line in out.text.splitlines()
-                    if line.strip()
-                    and " WARN " not in line
-                    and "spark_torch ranks:" not in line
-                    and not line.startswith(("Using Spark", "Setting default log", "To adjust logging", "WARNING:"))
-                )
+                printed = {_normalise(line) for line in out.text.splitlines() if not _ignored(line)}
+                if printed:  # a stream of Spark's own log lines only is not the notebook's output
+                    kinds.add(f"stream:{out.name}")
+                lines.update(printed)
             elif out.output_type in ("display_data", "execute_result"):
                 data = out.get("data", {})
                 kinds.add("image" if "image/png" in data else "html" if "text/html" in data else "text")
@@ -165,6 +175,15 @@ def store(names: list[str]) -> None:
             book = execute(name, Path(tmp))
         for cell in book.cells:  # execution timestamps would make every refresh a diff
             cell.get("metadata", {}).pop("execution", None)
+            if "outputs" in cell:
+                for out in cell.outputs:
+                    if out.output_type == "stream":
+                        out["text"] = "".join(
+                            line
+                            for line in out.text.splitlines(keepends=True)
+                            if not _MACHINE_STATE.match(line.rstrip("\n"))
+                        )
+                cell["outputs"] = [out for out in cell.outputs if out.output_type != "stream" or out.text]
             for out in cell.get("outputs", []):
                 if "text" in out:
                     out["text"] = _relative(out["text"])
