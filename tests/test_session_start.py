@@ -25,6 +25,14 @@ _PROBE = textwrap.dedent(
     print("driver", conf.get("spark.driver.host"), conf.get("spark.driver.bindAddress"), flush=True)
     print("rows", spark.range(7).count(), flush=True)
     print("environment restored", "SPARK_LOCAL_IP" not in os.environ, flush=True)
+
+    from spark_torch import Distributor
+
+    def hello():
+        print("hello from rank", os.environ["RANK"], flush=True)
+        return 1
+
+    print("run", Distributor(num_processes=2, local_mode=False).run(hello), flush=True)
     jvm = spark.sparkContext._jvm
     jvm.org.apache.logging.log4j.LogManager.getLogger("spark_torch.probe").warn("a real problem after start-up")
     spark.stop()
@@ -34,8 +42,8 @@ _PROBE = textwrap.dedent(
 
 def test_embedded_session_starts_quietly_on_loopback() -> None:
     """A new user's first run: no SPARK_LOCAL_IP, no log4j configuration. The session binds
-    127.0.0.1 by itself, prints none of the JVM's start-up lines, and Spark's WARN lines after
-    start-up still reach stderr."""
+    127.0.0.1 by itself, prints none of the JVM's start-up lines, a distributed run on it makes
+    Spark log no WARN, and Spark's WARN lines after start-up still reach stderr."""
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_IP", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS")}
     env.update(PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
     done = subprocess.run(
@@ -46,6 +54,14 @@ def test_embedded_session_starts_quietly_on_loopback() -> None:
     assert "driver 127.0.0.1 127.0.0.1" in done.stdout and "rows 7" in done.stdout, output
     assert "environment restored True" in done.stdout
     assert "WARN probe: a real problem after start-up" in done.stderr, output
+    assert "[rank 1] hello from rank 1" in done.stdout and "run 1" in done.stdout, output
+    # a first distributed run logs no WARN of Spark's (the web UI's port may be taken on a shared machine)
+    warns = [
+        line
+        for line in done.stderr.splitlines()
+        if " WARN " in line and "probe" not in line and "could not bind" not in line
+    ]
+    assert not warns, warns
     noise = [
         line for line in output.splitlines() if any(n in line for n in JVM_START_NOISE) or "SPARK_LOCAL_IP" in line
     ]
