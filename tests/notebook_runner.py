@@ -17,6 +17,8 @@ from typing import Any
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 CELL_TIMEOUT = 300
+#: what a test environment sets and a user's kernel does not have
+USER_UNSET = ("SPARK_LOCAL_IP", "PYSPARK_SUBMIT_ARGS")
 
 
 def kernel_environment(tmp_dir: Path) -> tuple[str, dict[str, str]]:
@@ -27,7 +29,6 @@ def kernel_environment(tmp_dir: Path) -> tuple[str, dict[str, str]]:
         # kernelspec's argv to sys.executable; PATH first so nothing else can win
         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-        "SPARK_LOCAL_IP": "127.0.0.1",
     }
     spec = Path(sys.prefix) / "share" / "jupyter" / "kernels" / "python3" / "kernel.json"
     if not spec.exists():
@@ -46,8 +47,10 @@ def execute(name: str, tmp_dir: Path) -> Any:
     from nbclient import NotebookClient
 
     kernel, env = kernel_environment(tmp_dir)
-    saved = {k: os.environ.get(k) for k in env}
+    saved = {k: os.environ.get(k) for k in [*env, *USER_UNSET]}
     os.environ.update(env)
+    for key in USER_UNSET:  # as a user's kernel starts: the embedded session binds loopback by itself
+        os.environ.pop(key, None)
     try:
         book = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
         NotebookClient(
@@ -85,6 +88,21 @@ def _normalise(line: str) -> str:
     return line.strip()
 
 
+#: Spark's log lines about the machine that ran the notebook, not about the notebook (another
+#: Spark's web UI holds port 4040 on a shared machine): not stored
+_MACHINE_STATE = re.compile(r"^\S+ \S+ WARN Utils: Service '[^']+' could not bind on port \d+\. Attempting port \d+\.$")
+
+
+def _ignored(line: str) -> bool:
+    """Lines the check skips: blank, Spark's own log lines, the live status."""
+    return (
+        not line.strip()
+        or " WARN " in line
+        or "spark_torch ranks:" in line
+        or line.startswith(("Using Spark", "Setting default log", "To adjust logging", "WARNING:"))
+    )
+
+
 def signature(book: Any) -> list[tuple[int, tuple[str, ...], frozenset[str]]]:
     """What must stay the same between the stored and a fresh execution: per code cell, the
     kinds of outputs it has (stream / image / table / error), and its `[rank N]` lines and
@@ -97,13 +115,10 @@ def signature(book: Any) -> list[tuple[int, tuple[str, ...], frozenset[str]]]:
         lines: set[str] = set()
         for out in cell.get("outputs", []):
             if out.output_type == "stream":
-                kinds.add(f"stream:{out.name}")
-                lines.update(
-                    _normalise(line)
-                    for line in out.text.splitlines()
-                    if line.strip() and " WARN " not in line and "spark_torch ranks:" not in line
-                    and not line.startswith(("Using Spark", "Setting default log", "To adjust logging", "WARNING:"))
-                )
+                printed = {_normalise(line) for line in out.text.splitlines() if not _ignored(line)}
+                if printed:  # a stream of Spark's own log lines only is not the notebook's output
+                    kinds.add(f"stream:{out.name}")
+                lines.update(printed)
             elif out.output_type in ("display_data", "execute_result"):
                 data = out.get("data", {})
                 kinds.add("image" if "image/png" in data else "html" if "text/html" in data else "text")
@@ -125,9 +140,28 @@ def machine_paths() -> list[tuple[str, str]]:
     return [(site, "<site-packages>/"), (str(ROOT) + "/", ""), (sys.prefix.rstrip("/") + "/", "<venv>/")]
 
 
+def machine_names() -> list[tuple[re.Pattern[str], str]]:
+    """What else of this machine outputs show, and what the stored notebooks show instead: a
+    kernel's file of a cell's code (``<cell>``), a temporary directory (``<tmp>``), the host's
+    name (``<host>``)."""
+    import socket
+
+    names = {name for name in (socket.gethostname(), socket.getfqdn()) if name and name != "localhost"}
+    return [
+        (re.compile(r"/[^\s\"']*/ipykernel_\d+/\d+\.py"), "<cell>"),
+        (re.compile(re.escape(tempfile.gettempdir().rstrip("/")) + r"/[^\s\"'/]+"), "<tmp>"),
+        *(
+            (re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-])"), "<host>")
+            for name in sorted(names, key=len, reverse=True)
+        ),
+    ]
+
+
 def _relative(text: str) -> str:
     for path, shown in machine_paths():
         text = text.replace(path, shown)
+    for pattern, shown in machine_names():
+        text = pattern.sub(shown, text)
     return text
 
 
@@ -141,6 +175,15 @@ def store(names: list[str]) -> None:
             book = execute(name, Path(tmp))
         for cell in book.cells:  # execution timestamps would make every refresh a diff
             cell.get("metadata", {}).pop("execution", None)
+            if "outputs" in cell:
+                for out in cell.outputs:
+                    if out.output_type == "stream":
+                        out["text"] = "".join(
+                            line
+                            for line in out.text.splitlines(keepends=True)
+                            if not _MACHINE_STATE.match(line.rstrip("\n"))
+                        )
+                cell["outputs"] = [out for out in cell.outputs if out.output_type != "stream" or out.text]
             for out in cell.get("outputs", []):
                 if "text" in out:
                     out["text"] = _relative(out["text"])

@@ -8,6 +8,7 @@ sessions live in the kernel process, so they do not clash with the test process'
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +41,40 @@ def execute(name: str, tmp_path: Path, monkeypatch: Any) -> Any:
     return book
 
 
+#: an absolute path at the start of a word (not a URL's ``//``, not a fraction like ``0/2``)
+_ABSOLUTE_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=]))/(?!/)[\w.-]+/[\w.-]")
+#: what a JVM prints on every start (see spark_torch.driver.session.JVM_START_NOISE)
+_JVM_NOISE = ("Using incubator modules", "log4j", "Setting default log level", "sc.setLogLevel", "NativeCodeLoader")
+#: other libraries' advertisements and deprecation notices: filtered in the notebook, not stored
+_THIRD_PARTY = ("💡", "litlogger", "is deprecated", "DeprecationWarning", "FutureWarning", "UserWarning")
+
+
 @pytest.mark.parametrize("path", sorted(notebook_runner.NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
 def test_stored_outputs_are_clean(path: Path) -> None:
-    """What the docs site shows: no absolute path of the machine that ran it, no warning box,
-    and the status as one line per run (not one line per refresh)."""
+    """What the docs site shows: no absolute path, temporary directory or host name of the
+    machine that ran it, no JVM start-up lines, no other library's advertisement or warning box,
+    no SPARK_LOCAL_IP boilerplate, and the status as one line per run (not one per refresh)."""
+    import socket
+
     import nbformat
 
     book = nbformat.read(path, as_version=4)
+    hosts = {socket.gethostname(), socket.getfqdn()} - {"", "localhost"}
     for index, cell in enumerate(book.cells):
+        where = f"{path.name} cell {index}"
+        assert "SPARK_LOCAL_IP" not in cell.source, f"{where}: SPARK_LOCAL_IP boilerplate"
         outputs = cell.get("outputs", [])
         text = texts(nbformat.from_dict({"cells": [cell]}))
         for machine_path, _ in notebook_runner.machine_paths():
-            assert machine_path not in text, f"{path.name} cell {index} shows {machine_path}"
+            assert machine_path not in text, f"{where} shows {machine_path}"
         assert "/work/" not in text and "site-packages/" not in text.replace("<site-packages>/", "")
-        assert "TqdmWarning" not in text and "IProgress" not in text, f"{path.name} cell {index}: a widget warning"
+        absolute = [m.group(0) for line in text.splitlines() for m in [_ABSOLUTE_PATH.search(line)] if m]
+        assert not absolute, f"{where} shows absolute paths: {absolute}"
+        named = [h for h in hosts if re.search(rf"(?<![\w.-]){re.escape(h)}(?![\w-])", text)]
+        assert not named, f"{where} shows this machine's name {named}"
+        for noise in (*_JVM_NOISE, *_THIRD_PARTY):
+            assert noise not in text, f"{where} shows {noise!r}"
+        assert "TqdmWarning" not in text and "IProgress" not in text, f"{where}: a widget warning"
         status = [o for o in outputs if "spark_torch ranks:" in str(o.get("text", "")) + str(o.get("data", {}))]
         assert not status, f"{path.name} cell {index}: a status line per refresh was stored"
 
@@ -124,6 +145,11 @@ def test_04_troubleshooting(tmp_path: Path, monkeypatch: Any) -> None:
     assert "PicklingError (a TypeError: True)" in out
     assert "lock" in out
     assert "RunTimeoutError (a TimeoutError: True)" in out
+    assert "rank 1: still running: stopped" in out and "ranks 1:" not in out
+    # the stall cell: the grouped stacks while rank 1 is late, then the run goes on
+    assert "no rank made progress for" in out and "(stall_timeout=3s)" in out
+    assert "rank 0: in all_reduce" in out and "rank 1: in load_batch" in out
+    assert "the run moves again after" in out and "the run went on and finished; all_reduce gave 2.0" in out
     assert "InsufficientSlotsError (a ValueError: True)" in out
     assert "ConfigurationError" in out
 

@@ -42,7 +42,9 @@ def test_local_summary_and_logs_intact(capsys: pytest.CaptureFixture[str], no_le
     assert "spark_torch: 2 rank(s): 2 finished, 0 failed" in captured.err
 
 
-def test_distributed_summary_counts_failure(spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+def test_distributed_summary_counts_failure(
+    spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None
+) -> None:
     assert Distributor(num_processes=2, local_mode=False, spark=spark_session, progress=True).run(say_hello) == 1
     assert "spark_torch: 2 rank(s): 2 finished, 0 failed" in capsys.readouterr().err
     with pytest.raises(DistributedRunError):
@@ -72,10 +74,49 @@ def hang() -> None:
 
 
 @pytest.mark.parametrize("local_mode", [True, False])
-def test_a_timeout_counts_stopped_ranks(local_mode: bool, spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+def test_a_timeout_counts_stopped_ranks(
+    local_mode: bool, spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None
+) -> None:
     """Ranks stopped by spark_torch (here: the timeout) are counted as stopped, not failed."""
     from spark_torch import RunTimeoutError
 
     with pytest.raises(RunTimeoutError):
         Distributor(num_processes=2, local_mode=local_mode, spark=spark_session, progress=True, timeout=8).run(hang)
     assert "spark_torch: 2 rank(s): 0 finished, 0 failed, 2 stopped, 0 not started" in capsys.readouterr().err
+
+
+SUMMARY_CELL = """
+from spark_torch import Distributor
+
+def talk():
+    import os
+    for n in range(3):
+        print(f"line {n} of rank {os.environ['RANK']}", flush=True)
+
+Distributor(num_processes=2, progress=True).run(talk)
+"""
+
+
+@pytest.mark.slow
+def test_jupyter_summary_below_the_rank_lines(tmp_path: Any, monkeypatch: Any, no_leftovers: None) -> None:
+    """In a real Jupyter kernel the summary is printed after the last rank line it sums up, and
+    the live line leaves no status text behind."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from . import notebook_runner
+
+    kernel, env = notebook_runner.kernel_environment(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    book = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SUMMARY_CELL)])
+    NotebookClient(book, timeout=240, kernel_name=kernel, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    texts = [
+        o.text if o.output_type == "stream" else o.get("data", {}).get("text/plain", "") for o in book.cells[0].outputs
+    ]
+    summary = [i for i, text in enumerate(texts) if text.startswith("spark_torch: 2 rank(s): 2 finished")]
+    rank_lines = [i for i, text in enumerate(texts) if "[rank " in text]
+    assert len(summary) == 1 and len(rank_lines) >= 1, texts
+    assert "".join(texts).count("line 2 of rank") == 2
+    assert summary[0] > max(rank_lines), f"the summary is above rank lines: {texts}"
+    assert not any("spark_torch ranks:" in text for text in texts), texts

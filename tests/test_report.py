@@ -93,6 +93,10 @@ def test_resume_by_run_id_in_a_new_run(tmp_path: Path, no_leftovers: None) -> No
     clean = Distributor(num_processes=2, storage_path=tmp_path).run(deterministic_ddp, 8)
     assert out["resumed_from"] == 4 and _same_weights(clean, out)
     assert _steps(again) == [5, 6, 7, 8]  # this call's rows
+    # the resumed call's attempt numbers on from the first call's (attempt 0 reported steps 1-4)
+    assert again.last_run is not None and [a.attempt for a in again.last_run.attempts] == [1]
+    assert {r["attempt"] for r in again.last_run.rows} == {1} and again.last_run.restarts == 0
+    assert again.last_run.metrics_dataframe["attempt"].tolist() == [0] * 4 + [1] * 4
     assert again.last_run is not None and again.last_run.metrics_dataframe["step"].tolist() == list(range(1, 9))  # the run's
     assert again.last_run.metrics["step"] == 8
 

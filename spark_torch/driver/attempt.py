@@ -40,6 +40,9 @@ class Attempt:
 
     spec: RunSpec
     on_lines: RankOutput = field(repr=False)
+    #: the run's attempt number, what report() rows record: counts on across run() calls that
+    #: resume a run_id (``spec.restart_count`` counts the restarts of this call only)
+    number: int = 0
     timeout: float | None = None  # what is left of the run's time for this attempt
     run_timeout: float | None = None  # the user's ``timeout``, for messages
     #: the last lines the driver received from a rank (for errors about ranks that did not report)
@@ -74,7 +77,7 @@ class Attempt:
         storage = RunStorage(store.base, self.spec.run_id, store.options) if store is not None else None
         return ReportCoordinator(
             nodes=self.spec.plan.num_nodes,
-            attempt=self.spec.restart_count,
+            attempt=self.number,
             storage=storage,
             on_row=self.on_row,
             answer=answer,

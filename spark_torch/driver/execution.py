@@ -179,10 +179,13 @@ class RunController:
     storage: RunStorage | None
     membership: Membership | None
     deadline: float | None
+    #: the number of this call's first attempt: a resumed run_id numbers on from its history
+    first_attempt: int = 0
 
     def run(self) -> ResultBytes | None:
         """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
         policy = RestartPolicy(self.config.max_restarts)
+        self.first_attempt = self.storage.next_attempt() if self.storage is not None else 0
         show = interactive() if self.config.progress is None else self.config.progress
         reason, failures = AttemptReason.START, 0
         while True:
@@ -220,7 +223,7 @@ class RunController:
             nodes, note = self.membership.nodes_for(self.spark, first=number == 0)
             check_executors(self.spark, nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
             sized = replace(self.plan, num_nodes=nodes)
-        record = AttemptRecord(attempt=number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size_note=note)
+        record = AttemptRecord(attempt=self.first_attempt + number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size_note=note)
         self.result.attempts.append(record)
         self.result.restarts = number
         self.sink.status.close()
@@ -234,6 +237,7 @@ class RunController:
             timeout=None if self.deadline is None else max(0.001, self.deadline - time.monotonic()),
             run_timeout=config.timeout,
             on_lines=self.sink,
+            number=self.first_attempt + number,
             tail=self.sink.tail,
             on_row=self.tracker.row,
             keep_checkpoints=config.keep_checkpoints,

@@ -113,6 +113,8 @@ def _executor_set(spark: Any) -> str:
     if is_connect_session(spark):
         return f"connect:{getattr(spark, 'session_id', id(spark))}"
     sc = spark.sparkContext
+    if sc.master == "local" or sc.master.startswith("local["):
+        return f"{sc.applicationId}:driver"  # one executor, the driver (asking a local scheduler logs a WARN)
     try:
         executors = str(sc._jsc.sc().getExecutorIds().mkString(","))
     except Exception:  # noqa: BLE001 - a Spark without this (internal) call: one answer per context

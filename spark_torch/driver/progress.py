@@ -3,7 +3,8 @@
 In a terminal it is a tqdm line on the driver's ``sys.stderr``; log lines are written around it
 (the line is cleared, the log written, the line redrawn) so they never garble each other. In
 Jupyter it is one output updated in place (``display_id``: any frontend, no widgets needed, and
-a stored notebook keeps only its last state). At the end it becomes one summary line. By
+a stored notebook keeps only its last state). At the end it becomes one summary line, after
+the ranks' lines (in Jupyter: the live output is emptied and the summary printed below). By
 default it is shown only when output is interactive (a terminal, or a Jupyter kernel).
 """
 
@@ -87,7 +88,15 @@ class _Notebook:
         """See :meth:`clear`."""
 
     def close(self, summary: str) -> None:
-        self._handle.update({"text/plain": summary}, raw=True)
+        """The live output emptied and the summary a new output: below the rank lines it sums up
+        (the live output sits above them, where the run started). The ranks' lines still
+        buffered in the cell's streams go out first."""
+        from IPython.display import display
+
+        for out in (sys.stdout, sys.stderr):
+            out.flush()
+        self._handle.update({"text/plain": ""}, raw=True)
+        display({"text/plain": summary}, raw=True)  # type: ignore[no-untyped-call]
 
 
 class RunStatus:
@@ -126,9 +135,7 @@ class RunStatus:
     def metrics(self, row: dict[str, Any]) -> None:
         """A persisted report() step: show its step and first few metrics."""
         shown = [
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in row.items()
-            if k not in RECORDED_KEYS
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in RECORDED_KEYS
         ][:4]
         with self._lock:
             self.latest = f" | step {row.get('step')}: " + ", ".join(shown)

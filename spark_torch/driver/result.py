@@ -52,7 +52,8 @@ class AttemptRecord:
     """One attempt of a ``run()`` call, in ``RunResult.attempts``.
 
     Attributes:
-        attempt: 0 for the first start, then 1, 2, ... (what ``report()`` rows call ``attempt``).
+        attempt: 0 for the run's first start, then 1, 2, ... (what ``report()`` rows call
+            ``attempt``), counting on across ``run()`` calls that resume the same ``run_id``.
         world_size: the ranks of this attempt.
         nodes: the nodes (barrier tasks) of this attempt; 1 in local mode.
         reason: why it started (:class:`AttemptReason`).
@@ -88,8 +89,9 @@ class RunResult:
         run_id: the run's id (pass it again as ``run_id=`` to resume from its checkpoint).
         value: rank 0's return value (what ``run()`` returned; None for scripts or failures).
         rows: one dict per ``report()`` step persisted by this call: rank 0's metrics plus
-            ``step``, ``time`` (Unix seconds), ``attempt`` (0, then 1 after the first restart)
-            and ``world_size`` (the ranks of that attempt).
+            ``step``, ``time`` (Unix seconds), ``attempt`` (0, then 1 after the first restart;
+            a later call that resumes the ``run_id`` numbers on) and ``world_size`` (the ranks
+            of that attempt).
         history: every step of the run across restarts and earlier ``run()`` calls with this
             ``run_id`` (from its storage; a step reported again after a restart: the newest row).
         checkpoint: the latest complete :class:`Checkpoint`, or None.

@@ -9,7 +9,10 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["active_session", "get_or_create_session", "executor_python", "master_endpoints", "check_master_reachable"]
+__all__ = [
+    "active_session", "get_or_create_session", "executor_python", "master_endpoints", "check_master_reachable",
+    "embedded_conf", "JVM_START_NOISE",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +147,162 @@ def _check_java() -> None:
     check_java(pyspark.__version__)
 
 
+#: the driver JVM's log configuration when the user has none: Spark's own WARN and ERROR lines
+#: stay; what every start prints (the default profile's banner, "Setting default log level",
+#: Hadoop's native-library notice) does not
+_QUIET_LOG4J = """\
+# spark_torch: an embedded session's driver logs WARN and above, without start-up notices
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = warn
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = error
+"""
+
+#: lines a JVM prints on every start, not about the user's run: Spark's log4j banner (gone with
+#: the quiet configuration), and the JVM's own notice about the incubator module that Spark's
+#: launcher always adds (no JVM option silences it: the embedded session drops the line)
+JVM_START_NOISE = (
+    "WARNING: Using incubator modules",
+    "Using Spark's default log4j profile",
+    "Setting default log level to",
+    "To adjust logging level use sc.setLogLevel",
+    "NativeCodeLoader: Unable to load native-hadoop library",
+)
+_INCUBATOR_NOTICE = b"WARNING: Using incubator modules"
+_DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+_JAVA_OPTION_VARS = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+_LOG4J_FILES = tuple(
+    f"log4j2{test}.{ext}" for test in ("", "-test") for ext in ("properties", "xml", "yaml", "yml", "json")
+)
+_LOOPBACK = "127.0.0.1"
+_QUIET_FILE: list[str] = []  # the configuration file written for this process (at most one)
+
+
+def _spark_conf_dir() -> str | None:
+    """Where spark-submit reads log4j2.properties and spark-defaults.conf from."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return os.environ["SPARK_CONF_DIR"]
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        return os.path.join(_find_spark_home(), "conf")
+    except Exception:  # noqa: BLE001 - no Spark home found: nothing configured there
+        return None
+
+
+def _user_logging(conf: dict[str, str], environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether the user configured the driver JVM's logging (or its Java options, which a
+    ``--conf`` of ours would replace): then the session starts with exactly their settings."""
+    if "log4j" in conf.get(_DRIVER_JAVA_OPTIONS, "").lower():
+        return True
+    if environ.get("LOG4J_CONFIGURATION_FILE") or any("log4j" in environ.get(v, "").lower() for v in _JAVA_OPTION_VARS):
+        return True
+    conf_dir = _spark_conf_dir()
+    if conf_dir is None:
+        return False
+    if any(os.path.exists(os.path.join(conf_dir, name)) for name in _LOG4J_FILES):
+        return True
+    try:
+        with open(os.path.join(conf_dir, "spark-defaults.conf"), encoding="utf-8", errors="replace") as fh:
+            return _DRIVER_JAVA_OPTIONS not in conf and any(line.split()[:1] == [_DRIVER_JAVA_OPTIONS] for line in fh)
+    except OSError:
+        return False
+
+
+def _quiet_log4j_file() -> str:
+    """This process's quiet log4j2 configuration (written once, removed at exit)."""
+    if not _QUIET_FILE:
+        import atexit
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="spark_torch_log4j2_", suffix=".properties")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(_QUIET_LOG4J)
+        atexit.register(_remove_file, path)
+        _QUIET_FILE.append(path)
+    return _QUIET_FILE[0]
+
+
+def _is_local_master(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+def embedded_conf(
+    master: str, conf: dict[str, str] | None, environ: dict[str, str] | os._Environ[str] = os.environ
+) -> dict[str, str]:
+    """The configuration spark_torch adds to the user's for a session it starts itself:
+
+    - a quiet driver log (WARN and above, no start-up notices) unless the user configured
+      log4j (``spark.driver.extraJavaOptions``, a ``log4j2.*`` file in Spark's conf directory,
+      Java option variables, ``LOG4J_CONFIGURATION_FILE``);
+    - with a ``local`` master and neither ``SPARK_LOCAL_IP`` nor ``spark.driver.host`` /
+      ``spark.driver.bindAddress`` given: the driver on loopback (127.0.0.1), so that a laptop
+      on a network that does not route to its own hostname's address still runs.
+    """
+    result = dict(conf or {})
+    if not _user_logging(result, environ):
+        option = f"-Dlog4j2.configurationFile=file:{_quiet_log4j_file()}"
+        result[_DRIVER_JAVA_OPTIONS] = f"{result.get(_DRIVER_JAVA_OPTIONS, '')} {option}".strip()
+    if _on_loopback(master, result, environ):
+        result.update({"spark.driver.host": _LOOPBACK, "spark.driver.bindAddress": _LOOPBACK})
+    return result
+
+
+def _on_loopback(master: str, conf: dict[str, str], environ: dict[str, str] | os._Environ[str]) -> bool:
+    """A local master, and the user chose no address (see :func:`embedded_conf`)."""
+    chosen = {"spark.driver.host", "spark.driver.bindAddress"} & set(conf)
+    return _is_local_master(master) and not chosen and not environ.get("SPARK_LOCAL_IP")
+
+
+def _jvm_environment(master: str, conf: dict[str, str] | None) -> dict[str, str]:
+    """Variables the driver JVM starts with (PySpark copies ``os.environ`` when it starts the
+    JVM; they are set for that moment only): the executors' Python, and for a loopback session
+    ``SPARK_LOCAL_IP`` too, which Spark's web UI binds and which spares the JVM's notice about
+    this host's name resolving to a loopback address."""
+    env = {"PYSPARK_PYTHON": executor_python(conf)}
+    if _on_loopback(master, dict(conf or {}), os.environ):
+        env["SPARK_LOCAL_IP"] = _LOOPBACK
+    return env
+
+
+def _forward_stderr(pipe: Any, target: int) -> None:
+    """Copy the driver JVM's stderr to file descriptor ``target``, without the JVM's
+    incubator-module notice (a descriptor, not ``sys.stderr``: Jupyter captures descriptor 2
+    into the cell, as it did when the JVM wrote there itself)."""
+    with pipe:
+        for line in iter(pipe.readline, b""):
+            if not line.startswith(_INCUBATOR_NOTICE):
+                try:
+                    os.write(target, line)
+                except OSError:
+                    return
+
+
+def _launch_quiet_gateway(spark_conf: Any) -> Any:
+    """PySpark's gateway JVM, its stderr passed through :func:`_forward_stderr` (PySpark's
+    ``launch_gateway`` takes ``popen_kwargs`` for this)."""
+    from subprocess import PIPE
+
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": PIPE})  # type: ignore[no-untyped-call]
+    if gateway.proc is not None and gateway.proc.stderr is not None:
+        threading.Thread(
+            target=_forward_stderr, args=(gateway.proc.stderr, 2),  # where the JVM would have written
+            name="spark_torch-jvm-stderr", daemon=True,
+        ).start()  # fmt: skip
+    return gateway
+
+
 def _start_session(master: str | None, conf: dict[str, str] | None) -> Any:
     SparkSession = _import_session_class()  # noqa: N806 - a class
     if master:
@@ -153,19 +312,33 @@ def _start_session(master: str | None, conf: dict[str, str] | None) -> Any:
     _check_java()
     if master is None:
         logger.warning("spark_torch: no active SparkSession; starting an embedded local[*] session")
-    saved = os.environ.get("PYSPARK_PYTHON")
-    os.environ["PYSPARK_PYTHON"] = executor_python(conf)
+    settings = embedded_conf(master or "local[*]", conf)  # before SPARK_LOCAL_IP is set below
+    env = _jvm_environment(master or "local[*]", conf)
+    saved: dict[str, str | None] = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
     try:
-        builder = SparkSession.builder.appName("spark_torch").config("spark.ui.showConsoleProgress", "false")
-        builder = builder.master(master or "local[*]")
-        for key, value in (conf or {}).items():
-            builder = builder.config(key, value)
+        from pyspark import SparkConf, SparkContext
+
+        spark_conf = SparkConf().setAppName("spark_torch").set("spark.ui.showConsoleProgress", "false")
+        spark_conf.setMaster(master or "local[*]")
+        for key, value in settings.items():
+            spark_conf.set(key, value)
         try:
-            return builder.getOrCreate()
+            gateway = None
+            if SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+                gateway = _launch_quiet_gateway(spark_conf)
+            SparkContext(conf=spark_conf, gateway=gateway)
+            return SparkSession.builder.getOrCreate()
         except Exception as exc:
             raise _unresponsive(exc, master or "local[*]") from None
     finally:
-        if saved is None:
-            os.environ.pop("PYSPARK_PYTHON", None)
-        else:
-            os.environ["PYSPARK_PYTHON"] = saved
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _remove_file(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)

@@ -22,7 +22,7 @@ from spark_torch.errors import ConfigurationError
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.spec import LaunchPlan
 
-__all__ = ["ReportTracker", "numeric_metrics"]
+__all__ = ["ReportTracker", "numeric_metrics", "chart_figure"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,29 @@ def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def chart_figure(rows: list[dict[str, Any]]) -> Any:
+    """One panel per numeric metric against ``step`` (integer ticks: steps are counted), on a
+    :class:`~matplotlib.figure.Figure` with its own Agg canvas; None when no row has a metric."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    keys = sorted({k for row in rows for k in numeric_metrics(row)})
+    if not keys:
+        return None
+    fig = Figure(figsize=(min(4 * len(keys), 16), 3))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(keys), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        points = [(row["step"], numeric_metrics(row)[key]) for row in rows if key in numeric_metrics(row)]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(key)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    return fig
+
+
 class _Chart:
     """A matplotlib chart in the Jupyter cell, updated in place.
 
@@ -48,13 +71,10 @@ class _Chart:
     """
 
     def __init__(self) -> None:
+        import matplotlib.figure  # noqa: F401 - without matplotlib there is no chart (ImportError)
         from IPython.display import display
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
 
         self._display = display
-        self._figure = Figure
-        self._canvas = FigureCanvasAgg
         self._handle: Any = None
         self._drawn = 0.0
 
@@ -67,18 +87,9 @@ class _Chart:
 
         from IPython.display import Image
 
-        keys = sorted({k for row in rows for k in numeric_metrics(row)})
-        if not keys:
+        fig = chart_figure(rows)
+        if fig is None:
             return
-        fig = self._figure(figsize=(min(4 * len(keys), 16), 3))
-        self._canvas(fig)
-        axes = fig.subplots(1, len(keys), squeeze=False)
-        for ax, key in zip(axes[0], keys):
-            points = [(row["step"], numeric_metrics(row)[key]) for row in rows if key in numeric_metrics(row)]
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
-            ax.set_title(key)
-            ax.set_xlabel("step")
-        fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=80)
         image = Image(data=buffer.getvalue(), format="png")  # type: ignore[no-untyped-call]

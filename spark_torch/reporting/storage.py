@@ -463,6 +463,14 @@ class RunStorage:
                 rows.append(row)
         return rows
 
+    @_withholding_options
+    def next_attempt(self) -> int:
+        """The number of the run's next attempt: one more than the last one started (its
+        attempt log) or that reported a step (0 for a new run), so a run resumed by a later
+        ``run()`` call numbers on."""
+        seen = [int(r.get("attempt") or 0) for r in (*self.attempts(), *self.history())]
+        return max(seen, default=-1) + 1
+
     def _append(self, name: str, row: Mapping[str, Any]) -> None:
         line = json.dumps(row, default=str) + "\n"
         if self.local:
@@ -484,8 +492,8 @@ class RunStorage:
 
     @_withholding_options
     def attempts(self) -> list[dict[str, Any]]:
-        """One row per attempt started, oldest first: ``attempt`` (0 for the first of a ``run()``
-        call, then its restarts), ``world_size``, ``nodes``, ``time`` (Unix seconds)."""
+        """One row per attempt started, oldest first: ``attempt`` (numbered on across ``run()``
+        calls with this run id), ``world_size``, ``nodes``, ``time`` (Unix seconds)."""
         return self._jsonl(ATTEMPTS)
 
     @_withholding_options

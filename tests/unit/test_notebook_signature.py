@@ -14,3 +14,16 @@ from tests.notebook_runner import _normalise
 def test_every_kernels_cell_file_reads_the_same(cell_file: str) -> None:
     line = f'[rank 1]   File "{cell_file}", line 7, in train'
     assert _normalise(line) == '[rank #]   File "<cell>", line #, in train'
+
+
+def test_machine_names_read_the_same() -> None:
+    """A temporary directory and this host's name are stored (and compared) as placeholders."""
+    import socket
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    assert (
+        _normalise(f"[rank 0] saved checkpoint to {tmp}/tmpub8dc2hm/digits.pt")
+        == "[rank #] saved checkpoint to <tmp>/digits.pt"
+    )
+    assert _normalise(f"rank 1 on {socket.gethostname()} failed: ValueError") == "rank # on <host> failed: ValueError"
