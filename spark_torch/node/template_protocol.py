@@ -72,8 +72,9 @@ STARTUP_PREFIXES = (
 STARTUP_NAMES = ("HOME",)
 #: ... except what the fork handles per rank or what is read later, in the rank: the thread
 #: counts (the template runs single-threaded, each child sizes torch's pool) and NCCL's
-#: settings (read when a NCCL group is created; the template never touches CUDA)
-STARTUP_EXEMPT = (*THREAD_ENV, "TORCH_NCCL_")
+#: settings (read when a NCCL group is created; the template never touches CUDA) and the Flight
+#: Recorder's (read when a rank creates its first process group)
+STARTUP_EXEMPT = (*THREAD_ENV, "TORCH_NCCL_", "TORCH_FR_")
 #: thread counts a fork cannot give a rank: numpy's OpenBLAS pool is sized when numpy is
 #: imported (in the template, single-threaded); a rank that asks for more starts cold
 COLD_IF_NOT_ONE = envnames.IMPORT_SIZED_THREAD_VARS
