@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spark_torch import ConfigurationError, Distributor
-from spark_torch.node.storage_check import SEEN, storage_hello, storage_problem
+from spark_torch.node.storage_check import SEEN, storage_hello, storage_needed, storage_problem
 from spark_torch.spec import LaunchPlan, RunSpec, StorageSpec
 
 
@@ -52,11 +52,29 @@ def _run(storage: StorageSpec | None, resume_url: str | None = None) -> RunSpec:
     return RunSpec(plan=plan, run_id="r1", storage=storage, resume_url=resume_url)
 
 
-def test_default_storage_is_not_checked_unless_resuming(tmp_path: Path) -> None:
-    """The default storage: a run that never checkpoints does not need it on the nodes."""
+def test_default_storage_is_checked_but_needed_only_to_resume(tmp_path: Path) -> None:
+    """The default storage: a run that never checkpoints does not need it on the nodes (a
+    warning), one that resumes from it does (an error)."""
     default = StorageSpec(base=str(tmp_path / "nowhere"), token="t")
-    assert storage_hello(_run(default)) == {} and storage_hello(_run(None)) == {}
-    assert storage_hello(_run(default, resume_url=str(tmp_path / "nowhere" / "r1" / "checkpoint-1")))[SEEN] is False
+    assert storage_hello(_run(default))[SEEN] is False and storage_hello(_run(None)) == {}
+    assert not storage_needed(_run(default))
+    assert storage_needed(_run(default, resume_url=str(tmp_path / "nowhere" / "r1" / "checkpoint-1")))
+    assert storage_needed(_run(StorageSpec(base=str(tmp_path), token="t", required=True)))
+
+
+def test_default_storage_the_nodes_cannot_see_is_warned_at_the_rendezvous(
+    spark_session: Any, tmp_path: Path, monkeypatch: Any, capfd: Any, no_leftovers: None
+) -> None:
+    """A multi-host run on the default storage (which only the driver sees): the run goes on,
+    and says before training that checkpoints would fail, naming the storage and the nodes."""
+    import spark_torch.driver.execution as execution
+
+    monkeypatch.setattr(execution, "DEFAULT_STORAGE", f"memory://spark-torch-{uuid.uuid4().hex[:8]}")
+    Distributor(num_processes=2, local_mode=False, spark=spark_session).run(touch, str(tmp_path / "a rank ran"))
+    assert (tmp_path / "a rank ran").exists()
+    err = capfd.readouterr().err
+    assert "report(checkpoint=...) will fail on these nodes: the run's storage memory://" in err, err[-2000:]
+    assert "is not visible from 2 of 2 nodes" in err
 
 
 def test_problem_names_only_the_blind_nodes(tmp_path: Path) -> None:

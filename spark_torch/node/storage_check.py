@@ -5,7 +5,8 @@ Each node reads back the marker the driver wrote into the run's directory
 the user chose (``storage_path=``), or one the run resumes from, that some node cannot see stops
 the run there, before any rank starts, naming the storage and the nodes: otherwise it fails at
 the first ``report(checkpoint=...)`` on such a node, after training time was spent. The default
-storage is not checked this way (a run that never checkpoints does not need it on the nodes).
+storage that some node cannot see only earns a warning at the rendezvous, naming it and the
+nodes (a run that never checkpoints does not need it there).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from spark_torch.spec import RunSpec
 
-__all__ = ["storage_hello", "storage_problem", "SEEN"]
+__all__ = ["storage_hello", "storage_problem", "storage_needed", "SEEN"]
 
 #: the hello key: True when this node sees the run's storage; absent without storage
 SEEN = "storage_seen"
@@ -22,7 +23,7 @@ SEEN = "storage_seen"
 
 def storage_hello(run: RunSpec) -> dict[str, Any]:
     """This node's part of the hello: whether it sees the run's storage (and why not)."""
-    if run.storage is None or not (run.storage.required or run.resume_url is not None):
+    if run.storage is None:
         return {}
     from spark_torch.reporting.storage import RunStorage
 
@@ -32,6 +33,12 @@ def storage_hello(run: RunSpec) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - every fsspec backend raises its own kinds
         seen, why = False, f"{type(exc).__name__}: {exc}"[:300]
     return {SEEN: seen, "storage_why": why}
+
+
+def storage_needed(run: RunSpec) -> bool:
+    """Whether the run cannot go on when a node does not see its storage: the user chose it, or
+    the run resumes from it (else a warning is enough)."""
+    return run.storage is not None and (run.storage.required or run.resume_url is not None)
 
 
 def storage_problem(run: RunSpec, peers: list[dict[str, Any]]) -> str | None:

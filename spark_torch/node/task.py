@@ -27,7 +27,7 @@ from spark_torch.lines import RankOutput
 from spark_torch.node import result_transfer
 from spark_torch.node.host import NodeProblem, host_node, host_of
 from spark_torch.node.progress import ProgressWatch
-from spark_torch.node.storage_check import storage_hello, storage_problem
+from spark_torch.node.storage_check import storage_hello, storage_needed, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
@@ -59,6 +59,8 @@ class BarrierIO:
     def __init__(self, spec: RunSpec, context: Any) -> None:
         self.spec = spec
         self.context = context
+        #: node 0: the default storage is not visible from some nodes (their checkpoints would fail)
+        self._storage_warning: str | None = None
         self.node_rank: int = context.partitionId()
         infos = context.getTaskInfos()
         self.master_host = host_of(infos[0].address)
@@ -75,8 +77,12 @@ class BarrierIO:
         storage the run needs is not visible from every node (:mod:`spark_torch.node.storage_check`)."""
         peers = self._meet({**hello, **storage_hello(self.spec)})
         problem = storage_problem(self.spec, peers) if peers is not None else None
-        if problem is not None:
+        if problem is not None and storage_needed(self.spec):
             raise NodeProblem(problem, kind="ConfigurationError")
+        if problem is not None and self.node_rank == 0:  # the default storage: checkpoints would fail
+            self._storage_warning = (
+                f"[spark_torch] WARNING: report(checkpoint=...) will fail on these nodes: {problem}"
+            )
         return peers
 
     def _meet(self, hello: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -119,9 +125,10 @@ class BarrierIO:
 
     def output(self) -> RankOutput:
         """The driver's channel if this node reaches it, else the executor log."""
-        if self.channel is not None and self.channel.detach_if_unreachable():
-            return self.channel
-        return ExecutorLog()
+        sink: RankOutput = self.channel if self.channel is not None and self.channel.detach_if_unreachable() else ExecutorLog()
+        if self._storage_warning is not None:  # said once, before any rank's line
+            sink(-1, "stderr", self._storage_warning)
+        return sink
 
     def task_gpus(self) -> list[str]:
         return list(self.context.resources()["gpu"].addresses)
