@@ -33,7 +33,7 @@ from spark_torch.node.workdir import NodeWorkdir, node_marker
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
 
-__all__ = ["NodeSpec", "GroupResult", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE"]
+__all__ = ["NodeSpec", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE"]
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
 SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
@@ -160,6 +160,206 @@ def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: floa
     )
 
 
+class RankGroup:
+    """This node's ranks as one object, the shape of torch elastic's ``PContext``:
+
+    :meth:`start` writes what the ranks read (payload, files, the storage's description) and
+    starts them (warm or cold), :meth:`wait` blocks until every rank exited, one failed, or
+    ``stop`` is set, :meth:`stop` stops what still runs (SIGTERM, a grace, SIGKILL; the whole
+    process trees) and joins their output, :meth:`result` is what the node reports. As a
+    context manager, leaving the block (an exception, Ctrl-C) stops them with a short grace.
+    With ``on_progress`` and a ``stall_timeout``, a :class:`~spark_torch.node.progress.ProgressWatch`
+    (handed to ``watching``) samples the ranks for stall detection; their Flight Recorder
+    traces, when asked for, go to ``on_trace``.
+    """
+
+    def __init__(
+        self,
+        spec: NodeSpec,
+        on_lines: RankOutput,
+        workdir: NodeWorkdir,
+        *,
+        reports: NodeReports | None = None,
+        on_failure: Callable[[RankFailure, str | None], None] | None = None,
+        on_progress: Callable[[list[dict[str, object]]], None] | None = None,
+        on_trace: Callable[[int, bytes], None] | None = None,
+        watching: Callable[[ProgressWatch], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._workdir = workdir
+        self._reports = reports
+        self._on_failure = on_failure
+        #: per failed rank, its pickled exception (base64) when it wrote one
+        self.pickled: dict[int, str | None] = {}
+        self._result = GroupResult()
+        self._procs: list[RankProcess] = []
+        self._exited: list[tuple[RankProcess, float]] = []
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()  # set once the node stops its ranks (their exits are "stopped")
+        self._stopped = False
+        self._progress = self._progress_watch(on_progress, on_trace)
+        self._on_lines = self._progress.observing(on_lines) if self._progress is not None else on_lines
+        if self._progress is not None and watching is not None:
+            watching(self._progress)
+
+    def _progress_watch(
+        self, on_progress: Callable[[list[dict[str, object]]], None] | None, on_trace: Callable[[int, bytes], None] | None
+    ) -> ProgressWatch | None:
+        settings = self.spec.run.settings
+        if on_progress is None or settings.stall_timeout <= 0:
+            return None
+        ranks = [self.spec.global_rank(local) for local in range(self.spec.procs_per_node)]
+        return ProgressWatch(
+            {rank: stack_file(self._workdir.path, rank) for rank in ranks},
+            sample_interval(settings.stall_timeout),
+            on_progress,
+            send_trace=on_trace,
+        )
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        if self._procs and not self._stopped:  # an exception (Ctrl-C): a short grace, then SIGKILL
+            self.stop(INTERRUPT_GRACE_SECONDS)
+
+    # start
+    def _write_inputs(self) -> list[str]:
+        spec, path = self.spec, self._workdir.path
+        if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
+            storage = spec.run.storage
+            description = {"base": storage.base, "run_id": spec.run.run_id, "token": storage.token, "options": dict(storage.options)}
+            rank_files.write_atomic(storage_file(path), json.dumps(description).encode("utf-8"))
+        if spec.run.files:
+            os.makedirs(os.path.join(path, "files"), mode=0o700, exist_ok=True)
+            for name, content in spec.run.files.items():
+                rank_files.write_atomic(os.path.join(path, "files", os.path.basename(name)), content)
+        payload_path = None
+        if spec.run.payload is not None:
+            payload_path = os.path.join(path, "payload.pkl")
+            rank_files.write_atomic(payload_path, spec.run.payload)
+        return _argv(spec, payload_path, path)
+
+    def _env(self, local_rank: int) -> dict[str, str]:
+        spec, settings = self.spec, self.spec.run.settings
+        env = _rank_env(spec, local_rank, self._workdir.path)
+        if self._progress is not None:  # the rank's stack sampler (spark_torch.rank.sampler)
+            env[envnames.STACK_FILE] = stack_file(self._workdir.path, spec.global_rank(local_rank))
+            env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
+            env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
+            # torch's Flight Recorder: what each rank's collectives were, for a stall
+            for name in (envnames.FR_BUFFER_SIZE, envnames.NCCL_TRACE_BUFFER_SIZE):
+                env.setdefault(name, str(FLIGHT_RECORDER_ENTRIES))
+        return env
+
+    def _watch(self, proc: RankProcess) -> None:
+        proc.popen.wait()
+        if proc.popen.returncode == 0:
+            state = "finished"
+        else:  # a rank this node was already stopping did not fail by itself
+            state = "stopped" if self._stopping.is_set() else "failed"
+        self._on_lines.rank_event(proc.rank, state)
+        with self._changed:
+            self._exited.append((proc, time.time()))
+            self._changed.notify_all()
+
+    def start(self) -> None:
+        """Start every rank of this node (each tracked by the workdir's reaper at once)."""
+        spec, reports = self.spec, self._reports
+        argv = self._write_inputs()
+        for local_rank in range(spec.procs_per_node):
+            rank = spec.global_rank(local_rank)
+            env = self._env(local_rank)
+            fds: tuple[int, ...] = ()
+            if reports is not None:
+                fds = reports.open(rank)
+                env[envnames.REPORT_FDS] = ",".join(map(str, fds))
+            with interrupts_deferred():  # a Ctrl-C now must not orphan a half-registered rank
+                try:
+                    proc = spawn_rank(
+                        argv, env, rank=rank, local_rank=local_rank, cwd=spec.cwd, on_lines=self._on_lines, pass_fds=fds,
+                        warm=spec.run.settings.warm_start, warm_idle=spec.run.settings.warm_start_idle,
+                    )  # fmt: skip
+                finally:
+                    if reports is not None:
+                        reports.started(rank)
+                self._procs.append(proc)
+                self._workdir.track(proc.pid, proc.created)
+                self._on_lines.rank_event(proc.rank, "started")
+                threading.Thread(target=self._watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
+        if self._progress is not None:
+            self._progress.start()
+
+    # wait
+    def wait(self, stop: threading.Event | None = None) -> GroupResult:
+        """Until every rank exited, the first failed (reported at once through ``on_failure``),
+        or ``stop`` is set (the ranks still running are then recorded as stopped)."""
+        spec, path, result = self.spec, self._workdir.path, self._result
+        seen = 0
+        with self._changed:
+            while seen < len(self._procs):
+                if seen == len(self._exited):
+                    # exits that already happened count first: a run that finished right at
+                    # its deadline is a success, not a timeout
+                    if stop is not None and stop.is_set():
+                        result.stopped = True
+                        break
+                    # wake up for exits right away; re-check ``stop`` a few times a second
+                    self._changed.wait(timeout=0.2 if stop is not None else None)
+                    continue
+                proc, when = self._exited[seen]
+                seen += 1
+                if proc.popen.returncode != 0:
+                    blob = (rank_files.read_error(path, proc.rank) or {}).get("pickled")
+                    if self._on_failure is not None:  # at once: the rest of the gang is failing now too
+                        self._on_failure(_failure(spec, proc, path, when), blob)
+                    for pump in proc.pumps:
+                        pump.join(timeout=2.0)
+                    result.failures.append(_failure(spec, proc, path, when))
+                    self.pickled[proc.rank] = blob
+                    break
+        if result.stopped:
+            result.running_at_stop = [
+                RankFailure(rank=p.rank, host=spec.host, exc_type="still running", exc_message="stopped",
+                            last_lines=tuple(p.tail), started_at=p.started_at)
+                for p in self._procs
+                if p.popen.poll() is None
+            ]  # fmt: skip
+        return result
+
+    # stop
+    def stop(self, grace: float = GRACE_SECONDS) -> None:
+        """Stop every rank still running (their whole trees: SIGTERM, ``grace``, SIGKILL) and
+        join their output pumps. Idempotent."""
+        if self._stopped:
+            return
+        self._stopping.set()
+        kill_group(self._procs, grace=grace, marker=node_marker(self.spec.run.run_id, self.spec.node_rank))
+        self._stopped = True
+        for proc in self._procs:
+            for pump in proc.pumps:
+                pump.join(timeout=2.0)
+
+    def result(self) -> GroupResult:
+        """What this node reports, after :meth:`stop`: with rank 0's result file when it ran
+        here and every rank succeeded (a rank 0 that wrote none failed)."""
+        result, spec = self._result, self.spec
+        if not result.failures and not result.stopped and spec.run.payload is not None and spec.node_rank == 0:
+            path = rank_files.result_path(self._workdir.path, 0)
+            if os.path.isfile(path):
+                result.result_file = path
+            else:
+                result.failures.append(
+                    RankFailure(rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
+                                exc_message="rank 0 exited with code 0 but wrote no result "
+                                "(did the function call os._exit(0)?)",
+                                last_lines=tuple(self._procs[0].tail), failed_at=time.time())
+                )  # fmt: skip
+        return result
+
+
 def run_ranks(
     spec: NodeSpec,
     on_lines: RankOutput,
@@ -172,165 +372,20 @@ def run_ranks(
     on_trace: Callable[[int, bytes], None] | None = None,
     watching: Callable[[ProgressWatch], None] | None = None,
 ) -> tuple[GroupResult, dict[int, str | None]]:
-    """Run this node's ranks to completion (or first failure, or ``stop``) and clean up.
-
-    Uses (and leaves to the caller) ``workdir`` when given, else makes and removes its own.
-    Returns the outcome and, per failed rank, its pickled exception (base64) when it wrote one.
-    With ``on_progress`` and a ``stall_timeout``, the ranks' stacks are sampled and a snapshot
-    of their progress goes there regularly (:class:`~spark_torch.node.progress.ProgressWatch`,
-    handed to ``watching``); the ranks' Flight Recorder traces, when asked for, go to ``on_trace``.
-    """
+    """Run this node's ranks (a :class:`RankGroup`) to completion, first failure or ``stop``,
+    and clean up. Uses (and leaves to the caller) ``workdir`` when given, else makes and
+    removes its own. Returns the result and, per failed rank, its pickled exception (base64)."""
     if workdir is None:
         with NodeWorkdir(spec.run.run_id, spec.node_rank, spec.python) as own:
             return run_ranks(
                 spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure,
                 on_progress=on_progress, on_trace=on_trace, watching=watching,
             )  # fmt: skip
-    guard = workdir
-    workdir_path = guard.path
-    outcome = GroupResult()
-    pickled: dict[int, str | None] = {}
-    procs: list[RankProcess] = []
-    marker = node_marker(spec.run.run_id, spec.node_rank)
-    cleaned = False
-    exited: list[tuple[RankProcess, float]] = []
-    changed = threading.Condition()
-    stopping = threading.Event()  # set once the node stops its ranks (their exits are "stopped")
-    settings = spec.run.settings
-    progress = None
-    if on_progress is not None and settings.stall_timeout > 0:
-        ranks = [spec.global_rank(local) for local in range(spec.procs_per_node)]
-        progress = ProgressWatch(
-            {rank: stack_file(workdir_path, rank) for rank in ranks},
-            sample_interval(settings.stall_timeout),
-            on_progress,
-            send_trace=on_trace,
-        )
-        on_lines = progress.observing(on_lines)
-        if watching is not None:
-            watching(progress)
-    try:
-        if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
-            storage = spec.run.storage
-            description = {"base": storage.base, "run_id": spec.run.run_id, "token": storage.token, "options": dict(storage.options)}
-            rank_files.write_atomic(storage_file(workdir_path), json.dumps(description).encode("utf-8"))
-        if spec.run.files:
-            os.makedirs(os.path.join(workdir_path, "files"), mode=0o700, exist_ok=True)
-            for name, content in spec.run.files.items():
-                rank_files.write_atomic(os.path.join(workdir_path, "files", os.path.basename(name)), content)
-        payload_path = None
-        if spec.run.payload is not None:
-            payload_path = os.path.join(workdir_path, "payload.pkl")
-            rank_files.write_atomic(payload_path, spec.run.payload)
-        argv = _argv(spec, payload_path, workdir_path)
-
-        def watch(proc: RankProcess) -> None:
-            proc.popen.wait()
-            if proc.popen.returncode == 0:
-                state = "finished"
-            else:  # a rank this node was already stopping did not fail by itself
-                state = "stopped" if stopping.is_set() else "failed"
-            on_lines.rank_event(proc.rank, state)
-            with changed:
-                exited.append((proc, time.time()))
-                changed.notify_all()
-
-        for local_rank in range(spec.procs_per_node):
-            env = _rank_env(spec, local_rank, workdir_path)
-            if progress is not None:  # the rank's stack sampler (spark_torch.rank.sampler)
-                env[envnames.STACK_FILE] = stack_file(workdir_path, spec.global_rank(local_rank))
-                env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
-                env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
-                # torch's Flight Recorder: what each rank's collectives were, for a stall
-                for name in (envnames.FR_BUFFER_SIZE, envnames.NCCL_TRACE_BUFFER_SIZE):
-                    env.setdefault(name, str(FLIGHT_RECORDER_ENTRIES))
-            fds: tuple[int, ...] = ()
-            if reports is not None:
-                fds = reports.open(spec.global_rank(local_rank))
-                env[envnames.REPORT_FDS] = ",".join(map(str, fds))
-            with interrupts_deferred():  # a Ctrl-C now must not orphan a half-registered rank
-                try:
-                    proc = spawn_rank(
-                        argv,
-                        env,
-                        rank=spec.global_rank(local_rank),
-                        local_rank=local_rank,
-                        cwd=spec.cwd,
-                        on_lines=on_lines,
-                        pass_fds=fds,
-                        warm=spec.run.settings.warm_start,
-                        warm_idle=spec.run.settings.warm_start_idle,
-                    )
-                finally:
-                    if reports is not None:
-                        reports.started(spec.global_rank(local_rank))
-                procs.append(proc)
-                guard.track(proc.pid, proc.created)
-                on_lines.rank_event(proc.rank, "started")
-                threading.Thread(
-                    target=watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}"
-                ).start()
-
-        if progress is not None:
-            progress.start()
-        seen = 0
-        with changed:
-            while seen < len(procs):
-                if seen == len(exited):
-                    # exits that already happened count first: a run that finished right at
-                    # its deadline is a success, not a timeout
-                    if stop is not None and stop.is_set():
-                        outcome.stopped = True
-                        break
-                    # wake up for exits right away; re-check ``stop`` a few times a second
-                    changed.wait(timeout=0.2 if stop is not None else None)
-                    continue
-                proc, when = exited[seen]
-                seen += 1
-                if proc.popen.returncode != 0:
-                    if on_failure is not None:  # at once: the rest of the gang is failing now too
-                        blob = (rank_files.read_error(workdir_path, proc.rank) or {}).get("pickled")
-                        on_failure(_failure(spec, proc, workdir_path, when), blob)
-                    for pump in proc.pumps:
-                        pump.join(timeout=2.0)
-                    outcome.failures.append(_failure(spec, proc, workdir_path, when))
-                    pickled[proc.rank] = (rank_files.read_error(workdir_path, proc.rank) or {}).get("pickled")
-                    break
-        still_running = [p for p in procs if p.popen.poll() is None]
-        if outcome.stopped:
-            outcome.running_at_stop = [
-                RankFailure(
-                    rank=p.rank,
-                    host=spec.host,
-                    exc_type="still running",
-                    exc_message="stopped",
-                    last_lines=tuple(p.tail),
-                    started_at=p.started_at,
-                )
-                for p in still_running
-            ]
-        stopping.set()
-        kill_group(procs, grace=GRACE_SECONDS, marker=marker)
-        cleaned = True
-        for proc in procs:
-            for pump in proc.pumps:
-                pump.join(timeout=2.0)
-        if not outcome.failures and not outcome.stopped and spec.run.payload is not None:
-            if spec.node_rank == 0:
-                path = rank_files.result_path(workdir_path, 0)
-                if os.path.isfile(path):
-                    outcome.result_file = path
-                else:
-                    outcome.failures.append(
-                        RankFailure(rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
-                                    exc_message="rank 0 exited with code 0 but wrote no result "
-                                    "(did the function call os._exit(0)?)",
-                                    last_lines=tuple(procs[0].tail), failed_at=time.time())
-                    )
-        return outcome, pickled
-    finally:
-        if progress is not None:
-            progress.close()
-        if procs and not cleaned:  # an exception (Ctrl-C): a short grace, then SIGKILL
-            stopping.set()
-            kill_group(procs, grace=INTERRUPT_GRACE_SECONDS, marker=marker)
+    with RankGroup(
+        spec, on_lines, workdir, reports=reports, on_failure=on_failure, on_progress=on_progress, on_trace=on_trace,
+        watching=watching,
+    ) as group:  # fmt: skip
+        group.start()
+        group.wait(stop)
+        group.stop()
+        return group.result(), group.pickled
