@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.rank_group import GroupResult, NodeSpec, run_ranks
 from spark_torch.node.staging import check_shards, data_env, write_node_data
-from spark_torch.node.store_host import hosts_store, start_store_host
+from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
@@ -167,6 +168,65 @@ def _usable_dir(path: str | None) -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
+def _stage_rows(run: RunSpec, workdir: NodeWorkdir, batches: Iterable[Any] | None) -> tuple[str | None, int]:
+    """The node's DataFrame rows to a file (``run_on_dataframe``); else drain the placeholder row."""
+    if run.data is not None:
+        return write_node_data(batches or (), workdir.path)
+    for _ in batches or ():  # one placeholder row per node
+        pass
+    return None, 0
+
+
+def _check_peers(run: RunSpec, io: NodeIO, peers: list[dict[str, Any]], output: RankOutput) -> None:
+    """What every node must share: the Python minor version and the driver's package."""
+    error, warning = python_mismatch(run.driver_python, [str(p.get("python")) for p in peers])
+    if error:
+        raise NodeProblem(error)
+    mismatch = package_mismatch(run.driver_package, peers)
+    if mismatch:
+        raise NodeProblem(mismatch)
+    if warning and io.node_rank == 0:
+        output(-1, "stderr", warning)
+
+
+def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, peers: list[dict[str, Any]], data_path: str | None) -> dict[str, str]:
+    """The variables every rank of this node gets on top of torchrun's: its DataFrame shard,
+    the checkpoint it resumes from. Raises :class:`NodeProblem` for shards or a missing script."""
+    node_env: dict[str, str] = {}
+    if run.data is not None and data_path is not None:
+        rows_per_node = [int(p["rows"]) for p in peers]
+        problem = check_shards(rows_per_node, run.plan.procs_per_node)
+        if problem:
+            raise NodeProblem(problem, kind="ConfigurationError")
+        node_env.update(data_env(data_path, run.data.columns, run.data.explicit, rows_per_node=rows_per_node))
+    if run.script is not None and not os.path.isfile(run.script):
+        raise NodeProblem(
+            f"training script {run.script} does not exist on executor host {io.host}; "
+            "in distributed mode the script must be at the same path on every executor "
+            "(a shared filesystem, or ship it with spark.files / --files)"
+        )
+    node_env.update(resume_env(run, workdir.path))
+    return node_env
+
+
+def _master_port(run: RunSpec, io: NodeIO, cwd: str | None) -> tuple[socket.socket | None, StoreHost | None]:
+    """Node 0: a reserved port for the ranks' master and, with warm starts, the rendezvous store
+    already listening on it (a store host that did not say "ready" in time may still take its
+    port under load: rank 0 then hosts the store on a freshly reserved one)."""
+    if io.node_rank != 0:
+        return None, None
+    reservation = reserve_port(io.master_host)
+    try:
+        store = start_store_host(run, reservation.getsockname()[1], cwd)
+    except BaseException:
+        reservation.close()
+        raise
+    if store is None and hosts_store(run):
+        reservation.close()
+        reservation = reserve_port(io.master_host)
+    return reservation, store
+
+
 def run_node(
     run: RunSpec,
     io: NodeIO,
@@ -179,77 +239,36 @@ def run_node(
     ``run_on_dataframe``; otherwise whatever input rows shaped the stage (drained). Raises
     :class:`NodeProblem` for a problem found before any rank started.
     """
-    data_path, rows = None, 0
-    if run.data is not None:
-        data_path, rows = write_node_data(batches or (), workdir.path)
-    else:
-        for _ in batches or ():  # one placeholder row per node
-            pass
-    reservation = reserve_port(io.master_host) if io.node_rank == 0 else None
-    store = None
-    reports = None
+    data_path, rows = _stage_rows(run, workdir, batches)
     cwd = _usable_dir(run.cwd)
+    reservation, store = _master_port(run, io, cwd)
+    reports = None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
-        if reservation is not None:  # listening before any node's rank can ask for it
-            store = start_store_host(run, port, cwd)
-            if store is None and hosts_store(run):
-                # a store host that did not say "ready" in time may still hold the port (a
-                # template slow to fork under load): rank 0 hosts the store on a fresh one
-                reservation.close()
-                reservation = reserve_port(io.master_host)
-                port = reservation.getsockname()[1]
         hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": rows}
         peers = io.rendezvous(hello)
         if peers is None:
             return NodeResult(outcome=None)
         output = io.output()
-        error, warning = python_mismatch(run.driver_python, [str(p.get("python")) for p in peers])
-        if error:
-            raise NodeProblem(error)
-        mismatch = package_mismatch(run.driver_package, peers)
-        if mismatch:
-            raise NodeProblem(mismatch)
-        if warning and io.node_rank == 0:
-            output(-1, "stderr", warning)
-        node_env: dict[str, str] = {}
-        if run.data is not None and data_path is not None:
-            rows_per_node = [int(p["rows"]) for p in peers]
-            problem = check_shards(rows_per_node, run.plan.procs_per_node)
-            if problem:
-                raise NodeProblem(problem, kind="ConfigurationError")
-            node_env.update(data_env(data_path, run.data.columns, run.data.explicit, rows_per_node=rows_per_node))
-        if run.script is not None and not os.path.isfile(run.script):
-            raise NodeProblem(
-                f"training script {run.script} does not exist on executor host {io.host}; "
-                "in distributed mode the script must be at the same path on every executor "
-                "(a shared filesystem, or ship it with spark.files / --files)"
-            )
+        _check_peers(run, io, peers, output)
+        node_env = _node_env(run, io, workdir, peers, data_path)
         visible = _visible_devices(run, io)
-        node_env.update(resume_env(run, workdir.path))
         first = io.node_rank * run.plan.procs_per_node
         reports = io.report_pipes(range(first, first + run.plan.procs_per_node))
         spec = NodeSpec(
-            run=run,
-            node_rank=io.node_rank,
-            master_addr=io.master_host,
-            master_port=int(peers[0]["port"]),
-            host=io.host,
-            visible_devices=visible,
-            node_env=node_env,
-            cwd=cwd,
-            agent_store=store is not None,
-        )
+            run=run, node_rank=io.node_rank, master_addr=io.master_host, master_port=int(peers[0]["port"]),
+            host=io.host, visible_devices=visible, node_env=node_env, cwd=cwd, agent_store=store is not None,
+        )  # fmt: skip
         outcome, pickled = run_ranks(
             spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
             on_trace=io.trace, watching=io.watching,
         )
-        hosted = NodeResult(outcome=outcome, pickled=pickled)
+        result = NodeResult(outcome=outcome, pickled=pickled)
         if outcome.failures:
             # every failed node tells the driver, which then puts the earliest failure first,
             # whichever task Spark saw failing first
-            io.node_failed(hosted.failure_report())
-        return hosted
+            io.node_failed(result.failure_report())
+        return result
     finally:
         if reports is not None:
             reports.close()

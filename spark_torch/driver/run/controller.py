@@ -31,6 +31,7 @@ from spark_torch.driver.spark.preflight import check_executors
 from spark_torch.errors import ConfigurationError, DistributedRunError, RunStalledError, RunTimeoutError
 from spark_torch.rank_files import ResultBytes
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
+from spark_torch.settings import Settings
 from spark_torch.settings import resolve as resolve_settings
 from spark_torch.spec import DataSpec, RunSpec, StorageSpec
 from spark_torch.version import package_identity
@@ -45,9 +46,9 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, run: RunResult) -> Any:
-    """Run ``entry`` (see :meth:`Distributor.run`); fills ``run`` (the call's result) as it goes."""
-    cluster = read_cluster(spark) if spark is not None else ClusterInfo()
+def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
+    """The run's layout, and what the user should know about it (GPUs found or not used,
+    traffic that Spark encrypts and torch does not)."""
     host = host_facts(config, cluster, os.environ)
     plan = make_plan(config, cluster, host=host)
     if plan.use_gpu and host.gpus_found and config.use_gpu is None:
@@ -63,45 +64,68 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
             "is encrypted too, but torch's gloo/NCCL traffic between ranks is NOT encrypted",
             "spark.ssl.enabled" if cluster.ssl_enabled else "spark.network.crypto.enabled",
         )
-    payload = dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
-    settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
-    endpoint = None if plan.local_mode else resolve_endpoint(cluster, settings)
-    run_id = run.run_id
-    token = uuid.uuid4().hex
-    sink = DriverLogSink(config, plan.world_size)  # raises before anything is created for a bad log_dir
-    try:
-        storage = _storage(config, run_id, token)
-    except BaseException:
-        sink.close()
-        raise
-    base = RunSpec(
+    return plan
+
+
+def _run_spec(
+    config: DistributorConfig, plan: LaunchPlan, entry: Entrypoint, payload: bytes | None, data: DataInput | None,
+    run_id: str, storage: RunStorage | None, token: str, settings: Settings,
+) -> RunSpec:  # fmt: skip
+    """The run as every node sees it (one immutable spec; each attempt replaces its size)."""
+    script = entry if isinstance(entry, ScriptEntrypoint) else None
+    return RunSpec(
         plan=plan,
         run_id=run_id,
         max_restarts=config.max_restarts,
         payload=payload,
-        script=entry.path if isinstance(entry, ScriptEntrypoint) else None,
-        script_argv=entry.argv if isinstance(entry, ScriptEntrypoint) else (),
-        files=dict(entry.files) if isinstance(entry, ScriptEntrypoint) else {},
+        script=script.path if script is not None else None,
+        script_argv=script.argv if script is not None else (),
+        files=dict(script.files) if script is not None else {},
         extra_env=config.env,
         cwd=os.getcwd(),
         driver_python=platform.python_version(),
         driver_package=package_identity(),
         data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
-        storage=StorageSpec(base=storage.base, token=token, options=storage.options, required=config.storage_path is not None) if storage is not None else None,
+        storage=StorageSpec(base=storage.base, token=token, options=storage.options, required=config.storage_path is not None)
+        if storage is not None
+        else None,
         settings=settings,
     )
+
+
+def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings) -> Membership | None:
+    """The sizes a distributed run may take (None in local mode)."""
+    if plan.local_mode:
+        return None
+    minimum = config.min_processes or config.num_processes
+    return Membership(
+        max_nodes=plan.num_nodes,
+        min_nodes=max(1, math.ceil(minimum / plan.procs_per_node)),
+        procs_per_node=plan.procs_per_node,
+        elastic_wait=settings.elastic_wait,
+        executor_wait=settings.executor_wait,
+    )
+
+
+def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, run: RunResult) -> Any:
+    """Run ``entry`` (see :meth:`Distributor.run`); fills ``run`` (the call's result) as it goes."""
+    cluster = read_cluster(spark) if spark is not None else ClusterInfo()
+    plan = _plan(config, cluster)
+    settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
+    # a function that does not pickle fails here, before anything is created
+    payload = dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
+    endpoint = None if plan.local_mode else resolve_endpoint(cluster, settings)
+    token = uuid.uuid4().hex
+    sink = DriverLogSink(config, plan.world_size)  # raises before anything is created for a bad log_dir
+    try:
+        storage = _storage(config, run.run_id, token)
+    except BaseException:
+        sink.close()
+        raise
+    base = _run_spec(config, plan, entry, payload, data, run.run_id, storage, token, settings)
     deadline = time.monotonic() + config.timeout if config.timeout else None
-    tracker = ReportTracker(run, sink, config, plan, run_id)
-    membership = None
-    if not plan.local_mode:
-        minimum = config.min_processes or config.num_processes
-        membership = Membership(
-            max_nodes=plan.num_nodes,
-            min_nodes=max(1, math.ceil(minimum / plan.procs_per_node)),
-            procs_per_node=plan.procs_per_node,
-            elastic_wait=settings.elastic_wait,
-            executor_wait=settings.executor_wait,
-        )
+    tracker = ReportTracker(run, sink, config, plan, run.run_id)
+    membership = _membership(config, plan, settings)
     controller = RunController(
         spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=run,
         sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
