@@ -5,8 +5,6 @@ Importing this package is cheap: it imports neither pyspark nor torch, and each 
 imported on first use (a rank's entry module loads none of the driver's modules).
 """
 
-from __future__ import annotations
-
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -109,5 +107,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list[str]:
+def __dir__() -> "list[str]":
     return sorted(__all__)

@@ -249,9 +249,10 @@ class RankGroup:
             env[envnames.STACK_FILE] = stack_file(self._workdir.path, spec.global_rank(local_rank))
             env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
             env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
-            # torch's Flight Recorder: what each rank's collectives were, for a stall
-            for name in (envnames.FR_BUFFER_SIZE, envnames.NCCL_TRACE_BUFFER_SIZE):
-                env.setdefault(name, str(FLIGHT_RECORDER_ENTRIES))
+            # torch's Flight Recorder: what each rank's collectives were, for a stall (its older
+            # name, TORCH_NCCL_TRACE_BUFFER_SIZE, makes torch warn: set only if the user did)
+            if envnames.NCCL_TRACE_BUFFER_SIZE not in env:
+                env.setdefault(envnames.FR_BUFFER_SIZE, str(FLIGHT_RECORDER_ENTRIES))
         return env
 
     def _watch(self, proc: RankProcess) -> None:

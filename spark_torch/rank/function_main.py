@@ -34,9 +34,9 @@ against a real rank):
                                       sampler writes its main thread's stack
 ``SPARK_TORCH_SAMPLE_SECONDS``        how often it samples (a tenth of ``stall_timeout``, 0.2-1 s)
 ``SPARK_TORCH_STACK_ALL_THREADS``     ``1`` when stall messages show every thread (``stall_all_threads``)
-``TORCH_FR_BUFFER_SIZE``              ``2000`` unless set (stall detection on): torch's Flight
-                                      Recorder keeps the last collectives, read on a stall
-``TORCH_NCCL_TRACE_BUFFER_SIZE``      the same, under the name older torch releases read
+``TORCH_FR_BUFFER_SIZE``              ``2000`` unless it or ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is set
+                                      (stall detection on): torch's Flight Recorder keeps the last
+                                      collectives, read on a stall
 ====================================  ==========================================================
 
 So ``torch.distributed.init_process_group(backend, init_method="env://")`` works unchanged.
