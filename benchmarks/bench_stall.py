@@ -40,10 +40,10 @@ from spark_torch import Distributor  # noqa: E402
 
 #: what the eager spark_torch/__init__.py imported before it became lazy
 EAGER = (
-    "spark_torch.driver.deepspeed",
-    "spark_torch.driver.distributor",
+    "spark_torch.driver.api.deepspeed",
+    "spark_torch.driver.api.distributor",
     "spark_torch.driver.result",
-    "spark_torch.driver.torch_distributor",
+    "spark_torch.driver.api.torch_distributor",
     "spark_torch.errors",
     "spark_torch.reporting.api",
 )

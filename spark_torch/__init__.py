@@ -5,19 +5,17 @@ Importing this package is cheap: it imports neither pyspark nor torch, and each 
 imported on first use (a rank's entry module loads none of the driver's modules).
 """
 
-from __future__ import annotations
-
 import importlib
 from typing import TYPE_CHECKING, Any
 
 from spark_torch.version import __version__
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
-    from spark_torch.driver.deepspeed import DeepspeedTorchDistributor
-    from spark_torch.driver.distributor import Distributor
-    from spark_torch.driver.past_runs import RunSummary, list_runs
+    from spark_torch.driver.api.deepspeed import DeepspeedTorchDistributor
+    from spark_torch.driver.api.distributor import Distributor
+    from spark_torch.driver.api.past_runs import RunSummary, list_runs
+    from spark_torch.driver.api.torch_distributor import TorchDistributor
     from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
-    from spark_torch.driver.torch_distributor import TorchDistributor
     from spark_torch.errors import (
         ClusterConfigurationError,
         ConfigurationError,
@@ -37,17 +35,17 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
 
 #: where each public name lives; imported on first access (module ``__getattr__``, PEP 562)
 _HOMES = {
-    "Distributor": "spark_torch.driver.distributor",
-    "TorchDistributor": "spark_torch.driver.torch_distributor",
-    "DeepspeedTorchDistributor": "spark_torch.driver.deepspeed",
+    "Distributor": "spark_torch.driver.api.distributor",
+    "TorchDistributor": "spark_torch.driver.api.torch_distributor",
+    "DeepspeedTorchDistributor": "spark_torch.driver.api.deepspeed",
     "RunResult": "spark_torch.driver.result",
     "Checkpoint": "spark_torch.reporting.checkpoint",
     "AttemptRecord": "spark_torch.driver.result",
     "AttemptEnd": "spark_torch.driver.result",
     "AttemptReason": "spark_torch.driver.result",
     "LaunchPlan": "spark_torch.spec",
-    "list_runs": "spark_torch.driver.past_runs",
-    "RunSummary": "spark_torch.driver.past_runs",
+    "list_runs": "spark_torch.driver.api.past_runs",
+    "RunSummary": "spark_torch.driver.api.past_runs",
     "init_process_group": "spark_torch.rank.prepare",
     "prepare_model": "spark_torch.rank.prepare",
     "prepare_data_loader": "spark_torch.rank.prepare",
@@ -109,5 +107,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list[str]:
+def __dir__() -> "list[str]":
     return sorted(__all__)

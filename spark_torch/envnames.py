@@ -69,7 +69,7 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: thread pools sized per rank (Spark pins OMP_NUM_THREADS=1 for Python tasks)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 #: thread pools sized once, when their library is imported (numpy's OpenBLAS): a fork cannot
-#: resize them (spark_torch.node.template_protocol starts such a rank cold unless they are 1)
+#: resize them (spark_torch.node.template.protocol starts such a rank cold unless they are 1)
 IMPORT_SIZED_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
@@ -85,7 +85,7 @@ RUN_ID = "SPARK_TORCH_RUN_ID"
 #: inherits (:func:`spark_torch.node.workdir.node_marker`), find the node's processes
 NODE_MARKER = (RUN_ID, NODE_RANK)
 #: the warm-start template's last variable: room in its environment block that each of its
-#: children overwrites with its node's marker (:mod:`spark_torch.node.template_child`)
+#: children overwrites with its node's marker (:mod:`spark_torch.node.template.child`)
 MARK_SLOT = "SPARK_TORCH_MARK_SLOT"
 RESTART_COUNT = "SPARK_TORCH_RESTART_COUNT"
 

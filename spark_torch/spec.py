@@ -1,9 +1,9 @@
 """The immutable description of one run, resolved once on the driver and read everywhere else.
 
-:class:`LaunchPlan` is how the run is laid out (from :func:`spark_torch.driver.plan.make_plan`);
+:class:`LaunchPlan` is how the run is laid out (from :func:`spark_torch.driver.run.plan.make_plan`);
 :class:`RunSpec` adds what to run, the run's identity and where the driver's channel is. The
 same ``RunSpec`` object travels to every node (pickled into the barrier task in distributed
-mode) and is wrapped, not copied, by each node's :class:`~spark_torch.node.runner.NodeSpec`. Pure data:
+mode) and is wrapped, not copied, by each node's :class:`~spark_torch.node.rank_group.NodeSpec`. Pure data:
 imports nothing from Spark or torch, so the executor side may import it.
 """
 

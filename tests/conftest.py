@@ -86,7 +86,7 @@ def _stop_active() -> None:
 
 def wait_for_slots(spark: Any, needed: int, seconds: float = 120.0) -> None:
     """Block until the cluster's executors registered (bounded)."""
-    from spark_torch.driver.cluster import available_slots
+    from spark_torch.driver.spark.cluster import available_slots
 
     deadline = time.monotonic() + seconds
     while (available_slots(spark) or 0) < needed:
@@ -277,7 +277,7 @@ def rank_processes() -> list[psutil.Process]:
                 continue
             if "SPARK_TORCH_RUN_ID" in env:
                 found.append(proc)
-            elif "spark_torch.node.template_main" in " ".join(proc.cmdline()):
+            elif "spark_torch.node.template.server" in " ".join(proc.cmdline()):
                 found.extend(c for c in proc.children() if c.status() != psutil.STATUS_ZOMBIE)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.driver.cluster import _addresses, _executor_names, executor_hosts
+from spark_torch.driver.spark.cluster import _addresses, _executor_names, executor_hosts
 
 
 def _rank() -> int:
@@ -41,7 +41,7 @@ def test_host_names_are_resolved_and_unknown_names_trust_nothing() -> None:
 def test_a_distributed_run_gives_its_channel_the_executors_addresses(
     cluster_spark: Any, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
 ) -> None:
-    import spark_torch.driver.barrier as barrier
+    import spark_torch.driver.run.barrier as barrier
     from spark_torch.channel.driver_end import DriverChannel
 
     opened: list[DriverChannel] = []

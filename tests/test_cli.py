@@ -163,14 +163,14 @@ def test_wrong_master_is_one_line_in_seconds(command: list[str]) -> None:
 def test_master_that_is_not_a_master() -> None:
     """Something accepts TCP at the master's address but is no Spark master: Spark's own
     'All masters are unresponsive' becomes one line."""
-    from spark_torch.driver.session import _unresponsive
+    from spark_torch.driver.spark.session import _unresponsive
 
     error = _unresponsive(RuntimeError("...\nAll masters are unresponsive! Giving up.\n..."), "spark://h:7077")
     assert str(error).startswith("the Spark master at spark://h:7077 accepted a connection but never answered")
 
 
 def test_master_endpoints() -> None:
-    from spark_torch.driver.session import master_endpoints
+    from spark_torch.driver.spark.session import master_endpoints
 
     assert master_endpoints("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
     assert master_endpoints("spark://a") == [("a", 7077)]

@@ -151,7 +151,7 @@ def test_connect_unreachable_channel_falls_back(
 
 def test_connect_executors_python_is_checked(connect_spark: Any) -> None:
     """The check before the barrier stage works through Spark Connect too (a plain Python UDF)."""
-    from spark_torch.driver import preflight
+    from spark_torch.driver.spark import preflight
 
     facts = preflight._ask(connect_spark, 2, *preflight.node_modules(ship_package=True))
     assert isinstance(facts, list) and len(facts) == 2, facts

@@ -115,7 +115,7 @@ def test_every_public_name_is_in_the_api_reference() -> None:
 def test_every_cli_flag_is_in_the_cli_page() -> None:
     import argparse
 
-    from spark_torch.cli import build_parser
+    from spark_torch.cli.main import build_parser
 
     page = (DOCS / "cli.md").read_text(encoding="utf-8")
     parser = build_parser()

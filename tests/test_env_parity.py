@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
-from spark_torch.driver.cluster import ClusterInfo
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.plan import make_plan
+from spark_torch.driver.run.plan import make_plan
+from spark_torch.driver.spark.cluster import ClusterInfo
 
 from .conftest import SCRIPTS
 

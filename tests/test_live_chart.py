@@ -1,4 +1,4 @@
-"""The live chart in Jupyter (driver/tracker.py) leaves the user's matplotlib alone.
+"""The live chart in Jupyter (driver/console/tracker.py) leaves the user's matplotlib alone.
 
 A run in a real Jupyter kernel (nbclient, this venv's ipykernel) whose user chose a matplotlib
 backend and has a pyplot figure open: the run draws its chart under the cell, and afterwards

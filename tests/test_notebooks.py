@@ -43,7 +43,7 @@ def execute(name: str, tmp_path: Path, monkeypatch: Any) -> Any:
 
 #: an absolute path at the start of a word (not a URL's ``//``, not a fraction like ``0/2``)
 _ABSOLUTE_PATH = re.compile(r"(?:^|(?<=[\s'\"(\[=]))/(?!/)[\w.-]+/[\w.-]")
-#: what a JVM prints on every start (see spark_torch.driver.session.JVM_START_NOISE)
+#: what a JVM prints on every start (see spark_torch.driver.spark.session.JVM_START_NOISE)
 _JVM_NOISE = ("Using incubator modules", "log4j", "Setting default log level", "sc.setLogLevel", "NativeCodeLoader")
 #: other libraries' advertisements and deprecation notices: filtered in the notebook, not stored
 _THIRD_PARTY = ("💡", "litlogger", "is deprecated", "DeprecationWarning", "FutureWarning", "UserWarning")

@@ -1,5 +1,5 @@
 """Checks before anything starts: the executors' Python before the barrier stage
-(driver/preflight.py) and Java before an embedded session (driver/java.py). Each problem is one
+(driver/spark/preflight.py) and Java before an embedded session (driver/spark/java.py). Each problem is one
 LaunchError line naming what was found and the fix, with no Java or Py4J trace; end to end in
 subprocesses, so that everything the JVM prints is captured too."""
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from spark_torch.driver import preflight
-from spark_torch.driver.java import check_java, java_major, required_java
-from spark_torch.driver.preflight import ExecutorPython, describe_failure, describe_problem
+from spark_torch.driver.spark import preflight
+from spark_torch.driver.spark.java import check_java, java_major, required_java
+from spark_torch.driver.spark.preflight import ExecutorPython, describe_failure, describe_problem
 from spark_torch.errors import LaunchError
 
 from .conftest import SCRIPTS

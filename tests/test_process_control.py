@@ -18,8 +18,8 @@ import pytest
 
 from spark_torch import DistributedRunError, Distributor
 from spark_torch.node.process_tree import create_time, terminate_trees
+from spark_torch.node.rank_group import NodeSpec, run_ranks
 from spark_torch.node.reaper_main import parse_line
-from spark_torch.node.runner import NodeSpec, run_node
 from spark_torch.spec import LaunchPlan, RunSpec
 
 from .conftest import SCRIPTS
@@ -113,13 +113,13 @@ def test_a_forked_descendant_in_its_own_session_is_stopped(warm: bool, fail: boo
     run ends, whether the run succeeded or failed, for warm ranks (forks of the template, whose
     environment block they show) as for cold ones."""
     parent, survivors = _run_detaching(Distributor(num_processes=1, warm_start=warm), fail)
-    assert ("spark_torch.node.template_main" in parent) is warm
+    assert ("spark_torch.node.template.server" in parent) is warm
     assert survivors == [], "the rank's detached grandchild survived the run"
 
 
 def test_a_forked_descendant_of_a_warm_rank_is_stopped_on_an_executor(spark_session: Any, no_leftovers: None) -> None:
     parent, survivors = _run_detaching(Distributor(num_processes=1, local_mode=False, warm_start=True), fail=True)
-    assert "spark_torch.node.template_main" in parent
+    assert "spark_torch.node.template.server" in parent
     assert survivors == [], "the rank's detached grandchild survived the run"
 
 
@@ -181,7 +181,7 @@ def test_a_run_that_finished_at_its_deadline_is_not_a_timeout() -> None:
     )  # fmt: skip
     stop = threading.Event()
     node = NodeSpec(run=spec, node_rank=0, master_addr="127.0.0.1", master_port=1, cwd=os.getcwd())
-    outcome, _ = run_node(node, _DeadlineAtTheLastExit(stop, 2), stop=stop)
+    outcome, _ = run_ranks(node, _DeadlineAtTheLastExit(stop, 2), stop=stop)
     assert stop.is_set() and not outcome.stopped and not outcome.failures
 
 

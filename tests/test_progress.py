@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
-from spark_torch.driver.progress import RunStatus
+from spark_torch.driver.console.status import RunStatus
 
 
 def say_hello() -> int:
@@ -61,7 +61,7 @@ def test_importing_ipykernel_is_not_interactive() -> None:
     """Only a running Jupyter kernel counts, not a process that merely imported ipykernel."""
     import ipykernel  # noqa: F401
 
-    from spark_torch.driver.progress import interactive
+    from spark_torch.driver.console.status import interactive
 
     assert interactive() is False
 

@@ -218,7 +218,7 @@ def test_slow_persisting_keeps_report_in_step(
     later step, and report() on every rank returns only after its own step is persisted."""
     import time
 
-    from spark_torch.driver.tracker import ReportTracker
+    from spark_torch.driver.console.tracker import ReportTracker
 
     slow_row = ReportTracker.row
 

@@ -20,7 +20,7 @@ from .conftest import SCRIPTS
 def channels(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every DriverChannel a distributed run opens in this test, in order (to look at what
     arrived over the channel, not only at what the user got)."""
-    import spark_torch.driver.barrier as barrier
+    import spark_torch.driver.run.barrier as barrier
     from spark_torch.channel.driver_end import DriverChannel
 
     opened: list[DriverChannel] = []

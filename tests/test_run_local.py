@@ -316,7 +316,7 @@ def test_a_store_host_that_never_said_ready_does_not_keep_rank_0_off_the_port(mo
     node 0 gave up on it: rank 0 then hosts the store on a fresh port, not the taken one."""
     import socket
 
-    from spark_torch.node import host as node_host
+    from spark_torch.node import lifecycle as node_host
 
     squatters: list[socket.socket] = []
 

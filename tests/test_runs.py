@@ -45,7 +45,7 @@ def test_list_runs(storage: Path) -> None:
     assert restarted.metrics["loss"] == 0.3 and restarted.metrics["step"] == 2
     assert restarted.best_checkpoint is not None and restarted.best_checkpoint.step == 2
     assert restarted.path == str(storage / "restarted")
-    assert steady.attempts == 2 and [row["attempt"] for row in steady.attempt_log] == [0, 0]  # two run() calls
+    assert steady.attempts == 2 and [row["attempt"] for row in steady.attempt_log] == [0, 1]  # two run() calls number on
     assert steady.world_size == 2 and steady.steps == 4 and steady.metrics["loss"] == 0.5
     assert steady.best_checkpoint is not None and steady.best_checkpoint.step == 2  # loss 0.4, the lowest
     assert steady.checkpoint is not None and steady.checkpoint.step == 4

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from spark_torch.driver.session import JVM_START_NOISE, embedded_conf
+from spark_torch.driver.spark.session import JVM_START_NOISE, embedded_conf
 
 ROOT = Path(__file__).resolve().parent.parent
 
 _PROBE = textwrap.dedent(
     """
     import os
-    from spark_torch.driver.session import get_or_create_session
+    from spark_torch.driver.spark.session import get_or_create_session
 
     spark = get_or_create_session()
     conf = spark.sparkContext.getConf()

@@ -30,12 +30,12 @@ import psutil
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.node import warm
 from spark_torch.node.processes import with_package_on_path
+from spark_torch.node.template import client as warm
 
 from .conftest import SCRIPTS
 
-TEMPLATE_MODULE = "spark_torch.node.template_main"
+TEMPLATE_MODULE = "spark_torch.node.template.server"
 SCRIPT_MAIN = "spark_torch.rank.script_main"
 #: a fresh template imports torch: seconds on 2 busy cores
 READY_SECONDS = 120.0
@@ -169,7 +169,7 @@ def _raw_connect(path: str) -> socket.socket:
 
 
 def _runner_connect(template: Template) -> socket.socket:
-    """Connect as node runners do (spark_torch.node.warm)."""
+    """Connect as node runners do (spark_torch.node.template.client)."""
     conn = warm._connect(template.path)
     if conn is None:
         raise AssertionError(f"the template no longer listens (exit status {template.process.poll()}): {template.stderr()}")
@@ -434,7 +434,7 @@ def test_a_failure_of_the_loop_itself_removes_the_socket(tmp_path: Path, capsys:
     """Not one connection's failure but the loop's own (here select() fails): one line on stderr,
     and the socket is gone, so the next runner starts a new template instead of meeting a dead
     socket."""
-    from spark_torch.node.template_main import _Template
+    from spark_torch.node.template.server import _Template
 
     path = str(tmp_path / "t.sock")
     template = _Template(path, os.getpid(), None)

@@ -62,7 +62,7 @@ def test_warm_ranks_see_what_cold_ranks_see(tmp_path: Path, no_leftovers: None) 
         warm, cold = _both(tmp_path)
     finally:
         os.chdir(cwd)
-    assert "spark_torch.node.template_main" in warm["ppid_cmd"] and "spark_torch.node.template_main" not in cold["ppid_cmd"]
+    assert "spark_torch.node.template.server" in warm["ppid_cmd"] and "spark_torch.node.template.server" not in cold["ppid_cmd"]
     for key in ("cwd", "argv0", "argc", "path0", "main", "stdio", "threads"):
         assert warm[key] == cold[key], key
     # the one difference: warm, the rendezvous store is hosted before the ranks start
@@ -85,7 +85,7 @@ def _templates() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and "spark_torch.node.template_main" in " ".join(child.cmdline()):
+            if child.status() != psutil.STATUS_ZOMBIE and "spark_torch.node.template.server" in " ".join(child.cmdline()):
                 found.append(child)
         except psutil.Error:
             continue
@@ -101,7 +101,7 @@ def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
     template.wait(10)
     out = Distributor(num_processes=2).run(what_a_rank_sees, "y")
     (rebuilt,) = [t for t in _templates() if t.pid == out["ppid"]]
-    assert rebuilt.pid != template.pid and "spark_torch.node.template_main" in out["ppid_cmd"]
+    assert rebuilt.pid != template.pid and "spark_torch.node.template.server" in out["ppid_cmd"]
 
 
 def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
@@ -116,7 +116,7 @@ def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
 def test_warm_start_can_be_turned_off(value: str, no_leftovers: None) -> None:
     os.environ["SPARK_TORCH_WARM_START"] = value
     out = Distributor(num_processes=1).run(what_a_rank_sees, "z")
-    assert "spark_torch.node.template_main" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
+    assert "spark_torch.node.template.server" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
 
 
 def what_starts_with_the_interpreter() -> dict[str, Any]:
@@ -210,7 +210,7 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
             resource.setrlimit(which, value)
         for template in set(_templates()) - before:  # the one for these settings
             template.kill()
-    assert "spark_torch.node.template_main" in warm["ppid_cmd"] and "spark_torch.node.template_main" not in cold["ppid_cmd"]
+    assert "spark_torch.node.template.server" in warm["ppid_cmd"] and "spark_torch.node.template.server" not in cold["ppid_cmd"]
     assert cold["hash"] == warm["hash"] and cold["warnoptions"] == warm["warnoptions"] == ["ignore::UserWarning"]
     assert cold["filters"] == warm["filters"] and ("ignore", "UserWarning") in warm["filters"]
     assert cold["dont_write_bytecode"] is warm["dont_write_bytecode"] is True
@@ -228,7 +228,7 @@ def test_ranks_hold_no_descriptor_but_their_own(no_leftovers: None) -> None:
     of the template (its socket, pidfds, pipes) and nothing of other runs' requests."""
     warm = Distributor(num_processes=2).run(what_starts_with_the_interpreter)
     cold = Distributor(num_processes=2, warm_start=False).run(what_starts_with_the_interpreter)
-    assert "spark_torch.node.template_main" in warm["ppid_cmd"]
+    assert "spark_torch.node.template.server" in warm["ppid_cmd"]
     for seen in (warm, cold):
         assert set(seen["fds"]) == {0, 1, 2, *seen["report_fds"]}, seen["fds"]
     assert len(warm["report_fds"]) == len(cold["report_fds"])
@@ -241,7 +241,7 @@ def test_an_idle_template_exits_and_a_later_run_starts_a_new_one(no_leftovers: N
     own = {"PYTHON_SPARK_TORCH_TEST_KEY": uuid.uuid4().hex}
     first = Distributor(num_processes=1, warm_start_idle=1.0, env=own).run(what_a_rank_sees, "idle")
     template = psutil.Process(first["ppid"])
-    assert "spark_torch.node.template_main" in " ".join(template.cmdline())
+    assert "spark_torch.node.template.server" in " ".join(template.cmdline())
     deadline = time.monotonic() + 60
     while psutil.pid_exists(template.pid):
         assert time.monotonic() < deadline, (
@@ -250,7 +250,7 @@ def test_an_idle_template_exits_and_a_later_run_starts_a_new_one(no_leftovers: N
         )
         time.sleep(0.05)
     second = Distributor(num_processes=2, warm_start_idle=1.0, env=own).run(what_a_rank_sees, "after")
-    assert "spark_torch.node.template_main" in second["ppid_cmd"] and second["leaked"] is None
+    assert "spark_torch.node.template.server" in second["ppid_cmd"] and second["leaked"] is None
     (rebuilt,) = [t for t in _templates() if t.pid == second["ppid"]]  # a child of this process, reaped when it ends
     assert rebuilt.pid != template.pid
 
@@ -261,8 +261,8 @@ def template_of_rank() -> list[dict[str, Any]]:
 
     dist.init_process_group("gloo", init_method="env://")
     parent = psutil.Process(os.getppid())
-    argv = parent.cmdline()  # python -m spark_torch.node.template_main SOCKET OWNER IDLE
-    owner = int(argv[argv.index("spark_torch.node.template_main") + 2])
+    argv = parent.cmdline()  # python -m spark_torch.node.template.server SOCKET OWNER IDLE
+    owner = int(argv[argv.index("spark_torch.node.template.server") + 2])
     mine = {"template": parent.pid, "cmdline": " ".join(argv), "owner": owner}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -296,7 +296,7 @@ def test_executor_python_workers_share_one_template(cluster_spark: Any, no_lefto
 
     executors = {p.pid: p for p in session_executors()}
     first = Distributor(num_processes=2, local_mode=False).run(template_of_rank)
-    assert all("spark_torch.node.template_main" in r["cmdline"] for r in first)
+    assert all("spark_torch.node.template.server" in r["cmdline"] for r in first)
     assert {r["owner"] for r in first} <= set(executors) and len({r["owner"] for r in first}) == 2
     assert _kill_idle_python_workers() >= 2
     second = Distributor(num_processes=2, local_mode=False).run(template_of_rank)
@@ -339,7 +339,7 @@ def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
     os.environ.pop("PYTHONUNBUFFERED", None)  # ranks get it anyway (rank_env): the store host must too
     out = Distributor(num_processes=2).run(who_hosts_the_store)
     assert [r["listens"] for r in out] == [False, False]
-    assert all("spark_torch.node.template_main" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert all("spark_torch.node.template.server" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
     assert all(r["host_parent"] == r["parent"] for r in out)  # the ranks' template: same start-up settings
     assert out[0]["agent"] == "True"
     os.environ["SPARK_TORCH_WARM_START"] = "0"  # no template to fork it from: rank 0 hosts it, as before
@@ -350,6 +350,6 @@ def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
 def test_the_store_is_hosted_in_distributed_mode(spark_session: Any, no_leftovers: None) -> None:
     out = Distributor(num_processes=2, local_mode=False).run(who_hosts_the_store)
     assert [r["listens"] for r in out] == [False, False]
-    assert all("spark_torch.node.template_main" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
+    assert all("spark_torch.node.template.server" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
     assert all(r["host_parent"] == r["parent"] for r in out)  # one template per executor, store host included
     assert [r["agent"] for r in out] == ["True", None]  # only node 0's ranks are told

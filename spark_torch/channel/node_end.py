@@ -13,7 +13,7 @@ from typing import Any
 from spark_torch.channel.client import ChannelClient
 from spark_torch.channel.log_stream import LineQueue, sendable
 from spark_torch.channel.protocols import StepAnswers
-from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousOutcome, parse_decision
+from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousResult, parse_decision
 from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
 from spark_torch.failure_reports import FailureReport, report_to_dict
 from spark_torch.spec import ChannelSpec
@@ -38,7 +38,7 @@ class NodeChannel:
         self._nodes = nodes
         self._stop = stop
         self._decided = threading.Event()
-        self._outcome: RendezvousOutcome | None = None
+        self._outcome: RendezvousResult | None = None
         self._detached = False
         self._closed = False
         #: the driver could not take this node's bulk data (its message); set under the client's cond
@@ -170,7 +170,7 @@ class NodeChannel:
             self._decided.wait(min(remaining, 0.1))
         return True
 
-    def rendezvous(self, hello: dict[str, Any]) -> RendezvousOutcome:
+    def rendezvous(self, hello: dict[str, Any]) -> RendezvousResult:
         """Say hello and wait for the driver's decision, bounded by the rendezvous deadline.
 
         Returns every node's hello (in node order), or a fallback outcome (then the caller goes
@@ -182,10 +182,10 @@ class NodeChannel:
                 self._client.send({"give_up": self.last_error})
                 self._wait_decision(GIVE_UP_SECONDS)
         if self._stop.is_set():
-            return RendezvousOutcome(stopped=True)
+            return RendezvousResult(stopped=True)
         if self._outcome is not None:
             return self._outcome
-        return RendezvousOutcome(reason=self.last_error or f"no answer from the driver's channel at {self._spec.address}")
+        return RendezvousResult(reason=self.last_error or f"no answer from the driver's channel at {self._spec.address}")
 
     def detach_if_unreachable(self) -> bool:
         """After a fallback: if the driver was never reached, stop trying (output goes elsewhere).

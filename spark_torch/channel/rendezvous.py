@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RendezvousCoordinator", "RendezvousOutcome", "parse_decision", "fallback_warning", "PEERS", "FALLBACK", "GIVE_UP_SECONDS"]
+__all__ = ["RendezvousCoordinator", "RendezvousResult", "parse_decision", "fallback_warning", "PEERS", "FALLBACK", "GIVE_UP_SECONDS"]
 
 PEERS = "peers"
 FALLBACK = "fallback"
@@ -27,7 +27,7 @@ GIVE_UP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
-class RendezvousOutcome:
+class RendezvousResult:
     """How a node's rendezvous ended: with every node's hello, or fallback, or stopped."""
 
     peers: list[dict[str, Any]] | None = None
@@ -82,12 +82,12 @@ class RendezvousCoordinator:
             return [n for n in range(self._nodes) if n not in self._hellos]
 
 
-def parse_decision(decision: Any, nodes: int) -> RendezvousOutcome | None:
+def parse_decision(decision: Any, nodes: int) -> RendezvousResult | None:
     """A node's view of the driver's decision; None if it is malformed."""
     if not isinstance(decision, dict):
         return None
     if decision.get("decision") == FALLBACK:
-        return RendezvousOutcome(reason=str(decision.get("reason", "")))
+        return RendezvousResult(reason=str(decision.get("reason", "")))
     peers = decision.get("peers")
     if (
         decision.get("decision") == PEERS
@@ -95,7 +95,7 @@ def parse_decision(decision: Any, nodes: int) -> RendezvousOutcome | None:
         and len(peers) == nodes
         and all(isinstance(p, dict) and p.get("node") == i for i, p in enumerate(peers))
     ):
-        return RendezvousOutcome(peers=peers)
+        return RendezvousResult(peers=peers)
     return None
 
 

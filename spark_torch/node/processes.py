@@ -20,7 +20,7 @@ import psutil
 from spark_torch import envnames
 from spark_torch.lines import CONTINUED, MAX_LINE_BYTES, RankOutput, last_lines, make_block
 from spark_torch.node.process_tree import create_time, terminate_trees
-from spark_torch.node.warm import WarmProcess, warm_spawn
+from spark_torch.node.template.client import WarmProcess, warm_spawn
 
 __all__ = [
     "RankProcess",
@@ -66,7 +66,7 @@ class RankProcess:
 
     rank: int
     local_rank: int
-    #: a ``subprocess.Popen``, or a :class:`~spark_torch.node.warm.WarmProcess` (pid, poll, wait)
+    #: a ``subprocess.Popen``, or a :class:`~spark_torch.node.template.client.WarmProcess` (pid, poll, wait)
     popen: Any
     started_at: float
     #: psutil's creation time of the process: a stale pid is never signalled
@@ -156,7 +156,7 @@ def spawn_rank(
 ) -> RankProcess:
     """Start one rank in a new session (its own process group).
 
-    Forked from the warm-start template when ``warm`` and it can be (:mod:`spark_torch.node.warm`:
+    Forked from the warm-start template when ``warm`` and it can be (:mod:`spark_torch.node.template.client`:
     torch is already imported there; a template this call starts ends after ``warm_idle``
     seconds with no rank running, the run's ``warm_start_idle``), else a fresh interpreter. No ``preexec_fn`` (Python code between
     fork and exec can deadlock a multi-threaded parent): the rank arms its own parent-death

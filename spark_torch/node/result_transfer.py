@@ -19,7 +19,7 @@ that path is never written), else streams it over the run's authenticated channe
 (:class:`StreamedResult` writes it on the driver), else sends it as rows through Spark;
 ``channel`` skips the file hand-over; ``spark`` always uses rows. The driver reads the rows
 with :func:`read_stage` and gets the result bytes from :func:`assemble`. The bytes are only
-unpickled (by the driver, :func:`spark_torch.driver.distributor`) when they came from a file
+unpickled (by the driver, :func:`spark_torch.driver.api.distributor`) when they came from a file
 this run wrote, frames authenticated with the run's secret, or Spark's own result path.
 """
 
@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spark_torch import envelopes
-from spark_torch.envelopes import ResultBytes
+from spark_torch import rank_files
 from spark_torch.errors import LaunchError
+from spark_torch.rank_files import ResultBytes
 from spark_torch.spec import RunSpec
 
 __all__ = [
@@ -129,7 +129,7 @@ def _hand_over(result_file: str, result_dir: str | None, token: str) -> int | No
             os.replace(result_file, target)  # same filesystem: no copy
         except OSError:
             with open(result_file, "rb") as src:
-                envelopes.write_atomic_from(target, src)
+                rank_files.write_atomic_from(target, src)
         return size
     except OSError:
         return None
@@ -297,12 +297,12 @@ def assemble(stage: StageRows, result_dir: str | None, streamed: StreamedResult 
         received = streamed.size() if streamed is not None else 0
         if received != size or streamed is None:
             raise LaunchError(f"rank 0's result: node 0 streamed {size} bytes over the channel, the driver has {received}")
-        return envelopes.map_file(streamed.path)
+        return rank_files.map_file(streamed.path)
     if rows and rows[0][0] == HANDED_OVER_SEQ:
         size = int(data[rows[0][1]].as_py().decode("ascii"))
         path = os.path.join(result_dir or "", RESULT_FILE)
         try:
-            result = envelopes.map_file(path)
+            result = rank_files.map_file(path)
         except OSError as exc:
             raise LaunchError(f"rank 0's result file {path} could not be read on the driver ({exc})") from exc
         if len(result) != size:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from spark_torch.envnames import SCRUBBED, TORCHELASTIC_USE_AGENT_STORE
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.processes import with_package_on_path
-from spark_torch.node.warm import WarmProcess, warm_spawn
+from spark_torch.node.template.client import WarmProcess, warm_spawn
 from spark_torch.spec import RunSpec
 
 __all__ = ["StoreHost", "host_store", "start_store_host", "AGENT_STORE_ENV"]

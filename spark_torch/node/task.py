@@ -1,6 +1,6 @@
 """Executor side of distributed mode: the body of one Spark barrier task (one node).
 
-The node host (:func:`~spark_torch.node.host.host_node`) runs the node; this module gives it a
+The node host (:func:`~spark_torch.node.lifecycle.run_node`) runs the node; this module gives it a
 :class:`BarrierIO`: the rendezvous goes through the driver's channel (each node says hello;
 node 0's hello carries the port it reserved), or, when the channel cannot be reached within the
 rendezvous deadline, through one Spark ``allGather`` round (about a second); rank output goes
@@ -25,7 +25,7 @@ from spark_torch.errors import RankFailure
 from spark_torch.failure_reports import FailureReport, encode_report
 from spark_torch.lines import RankOutput
 from spark_torch.node import result_transfer
-from spark_torch.node.host import NodeProblem, host_node, host_of
+from spark_torch.node.lifecycle import NodeProblem, host_of, run_node
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.storage_check import storage_hello, storage_needed, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
@@ -54,7 +54,7 @@ class ExecutorLog:
 
 
 class BarrierIO:
-    """A node inside a Spark barrier task (see :class:`~spark_torch.node.host.NodeIO`)."""
+    """A node inside a Spark barrier task (see :class:`~spark_torch.node.lifecycle.NodeIO`)."""
 
     def __init__(self, spec: RunSpec, context: Any) -> None:
         self.spec = spec
@@ -204,7 +204,7 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
     try:  # the channel connects from here on: it is closed whatever happens next
         with NodeWorkdir(spec.run_id, io.node_rank) as workdir:
             try:
-                hosted = host_node(spec, io, workdir, batches)
+                hosted = run_node(spec, io, workdir, batches)
             except NodeProblem as problem:
                 raise io.fail(problem) from None
             outcome = hosted.outcome

@@ -34,9 +34,9 @@ against a real rank):
                                       sampler writes its main thread's stack
 ``SPARK_TORCH_SAMPLE_SECONDS``        how often it samples (a tenth of ``stall_timeout``, 0.2-1 s)
 ``SPARK_TORCH_STACK_ALL_THREADS``     ``1`` when stall messages show every thread (``stall_all_threads``)
-``TORCH_FR_BUFFER_SIZE``              ``2000`` unless set (stall detection on): torch's Flight
-                                      Recorder keeps the last collectives, read on a stall
-``TORCH_NCCL_TRACE_BUFFER_SIZE``      the same, under the name older torch releases read
+``TORCH_FR_BUFFER_SIZE``              ``2000`` unless it or ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is set
+                                      (stall detection on): torch's Flight Recorder keeps the last
+                                      collectives, read on a stall
 ====================================  ==========================================================
 
 So ``torch.distributed.init_process_group(backend, init_method="env://")`` works unchanged.
@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 import sys
 
-from spark_torch import envelopes, envnames
+from spark_torch import envnames, rank_files
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
@@ -66,27 +66,27 @@ def main(argv: list[str]) -> int:
     start_sampler()  # stall detection, when the node asked for it
     try:
         with open(payload_path, "rb") as fh:
-            fn, args, kwargs = envelopes.load_function_payload(fh.read())
+            fn, args, kwargs = rank_files.load_function_payload(fh.read())
         value = fn(*args, **kwargs)
     except SystemExit as exc:
         if exc.code in (None, 0):
             value = None
         else:
-            envelopes.write_error(result_dir, rank, exc)
+            rank_files.write_error(result_dir, rank, exc)
             return exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
-        envelopes.write_error(result_dir, rank, exc)
+        rank_files.write_error(result_dir, rank, exc)
         return 1
     destroy_process_group()
     if rank == 0:
         try:
-            envelopes.write_result(result_dir, rank, value)
+            rank_files.write_result(result_dir, rank, value)
         except Exception as exc:  # noqa: BLE001
             wrapped = TypeError(
                 f"rank 0 returned a {type(value).__name__} that cannot be pickled ({exc}); "
                 "return plain data (numbers, lists, dicts, tensors, state_dict()) instead"
             )
-            envelopes.write_error(result_dir, rank, wrapped)
+            rank_files.write_error(result_dir, rank, wrapped)
             return 1
     return 0
 

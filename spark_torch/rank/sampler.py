@@ -6,7 +6,7 @@ two counters into ``SPARK_TORCH_STACK_FILE`` (a temporary file renamed over it, 
 reads half a sample): ``seq`` grows with every sample (a node that sees it stand still knows the
 rank is not answering: a native call holding the GIL), ``moved`` with every sample whose
 position differs from the one before (a frame, a line, the bytecode offset of the innermost frame,
-or a report() call). The launcher's own frames (this package's rank entry, runpy) are left out.
+the local variables of the user's frames, or a report() call). The launcher's own frames (this package's rank entry, runpy) are left out.
 When the node asks (a stall), it also writes torch's Flight Recorder record of the collectives
 still in flight (:func:`trace_path`), if the rank uses torch.distributed.
 """
@@ -56,6 +56,27 @@ def _user_frames(frame: FrameType | None) -> list[traceback.FrameSummary]:
     return rest or frames[-1:]
 
 
+def _token(value: Any) -> Any:
+    """A value as it identifies a loop's state: small plain values by value, others by identity."""
+    if type(value) in (int, float, bool) or (type(value) is str and len(value) <= 64):
+        return value
+    return id(value)
+
+
+def _locals_digest(frame: FrameType | None, depth: int) -> int:
+    """A digest of the local variables of the user's ``depth`` innermost frames.
+
+    A tight Python loop is always paused at the same bytecode when the GIL changes hands (its
+    backward jump), so its position alone looks like a rank that does not move; its loop
+    variables do change. A blocked rank's locals do not."""
+    tokens = []
+    while frame is not None and depth > 0:
+        tokens.append(tuple(_token(v) for v in frame.f_locals.values()))
+        frame = frame.f_back
+        depth -= 1
+    return hash(tuple(tokens))
+
+
 def _text(frames: list[traceback.FrameSummary]) -> str:
     text = "".join(traceback.format_list(frames))
     return text if len(text) <= MAX_STACK_CHARS else "  ...\n" + text[-MAX_STACK_CHARS:]
@@ -86,7 +107,12 @@ class _Sampler:
     def sample(self) -> None:
         frame = sys._current_frames().get(self.main_id)
         frames = _user_frames(frame)
-        position = (tuple((f.filename, f.lineno, f.name) for f in frames), frame.f_lasti if frame is not None else -1, progress_count())
+        position = (
+            tuple((f.filename, f.lineno, f.name) for f in frames),
+            frame.f_lasti if frame is not None else -1,
+            progress_count(),
+            _locals_digest(frame, len(frames)),
+        )
         self.seq += 1
         if position != self.position:
             self.moved += 1

@@ -45,7 +45,7 @@ def _lines_of(out: str, rank: int) -> list[int]:
 @pytest.fixture
 def proxied(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Make the driver advertise a proxy in front of its channel; yields a factory for the proxy."""
-    import spark_torch.driver.barrier as barrier
+    import spark_torch.driver.run.barrier as barrier
 
     made: list[Proxy] = []
 

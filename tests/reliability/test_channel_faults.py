@@ -213,7 +213,7 @@ class _StuckBarrier:
 
 def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any) -> None:
     from spark_torch.failure_reports import decode_report
-    from spark_torch.node.host import NodeProblem
+    from spark_torch.node.lifecycle import NodeProblem
     from spark_torch.node.task import BarrierIO
     from spark_torch.spec import LaunchPlan, RunSpec
 

@@ -146,7 +146,7 @@ def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.Captur
             for payload in (b"garbage" * 10, struct.pack(">I", MAX_FRAME * 8) + b"x" * 32, b""):
                 threading.Thread(target=_stranger, args=(self.port, payload), daemon=True).start()
 
-    import spark_torch.driver.barrier as barrier
+    import spark_torch.driver.run.barrier as barrier
 
     barrier.DriverChannel = Spy  # type: ignore[misc]
     try:
@@ -176,7 +176,7 @@ def test_secret_not_in_command_lines_or_env(spark_session: Any, no_leftovers: No
         secrets.append(real())
         return secrets[-1]
 
-    import spark_torch.driver.barrier as barrier
+    import spark_torch.driver.run.barrier as barrier
 
     barrier.new_secret = spy  # type: ignore[assignment]
     try:

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
     from spark_torch import Distributor
-    from spark_torch.driver.cluster import available_slots
+    from spark_torch.driver.spark.cluster import available_slots
 
     spark = SparkSession.builder.appName("spark-torch-submit-driver").getOrCreate()
     try:

@@ -32,10 +32,14 @@ def test_import_contracts_hold() -> None:
 @pytest.mark.parametrize(
     ("module", "upward", "contract"),
     [
-        ("node/host.py", "import spark_torch.driver.barrier", "spark_torch.node.host -> spark_torch.driver.barrier"),
+        ("node/lifecycle.py", "import spark_torch.driver.run.barrier", "spark_torch.node.lifecycle -> spark_torch.driver.run.barrier"),
         ("channel/node_end.py", "import spark_torch.reporting.pipes", "spark_torch.channel.node_end -> spark_torch.reporting.pipes"),
         ("rank/function_main.py", "import pyspark", "spark_torch.rank.function_main -> pyspark"),
         ("errors.py", "import spark_torch.spec", "spark_torch.errors -> spark_torch.spec"),
+        # the driver's sub-layers: Spark access and the console never reach up into the run loop
+        ("driver/spark/session.py", "import spark_torch.driver.run.controller", "spark_torch.driver.spark.session -> spark_torch.driver.run.controller"),
+        ("driver/console/logs.py", "import spark_torch.driver.spark.cluster", "spark_torch.driver.console.logs -> spark_torch.driver.spark.cluster"),
+        ("driver/run/plan.py", "import spark_torch.driver.api.distributor", "spark_torch.driver.run.plan -> spark_torch.driver.api.distributor"),
     ],
 )
 def test_an_upward_import_breaks_the_contracts(tmp_path: Path, module: str, upward: str, contract: str) -> None:

@@ -1,10 +1,10 @@
-"""The live chart's figure (driver/tracker.py): one panel per metric, steps on integer ticks."""
+"""The live chart's figure (driver/console/tracker.py): one panel per metric, steps on integer ticks."""
 
 from __future__ import annotations
 
 import pytest
 
-from spark_torch.driver.tracker import chart_figure
+from spark_torch.driver.console.tracker import chart_figure
 
 pytest.importorskip("matplotlib")
 

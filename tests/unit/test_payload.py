@@ -8,8 +8,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from spark_torch.driver.entrypoint import FunctionEntrypoint
-from spark_torch.driver.payload import dump_function_payload
+from spark_torch.driver.run.entrypoint import FunctionEntrypoint
+from spark_torch.driver.run.payload import dump_function_payload
 
 
 def _user_module(tmp_path: Path):

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from spark_torch import ConfigurationError, Distributor
-from spark_torch.driver.cluster import ClusterInfo
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.plan import make_plan
+from spark_torch.driver.run.plan import make_plan
+from spark_torch.driver.spark.cluster import ClusterInfo
 from spark_torch.node.gpus import local_gpu_addresses, ranks_per_task
 from spark_torch.node.rank_env import RankIdentity, rank_env
 
@@ -132,7 +132,7 @@ def test_ranks_per_task_cpu() -> None:
 
 def _endpoint(cluster: ClusterInfo, env: dict[str, str]) -> Any:
     """The channel endpoint as a run resolves it: settings from ``env`` and the cluster's conf."""
-    from spark_torch.driver.endpoints import resolve_endpoint
+    from spark_torch.driver.run.endpoints import resolve_endpoint
     from spark_torch.settings import resolve
 
     return resolve_endpoint(cluster, resolve({}, env, cluster.torch_conf))
@@ -178,7 +178,7 @@ def test_endpoint_resolution() -> None:
 )
 def test_endpoint_errors(env: dict[str, str], message: str) -> None:
     from spark_torch import ConfigurationError
-    from spark_torch.driver.cluster import ClusterInfo
+    from spark_torch.driver.spark.cluster import ClusterInfo
 
     with pytest.raises(ConfigurationError) as info:
         _endpoint(ClusterInfo(), env)
@@ -228,13 +228,13 @@ def test_gpu_and_tls_misconfiguration_is_also_a_runtime_error() -> None:
     ],
 )
 def test_slots_from_conf(conf: dict[str, str], slots: int | None) -> None:
-    from spark_torch.driver.cluster import slots_from_conf
+    from spark_torch.driver.spark.cluster import slots_from_conf
 
     assert slots_from_conf(conf.get) == slots
 
 
 def test_cgroup_quota() -> None:
-    from spark_torch.driver.cpus import available_cpus, quota_cpus
+    from spark_torch.driver.run.cpus import available_cpus, quota_cpus
 
     assert quota_cpus("max 100000") is None and quota_cpus("150000 100000") == 2 and quota_cpus("50000 100000") == 1
     assert quota_cpus(None, "-1", "100000") is None and quota_cpus(None, "400000", "100000") == 4
@@ -243,7 +243,7 @@ def test_cgroup_quota() -> None:
 
 def test_python_versions_compare_major_minor() -> None:
     """PySpark's rule: the same major.minor everywhere; a patch difference only warns."""
-    from spark_torch.node.host import python_mismatch
+    from spark_torch.node.lifecycle import python_mismatch
 
     assert python_mismatch("3.11.9", ["3.11.9", "3.11.9"]) == (None, None)
     error, warning = python_mismatch("3.11.9", ["3.11.4", "3.11.9"])
@@ -254,7 +254,7 @@ def test_python_versions_compare_major_minor() -> None:
 
 def test_ipv6_hosts_lose_their_brackets_for_binding() -> None:
     """Spark reports IPv6 task addresses as [addr]:port; bind() wants the bare address."""
-    from spark_torch.node.host import host_of
+    from spark_torch.node.lifecycle import host_of
     from spark_torch.node.processes import reserve_port
 
     assert host_of("10.0.0.5:41234") == "10.0.0.5" and host_of("worker-3:7") == "worker-3"
@@ -270,7 +270,7 @@ def test_ipv6_hosts_lose_their_brackets_for_binding() -> None:
 
 @pytest.mark.parametrize(("version", "ok"), [("3.4.1", False), ("3.3.2", False), ("3.5.0", True), ("4.1.1", True), ("4.3.0.dev0", True)])
 def test_supported_pyspark_versions(version: str, ok: bool) -> None:
-    from spark_torch.driver.compat import check_pyspark
+    from spark_torch.driver.spark.pyspark_shims import check_pyspark
 
     if ok:
         check_pyspark(version)
@@ -316,7 +316,7 @@ def test_pyspark_34_fails_before_anything_starts() -> None:
     ],
 )
 def test_a_cluster_without_rpc_encryption_is_warned(cluster: ClusterInfo, warns: bool) -> None:
-    from spark_torch.driver.cluster import unencrypted_rpc_warning
+    from spark_torch.driver.spark.cluster import unencrypted_rpc_warning
 
     warning = unencrypted_rpc_warning(cluster)
     assert (warning is not None) == warns, (cluster.master, warning)

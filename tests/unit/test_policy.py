@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_torch.driver.policy import Action, RestartPolicy
 from spark_torch.driver.result import AttemptEnd, AttemptReason
+from spark_torch.driver.run.policy import Action, RestartPolicy
 
 
 def test_success_finishes() -> None:

@@ -18,8 +18,8 @@ REFERENCE = re.compile(r"(?<![\w/.-])spark_torch(?:\.[A-Za-z_]\w*)+")
 #: file names that look like references but are not Python names
 NOT_NAMES = {"spark_torch.zip", "spark_torch.egg", "spark_torch.log"}
 #: MLflow parameter and tag names that the tracker logs ("spark_torch.world_size"): string
-#: literals of driver/tracker.py, not Python names
-MLFLOW_NAMES = set(re.findall(r'"(spark_torch\.\w+)"', (PACKAGE / "driver" / "tracker.py").read_text(encoding="utf-8")))
+#: literals of driver/console/tracker.py, not Python names
+MLFLOW_NAMES = set(re.findall(r'"(spark_torch\.\w+)"', (PACKAGE / "driver" / "console" / "tracker.py").read_text(encoding="utf-8")))
 
 
 def _texts() -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.stall import StallWatch
+from spark_torch.driver.run.stall import StallWatch
 from spark_torch.errors import ConfigurationError, RunStalledError
 from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges
 
@@ -86,7 +86,7 @@ def test_stall_settings_are_checked() -> None:
 
 
 def test_flight_recorder_summaries_are_plain_bounded_json() -> None:
-    from spark_torch.driver.stall import in_flight
+    from spark_torch.driver.run.stall import in_flight
 
     dump = b'{"entries": [{"profiling_name": "nccl:all_reduce", "collective_seq_id": 7, "state": "started", "input_sizes": [[4, 4]]}]}'
     assert in_flight(dump) == "nccl:all_reduce #7 started sizes [[4, 4]]"

@@ -1,0 +1,1 @@
+"""The ``spark-torch`` command: run, doctor, runs."""

@@ -1,0 +1,134 @@
+"""Where rank output goes on the driver: prefixed lines on the driver's sys.stdout/sys.stderr.
+
+Lines are written through ``sys.stdout``/``sys.stderr`` (not file descriptors 1/2) so that in
+Jupyter they appear under the cell that called ``run()``; they are flushed after each batch
+(one pipe read of a rank, or one frame from a node), and a batch is written with one call, so output stays live.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+import threading
+from collections import deque
+from typing import IO
+
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.console.status import RunStatus
+from spark_torch.errors import ConfigurationError
+from spark_torch.lines import block_lines, last_lines
+
+__all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
+
+#: lines of each rank kept on the driver for error messages
+TAIL_LINES = 20
+
+
+def _open_log(log_dir: str, rank: int) -> IO[str]:
+    """``log_dir/rank-N.log`` for appending, owner-only (logs may hold data or credentials a
+    rank printed). Only a regular file of this user with no other name: never through a
+    symbolic link, never someone else's file, never a hard link to a file elsewhere (a link
+    planted in a shared ``log_dir`` must not redirect the log into, or chmod, a victim's file),
+    and never a FIFO (opened non-blocking, it cannot stop the driver before anything starts)."""
+    path = os.path.join(log_dir, f"rank-{rank}.log")
+    fix = "remove it or choose another log_dir"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        reasons = {errno.ELOOP: "is a symbolic link", errno.ENXIO: "is a named pipe (FIFO), not a regular file"}
+        reason = reasons.get(exc.errno or 0, f"cannot be opened ({exc.strerror})")
+        raise ConfigurationError(f"log_dir: {path} {reason}; {fix}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise ConfigurationError(
+                f"log_dir: {path} is not a regular file of this user (owner uid {info.st_uid}); {fix}"
+            )
+        if info.st_nlink != 1:
+            raise ConfigurationError(
+                f"log_dir: {path} has {info.st_nlink} names (a hard link: the log would also change the file "
+                f"under its other name); {fix}"
+            )
+        os.set_blocking(fd, True)  # a regular file: writes block as usual
+        os.fchmod(fd, 0o600)  # also when our own file existed with wider permissions
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def format_line(rank: int, text: str) -> str:
+    """``[rank 1] text``."""
+    return f"[rank {rank}] {text}"
+
+
+class DriverLogSink:
+    """Prints the ranks' lines that ``log_ranks`` selects and keeps per-rank files in ``log_dir``."""
+
+    def __init__(self, config: DistributorConfig, world_size: int = 0) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._files: dict[int, IO[str]] = {}
+        self.tails: dict[int, deque[str]] = {}
+        self.lines = 0
+        #: the live status of the current attempt (disabled unless shown)
+        self.status = RunStatus(0, enabled=False)
+        if config.log_dir is not None:
+            os.makedirs(config.log_dir, exist_ok=True)
+            try:  # every rank's file now: a problem with one is an error before anything starts
+                for rank in range(world_size):
+                    self._files[rank] = _open_log(config.log_dir, rank)
+            except BaseException:
+                self.close()
+                raise
+
+    def __call__(self, rank: int, stream: str, block: str) -> None:
+        """Receive a block of complete lines (joined by "\n") of one rank's stdout or stderr."""
+        with self._lock:
+            self.lines += block_lines(block)
+            tail = self.tails.get(rank)
+            if tail is None:
+                tail = self.tails[rank] = deque(maxlen=TAIL_LINES)
+            tail.extend(last_lines(block, TAIL_LINES))
+            if self._config.shows_rank(rank):
+                out = sys.stderr if stream == "stderr" else sys.stdout
+                prefix = format_line(rank, "")
+                text = prefix + block.replace("\n", "\n" + prefix) + "\n"
+                if self.status.enabled:
+                    with self.status.around_output():
+                        out.write(text)
+                        out.flush()
+                else:
+                    out.write(text)
+            if self._config.log_dir is not None and rank >= 0:
+                fh = self._files.get(rank)
+                if fh is None:
+                    fh = self._files[rank] = _open_log(self._config.log_dir, rank)
+                fh.write(block + "\n")
+
+    def rank_event(self, rank: int, state: str) -> None:
+        """A rank ``started``, ``finished`` or ``failed`` (feeds the live status)."""
+        self.status.event(rank, state)
+
+    def flush(self) -> None:
+        """Flush what was written; called after each batch of lines (a pipe read, a frame)."""
+        with self._lock:
+            for out in (sys.stdout, sys.stderr):
+                out.flush()
+            for fh in self._files.values():
+                fh.flush()
+
+    def tail(self, rank: int) -> tuple[str, ...]:
+        """The last lines this driver received from ``rank``."""
+        with self._lock:
+            return tuple(self.tails.get(rank, ()))
+
+    def close(self) -> None:
+        """Close the per-rank files."""
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()

@@ -1,0 +1,93 @@
+"""One attempt of a run on the driver: the run spec plus what only the driver needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_torch.driver.result import AttemptEnd
+from spark_torch.driver.run.membership import Membership
+from spark_torch.driver.run.stall import StallWatch
+from spark_torch.lines import RankOutput
+from spark_torch.rank_files import ResultBytes
+from spark_torch.reporting.coordinator import ReportCoordinator
+from spark_torch.reporting.storage import RunStorage
+from spark_torch.spec import RunSpec
+
+__all__ = ["Attempt", "AttemptOutcome"]
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """How an attempt ended: a typed end, rank 0's pickled value on success, the error otherwise
+    (``detail`` says why it grows)."""
+
+    end: AttemptEnd
+    result: ResultBytes | None = None
+    error: BaseException | None = None
+    detail: str = ""
+
+    @classmethod
+    def succeeded(cls, result: ResultBytes | None) -> AttemptOutcome:
+        """The gang finished; ``result`` is rank 0's pickled value (None for scripts)."""
+        return cls(AttemptEnd.SUCCEEDED, result=result)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One (re)start of the whole gang. ``spec.run_id`` is stable across restarts."""
+
+    spec: RunSpec
+    on_lines: RankOutput = field(repr=False)
+    #: the run's attempt number, what report() rows record: counts on across run() calls that
+    #: resume a run_id (``spec.restart_count`` counts the restarts of this call only)
+    number: int = 0
+    timeout: float | None = None  # what is left of the run's time for this attempt
+    run_timeout: float | None = None  # the user's ``timeout``, for messages
+    #: the last lines the driver received from a rank (for errors about ranks that did not report)
+    tail: Callable[[int], tuple[str, ...]] = field(default=lambda rank: (), repr=False)
+    #: receives rank 0's metrics row of every persisted report() step
+    on_row: Callable[[dict[str, Any]], None] = field(default=lambda row: None, repr=False)
+    keep_checkpoints: int | None = None
+    #: keep the best checkpoints by this reported metric (and ``score_order``) instead of the newest
+    score_attribute: str | None = None
+    score_order: str = "max"
+    #: elastic_grow: the run's sizes (an attempt below full size watches for free slots)
+    membership: Membership | None = None
+    #: the status line's stall: seconds without progress, None when the run moves (again)
+    on_stall: Callable[[float | None], None] = field(default=lambda idle: None, repr=False)
+    #: where the ranks' Flight Recorder traces go when a stall is found
+    trace_dir: str | None = None
+
+    def stall_watch(self, stop: Callable[[str], None]) -> StallWatch:
+        """This attempt's stall detector (inactive with ``stall_timeout=0``); ``stop`` stops the
+        attempt when ``stall_action="fail"``."""
+        settings = self.spec.settings
+        return StallWatch(
+            self.spec.world_size, settings.stall_timeout, settings.stall_action,
+            stop=stop, on_status=self.on_stall, trace_dir=self.trace_dir,
+        )  # fmt: skip
+
+    def report_coordinator(
+        self, answer: Callable[[int, str | None], None], after_checkpoint: Callable[[int], None] | None = None
+    ) -> ReportCoordinator:
+        """The coordinator of this attempt's report() steps; ``answer`` tells the nodes."""
+        store = self.spec.storage
+        storage = RunStorage(store.base, self.spec.run_id, store.options) if store is not None else None
+        return ReportCoordinator(
+            nodes=self.spec.plan.num_nodes,
+            attempt=self.number,
+            storage=storage,
+            on_row=self.on_row,
+            answer=answer,
+            keep_checkpoints=self.keep_checkpoints,
+            score=(self.score_attribute, self.score_order),
+            world_size=self.spec.world_size,
+            after_checkpoint=after_checkpoint,
+        )
+
+    @property
+    def tag(self) -> str:
+        """Spark job tag of this attempt (unique per run and restart)."""
+        return f"spark-torch-{self.spec.run_id}-{self.spec.restart_count}"

@@ -1,0 +1,298 @@
+"""One ``run()`` on the driver, start to end: plan, payload, settings, storage, then the
+attempts (restarting the gang up to ``max_restarts`` times), and rank 0's value."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.console.logs import DriverLogSink
+from spark_torch.driver.console.status import RunStatus, interactive
+from spark_torch.driver.console.tracker import ReportTracker
+from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
+from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
+from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
+from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
+from spark_torch.driver.run.membership import Membership
+from spark_torch.driver.run.payload import dump_function_payload
+from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
+from spark_torch.driver.run.policy import Action, RestartPolicy
+from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
+from spark_torch.driver.spark.dataframe import DataInput
+from spark_torch.driver.spark.preflight import check_executors
+from spark_torch.errors import ConfigurationError, DistributedRunError, RunStalledError, RunTimeoutError
+from spark_torch.rank_files import ResultBytes
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
+from spark_torch.settings import Settings
+from spark_torch.settings import resolve as resolve_settings
+from spark_torch.spec import DataSpec, RunSpec, StorageSpec
+from spark_torch.version import package_identity
+
+__all__ = ["execute", "new_run_id"]
+
+logger = logging.getLogger(__name__)
+
+
+def new_run_id() -> str:
+    """A fresh run id (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
+
+
+def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
+    """The run's layout, and what the user should know about it (GPUs found or not used,
+    traffic that Spark encrypts and torch does not)."""
+    host = host_facts(config, cluster, os.environ)
+    plan = make_plan(config, cluster, host=host)
+    if plan.use_gpu and host.gpus_found and config.use_gpu is None:
+        logger.info(
+            "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
+            len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
+        )
+    if plan.gpu_note:
+        logger.warning(plan.gpu_note)
+    if (cluster.ssl_enabled or cluster.crypto_enabled) and not plan.local_mode:
+        logger.warning(
+            "spark_torch: Spark encrypts its own traffic (%s); spark_torch's channel (logs, reports, results) "
+            "is encrypted too, but torch's gloo/NCCL traffic between ranks is NOT encrypted",
+            "spark.ssl.enabled" if cluster.ssl_enabled else "spark.network.crypto.enabled",
+        )
+    return plan
+
+
+def _run_spec(
+    config: DistributorConfig, plan: LaunchPlan, entry: Entrypoint, payload: bytes | None, data: DataInput | None,
+    run_id: str, storage: RunStorage | None, token: str, settings: Settings,
+) -> RunSpec:  # fmt: skip
+    """The run as every node sees it (one immutable spec; each attempt replaces its size)."""
+    script = entry if isinstance(entry, ScriptEntrypoint) else None
+    return RunSpec(
+        plan=plan,
+        run_id=run_id,
+        max_restarts=config.max_restarts,
+        payload=payload,
+        script=script.path if script is not None else None,
+        script_argv=script.argv if script is not None else (),
+        files=dict(script.files) if script is not None else {},
+        extra_env=config.env,
+        cwd=os.getcwd(),
+        driver_python=platform.python_version(),
+        driver_package=package_identity(),
+        data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
+        storage=StorageSpec(base=storage.base, token=token, options=storage.options, required=config.storage_path is not None)
+        if storage is not None
+        else None,
+        settings=settings,
+    )
+
+
+def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings) -> Membership | None:
+    """The sizes a distributed run may take (None in local mode)."""
+    if plan.local_mode:
+        return None
+    minimum = config.min_processes or config.num_processes
+    return Membership(
+        max_nodes=plan.num_nodes,
+        min_nodes=max(1, math.ceil(minimum / plan.procs_per_node)),
+        procs_per_node=plan.procs_per_node,
+        elastic_wait=settings.elastic_wait,
+        executor_wait=settings.executor_wait,
+    )
+
+
+def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, run: RunResult) -> Any:
+    """Run ``entry`` (see :meth:`Distributor.run`); fills ``run`` (the call's result) as it goes."""
+    cluster = read_cluster(spark) if spark is not None else ClusterInfo()
+    plan = _plan(config, cluster)
+    settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
+    # a function that does not pickle fails here, before anything is created
+    payload = dump_function_payload(entry) if isinstance(entry, FunctionEntrypoint) else None
+    endpoint = None if plan.local_mode else resolve_endpoint(cluster, settings)
+    token = uuid.uuid4().hex
+    sink = DriverLogSink(config, plan.world_size)  # raises before anything is created for a bad log_dir
+    try:
+        storage = _storage(config, run.run_id, token)
+    except BaseException:
+        sink.close()
+        raise
+    base = _run_spec(config, plan, entry, payload, data, run.run_id, storage, token, settings)
+    deadline = time.monotonic() + config.timeout if config.timeout else None
+    tracker = ReportTracker(run, sink, config, plan, run.run_id)
+    membership = _membership(config, plan, settings)
+    controller = RunController(
+        spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=run,
+        sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
+    )  # fmt: skip
+    try:
+        result = controller.run()
+        run.value = _unpickle_result(result)
+        return run.value
+    except BaseException as exc:
+        run.error = exc
+        raise
+    finally:
+        try:
+            run._collect(storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
+        except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
+            logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
+        tracker.close()
+        sink.status.close()
+        sink.close()
+        if storage is not None and config.run_id is None and config.storage_path is None:
+            storage.remove_if_unused()  # a run that reported nothing leaves no empty directory
+
+def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage | None:
+    """The run's storage, created and marked now; without an explicit ``storage_path`` a
+    default that cannot be created only disables checkpoints (with a warning). Whatever an fsspec
+    backend raises becomes one ConfigurationError naming the URL."""
+    storage = RunStorage(config.storage_path or DEFAULT_STORAGE, run_id, config.storage_options)
+    try:
+        storage.create(token)
+    except Exception as exc:  # noqa: BLE001 - every backend raises its own kinds (TypeError, botocore's...)
+        if config.storage_path is not None:
+            raise ConfigurationError(f"storage_path={config.storage_path!r}: cannot create the run's directory; {storage_error(storage.url, exc)}") from exc
+        logger.warning(
+            "spark_torch: checkpoints are disabled: the default storage %s cannot be created (%s); "
+            "pass storage_path= to use report(checkpoint=...)", storage.url, exc,
+        )
+        return None
+    return storage
+
+
+def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> AttemptOutcome:
+    """One attempt, its end typed: the run's errors become outcomes the policy decides on."""
+    try:
+        if endpoint is None:
+            from spark_torch.driver.run.local import run_local
+
+            return run_local(attempt, data)
+        from spark_torch.driver.run.barrier import run_distributed
+
+        return run_distributed(spark, attempt, endpoint, data)
+    except RunTimeoutError as exc:
+        return AttemptOutcome(AttemptEnd.TIMED_OUT, error=exc)
+    except RunStalledError as exc:
+        return AttemptOutcome(AttemptEnd.STALLED, error=exc)
+    except DistributedRunError as exc:
+        return AttemptOutcome(AttemptEnd.FAILED, error=exc)
+    except KeyboardInterrupt as exc:
+        return AttemptOutcome(AttemptEnd.INTERRUPTED, error=exc)
+
+
+@dataclass
+class RunController:
+    """The attempts of one run: start an attempt sized by the membership, let the
+    :class:`RestartPolicy` decide from how it ended (finish, restart, raise), record it."""
+
+    spark: Any
+    base: RunSpec
+    plan: LaunchPlan
+    config: DistributorConfig
+    endpoint: ChannelEndpoint | None
+    data: DataInput | None
+    result: RunResult
+    sink: DriverLogSink
+    tracker: ReportTracker
+    storage: RunStorage | None
+    membership: Membership | None
+    deadline: float | None
+    #: the number of this call's first attempt: a resumed run_id numbers on from its history
+    first_attempt: int = 0
+
+    def run(self) -> ResultBytes | None:
+        """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
+        policy = RestartPolicy(self.config.max_restarts)
+        self.first_attempt = self.storage.next_attempt() if self.storage is not None else 0
+        show = interactive() if self.config.progress is None else self.config.progress
+        reason, failures = AttemptReason.START, 0
+        while True:
+            record, attempt = self._next_attempt(len(self.result.attempts), reason, show)
+            ended = _run_attempt(self.spark, attempt, self.endpoint, self.data)
+            record.end = ended.end
+            if ended.error is not None:
+                record.detail = (str(ended.error).splitlines() or [type(ended.error).__name__])[0][:300]
+            elif ended.detail:
+                record.detail = ended.detail
+            decision = policy.decide(ended.end, failures)
+            if decision.action is Action.FINISH:
+                return ended.result
+            if decision.action is Action.RAISE:
+                assert ended.error is not None
+                raise ended.error
+            assert decision.reason is not None
+            failures += decision.counts
+            if decision.counts:
+                logger.warning(
+                    "spark_torch: run %s %s (%s); restarting the gang (%d of %s)",
+                    self.result.run_id, ended.end, record.detail, failures, policy.budget(),
+                )
+            reason = decision.reason
+
+    def _next_attempt(self, number: int, reason: AttemptReason, show: bool) -> tuple[AttemptRecord, Attempt]:
+        storage = self.storage
+        latest = storage.latest() if storage is not None else None
+        resume = latest.step if latest is not None else 0
+        if storage is not None:
+            storage.discard_incomplete_after(resume)
+        self.tracker.resume_from(resume)  # steps after the checkpoint will be reported again
+        sized, note = self.plan, ""
+        if self.membership is not None and self.spark is not None:
+            nodes, note = self.membership.nodes_for(self.spark, first=number == 0)
+            check_executors(self.spark, nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
+            sized = replace(self.plan, num_nodes=nodes)
+        record = AttemptRecord(attempt=self.first_attempt + number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size_note=note)
+        self.result.attempts.append(record)
+        self.result.restarts = number
+        self.sink.status.close()
+        self.sink.status = RunStatus(sized.world_size, enabled=show)
+        config = self.config
+        attempt = Attempt(
+            spec=replace(
+                self.base, plan=sized, restart_count=number, resume_step=resume,
+                resume_url=latest.url if latest else None,
+            ),  # fmt: skip
+            timeout=None if self.deadline is None else max(0.001, self.deadline - time.monotonic()),
+            run_timeout=config.timeout,
+            on_lines=self.sink,
+            number=self.first_attempt + number,
+            tail=self.sink.tail,
+            on_row=self.tracker.row,
+            keep_checkpoints=config.keep_checkpoints,
+            score_attribute=config.checkpoint_score_attribute,
+            score_order=config.checkpoint_score_order,
+            membership=self.membership if config.elastic_grow else None,
+            on_stall=self.sink.status.stalled,
+            trace_dir=os.path.join(
+                config.log_dir or os.path.join(tempfile.gettempdir(), "spark_torch_traces", self.result.run_id),
+                "flight-recorder" if config.log_dir else "", f"attempt-{number}",
+            ),
+        )
+        return record, attempt
+
+
+def _unpickle_result(result: ResultBytes | None) -> Any:
+    """Rank 0's value; the bytes came from this run's own file or Spark's result channel."""
+    if result is None:
+        return None
+    import cloudpickle
+
+    try:
+        return cloudpickle.loads(result)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure gets the same advice
+        raise DistributedRunError(
+            [],
+            headline=f"rank 0 returned a result that cannot be unpickled on the driver "
+            f"({type(exc).__name__}: {exc}); return plain data (numbers, lists, dicts, tensors, "
+            "state_dict()) or make the classes it uses importable on the driver",
+        ) from exc
+    finally:
+        close = getattr(result, "close", None)  # a memory map of the result file
+        if close is not None:
+            close()

@@ -1,0 +1,111 @@
+"""How a run's outcome becomes the exception the user sees: one place for both modes.
+
+A node's failure arrives as a :class:`~spark_torch.failure_reports.FailureReport`: built in
+process (local mode), or received authenticated over the channel or inside Spark's task
+exception (distributed mode). :func:`error_from_report` turns it into the library's error, with
+the failing rank's own exception as ``__cause__`` when it could be rebuilt.
+:func:`error_from_spark_failure` does the same for a failed barrier job, and names what went
+wrong when no node could report (a missing module on the executors, an executor lost, too few
+slots, a result over ``spark.driver.maxResultSize``). :func:`timeout_error` is the
+:class:`~spark_torch.RunTimeoutError` of both modes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from spark_torch.errors import (
+    ConfigurationError,
+    DistributedRunError,
+    InsufficientSlotsError,
+    LaunchError,
+    RankFailure,
+    RunTimeoutError,
+)
+from spark_torch.failure_reports import FailureReport, decode_report, merge_reports
+from spark_torch.rank_files import rebuild_exception
+
+__all__ = ["error_from_report", "error_from_spark_failure", "timeout_error"]
+
+#: a node runner that could not even start: an import failed in Spark's Python worker
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def error_from_report(report: FailureReport) -> BaseException:
+    """The exception for a node's (or several merged nodes') failure report.
+
+    A node that could not start its ranks reports a ``kind``: LaunchError or ConfigurationError
+    with the node's message; failed ranks become a :class:`DistributedRunError` that leads with
+    the earliest failure, caused by that rank's exception (unpickled only because the report is
+    authenticated or was built in this process; else rebuilt from text when it is a builtin).
+    """
+    failures = list(report.failures)
+    if report.kind == "LaunchError":
+        return LaunchError(failures[0].exc_message if failures else "the ranks could not be started")
+    if report.kind == "ConfigurationError":
+        return ConfigurationError(failures[0].exc_message if failures else "invalid input")
+    error = DistributedRunError(failures, report.headline)
+    if error.failures:
+        root = error.failures[0]
+        cause = rebuild_exception(root, report.pickled.get(root.rank))
+        if cause is not None:
+            error.__cause__ = cause
+    return error
+
+
+def error_from_spark_failure(exc: BaseException, secret: bytes, channel_reports: Sequence[FailureReport]) -> BaseException:
+    """Turn a failed barrier job into the library's error, from the nodes' authenticated
+    reports: those sent over the channel, and the one inside Spark's exception text.
+
+    The exception text also holds whatever the failing rank printed or raised, so only a report
+    whose MAC verifies with this run's secret is used (and only then is an exception unpickled).
+    """
+    text = str(exc)
+    from_text = decode_report(text, secret)
+    report = merge_reports([*channel_reports, *([from_text] if from_text is not None else [])])
+    if report is not None:
+        return error_from_report(report)
+    missing = _MISSING_MODULE.search(text)
+    if missing is not None:
+        return LaunchError(
+            f"the executors' Python cannot import {missing.group(1)}, which spark_torch needs on every "
+            "executor: install spark-torch with its dependencies (psutil, fsspec, cloudpickle, pyarrow, "
+            "pandas<3) into the executors' Python, or point PYSPARK_PYTHON / spark.pyspark.python at an "
+            "interpreter that has them (docs/spark-submit.md)"
+        )
+    if "requires more slots than the total number of slots" in text:
+        return InsufficientSlotsError(
+            "the barrier stage needs more task slots than the cluster has free (Spark gave up "
+            "after retrying); use fewer processes, add executors/cores, or lower spark.task.cpus"
+        )
+    lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
+    if lost is not None:
+        detail = lost[lost.index("ExecutorLostFailure"):][:500]
+        return DistributedRunError(
+            [],
+            headline=f"a node of the run was lost: {detail}. Every rank was stopped; check the "
+            "executor's logs (memory limits, preemption) and retry, or use max_restarts",
+        )
+    if "maxResultSize" in text:
+        return DistributedRunError(
+            [],
+            headline="rank 0's result is larger than spark.driver.maxResultSize; raise that Spark "
+            "setting when creating the session (e.g. 4g) or return a smaller result "
+            "(save large objects to a file and return its path)",
+        )
+    first = next((line for line in text.splitlines() if line.strip()), text)
+    return LaunchError(f"the Spark barrier job failed before the ranks reported: {first[:2000]}")
+
+
+def timeout_error(
+    run_timeout: float | None,
+    running: Sequence[RankFailure],
+    stopped: str,
+    stacks: tuple[dict[int, str], str | None] = ({}, None),
+) -> RunTimeoutError:
+    """The run exceeded ``timeout``: ``running`` are the ranks still running (with their last
+    lines), ``stopped`` says what was stopped, ``stacks`` where each rank was just before."""
+    return RunTimeoutError(
+        list(running), headline=f"the run exceeded timeout={run_timeout:g}s; {stopped}", stacks=stacks[0], stacks_text=stacks[1]
+    )

@@ -1,0 +1,125 @@
+"""Local mode: every rank on the driver machine, one node hosted in this process.
+
+The node host (:func:`~spark_torch.node.lifecycle.run_node`) gets a :class:`LocalIO`: the
+rendezvous is this node alone, rank output goes straight to the driver's sink, report() steps
+straight to the attempt's coordinator, and the timeout is a timer on the node's stop event.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
+from spark_torch.driver.run.failures import error_from_report, timeout_error
+from spark_torch.driver.run.stall import note_stacks
+from spark_torch.driver.spark.dataframe import DataInput
+from spark_torch.driver.spark.pyspark_shims import collect_arrow
+from spark_torch.errors import RankFailure
+from spark_torch.failure_reports import FailureReport
+from spark_torch.lines import RankOutput
+from spark_torch.node.lifecycle import NodeProblem, run_node
+from spark_torch.node.progress import ProgressWatch
+from spark_torch.node.workdir import NodeWorkdir
+from spark_torch.rank_files import map_file
+from spark_torch.reporting.coordinator import ReportCoordinator
+from spark_torch.reporting.pipes import NodeReports
+
+__all__ = ["run_local", "LocalIO", "LOCAL_HOST"]
+
+LOCAL_HOST = "127.0.0.1"
+
+
+class LocalIO:
+    """The one node of a local-mode run (see :class:`~spark_torch.node.lifecycle.NodeIO`)."""
+
+    node_rank = 0
+    master_host = LOCAL_HOST
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.host = socket.gethostname()
+        self.stop = threading.Event()
+        self.stall = attempt.stall_watch(stop=lambda reason: self.stop.set())
+        #: this attempt's report() coordinator, once the ranks' pipes exist
+        self.coordinator: ReportCoordinator | None = None
+
+    def rendezvous(self, hello: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**hello, "node": 0}]
+
+    def output(self) -> RankOutput:
+        return self.attempt.on_lines
+
+    def task_gpus(self) -> list[str]:  # pragma: no cover - a local plan names its GPUs
+        return []
+
+    def report_pipes(self, ranks: range) -> NodeReports:
+        # the node runner is on the driver: its reports go straight to the coordinator
+        reports = NodeReports(0, ranks, forward=lambda report: coordinator.node_report(0, report))
+        coordinator = self.coordinator = self.attempt.report_coordinator(answer=reports.persisted)
+        return reports
+
+    def progress(self, stacks: list[dict[str, Any]]) -> None:
+        self.stall.update(0, stacks)
+
+    def trace(self, rank: int, data: bytes) -> None:
+        self.stall.trace(rank, data)
+
+    def watching(self, watch: ProgressWatch) -> None:
+        self.stall.request_traces = watch.request_traces
+
+    def time_is_up(self) -> None:
+        """``timeout``: keep where the ranks are, then stop them."""
+        self.stall.freeze()
+        self.stop.set()
+
+    def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
+        """Nothing to tell: the driver is right here."""
+
+    def node_failed(self, report: FailureReport) -> None:
+        """Nothing to tell: :func:`run_local` raises it."""
+
+
+def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome:
+    """Run all ranks here: succeeded with rank 0's pickled result (function mode) or None;
+    raises the run's errors (failure, timeout)."""
+    spec = attempt.spec
+    io = LocalIO(attempt)
+    # local mode: the driver reads the DataFrame and the ranks split its rows
+    batches = collect_arrow(data.df.select(*data.columns)).to_batches() if data is not None else None
+    timer = threading.Timer(attempt.timeout, io.time_is_up) if attempt.timeout else None
+    with NodeWorkdir(spec.run_id, 0) as workdir:
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            hosted = run_node(spec, io, workdir, batches)
+        except KeyboardInterrupt as interrupt:
+            note_stacks(interrupt, io.stall)
+            raise
+        except NodeProblem as problem:
+            failure = RankFailure(rank=0, host=io.host, exc_type=problem.kind, exc_message=problem.message)
+            raise error_from_report(FailureReport(failures=(failure,), kind=problem.kind)) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if io.coordinator is not None:
+                io.coordinator.close()
+            io.stall.close()
+        outcome = hosted.outcome
+        assert outcome is not None  # a local rendezvous is never stopped
+        if outcome.stopped and io.stall.failed.is_set():
+            raise io.stall.error()
+        if outcome.stopped:
+            running = outcome.running_at_stop
+            ranks = [str(f.rank) for f in running]
+            who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(ranks) or '(none)'} were"
+            raise timeout_error(attempt.run_timeout, running, f"{who} still running and stopped", io.stall.stacks())
+        if outcome.failures:
+            error = error_from_report(hosted.failure_report())
+            raise error from error.__cause__
+        if outcome.result_file is None:
+            return AttemptOutcome.succeeded(None)
+        return AttemptOutcome.succeeded(map_file(outcome.result_file))  # readable after the workdir is removed
+

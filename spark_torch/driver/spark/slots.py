@@ -1,0 +1,60 @@
+"""Fail fast when the barrier stage cannot get all its task slots at once.
+
+Spark retries a barrier stage that needs more slots than exist for about ten minutes (40 x 15
+s) before failing; :func:`check_slots` asks first (:func:`~spark_torch.driver.spark.cluster.available_slots`)
+and, on a cluster master whose executors may still be registering, waits up to the
+``executor_wait`` setting.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from spark_torch.driver.spark.cluster import available_slots, is_connect_session, is_local_master, master_of
+from spark_torch.errors import InsufficientSlotsError
+
+__all__ = ["check_slots", "wait_for_slots", "can_wait"]
+
+#: how often the slot count is asked again while executors register
+POLL_SECONDS = 0.25
+
+
+def can_wait(spark: Any) -> bool:
+    """Whether executors can come and go (a cluster master); ``local[N]`` and a Spark Connect
+    client's configuration never change while the session lives."""
+    return not is_connect_session(spark) and not is_local_master(master_of(spark))
+
+
+def wait_for_slots(spark: Any, wanted: int, wait: float) -> int | None:
+    """The slots there are once ``wanted`` exist, or after ``wait`` seconds (None: unknown)."""
+    slots = available_slots(spark)
+    if slots is None or slots >= wanted or not can_wait(spark):
+        return slots
+    deadline = time.monotonic() + wait
+    while slots is not None and slots < wanted and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        slots = available_slots(spark)
+    return slots
+
+
+def check_slots(spark: Any, needed: int, executor_wait: float) -> None:
+    """Return when ``needed`` slots exist; else raise :class:`InsufficientSlotsError` naming the
+    cluster, the numbers and the fixes."""
+    slots = available_slots(spark)
+    if slots is None or slots >= needed:
+        return
+    master = master_of(spark)
+    if not is_connect_session(spark) and not is_local_master(master):
+        # executors of a fresh cluster register over a few seconds (cold JVMs: 20-40 s)
+        deadline = time.monotonic() + executor_wait
+        while slots is not None and slots < needed and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            slots = available_slots(spark)
+        if slots is None or slots >= needed:
+            return
+    raise InsufficientSlotsError(
+        f"distributed mode needs {needed} Spark task slots at once (one barrier task per node), "
+        f"but the cluster ({master}) has {slots}. Use num_processes<={slots} (or more GPUs per "
+        "task), add executors/cores, lower spark.task.cpus, or use local_mode=True"
+    )

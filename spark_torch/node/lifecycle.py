@@ -1,0 +1,278 @@
+"""The node host: one node of a run, the same sequence in both modes.
+
+:func:`run_node` stages the node's DataFrame rows, reserves the master port and hosts the
+rendezvous store (node 0), rendezvouses with the other nodes, checks what the node can check
+(Python versions, shard sizes, the script, GPUs), builds the node's environment (data, resume
+checkpoint, report pipes) and runs the ranks (:func:`~spark_torch.node.rank_group.run_ranks`),
+cleaning up whatever it started. Where it runs is a :class:`NodeIO`: local mode passes one
+that lives on the driver (:mod:`spark_torch.driver.run.local`), a barrier task one that talks to the
+driver's channel and Spark (:mod:`spark_torch.node.task`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from spark_torch import envnames
+from spark_torch.errors import ClusterConfigurationError, RankFailure
+from spark_torch.failure_reports import FailureReport
+from spark_torch.lines import RankOutput
+from spark_torch.node.gpus import node_gpus, through_visible
+from spark_torch.node.processes import reserve_port
+from spark_torch.node.progress import ProgressWatch
+from spark_torch.node.rank_group import GroupResult, NodeSpec, run_ranks
+from spark_torch.node.staging import check_shards, data_env, write_node_data
+from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
+from spark_torch.node.workdir import NodeWorkdir
+from spark_torch.reporting.pipes import NodeReports
+from spark_torch.spec import RunSpec
+from spark_torch.version import package_identity
+
+__all__ = ["NodeIO", "NodeProblem", "NodeResult", "run_node", "resume_env", "python_mismatch", "package_mismatch", "host_of"]
+
+
+class NodeProblem(Exception):
+    """This node cannot run its ranks (found before any started); ``kind`` is the error the
+    user gets: ``LaunchError`` or ``ConfigurationError``."""
+
+    def __init__(self, message: str, kind: str = "LaunchError") -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+
+
+class NodeIO(Protocol):
+    """Where a node runs: what the node host needs from the driver, Spark and the other nodes."""
+
+    node_rank: int
+    #: this node's host, as the other nodes and messages name it
+    host: str
+    #: the host the ranks' master (node 0) listens on
+    master_host: str
+    #: set from outside to stop the ranks (timeout, cancellation, another node failed)
+    stop: threading.Event
+
+    def rendezvous(self, hello: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """Every node's hello in node order; None if the run was stopped meanwhile. Raises
+        :class:`NodeProblem` when the nodes cannot meet."""
+
+    def output(self) -> RankOutput:
+        """Where the ranks' output goes (asked once, after the rendezvous)."""
+
+    def task_gpus(self) -> list[str]:
+        """The GPU addresses Spark assigned to this node's task."""
+
+    def report_pipes(self, ranks: range) -> NodeReports | None:
+        """The report() pipes of this node's ``ranks``, wired to the driver (None: report() is not served)."""
+
+    def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
+        """A rank failed: tell the driver at once (the rest of the gang is failing now too)."""
+
+    def node_failed(self, report: FailureReport) -> None:
+        """The node's ranks failed (after cleanup, with their last lines)."""
+
+    def progress(self, stacks: list[dict[str, Any]]) -> None:
+        """A snapshot of the ranks' progress and stacks (:class:`~spark_torch.stacks.RankStack` dicts)."""
+
+    def trace(self, rank: int, data: bytes) -> None:
+        """A rank's Flight Recorder trace (a pickle: the driver stores it, never loads it)."""
+
+    def watching(self, watch: ProgressWatch) -> None:
+        """The node's progress watch (the driver asks it for traces through this NodeIO)."""
+
+
+@dataclass
+class NodeResult:
+    """What a node produced: its ranks' outcome (None when the rendezvous was stopped) and,
+    per failed rank, its pickled exception (base64) when it wrote one."""
+
+    outcome: GroupResult | None
+    pickled: dict[int, str | None] = field(default_factory=dict)
+
+    def failure_report(self) -> FailureReport:
+        """The failed ranks as one report."""
+        failures = tuple(self.outcome.failures) if self.outcome is not None else ()
+        return FailureReport(failures=failures, pickled={r: p for r, p in self.pickled.items() if p})
+
+
+def host_of(task_address: str) -> str:
+    """The host of a barrier task's ``host:port`` address; an IPv6 host comes in brackets
+    (``[::1]:41234``), which bind() and MASTER_ADDR do not take."""
+    return task_address.rsplit(":", 1)[0].strip("[]")
+
+
+def python_mismatch(driver: str, executors: list[str]) -> tuple[str | None, str | None]:
+    """(error, warning) about Python versions: major.minor must match (pickles and bytecode
+    differ between them), a patch difference only earns a warning."""
+    versions = sorted({driver, *executors})
+    if len({v.rsplit(".", 1)[0] for v in versions}) > 1:
+        return (
+            f"Python versions differ between the driver and executors ({', '.join(versions)}); "
+            "set PYSPARK_PYTHON (or spark.pyspark.python) to the same interpreter everywhere",
+            None,
+        )
+    if len(versions) > 1:
+        return None, f"[spark_torch] Python patch versions differ between the driver and executors ({', '.join(versions)})"
+    return None, None
+
+
+def package_mismatch(driver: str, peers: list[dict[str, Any]]) -> str | None:
+    """Why the nodes do not all run the driver's spark_torch (a message), or None."""
+    if not driver:
+        return None
+    others = sorted({f"{p.get('package')} on {p.get('host', 'node ' + str(p.get('node')))}" for p in peers if p.get("package") != driver})
+    if not others:
+        return None
+    return (
+        f"the executors run another spark_torch than the driver ({driver}): {'; '.join(others)}. Leave the "
+        "ship_package setting on (the default: the driver's package travels with the run), or install "
+        f"spark-torch {driver.split('+')[0]} from the same source on every executor; with Python workers "
+        "reused (spark.python.worker.reuse), restart the session after changing it"
+    )
+
+
+def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
+    """``SPARK_TORCH_CHECKPOINT`` for the ranks: the checkpoint this attempt resumes from, as a
+    local directory (storage that is not a local path is downloaded into the node's scratch)."""
+    if run.resume_url is None or run.storage is None:
+        return {}
+    from spark_torch.reporting.storage import CheckpointInfo, RunStorage
+
+    local = RunStorage(run.storage.base, run.run_id, run.storage.options).download(
+        CheckpointInfo(step=run.resume_step, url=run.resume_url), os.path.join(workdir, "checkpoint")
+    )
+    return {envnames.CHECKPOINT: local}
+
+
+def _visible_devices(run: RunSpec, io: NodeIO) -> str:
+    """CUDA_VISIBLE_DEVICES of this node's ranks ("" without GPUs: they see none, as with
+    TorchDistributor, not whatever was inherited)."""
+    if not run.plan.use_gpu:
+        return ""
+    per_node = run.plan.procs_per_node
+    if run.plan.local_gpus:  # the driver machine's GPUs (local mode, or a local master): this node's share
+        return ",".join(node_gpus(run.plan.local_gpus, io.node_rank, per_node))
+    try:
+        return ",".join(through_visible(io.task_gpus()[:per_node], os.environ.get(envnames.CUDA_VISIBLE_DEVICES)))
+    except ClusterConfigurationError as exc:
+        raise NodeProblem(f"on executor host {io.host}: {exc}", kind="ConfigurationError") from None
+
+
+def _usable_dir(path: str | None) -> str | None:
+    return path if path and os.path.isdir(path) else None
+
+
+def _stage_rows(run: RunSpec, workdir: NodeWorkdir, batches: Iterable[Any] | None) -> tuple[str | None, int]:
+    """The node's DataFrame rows to a file (``run_on_dataframe``); else drain the placeholder row."""
+    if run.data is not None:
+        return write_node_data(batches or (), workdir.path)
+    for _ in batches or ():  # one placeholder row per node
+        pass
+    return None, 0
+
+
+def _check_peers(run: RunSpec, io: NodeIO, peers: list[dict[str, Any]], output: RankOutput) -> None:
+    """What every node must share: the Python minor version and the driver's package."""
+    error, warning = python_mismatch(run.driver_python, [str(p.get("python")) for p in peers])
+    if error:
+        raise NodeProblem(error)
+    mismatch = package_mismatch(run.driver_package, peers)
+    if mismatch:
+        raise NodeProblem(mismatch)
+    if warning and io.node_rank == 0:
+        output(-1, "stderr", warning)
+
+
+def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, peers: list[dict[str, Any]], data_path: str | None) -> dict[str, str]:
+    """The variables every rank of this node gets on top of torchrun's: its DataFrame shard,
+    the checkpoint it resumes from. Raises :class:`NodeProblem` for shards or a missing script."""
+    node_env: dict[str, str] = {}
+    if run.data is not None and data_path is not None:
+        rows_per_node = [int(p["rows"]) for p in peers]
+        problem = check_shards(rows_per_node, run.plan.procs_per_node)
+        if problem:
+            raise NodeProblem(problem, kind="ConfigurationError")
+        node_env.update(data_env(data_path, run.data.columns, run.data.explicit, rows_per_node=rows_per_node))
+    if run.script is not None and not os.path.isfile(run.script):
+        raise NodeProblem(
+            f"training script {run.script} does not exist on executor host {io.host}; "
+            "in distributed mode the script must be at the same path on every executor "
+            "(a shared filesystem, or ship it with spark.files / --files)"
+        )
+    node_env.update(resume_env(run, workdir.path))
+    return node_env
+
+
+def _master_port(run: RunSpec, io: NodeIO, cwd: str | None) -> tuple[socket.socket | None, StoreHost | None]:
+    """Node 0: a reserved port for the ranks' master and, with warm starts, the rendezvous store
+    already listening on it (a store host that did not say "ready" in time may still take its
+    port under load: rank 0 then hosts the store on a freshly reserved one)."""
+    if io.node_rank != 0:
+        return None, None
+    reservation = reserve_port(io.master_host)
+    try:
+        store = start_store_host(run, reservation.getsockname()[1], cwd)
+    except BaseException:
+        reservation.close()
+        raise
+    if store is None and hosts_store(run):
+        reservation.close()
+        reservation = reserve_port(io.master_host)
+    return reservation, store
+
+
+def run_node(
+    run: RunSpec,
+    io: NodeIO,
+    workdir: NodeWorkdir,
+    batches: Iterable[Any] | None = None,
+) -> NodeResult:
+    """Run this node of ``run`` to the end (see the module docstring).
+
+    ``batches``: the node's share of the DataFrame (Arrow record batches) for
+    ``run_on_dataframe``; otherwise whatever input rows shaped the stage (drained). Raises
+    :class:`NodeProblem` for a problem found before any rank started.
+    """
+    data_path, rows = _stage_rows(run, workdir, batches)
+    cwd = _usable_dir(run.cwd)
+    reservation, store = _master_port(run, io, cwd)
+    reports = None
+    try:
+        port = reservation.getsockname()[1] if reservation is not None else 0
+        hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": rows}
+        peers = io.rendezvous(hello)
+        if peers is None:
+            return NodeResult(outcome=None)
+        output = io.output()
+        _check_peers(run, io, peers, output)
+        node_env = _node_env(run, io, workdir, peers, data_path)
+        visible = _visible_devices(run, io)
+        first = io.node_rank * run.plan.procs_per_node
+        reports = io.report_pipes(range(first, first + run.plan.procs_per_node))
+        spec = NodeSpec(
+            run=run, node_rank=io.node_rank, master_addr=io.master_host, master_port=int(peers[0]["port"]),
+            host=io.host, visible_devices=visible, node_env=node_env, cwd=cwd, agent_store=store is not None,
+        )  # fmt: skip
+        outcome, pickled = run_ranks(
+            spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
+            on_trace=io.trace, watching=io.watching,
+        )
+        result = NodeResult(outcome=outcome, pickled=pickled)
+        if outcome.failures:
+            # every failed node tells the driver, which then puts the earliest failure first,
+            # whichever task Spark saw failing first
+            io.node_failed(result.failure_report())
+        return result
+    finally:
+        if reports is not None:
+            reports.close()
+        if store is not None:
+            store.close()
+        if reservation is not None:
+            reservation.close()

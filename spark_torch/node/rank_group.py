@@ -1,0 +1,392 @@
+"""The node runner: start one node's ranks, pump their output, wait, collect, clean up.
+
+Called by the node host (:mod:`spark_torch.node.lifecycle`) on the driver (local mode) and inside a
+Spark barrier task (distributed mode). It imports neither pyspark nor torch; ranks are started
+by module name (``python -m spark_torch.rank.function_main`` / ``script_main``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from spark_torch import envnames, rank_files
+from spark_torch.errors import RankFailure
+from spark_torch.lines import RankOutput
+from spark_torch.node.processes import (
+    RankProcess,
+    interrupts_deferred,
+    kill_group,
+    signal_name,
+    spawn_rank,
+    with_package_on_path,
+)
+from spark_torch.node.progress import ProgressWatch, sample_interval, stack_file
+from spark_torch.node.rank_env import RankIdentity, rank_env
+from spark_torch.node.workdir import NodeWorkdir, node_marker
+from spark_torch.reporting.pipes import NodeReports
+from spark_torch.spec import FILE_ARGUMENT, RunSpec
+
+__all__ = ["NodeSpec", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE"]
+
+RANK_MAIN_MODULE = "spark_torch.rank.function_main"
+SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
+GRACE_SECONDS = 5.0
+#: after Ctrl-C (or another exception in the node runner), the ranks get this long to exit
+INTERRUPT_GRACE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of a run: the run's :class:`~spark_torch.spec.RunSpec` plus where this node sits."""
+
+    run: RunSpec
+    node_rank: int
+    master_addr: str
+    master_port: int
+    host: str = field(default_factory=socket.gethostname)
+    #: CUDA_VISIBLE_DEVICES of every rank of this node (None: leave as inherited)
+    visible_devices: str | None = None
+    #: variables for this node's ranks on top of the run's (e.g. where its data file is)
+    node_env: Mapping[str, str] = field(default_factory=dict)
+    #: where the ranks start (None: this process's cwd)
+    cwd: str | None = None
+    python: str = sys.executable
+    #: the rendezvous store is hosted before the ranks start (:mod:`spark_torch.node.store_host`):
+    #: rank 0 connects to it instead of hosting it
+    agent_store: bool = False
+
+    @property
+    def procs_per_node(self) -> int:
+        """Ranks on this node."""
+        return self.run.plan.procs_per_node
+
+    def global_rank(self, local_rank: int) -> int:
+        """Global rank of a local rank on this node."""
+        return self.node_rank * self.procs_per_node + local_rank
+
+
+@dataclass
+class GroupResult:
+    """What happened on one node: failures by rank, and rank 0's result file if it ran here."""
+
+    failures: list[RankFailure] = field(default_factory=list)
+    #: rank 0's pickled return value, inside the node's workdir (gone when the workdir is)
+    result_file: str | None = None
+    stopped: bool = False  # stopped from outside (timeout / cancellation)
+    running_at_stop: list[RankFailure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank of this node exited cleanly."""
+        return not self.failures and not self.stopped
+
+
+def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
+    if spec.run.script is not None:
+        files = os.path.join(result_dir, "files")
+        argv = [os.path.join(files, a[len(FILE_ARGUMENT):]) if a.startswith(FILE_ARGUMENT) else a for a in spec.run.script_argv]
+        return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.run.script, *argv]
+    assert payload_path is not None
+    return [spec.python, "-m", RANK_MAIN_MODULE, payload_path, result_dir]
+
+
+#: collectives the Flight Recorder keeps per process group (unless the user set a size)
+FLIGHT_RECORDER_ENTRIES = 2000
+
+
+def storage_file(workdir: str) -> str:
+    """Where a node describes the run's storage to its ranks (``SPARK_TORCH_STORAGE``)."""
+    return os.path.join(workdir, "storage.json")
+
+
+def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
+    run = spec.run
+    identity = RankIdentity(
+        rank=spec.global_rank(local_rank),
+        local_rank=local_rank,
+        world_size=run.world_size,
+        local_world_size=spec.procs_per_node,
+        node_rank=spec.node_rank,
+        num_nodes=run.plan.num_nodes,
+    )
+    env = rank_env(
+        os.environ,
+        identity,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        run_id=run.run_id,
+        restart_count=run.restart_count,
+        max_restarts=run.max_restarts,
+        threads=run.plan.threads_per_rank,
+        cuda_visible_devices=spec.visible_devices,
+        extra={**run.extra_env, **spec.node_env},
+    )
+    # like torchrun: torch's @record writes the rank's error there; it becomes the traceback
+    if envnames.TORCHELASTIC_ERROR_FILE not in run.extra_env:
+        env[envnames.TORCHELASTIC_ERROR_FILE] = rank_files.elastic_error_path(workdir, identity.rank)
+    if run.storage is not None:
+        env[envnames.STORAGE] = storage_file(workdir)
+        env[envnames.START_STEP] = str(run.resume_step)
+    if spec.agent_store:
+        env[envnames.TORCHELASTIC_USE_AGENT_STORE] = "True"
+    return with_package_on_path(env)
+
+
+def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: float) -> RankFailure:
+    code = proc.popen.returncode
+    report = (
+        rank_files.read_error(result_dir, proc.rank)
+        or rank_files.read_elastic_error(rank_files.elastic_error_path(result_dir, proc.rank))
+        or {}
+    )
+    return RankFailure(
+        rank=proc.rank,
+        host=spec.host,
+        exit_code=code if code is not None and code >= 0 else None,
+        signal_name=signal_name(code),
+        exc_type=report.get("exc_type"),
+        exc_message=report.get("exc_message"),
+        traceback=report.get("traceback"),
+        last_lines=tuple(proc.tail),
+        started_at=proc.started_at,
+        failed_at=float(report["time"]) if isinstance(report.get("time"), (int, float)) else failed_at,
+    )
+
+
+class RankGroup:
+    """This node's ranks as one object, the shape of torch elastic's ``PContext``:
+
+    :meth:`start` writes what the ranks read (payload, files, the storage's description) and
+    starts them (warm or cold), :meth:`wait` blocks until every rank exited, one failed, or
+    ``stop`` is set, :meth:`stop` stops what still runs (SIGTERM, a grace, SIGKILL; the whole
+    process trees) and joins their output, :meth:`result` is what the node reports. As a
+    context manager, leaving the block (an exception, Ctrl-C) stops them with a short grace.
+    With ``on_progress`` and a ``stall_timeout``, a :class:`~spark_torch.node.progress.ProgressWatch`
+    (handed to ``watching``) samples the ranks for stall detection; their Flight Recorder
+    traces, when asked for, go to ``on_trace``.
+    """
+
+    def __init__(
+        self,
+        spec: NodeSpec,
+        on_lines: RankOutput,
+        workdir: NodeWorkdir,
+        *,
+        reports: NodeReports | None = None,
+        on_failure: Callable[[RankFailure, str | None], None] | None = None,
+        on_progress: Callable[[list[dict[str, object]]], None] | None = None,
+        on_trace: Callable[[int, bytes], None] | None = None,
+        watching: Callable[[ProgressWatch], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._workdir = workdir
+        self._reports = reports
+        self._on_failure = on_failure
+        #: per failed rank, its pickled exception (base64) when it wrote one
+        self.pickled: dict[int, str | None] = {}
+        self._result = GroupResult()
+        self._procs: list[RankProcess] = []
+        self._exited: list[tuple[RankProcess, float]] = []
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()  # set once the node stops its ranks (their exits are "stopped")
+        self._stopped = False
+        self._progress = self._progress_watch(on_progress, on_trace)
+        self._on_lines = self._progress.observing(on_lines) if self._progress is not None else on_lines
+        if self._progress is not None and watching is not None:
+            watching(self._progress)
+
+    def _progress_watch(
+        self, on_progress: Callable[[list[dict[str, object]]], None] | None, on_trace: Callable[[int, bytes], None] | None
+    ) -> ProgressWatch | None:
+        settings = self.spec.run.settings
+        if on_progress is None or settings.stall_timeout <= 0:
+            return None
+        ranks = [self.spec.global_rank(local) for local in range(self.spec.procs_per_node)]
+        return ProgressWatch(
+            {rank: stack_file(self._workdir.path, rank) for rank in ranks},
+            sample_interval(settings.stall_timeout),
+            on_progress,
+            send_trace=on_trace,
+        )
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        if self._procs and not self._stopped:  # an exception (Ctrl-C): a short grace, then SIGKILL
+            self.stop(INTERRUPT_GRACE_SECONDS)
+
+    # start
+    def _write_inputs(self) -> list[str]:
+        spec, path = self.spec, self._workdir.path
+        if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
+            storage = spec.run.storage
+            description = {"base": storage.base, "run_id": spec.run.run_id, "token": storage.token, "options": dict(storage.options)}
+            rank_files.write_atomic(storage_file(path), json.dumps(description).encode("utf-8"))
+        if spec.run.files:
+            os.makedirs(os.path.join(path, "files"), mode=0o700, exist_ok=True)
+            for name, content in spec.run.files.items():
+                rank_files.write_atomic(os.path.join(path, "files", os.path.basename(name)), content)
+        payload_path = None
+        if spec.run.payload is not None:
+            payload_path = os.path.join(path, "payload.pkl")
+            rank_files.write_atomic(payload_path, spec.run.payload)
+        return _argv(spec, payload_path, path)
+
+    def _env(self, local_rank: int) -> dict[str, str]:
+        spec, settings = self.spec, self.spec.run.settings
+        env = _rank_env(spec, local_rank, self._workdir.path)
+        if self._progress is not None:  # the rank's stack sampler (spark_torch.rank.sampler)
+            env[envnames.STACK_FILE] = stack_file(self._workdir.path, spec.global_rank(local_rank))
+            env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
+            env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
+            # torch's Flight Recorder: what each rank's collectives were, for a stall (its older
+            # name, TORCH_NCCL_TRACE_BUFFER_SIZE, makes torch warn: set only if the user did)
+            if envnames.NCCL_TRACE_BUFFER_SIZE not in env:
+                env.setdefault(envnames.FR_BUFFER_SIZE, str(FLIGHT_RECORDER_ENTRIES))
+        return env
+
+    def _watch(self, proc: RankProcess) -> None:
+        proc.popen.wait()
+        if proc.popen.returncode == 0:
+            state = "finished"
+        else:  # a rank this node was already stopping did not fail by itself
+            state = "stopped" if self._stopping.is_set() else "failed"
+        self._on_lines.rank_event(proc.rank, state)
+        with self._changed:
+            self._exited.append((proc, time.time()))
+            self._changed.notify_all()
+
+    def start(self) -> None:
+        """Start every rank of this node (each tracked by the workdir's reaper at once)."""
+        spec, reports = self.spec, self._reports
+        argv = self._write_inputs()
+        for local_rank in range(spec.procs_per_node):
+            rank = spec.global_rank(local_rank)
+            env = self._env(local_rank)
+            fds: tuple[int, ...] = ()
+            if reports is not None:
+                fds = reports.open(rank)
+                env[envnames.REPORT_FDS] = ",".join(map(str, fds))
+            with interrupts_deferred():  # a Ctrl-C now must not orphan a half-registered rank
+                try:
+                    proc = spawn_rank(
+                        argv, env, rank=rank, local_rank=local_rank, cwd=spec.cwd, on_lines=self._on_lines, pass_fds=fds,
+                        warm=spec.run.settings.warm_start, warm_idle=spec.run.settings.warm_start_idle,
+                    )  # fmt: skip
+                finally:
+                    if reports is not None:
+                        reports.started(rank)
+                self._procs.append(proc)
+                self._workdir.track(proc.pid, proc.created)
+                self._on_lines.rank_event(proc.rank, "started")
+                threading.Thread(target=self._watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
+        if self._progress is not None:
+            self._progress.start()
+
+    # wait
+    def wait(self, stop: threading.Event | None = None) -> GroupResult:
+        """Until every rank exited, the first failed (reported at once through ``on_failure``),
+        or ``stop`` is set (the ranks still running are then recorded as stopped)."""
+        spec, path, result = self.spec, self._workdir.path, self._result
+        seen = 0
+        with self._changed:
+            while seen < len(self._procs):
+                if seen == len(self._exited):
+                    # exits that already happened count first: a run that finished right at
+                    # its deadline is a success, not a timeout
+                    if stop is not None and stop.is_set():
+                        result.stopped = True
+                        break
+                    # wake up for exits right away; re-check ``stop`` a few times a second
+                    self._changed.wait(timeout=0.2 if stop is not None else None)
+                    continue
+                proc, when = self._exited[seen]
+                seen += 1
+                if proc.popen.returncode != 0:
+                    blob = (rank_files.read_error(path, proc.rank) or {}).get("pickled")
+                    if self._on_failure is not None:  # at once: the rest of the gang is failing now too
+                        self._on_failure(_failure(spec, proc, path, when), blob)
+                    for pump in proc.pumps:
+                        pump.join(timeout=2.0)
+                    result.failures.append(_failure(spec, proc, path, when))
+                    self.pickled[proc.rank] = blob
+                    break
+        if result.stopped:
+            result.running_at_stop = [
+                RankFailure(rank=p.rank, host=spec.host, exc_type="still running", exc_message="stopped",
+                            last_lines=tuple(p.tail), started_at=p.started_at)
+                for p in self._procs
+                if p.popen.poll() is None
+            ]  # fmt: skip
+        return result
+
+    # stop
+    def stop(self, grace: float = GRACE_SECONDS) -> None:
+        """Stop every rank still running (their whole trees: SIGTERM, ``grace``, SIGKILL) and
+        join their output pumps. Idempotent."""
+        if self._stopped:
+            return
+        self._stopping.set()
+        kill_group(self._procs, grace=grace, marker=node_marker(self.spec.run.run_id, self.spec.node_rank))
+        self._stopped = True
+        for proc in self._procs:
+            for pump in proc.pumps:
+                pump.join(timeout=2.0)
+
+    def result(self) -> GroupResult:
+        """What this node reports, after :meth:`stop`: with rank 0's result file when it ran
+        here and every rank succeeded (a rank 0 that wrote none failed)."""
+        result, spec = self._result, self.spec
+        if not result.failures and not result.stopped and spec.run.payload is not None and spec.node_rank == 0:
+            path = rank_files.result_path(self._workdir.path, 0)
+            if os.path.isfile(path):
+                result.result_file = path
+            else:
+                result.failures.append(
+                    RankFailure(rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
+                                exc_message="rank 0 exited with code 0 but wrote no result "
+                                "(did the function call os._exit(0)?)",
+                                last_lines=tuple(self._procs[0].tail), failed_at=time.time())
+                )  # fmt: skip
+        return result
+
+
+def run_ranks(
+    spec: NodeSpec,
+    on_lines: RankOutput,
+    *,
+    stop: threading.Event | None = None,
+    workdir: NodeWorkdir | None = None,
+    reports: NodeReports | None = None,
+    on_failure: Callable[[RankFailure, str | None], None] | None = None,
+    on_progress: Callable[[list[dict[str, object]]], None] | None = None,
+    on_trace: Callable[[int, bytes], None] | None = None,
+    watching: Callable[[ProgressWatch], None] | None = None,
+) -> tuple[GroupResult, dict[int, str | None]]:
+    """Run this node's ranks (a :class:`RankGroup`) to completion, first failure or ``stop``,
+    and clean up. Uses (and leaves to the caller) ``workdir`` when given, else makes and
+    removes its own. Returns the result and, per failed rank, its pickled exception (base64)."""
+    if workdir is None:
+        with NodeWorkdir(spec.run.run_id, spec.node_rank, spec.python) as own:
+            return run_ranks(
+                spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure,
+                on_progress=on_progress, on_trace=on_trace, watching=watching,
+            )  # fmt: skip
+    with RankGroup(
+        spec, on_lines, workdir, reports=reports, on_failure=on_failure, on_progress=on_progress, on_trace=on_trace,
+        watching=watching,
+    ) as group:  # fmt: skip
+        group.start()
+        group.wait(stop)
+        group.stop()
+        return group.result(), group.pickled
