@@ -88,9 +88,11 @@ def test_idle_drop_during_a_silent_phase(
     spark_session: Any, proxied: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_leftovers: None
 ) -> None:
     """An idle timeout (1 s) shorter than the ranks' silence (4 s) and than the heartbeat (2 s):
-    connections are cut and re-established; the run completes with every line."""
+    connections are cut and re-established; the run completes with every line. (Stall
+    detection is off: its progress reports, every second at most, would keep the line busy.)"""
     proxy = proxied(idle_cut=1.0, faulty=100)
-    assert Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 500, 4.0) == 2.0
+    distributor = Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120, stall_timeout=0)
+    assert distributor.run(chatty_ddp, 500, 4.0) == 2.0
     out = capsys.readouterr().out
     assert proxy.cuts >= 2
     for rank in (0, 1):
