@@ -54,6 +54,7 @@ test: bootstrap
 
 bench: bootstrap
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) benchmarks/run.py
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) benchmarks/bench_stall.py
 
 dist: $(VENV)/bin/python
 	$(PY) -m pip install --quiet build
