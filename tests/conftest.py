@@ -318,3 +318,21 @@ def no_leftovers() -> Iterator[None]:
         time.sleep(0.1)
     details = [f"pid {p.pid}: {' '.join(p.cmdline())}" for p in procs if p.is_running()]
     pytest.fail(f"left behind: processes {details}, temp dirs {sorted(dirs)}")
+
+
+@pytest.fixture
+def channels(monkeypatch: Any) -> list[Any]:
+    """Every DriverChannel a distributed run opens in this test, in order (to look at what
+    arrived over the channel, not only at what the user got)."""
+    import spark_torch.driver.run.barrier as barrier
+    from spark_torch.channel.driver_end import DriverChannel
+
+    opened: list[DriverChannel] = []
+
+    class Recorded(DriverChannel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
+    return opened

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from spark_torch import Distributor
 from spark_torch.driver.spark.cluster import _addresses, _executor_names, executor_hosts
 
@@ -39,19 +37,9 @@ def test_host_names_are_resolved_and_unknown_names_trust_nothing() -> None:
 
 
 def test_a_distributed_run_gives_its_channel_the_executors_addresses(
-    cluster_spark: Any, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+    cluster_spark: Any, channels: list[Any], no_leftovers: None
 ) -> None:
-    import spark_torch.driver.run.barrier as barrier
-    from spark_torch.channel.driver_end import DriverChannel
-
-    opened: list[DriverChannel] = []
-
-    class Recorded(DriverChannel):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            opened.append(self)
-
-    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
+    opened = channels
     assert Distributor(num_processes=2, local_mode=False, spark=cluster_spark).run(_rank) == 0
     assert len(opened) == 1
     assert opened[0]._server._slots.trusted == {"127.0.0.1", "::1"}

@@ -16,24 +16,6 @@ from spark_torch import ConfigurationError, DistributedRunError, Distributor, In
 from .conftest import SCRIPTS
 
 
-@pytest.fixture
-def channels(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every DriverChannel a distributed run opens in this test, in order (to look at what
-    arrived over the channel, not only at what the user got)."""
-    import spark_torch.driver.run.barrier as barrier
-    from spark_torch.channel.driver_end import DriverChannel
-
-    opened: list[DriverChannel] = []
-
-    class Recorded(DriverChannel):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            opened.append(self)
-
-    monkeypatch.setattr(barrier, "DriverChannel", Recorded)
-    return opened
-
-
 def world_info(tag: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist

@@ -191,11 +191,7 @@ class StallWatch:
         idle = min(s.idle for s in stacks)
         now = time.monotonic()
         if idle < self.timeout:
-            if self._stalled_since is not None:
-                logger.warning("spark_torch: the run moves again after %.0fs without progress", now - self._stalled_since)
-                self._stalled_since = None
-                if self._on_status is not None:
-                    self._on_status(None)
+            self._moved_again()
             return
         first = self._stalled_since is None
         if first:
@@ -248,11 +244,17 @@ class StallWatch:
         self._closed.set()
         if self._thread is not None:
             self._thread.join(2.0)
-        if self._stalled_since is not None and not self.failed.is_set():
-            logger.warning("spark_torch: the run moves again after %.0fs without progress", time.monotonic() - self._stalled_since)
-            self._stalled_since = None
-            if self._on_status is not None:
-                self._on_status(None)
+        if not self.failed.is_set():
+            self._moved_again()
+
+    def _moved_again(self) -> None:
+        """The one line that ends a stall (if there is one), and the status line without it."""
+        if self._stalled_since is None:
+            return
+        logger.warning("spark_torch: the run moves again after %.0fs without progress", time.monotonic() - self._stalled_since)
+        self._stalled_since = None
+        if self._on_status is not None:
+            self._on_status(None)
 
 
 def in_flight(data: bytes, shown: int = 3) -> str:
