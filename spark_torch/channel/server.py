@@ -145,9 +145,17 @@ class ChannelServer:
         self._accepter = threading.Thread(target=self._handshake_loop, name="spark-torch-channel-accept", daemon=True)
         self._accepter.start()
 
-    def _reject(self, addr: Any, why: str) -> None:
+    def _reject(self, addr: Any, why: str, *, closing: socket.socket | Link | None = None, kind: str = "") -> None:
+        """Count a rejection (and its ``kind``: "refused" or "evicted"), then close ``closing``:
+        whoever sees the connection close sees it counted."""
         with self._lock:
             self.rejected += 1
+            if kind == "refused":
+                self.refused += 1
+            elif kind == "evicted":
+                self.evicted += 1
+        if closing is not None:
+            closing.close()
         self._warn("spark_torch channel: rejected a connection from %s: %s", addr, why)
 
     # the handshake thread
@@ -192,8 +200,7 @@ class ChannelServer:
 
     def _drop(self, pending: _Pending, why: str) -> None:
         self._forget(pending)
-        pending.sock.close()
-        self._reject(pending.addr, why)
+        self._reject(pending.addr, why, closing=pending.sock)
 
     def _accept_ready(self) -> None:
         for _ in range(_ACCEPT_BURST):
@@ -210,20 +217,22 @@ class ChannelServer:
             pending = _Pending(conn, addr, now + HANDSHAKE_SECONDS, ServerChallenge(self._secret))
             admission = self._slots.admit(conn, pending.host, now)
             if not admission.admitted:
-                conn.close()
-                with self._lock:
-                    self.refused += 1
                 self._reject(
-                    addr, f"refused: its handshake slots are full of handshakes under {MIN_HANDSHAKE_AGE:g}s old"
+                    addr,
+                    f"refused: its handshake slots are full of handshakes under {MIN_HANDSHAKE_AGE:g}s old",
+                    closing=conn,
+                    kind="refused",
                 )
                 continue
             if admission.evict is not None:
                 victim = self._pending.pop(admission.evict)  # the slots already forgot it
                 self._selector.unregister(victim.sock)
-                victim.sock.close()
-                with self._lock:
-                    self.evicted += 1
-                self._reject(victim.addr, "replaced by a newer connection: its handshake slots were full")
+                self._reject(
+                    victim.addr,
+                    "replaced by a newer connection: its handshake slots were full",
+                    closing=victim.sock,
+                    kind="evicted",
+                )
             try:
                 conn.setblocking(False)
                 # a fresh socket's send buffer always takes the greeting whole
@@ -231,8 +240,7 @@ class ChannelServer:
                     raise ConnectionError("the greeting did not fit the socket buffer")
             except OSError as exc:
                 self._slots.remove(conn)
-                conn.close()
-                self._reject(addr, f"handshake failed ({type(exc).__name__}: {exc})")
+                self._reject(addr, f"handshake failed ({type(exc).__name__}: {exc})", closing=conn)
                 continue
             self._pending[conn] = pending
             self._selector.register(conn, selectors.EVENT_READ, pending)
@@ -265,8 +273,7 @@ class ChannelServer:
             tune_socket(conn, self._heartbeat)
             link = Link(conn, keys, server=True, idle_timeout=self._heartbeat * DEAD_AFTER)
         except OSError as exc:
-            conn.close()
-            self._reject(pending.addr, f"handshake failed ({type(exc).__name__}: {exc})")
+            self._reject(pending.addr, f"handshake failed ({type(exc).__name__}: {exc})", closing=conn)
             return
         thread = threading.Thread(target=self._serve, args=(link, pending.addr), name="spark-torch-channel-conn", daemon=True)
         with self._lock:
@@ -279,8 +286,7 @@ class ChannelServer:
         except RuntimeError as exc:  # cannot start a thread: refuse this peer, keep serving
             with self._lock:
                 self._threads.discard(thread)
-            link.close()
-            self._reject(pending.addr, f"cannot start a thread ({exc})")
+            self._reject(pending.addr, f"cannot start a thread ({exc})", closing=link)
 
     # one thread per attached node
 
