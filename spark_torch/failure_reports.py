@@ -69,13 +69,16 @@ def _cut(text: str | None, limit: int) -> str | None:
     return f"{text[:keep]}\n... [{len(text) - 2 * keep} characters cut] ...\n{text[-keep:]}"
 
 
-def bounded(failure: RankFailure) -> RankFailure:
-    """``failure`` with its text within the bounds above (the newest output lines kept)."""
+def bounded(failure: RankFailure, share: float = 1.0) -> RankFailure:
+    """``failure`` with its text within ``share`` of the bounds above (the newest output lines
+    kept; of a long message or traceback its head and tail, so its final line survives)."""
+    line_limit = max(64, int(MAX_LINE * share))
+    lines_total = int(MAX_LINES_TOTAL * share)
     lines: list[str] = []
     total = 0
     for line in reversed(failure.last_lines):
-        line = _cut(line, MAX_LINE) or ""
-        if total + len(line) > MAX_LINES_TOTAL:
+        line = _cut(line, line_limit) or ""
+        if total + len(line) > lines_total:
             lines.append(f"... [{len(failure.last_lines) - len(lines)} earlier line(s) cut] ...")
             break
         lines.append(line)
@@ -83,20 +86,23 @@ def bounded(failure: RankFailure) -> RankFailure:
     return replace(
         failure,
         exc_type=_cut(failure.exc_type, MAX_LINE),
-        exc_message=_cut(failure.exc_message, MAX_MESSAGE),
-        traceback=_cut(failure.traceback, MAX_TRACEBACK),
+        exc_message=_cut(failure.exc_message, max(256, int(MAX_MESSAGE * share))),
+        traceback=_cut(failure.traceback, max(512, int(MAX_TRACEBACK * share))),
         last_lines=tuple(reversed(lines)),
     )
 
 
-def report_to_dict(report: FailureReport) -> dict[str, Any]:
+def report_to_dict(report: FailureReport, share: float = 1.0, pickled: bool = True) -> dict[str, Any]:
     """A report as JSON-ready data (also what travels over the authenticated channel); every
-    failure's text is :func:`bounded`."""
+    failure's text is :func:`bounded` to ``share`` of the bounds; ``pickled=False`` leaves the
+    pickled exceptions out (the text still says what failed)."""
     return {
-        "failures": [bounded(f).to_dict() for f in report.failures],
+        "failures": [bounded(f, share).to_dict() for f in report.failures],
         "kind": report.kind,
         "headline": report.headline,
-        "pickled": {str(r): p for r, p in report.pickled.items() if p and len(p) <= MAX_PICKLED_EXCEPTION},
+        "pickled": {
+            str(r): p for r, p in report.pickled.items() if pickled and p and len(p) <= MAX_PICKLED_EXCEPTION
+        },
     }
 
 

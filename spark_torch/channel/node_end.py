@@ -3,10 +3,8 @@ answers, failure reports and bulk data (rank 0's result)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +23,8 @@ class NodeChannel:
     """A node's end: ships its ranks' output, takes part in the rendezvous, hears the driver's stop.
 
     Call it as a line sink (``channel(rank, stream, block)``); ``rank_event`` feeds the driver's
-    live status. ``stop`` is set when the driver says stop.
+    live status. ``stop`` is set when the driver says stop (only here: the rendezvous waits on
+    the client's condition for it).
     """
 
     def __init__(self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event) -> None:
@@ -144,7 +143,9 @@ class NodeChannel:
                     self._bulk_error = str(message["bulk_error"])[:2000] or "unknown error"
                 self._client.cond.notify_all()
         elif "stop" in message:
-            self._stop.set()
+            with self._client.cond:  # wakes a rendezvous waiting for the decision
+                self._stop.set()
+                self._client.cond.notify_all()
         elif "traces" in message:
             if self.on_trace_request is not None:
                 self.on_trace_request()
@@ -156,19 +157,16 @@ class NodeChannel:
         elif "rendezvous" in message and not self._decided.is_set():
             outcome = parse_decision(message["rendezvous"], self._nodes)
             if outcome is not None:
-                self._outcome = outcome
-                self._decided.set()
+                with self._client.cond:
+                    self._outcome = outcome
+                    self._decided.set()
+                    self._client.cond.notify_all()
 
     def _wait_decision(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while not self._decided.is_set():
-            if self._stop.is_set():
-                return False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._decided.wait(min(remaining, 0.1))
-        return True
+        """Whether the driver's decision came within ``seconds`` (False at once when told to stop)."""
+        with self._client.cond:  # both are set under cond, with a notify (and only here)
+            self._client.cond.wait_for(lambda: self._decided.is_set() or self._stop.is_set(), seconds)
+            return self._decided.is_set()
 
     def rendezvous(self, hello: dict[str, Any]) -> RendezvousResult:
         """Say hello and wait for the driver's decision, bounded by the rendezvous deadline.
@@ -215,42 +213,20 @@ class NodeChannel:
         self._client.close()
 
 
-#: how a failure report is cut when it does not fit a frame: (last lines kept, their width, the
-#: exception message's and the traceback's length), tried in turn
-_FIT_STEPS = ((40, 4096, 16384, 65536), (20, 1024, 4096, 8192), (10, 256, 1024, 2048), (0, 0, 256, 512))
-
-
 def _fitted(report: FailureReport) -> dict[str, Any]:
-    """``report`` as channel data that fits a frame: text UTF-8 cannot carry repaired, and when
-    it is too large (a node of many ranks, each with up to 40 x 64 KiB of last lines), shorter
-    text (the latest lines kept, the cut said), and only then no pickled exceptions; every rank's
-    cause stays."""
+    """``report`` as channel data that fits a frame (text UTF-8 cannot carry repaired). A node of
+    many failed ranks can outgrow one: first the pickled exceptions stay behind (the text says
+    what failed), then every rank's text gets a smaller share of the bounds, cut as
+    :func:`~spark_torch.failure_reports.bounded` cuts it (head and tail), until it fits."""
     data: dict[str, Any] = _repaired(report_to_dict(report))
-    if _fits(data):
-        return data
-    for keep_pickled in (True, False):
-        for lines, width, message, trace in _FIT_STEPS:
-            failures = tuple(
-                dataclasses.replace(
-                    f,
-                    exc_message=_cut(f.exc_message, message),
-                    traceback=_cut(f.traceback, trace),
-                    last_lines=(
-                        *(line[:width] for line in f.last_lines[len(f.last_lines) - lines :] if lines),
-                        f"[spark_torch] {len(f.last_lines)} last line(s) cut to {lines} to fit the channel's frame",
-                    ),
-                )
-                for f in report.failures
-            )
-            smaller = dataclasses.replace(report, failures=failures, pickled=report.pickled if keep_pickled else {})
-            data = _repaired(report_to_dict(smaller))
-            if _fits(data):
-                return data
-    return data  # the caller's send raises FrameTooLarge: nothing smaller says what failed
-
-
-def _cut(text: str | None, width: int) -> str | None:
-    return text if text is None or len(text) <= width else text[:width] + " [cut]"
+    share = 1.0
+    while not _fits(data) and share > 1 / 1024:
+        if data["pickled"]:
+            data = _repaired(report_to_dict(report, share, pickled=False))
+            continue
+        share /= 4
+        data = _repaired(report_to_dict(report, share, pickled=False))
+    return data  # past the smallest share the caller's send raises FrameTooLarge
 
 
 def _repaired(data: Any) -> Any:

@@ -64,8 +64,9 @@ def test_an_oversized_message_raises_at_the_sender() -> None:
 
 def test_a_huge_failure_report_arrives_cut_to_fit() -> None:
     """40 failed ranks, each with 40 x 64 KiB of last lines, a long traceback and a pickled
-    exception (several MiB): the report still reaches the driver, every rank's cause intact and
-    the cut said, and the node's other messages arrive."""
+    exception (several MiB): the report still reaches the driver, every rank's cause intact (the
+    head and the final line of its traceback, the newest output line), the cut said, and the
+    node's other messages arrive."""
     driver, lines = _driver()
     node = NodeChannel(driver.spec, 0, 1, threading.Event())
     try:
@@ -73,7 +74,8 @@ def test_a_huge_failure_report_arrives_cut_to_fit() -> None:
         wait_for("the node to attach", lambda: node.connected_ever)
         failures = tuple(
             RankFailure(
-                rank=r, host="h", exc_type="ValueError", exc_message="boom " + "m" * 20_000, traceback="t" * 100_000,
+                rank=r, host="h", exc_type="ValueError", exc_message="boom " + "m" * 20_000,
+                traceback="Traceback (most recent call last):\n" + "t" * 100_000 + f"\nValueError: boom in rank {r}",
                 last_lines=tuple(f"{i}" + "y" * 65535 for i in range(40)),
             )
             for r in range(40)
@@ -83,8 +85,13 @@ def test_a_huge_failure_report_arrives_cut_to_fit() -> None:
         assert driver.wait_for_nodes(10), "the node's end-of-stream marker did not arrive"
         report = driver.failures[0]
         assert sorted(f.rank for f in report.failures) == list(range(40))
-        assert all((f.exc_type, (f.exc_message or "")[:4]) == ("ValueError", "boom") for f in report.failures)
-        assert all(f.last_lines[-1].startswith("[spark_torch] ") and "cut to" in f.last_lines[-1] for f in report.failures)
+        for f in report.failures:
+            assert (f.exc_type, (f.exc_message or "")[:4]) == ("ValueError", "boom")
+            assert (f.traceback or "").startswith("Traceback (most recent call last):")
+            assert (f.traceback or "").endswith(f"ValueError: boom in rank {f.rank}"), "the final line was lost"
+            assert "characters cut]" in (f.traceback or "")
+            assert f.last_lines[-1].startswith("39y") and "earlier line(s) cut" in f.last_lines[0]
+        assert not report.pickled, "the pickled exceptions should stay behind first"
         assert lines.texts() == ["before the failure"]
     finally:
         node.close()
