@@ -248,16 +248,9 @@ class ChannelClient:
         """Wait until everything queued was acknowledged; False on timeout (or never attached
         and no connection now), or as soon as ``abort`` (checked under :attr:`cond`) returns a
         reason."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not self.idle():
-                if abort is not None and abort() is not None:
-                    return False
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self.cond.wait(min(remaining, 0.5))
-        return True
+        with self.cond:  # every change to what idle() and abort() read notifies cond
+            settled = self.cond.wait_for(lambda: self.idle() or (abort is not None and abort() is not None), timeout)
+            return settled and self.idle()
 
     def close(self) -> None:
         """Stop at once: close the connection and wait for this client's threads."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -256,14 +255,8 @@ class DriverChannel:
 
     def wait_for_nodes(self, timeout: float) -> bool:
         """Wait (bounded) until every node that ever attached sent its last line."""
-        deadline = time.monotonic() + timeout
         with self._lock:
-            while not self._attached <= self._finished:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._lock.wait(remaining)
-        return True
+            return self._lock.wait_for(lambda: self._attached <= self._finished, timeout)
 
     def close(self) -> None:
         """Stop listening, close every connection, join every thread of this channel."""
