@@ -39,22 +39,14 @@ def wait_for_slots(spark: Any, wanted: int, wait: float) -> int | None:
 
 
 def check_slots(spark: Any, needed: int, executor_wait: float) -> None:
-    """Return when ``needed`` slots exist; else raise :class:`InsufficientSlotsError` naming the
-    cluster, the numbers and the fixes."""
-    slots = available_slots(spark)
+    """Return when ``needed`` slots exist (waiting up to ``executor_wait`` on a cluster master:
+    executors of a fresh cluster register over a few seconds, cold JVMs 20-40 s); else raise
+    :class:`InsufficientSlotsError` naming the cluster, the numbers and the fixes."""
+    slots = wait_for_slots(spark, needed, executor_wait)
     if slots is None or slots >= needed:
         return
-    master = master_of(spark)
-    if not is_connect_session(spark) and not is_local_master(master):
-        # executors of a fresh cluster register over a few seconds (cold JVMs: 20-40 s)
-        deadline = time.monotonic() + executor_wait
-        while slots is not None and slots < needed and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
-            slots = available_slots(spark)
-        if slots is None or slots >= needed:
-            return
     raise InsufficientSlotsError(
         f"distributed mode needs {needed} Spark task slots at once (one barrier task per node), "
-        f"but the cluster ({master}) has {slots}. Use num_processes<={slots} (or more GPUs per "
+        f"but the cluster ({master_of(spark)}) has {slots}. Use num_processes<={slots} (or more GPUs per "
         "task), add executors/cores, lower spark.task.cpus, or use local_mode=True"
     )
