@@ -39,9 +39,9 @@ ROOT = os.path.dirname(HERE)
 def _worker() -> None:
     """Serve ``launch`` / ``train STEPS`` lines on stdin with one JSON line each on stdout."""
     sys.path.insert(0, HERE)
+    import bodies
     import cloudpickle
 
-    import bodies
     from spark_torch import Distributor
 
     cloudpickle.register_pickle_by_value(bodies)
