@@ -68,6 +68,56 @@ def test_a_lost_executor_shrinks_the_run(cluster3_spark: Any, tmp_path: Path, no
 
 
 @pytest.mark.slow
+def test_an_executor_taken_away_shrinks_the_run_to_the_nodes_left(cluster3_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+    """local-cluster[3,1,1024], N=3, M=2: in epoch 2 the cluster manager takes one executor away
+    for good (SparkContext.killExecutor lowers the application's target, as a scale-down or a
+    preempted machine does, so no replacement comes); the run goes on with 2 nodes from the
+    latest checkpoint, and says why. (A JVM that crashes is replaced by local-cluster's worker,
+    sometimes before the restart: the test above.)"""
+    import threading
+
+    from .conftest import session_executors, wait_for_slots
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    jsc = cluster3_spark.sparkContext._jsc.sc()
+    taken: list[str] = []
+    done = threading.Event()
+    wait_for_slots(cluster3_spark, 3)  # an earlier test's killed executor is replaced by now
+
+    def take_one_away() -> None:
+        while not (markers / "attempt-0-world-3-epoch-2").exists():
+            if done.wait(0.05):
+                return
+        executor = session_executors()[-1].cmdline()
+        taken.append(executor[executor.index("--executor-id") + 1])
+        jsc.killExecutor(taken[0])
+
+    taker = threading.Thread(target=take_one_away, daemon=True)
+    taker.start()
+    try:
+        d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=cluster3_spark,
+                        storage_path=tmp_path / "runs", max_restarts=2, elastic_wait=0)  # fmt: skip
+        out = d.run(count_epochs, 5, str(markers), 1.0)
+        result = d.last_run
+        assert taken and result is not None and out == {"count": 5.0, "world_size": 2}
+        assert [a.world_size for a in result.attempts] == [3, 2], result.attempts
+        assert result.attempts[0].end is AttemptEnd.FAILED and result.attempts[0].detail
+        assert result.attempts[1].reason is AttemptReason.RESTART_AFTER_FAILURE
+        assert result.attempts[1].size_note == "2 of 3 ranks: slots for 2 of 3 nodes", result.attempts
+        assert result.attempts[1].end is AttemptEnd.SUCCEEDED
+        history = result.metrics_dataframe
+        assert history["epoch"].tolist() == [1, 2, 3, 4, 5]
+        assert history["world_size"].tolist()[:2] == [3, 3] and history["world_size"].tolist()[-1] == 2
+    finally:
+        done.set()
+        taker.join(5)
+        # the next tests get three executors again (requestExecutors(1) does not raise the target)
+        jsc.requestTotalExecutors(3, 0, cluster3_spark.sparkContext._jvm.PythonUtils.toScalaMap({}))
+        wait_for_slots(cluster3_spark, 3)
+
+
+@pytest.mark.slow
 def test_dataframe_rows_are_split_again_after_a_shrink(cluster3_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
     """12 rows over 3 nodes, then over the nodes that are left: every row once per epoch."""
     df = cluster3_spark.range(12).selectExpr("id", "cast(id as double) as x")
