@@ -220,12 +220,9 @@ def _fitted(report: FailureReport) -> dict[str, Any]:
     :func:`~spark_torch.failure_reports.bounded` cuts it (head and tail), until it fits."""
     data: dict[str, Any] = _repaired(report_to_dict(report))
     share = 1.0
-    while not _fits(data) and share > 1 / 1024:
-        if data["pickled"]:
-            data = _repaired(report_to_dict(report, share, pickled=False))
-            continue
-        share /= 4
+    while not _fits(data) and share >= 1 / 1024:
         data = _repaired(report_to_dict(report, share, pickled=False))
+        share /= 4
     return data  # past the smallest share the caller's send raises FrameTooLarge
 
 
