@@ -10,7 +10,7 @@ limit, met or not) and the scaling fits that the reports and ``results.json`` sh
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jobs import FLOOR, OURS, RAY, TD, TORCHRUN
@@ -71,6 +71,17 @@ def paired_ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str
     mean = statistics.mean(logs)
     half = T975.get(len(logs) - 1, T975[max(k for k in T975 if k <= len(logs) - 1)]) * statistics.stdev(logs) / math.sqrt(len(logs))
     return {"ratio": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half), "pairs": len(logs)}
+
+
+def alternating_pairs(pairs: int, a: Callable[[], float], b: Callable[[], float]) -> dict[str, Any]:
+    """``pairs`` pairs of measurements of ``a`` and ``b``, back to back, order alternating (so
+    background load hits both alike): {"a": values, "b": values, **paired_ratio(a, b)}."""
+    runs: dict[str, dict[str, Any]] = {"a": {"values": [], "extra": []}, "b": {"values": [], "extra": []}}
+    for pair in range(pairs):
+        for name in ("ab" if pair % 2 == 0 else "ba"):
+            runs[name]["values"].append((a if name == "a" else b)())
+            runs[name]["extra"].append({"pair": pair})
+    return {"a": runs["a"]["values"], "b": runs["b"]["values"], **(paired_ratio(runs["a"], runs["b"]) or {})}
 
 
 def analyse(outputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))
 
-from analysis import paired_ratio  # noqa: E402
+from analysis import alternating_pairs  # noqa: E402
 from bodies import train_ddp, trivial_pg  # noqa: E402
 
 from spark_torch import Distributor  # noqa: E402
@@ -51,16 +51,8 @@ EAGER = (
 
 def _ab(pairs: int, name: str, run: Any) -> dict[str, Any]:
     """``run(stall_timeout)`` -> value; pairs of (on, off), order alternating."""
-    on: dict[str, Any] = {"values": [], "extra": []}
-    off: dict[str, Any] = {"values": [], "extra": []}
-    for pair in range(pairs):
-        legs = [(on, name), (off, "off")] if pair % 2 == 0 else [(off, "off"), (on, name)]
-        for record, which in legs:
-            value = run(0 if which == "off" else float(name))
-            record["values"].append(value)
-            record["extra"].append({"pair": pair})
-    result = paired_ratio(on, off) or {}
-    return {"on": on["values"], "off": off["values"], **result}
+    result = alternating_pairs(pairs, lambda: run(float(name)), lambda: run(0))
+    return {"on": result.pop("a"), "off": result.pop("b"), **result}
 
 
 def throughput(stall_timeout: float, steps: int) -> float:

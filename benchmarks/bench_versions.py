@@ -96,16 +96,10 @@ def _checkout(rev: str, into: str) -> str:
 
 def _pairs(before: _Version, after: _Version, pairs: int, command: str) -> dict[str, Any]:
     sys.path.insert(0, HERE)
-    from analysis import paired_ratio
+    from analysis import alternating_pairs
 
-    a: dict[str, Any] = {"values": [], "extra": []}
-    b: dict[str, Any] = {"values": [], "extra": []}
-    for pair in range(pairs):
-        legs = [(after, a), (before, b)] if pair % 2 == 0 else [(before, b), (after, a)]
-        for version, record in legs:
-            record["values"].append(version.ask(command))
-            record["extra"].append({"pair": pair})
-    return {"after": a["values"], "before": b["values"], **(paired_ratio(a, b) or {})}
+    result = alternating_pairs(pairs, lambda: after.ask(command), lambda: before.ask(command))
+    return {"after": result.pop("a"), "before": result.pop("b"), **result}
 
 
 def main() -> None:
