@@ -81,3 +81,63 @@ def test_the_test_map_names_every_test_file_and_helper() -> None:
     files = [p for p in (ROOT / "tests").rglob("*.py") if p.name != "__init__.py" and "scripts" not in p.parts]
     missing = sorted(str(p.relative_to(ROOT / "tests")) for p in files if p.name not in page)
     assert not missing, f"tests/README.md does not name: {missing}"
+
+
+#: a code span in Markdown
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+#: a relative path the docs cite: a file with an extension, or a folder ending in "/"
+CITED_PATH = re.compile(r"^[\w.-]+(?:/[\w.-]+)*(?:\.(?:py|md|toml|txt|ipynb|json|sh|cfg|yml)|/)$")
+#: folders that commands fill, cited as where their output goes
+GENERATED = ("benchmarks/results/",)
+#: where the tree keeps files a doc may cite by their bare name
+_SEARCHED = ("spark_torch", "tests", "benchmarks", "examples", "notebooks", "docs", ".ci")
+
+
+def _doc_pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "README.md", ROOT / "benchmarks" / "README.md"]
+
+
+def _path_exists(cited: str) -> bool:
+    if (ROOT / cited).exists() or (PACKAGE / cited).exists():
+        return True
+    # a bare or partial path ("local.py", "template/server.py") names a file somewhere in the tree
+    tail = cited.rstrip("/")
+    return any(
+        p.as_posix().endswith("/" + tail) for top in _SEARCHED for p in (ROOT / top).rglob(Path(tail).name)
+    )
+
+
+def test_every_cited_file_path_exists() -> None:
+    """Every file or folder path a doc cites in a code span (`driver/run/barrier.py`, `tests/`)
+    exists: a module renamed or removed cannot stay in the docs."""
+    stale = []
+    for page in _doc_pages():
+        for span in CODE_SPAN.findall(page.read_text(encoding="utf-8")):
+            if not CITED_PATH.match(span) or span.startswith("spark_torch.") and not span.endswith(".py"):
+                continue
+            if any(ch.isupper() for ch in span.replace(".md", "").replace("README", "")):
+                continue  # a placeholder such as RUN_ID/attempt-N/
+            if span.startswith(GENERATED):
+                continue  # written by a command the doc shows (benchmarks/run.py --quick)
+            if not _path_exists(span):
+                stale.append(f"{page.relative_to(ROOT)}: {span}")
+    assert not stale, "paths the docs cite that do not exist:\n" + "\n".join(stale)
+
+
+#: a module-qualified name in architecture.md: `lines.RankOutput`, `driver.run`, `stall.StallWatch`
+QUALIFIED = re.compile(r"^[a-z_]\w*(?:\.[A-Za-z_]\w*)+$")
+
+
+def test_every_module_qualified_name_in_architecture_resolves() -> None:
+    """architecture.md names things by their module (`lines.RankOutput`, `driver.run`): each
+    resolves under spark_torch, by its full path or by a module's own name."""
+    modules = _modules()
+    stale = []
+    for span in CODE_SPAN.findall((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")):
+        if not QUALIFIED.match(span) or CITED_PATH.match(span):
+            continue  # not a qualified name, or a file name (`pyproject.toml`)
+        first, _, rest = span.partition(".")
+        owners = [m for m in modules if m == f"spark_torch.{first}" or m.endswith(f".{first}")]
+        if not any(_resolves(f"{owner}.{rest}") for owner in owners):
+            stale.append(span)
+    assert not stale, "names in docs/architecture.md that do not resolve: " + ", ".join(stale)
