@@ -202,7 +202,7 @@ def test_the_reaper_gets_its_paths_over_its_pipe_not_argv() -> None:
 
 
 class _OneTaskBarrier:
-    """The task context of barrier task 1 of 2 (only what the node host asks before its ranks start)."""
+    """The task context of barrier task 1 of 2 (only what the node runner asks before its ranks start)."""
 
     def partitionId(self) -> int:  # noqa: N802 - Spark's name
         return 1

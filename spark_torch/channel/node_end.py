@@ -29,7 +29,7 @@ class NodeChannel:
 
     def __init__(self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event) -> None:
         self._spec = spec
-        #: the node's report pipes (set by the node host): answers from the driver go there
+        #: the node's report pipes (set by the node runner): answers from the driver go there
         self.reports: StepAnswers | None = None
         #: called when the driver asks for the ranks' Flight Recorder traces (a stall)
         self.on_trace_request: Callable[[], None] | None = None

@@ -1,6 +1,6 @@
 """The node layer: one node of a run (the driver in local mode, a Spark barrier task otherwise).
 
-Owns: the node host (staging, rendezvous, the rank environment, starting and watching the
+Owns: the node runner (staging, rendezvous, the rank environment, starting and watching the
 node's ranks, cleanup), rank processes and their process trees, warm starts (the template),
 the hosted rendezvous store, the reaper, and rank 0's result delivery.
 May import: :mod:`spark_torch.channel`, :mod:`spark_torch.reporting` and the shared top-level

@@ -1,4 +1,4 @@
-"""The node host: one node of a run, the same sequence in both modes.
+"""The node runner: one node of a run, the same sequence in both modes.
 
 :func:`run_node` stages the node's DataFrame rows, reserves the master port and hosts the
 rendezvous store (node 0), rendezvouses with the other nodes, checks what the node can check
@@ -48,7 +48,7 @@ class NodeProblem(Exception):
 
 
 class NodeIO(Protocol):
-    """Where a node runs: what the node host needs from the driver, Spark and the other nodes."""
+    """Where a node runs: what the node runner needs from the driver, Spark and the other nodes."""
 
     node_rank: int
     #: this node's host, as the other nodes and messages name it

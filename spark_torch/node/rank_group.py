@@ -1,6 +1,6 @@
 """The node runner: start one node's ranks, pump their output, wait, collect, clean up.
 
-Called by the node host (:mod:`spark_torch.node.lifecycle`) on the driver (local mode) and inside a
+Called by the node runner (:mod:`spark_torch.node.lifecycle`) on the driver (local mode) and inside a
 Spark barrier task (distributed mode). It imports neither pyspark nor torch; ranks are started
 by module name (``python -m spark_torch.rank.function_main`` / ``script_main``).
 """

@@ -1,6 +1,6 @@
 """Executor side of distributed mode: the body of one Spark barrier task (one node).
 
-The node host (:func:`~spark_torch.node.lifecycle.run_node`) runs the node; this module gives it a
+The node runner (:func:`~spark_torch.node.lifecycle.run_node`) runs the node; this module gives it a
 :class:`BarrierIO`: the rendezvous goes through the driver's channel (each node says hello;
 node 0's hello carries the port it reserved), or, when the channel cannot be reached within the
 rendezvous deadline, through one Spark ``allGather`` round (about a second); rank output goes

@@ -1,6 +1,6 @@
-"""Local mode: every rank on the driver machine, one node hosted in this process.
+"""Local mode: every rank on the driver machine, one node runnered in this process.
 
-The node host (:func:`~spark_torch.node.lifecycle.run_node`) gets a :class:`LocalIO`: the
+The node runner (:func:`~spark_torch.node.lifecycle.run_node`) gets a :class:`LocalIO`: the
 rendezvous is this node alone, rank output goes straight to the driver's sink, report() steps
 straight to the attempt's coordinator, and the timeout is a timer on the node's stop event.
 """
