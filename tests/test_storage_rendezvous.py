@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import ConfigurationError, Distributor
+from spark_torch import AttemptEnd, ConfigurationError, Distributor
 from spark_torch.node.storage_check import SEEN, storage_hello, storage_needed, storage_problem
 from spark_torch.spec import LaunchPlan, RunSpec, StorageSpec
 
@@ -25,10 +25,12 @@ def test_storage_only_the_driver_sees_fails_at_the_rendezvous(
 ) -> None:
     base = f"memory://spark-torch-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
+    distributor = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=base, timeout=120)
     with pytest.raises(ConfigurationError) as info:
-        Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=base, timeout=120).run(
-            touch, str(tmp_path / "a rank ran")
-        )
+        distributor.run(touch, str(tmp_path / "a rank ran"))
+    # the attempt that found it is recorded with its end, not left open
+    assert distributor.last_run is not None
+    assert [a.end for a in distributor.last_run.attempts] == [AttemptEnd.MISCONFIGURED]
     message = str(info.value)
     assert (
         message.startswith(f"the run's storage {base}/")

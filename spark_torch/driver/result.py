@@ -30,6 +30,10 @@ class AttemptEnd(str, enum.Enum):
     STALLED = "stalled"
     GROW_REQUESTED = "grow requested"
     INTERRUPTED = "interrupted"
+    #: the ranks could not be started (LaunchError: executors gone, the barrier stage refused)
+    LAUNCH_FAILED = "launch failed"
+    #: a setting or the cluster made the attempt impossible (ConfigurationError)
+    MISCONFIGURED = "misconfigured"
 
     def __str__(self) -> str:
         return self.value
@@ -58,7 +62,7 @@ class AttemptRecord:
         nodes: the nodes (barrier tasks) of this attempt; 1 in local mode.
         reason: why it started (:class:`AttemptReason`).
         size_note: why it had this size (elastic membership), e.g. ``"2 of 3 ranks: slots for 2 of 3 nodes"``.
-        end: how it ended (:class:`AttemptEnd`); None while it runs.
+        end: how it ended (:class:`AttemptEnd`); None only while it runs.
         detail: the first line of the error it ended with, or why it asked to grow.
     """
 

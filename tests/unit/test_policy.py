@@ -27,6 +27,8 @@ def test_growing_restarts_without_using_a_restart() -> None:
     assert decision.action is Action.RESTART and decision.reason is AttemptReason.GROW and not decision.counts
 
 
-@pytest.mark.parametrize("end", [AttemptEnd.TIMED_OUT, AttemptEnd.INTERRUPTED])
-def test_timeouts_and_interruptions_always_raise(end: AttemptEnd) -> None:
+@pytest.mark.parametrize(
+    "end", [AttemptEnd.TIMED_OUT, AttemptEnd.INTERRUPTED, AttemptEnd.LAUNCH_FAILED, AttemptEnd.MISCONFIGURED]
+)
+def test_timeouts_interruptions_launch_failures_and_misconfigurations_always_raise(end: AttemptEnd) -> None:
     assert RestartPolicy(-1).decide(end, 0).action is Action.RAISE

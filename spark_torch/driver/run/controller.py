@@ -28,7 +28,7 @@ from spark_torch.driver.run.policy import Action, RestartPolicy
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
-from spark_torch.errors import ConfigurationError, DistributedRunError, RunStalledError, RunTimeoutError
+from spark_torch.errors import ConfigurationError, DistributedRunError, LaunchError, RunStalledError, RunTimeoutError
 from spark_torch.rank_files import ResultBytes
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import Settings
@@ -167,7 +167,8 @@ def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage |
 
 
 def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> AttemptOutcome:
-    """One attempt, its end typed: the run's errors become outcomes the policy decides on."""
+    """One attempt, its end typed: every way an attempt ends (the run's errors, a launch that
+    failed, a setting that made it impossible, an interrupt) becomes an outcome the policy decides on."""
     try:
         if endpoint is None:
             from spark_torch.driver.run.local import run_local
@@ -182,6 +183,10 @@ def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None,
         return AttemptOutcome(AttemptEnd.STALLED, error=exc)
     except DistributedRunError as exc:
         return AttemptOutcome(AttemptEnd.FAILED, error=exc)
+    except LaunchError as exc:
+        return AttemptOutcome(AttemptEnd.LAUNCH_FAILED, error=exc)
+    except ConfigurationError as exc:
+        return AttemptOutcome(AttemptEnd.MISCONFIGURED, error=exc)
     except KeyboardInterrupt as exc:
         return AttemptOutcome(AttemptEnd.INTERRUPTED, error=exc)
 

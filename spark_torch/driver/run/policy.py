@@ -2,8 +2,9 @@
 
 An attempt that succeeded finishes the run; one that asked to grow restarts it without counting
 against ``max_restarts``; a failure or a stall restarts it while restarts are left, else the run
-raises the attempt's error; a timeout or an interruption always raises (the run's time is up, or
-the user asked to stop). The membership then decides how many nodes the next attempt gets.
+raises the attempt's error; a timeout, an interruption, a launch that failed or a
+misconfiguration always raises (the run's time is up, the user asked to stop, or a restart would
+meet the same cluster and settings). The membership then decides how many nodes the next attempt gets.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class RestartPolicy:
                 reason = AttemptReason.RESTART_AFTER_STALL if end is AttemptEnd.STALLED else AttemptReason.RESTART_AFTER_FAILURE
                 return Decision(Action.RESTART, reason, counts=True)
             return Decision(Action.RAISE)
-        return Decision(Action.RAISE)  # timed out, interrupted
+        return Decision(Action.RAISE)  # timed out, interrupted, launch failed, misconfigured
 
     def budget(self) -> str:
         """``max_restarts`` for messages."""
