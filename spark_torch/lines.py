@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines", "RankOutput", "EVENTS"]
-
-#: the states of a rank that :meth:`RankOutput.rank_event` reports
-EVENTS = ("started", "finished", "failed", "stopped")
+__all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines", "RankOutput"]
 
 
 class RankOutput(Protocol):

@@ -103,7 +103,8 @@ def file_argument(name: str) -> str:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One attempt of a run, as every node sees it."""
+    """A run as every node sees it, resolved once on the driver; each attempt gets its own copy
+    (``dataclasses.replace``) with that attempt's size, restart count and resume point."""
 
     plan: LaunchPlan
     run_id: str

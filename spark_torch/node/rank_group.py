@@ -82,11 +82,6 @@ class GroupResult:
     stopped: bool = False  # stopped from outside (timeout / cancellation)
     running_at_stop: list[RankFailure] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        """True when every rank of this node exited cleanly."""
-        return not self.failures and not self.stopped
-
 
 def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
     if spec.run.script is not None:

@@ -129,6 +129,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
     controller = RunController(
         spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=run,
         sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
+        policy=RestartPolicy(config.max_restarts),
     )  # fmt: skip
     try:
         result = controller.run()
@@ -208,12 +209,14 @@ class RunController:
     storage: RunStorage | None
     membership: Membership | None
     deadline: float | None
+    #: decides finish, restart or raise after each attempt (pure; see driver/run/policy.py)
+    policy: RestartPolicy
     #: the number of this call's first attempt: a resumed run_id numbers on from its history
     first_attempt: int = 0
 
     def run(self) -> ResultBytes | None:
         """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
-        policy = RestartPolicy(self.config.max_restarts)
+        policy = self.policy
         self.first_attempt = self.storage.next_attempt() if self.storage is not None else 0
         show = interactive() if self.config.progress is None else self.config.progress
         reason, failures = AttemptReason.START, 0
