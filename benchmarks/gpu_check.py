@@ -60,7 +60,7 @@ def run_step(name: str, work: str, result_path: str) -> None:
     try:
         data, status, detail = step(work), "pass", ""
     except StepFailed as exc:
-        data, status, detail = {}, "fail", str(exc)
+        data, status, detail = exc.data, "fail", str(exc)
     except Exception as exc:  # noqa: BLE001 - any other error is this step's failure, reported whole
         data, status, detail = {}, "fail", f"{type(exc).__name__}: {str(exc)[:1500]}"
     with open(result_path, "w", encoding="utf-8") as fh:

@@ -23,12 +23,17 @@ TEMPLATE_MODULE = "spark_torch.node.template.server"
 
 
 class StepFailed(Exception):
-    """A check did not hold; the message says which and what was seen."""
+    """A check did not hold; the message says which and what was seen (``data``: what was measured)."""
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.data = data or {}
 
 
-def check(ok: bool, what: str) -> None:
+def check(ok: bool, what: str, data: dict[str, Any] | None = None) -> None:
+    """Fail the step with ``what`` (and the measurements ``data``) unless ``ok``."""
     if not ok:
-        raise StepFailed(what)
+        raise StepFailed(what, data)
 
 
 # --- things measured from outside the ranks --------------------------------------------------
@@ -273,20 +278,23 @@ def step_c_oom(work: str) -> dict[str, Any]:
 def step_d_sampler(work: str) -> dict[str, Any]:
     ranks = ship_bodies()
     got = distributor(use_gpu=True, stall_timeout=2).run(ranks.sampler_holds_no_tensor)
-    check(got["interval"] == "0.2", f"the sampler ran every {got['interval']}s, not at its fastest (0.2s)")
+    check(got["interval"] == "0.2", f"the sampler ran every {got['interval']}s, not at its fastest (0.2s)", got)
     for i, r in enumerate(got["rounds"]):
-        check(r["held"] - got["base"] >= got["bytes"], f"round {i}: the quarter tensor was not counted ({r})")
+        check(r["held"] - got["base"] >= got["bytes"], f"round {i}: the quarter tensor was not counted ({r})", got)
         check(
             r["after_del"] == got["base"],
             f"round {i}: after del, memory_allocated is {r['after_del']} not {got['base']}: something still holds the tensor ({r})",
+            got,
         )
         check(
             r["after_return"] == got["base"],
             f"round {i}: after its frame returned, memory_allocated is {r['after_return']} not {got['base']} ({r})",
+            got,
         )
         check(
             r["free_after_empty_cache"] >= got["free_before"] - MEMORY_TOLERANCE,
             f"round {i}: empty_cache() did not give the memory back ({r})",
+            got,
         )
     return dict(got)
 
@@ -324,11 +332,13 @@ def _fr_nccl_timeout(ranks: Any, work: str) -> dict[str, Any]:
 
     log_dir = os.path.join(work, "timeout-logs")
     prefix = os.path.join(log_dir, "nccl_trace_rank_")
+    # torch (ProcessGroupNCCL.hpp): a dump on a watchdog timeout needs TORCH_NCCL_DUMP_ON_TIMEOUT=1 with
+    # TORCH_NCCL_ENABLE_MONITORING=1 and a Flight Recorder buffer > 0 (spark_torch sets TORCH_FR_BUFFER_SIZE);
+    # it is written to TORCH_NCCL_DEBUG_INFO_TEMP_FILE + the rank (newer name: TORCH_FR_DUMP_TEMP_FILE)
     env = {
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
-        "TORCH_FR_DUMP_TEMP_FILE": prefix,
-    }
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
+    }  # fmt: skip
     os.makedirs(log_dir, exist_ok=True)
     try:
         distributor(use_gpu=True, log_dir=log_dir, env=env, timeout=100).run(ranks.nccl_watchdog_timeout, 5.0)
@@ -350,10 +360,12 @@ def step_e_nccl_fr(work: str) -> dict[str, Any]:
     for name, part in (("stall", _fr_stall), ("nccl_timeout", _fr_nccl_timeout)):
         try:
             out[name] = part(ranks, work)
-        except StepFailed as exc:
-            failures.append(f"{name}: {exc}")
-            out[name] = {"failed": str(exc)}
-    check(not failures, "; ".join(failures))
+        except Exception as exc:  # noqa: BLE001 - one part failing must not hide the other
+            text = str(exc) if isinstance(exc, StepFailed) else f"{type(exc).__name__}: {str(exc)[:1200]}"
+            failures.append(f"{name}: {text}")
+            out[name] = {"failed": text}
+    if failures:
+        raise StepFailed("; ".join(failures), out)
     return out
 
 
