@@ -205,36 +205,48 @@ def nccl_watchdog_timeout(timeout_s: float) -> None:
     torch.cuda.synchronize()
 
 
-def ddp_steps(steps: int = 300, warmup: int = 20, batch: int = 512, width: int = 2048) -> dict[str, Any]:
-    """Step f: a DDP MLP with bf16 matmuls (autocast) on this rank's GPU; steps/s inside the loop."""
+def ddp_steps(steps: int = 300, warmup: int | None = None, batch: int = 512, width: int = 2048) -> dict[str, Any]:
+    """Step f: a DDP MLP with bf16 matmuls (autocast) on this rank's GPU; steps/s inside the loop.
+    (Without CUDA: the same on the CPU with gloo, to rehearse the step's plumbing.)"""
     import torch
     import torch.distributed as dist
     from torch import nn
 
-    device = _nccl_group()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        device = _nccl_group()
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method="env://")
     torch.manual_seed(0)
     layers = [nn.Linear(width, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, width)]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers).to(device), device_ids=[device.index])
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(*layers).to(device), device_ids=[device.index] if cuda else None
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, width, device=device)
 
     def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model(x).float().pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()  # the GPU's queue drained: the time is the GPU's
+
+    for _ in range(min(20, steps) if warmup is None else warmup):
         step()
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    sync()
     seconds = time.perf_counter() - start
     dist.destroy_process_group()
-    return {"steps_per_s": steps / seconds, "steps": steps, "seconds": seconds}
+    return {"steps_per_s": steps / seconds, "steps": steps, "seconds": seconds, "device": str(device)}
 
 
 if __name__ == "__main__":  # bare torchrun: torchrun ... gpu_ranks.py OUT_JSON STEPS

@@ -369,13 +369,16 @@ def step_e_nccl_fr(work: str) -> dict[str, Any]:
     return out
 
 
-def step_f_ddp(work: str, pairs: int = 3, steps: int = 300) -> dict[str, Any]:
+def step_f_ddp(work: str) -> dict[str, Any]:
     from analysis import alternating_pairs
 
     ranks = ship_bodies()
+    # 3 pairs of 300 steps; GPU_CHECK_PAIRS / GPU_CHECK_STEPS only to rehearse the plumbing on a CPU
+    pairs, steps = int(os.environ.get("GPU_CHECK_PAIRS", "3")), int(os.environ.get("GPU_CHECK_STEPS", "300"))
+    use_gpu = bool(probe_result().get("cuda"))
 
     def ours() -> float:
-        return float(distributor(use_gpu=True, log_ranks=[]).run(ranks.ddp_steps, steps)["steps_per_s"])
+        return float(distributor(use_gpu=use_gpu, log_ranks=[]).run(ranks.ddp_steps, steps)["steps_per_s"])
 
     def torchrun() -> float:
         out = os.path.join(work, "torchrun.json")
