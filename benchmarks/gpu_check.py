@@ -119,14 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown step(s) {sorted(unknown)}; the steps are {[name for name, _, _ in STEPS]}")
     try:
         found = probe()
-    except (StepFailed, subprocess.TimeoutExpired) as exc:
-        found = {"cuda": False, "probe_failed": str(exc)}
+    except (StepFailed, subprocess.TimeoutExpired) as exc:  # not "no CUDA": the GPU steps then fail, saying why
+        found = {"cuda": None, "probe_failed": str(exc)}
+        print(f"gpu_check: could not ask torch whether there is CUDA: {exc}", flush=True)
     os.environ["GPU_CHECK_PROBE"] = json.dumps(found)
     cuda = bool(found.get("cuda"))
     end = time.monotonic() + args.budget
     summary: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "cuda": cuda,
+        "cuda": found.get("cuda"),
         "probe": found,
         "steps": [],
     }
@@ -139,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             start = time.monotonic()
             result: dict[str, Any]
-            if needs_cuda and not cuda:
+            if needs_cuda and found["cuda"] is None:
+                result = {"status": "fail", "detail": f"not run: {found['probe_failed']}", "data": {}}
+            elif needs_cuda and not cuda:
                 result = {"status": "skipped", "detail": "no CUDA", "data": {}}
             elif end - start < 10:
                 result = {"status": "fail", "detail": f"not run: the {args.budget:.0f}s budget is spent", "data": {}}

@@ -3,7 +3,7 @@
 ``gpu_check.py`` ships them by value (``cloudpickle.register_pickle_by_value``), so a rank needs
 nothing but torch and spark_torch. Run as a script it is the bare-torchrun side of step f::
 
-    torchrun --standalone --nproc_per_node=1 benchmarks/gpu_ranks.py OUT_JSON STEPS
+    torchrun --standalone --nproc_per_node=1 benchmarks/gpu_ranks.py OUT_JSON STEPS WIDTH
 
 Every body binds its GPU the way torch's documentation asks for NCCL:
 ``torch.cuda.set_device(LOCAL_RANK)`` first, then ``init_process_group("nccl",
@@ -249,10 +249,10 @@ def ddp_steps(steps: int = 300, warmup: int | None = None, batch: int = 512, wid
     return {"steps_per_s": steps / seconds, "steps": steps, "seconds": seconds, "device": str(device)}
 
 
-if __name__ == "__main__":  # bare torchrun: torchrun ... gpu_ranks.py OUT_JSON STEPS
+if __name__ == "__main__":  # bare torchrun: torchrun ... gpu_ranks.py OUT_JSON STEPS WIDTH
     import json
 
-    result = ddp_steps(int(sys.argv[2]))
+    result = ddp_steps(int(sys.argv[2]), width=int(sys.argv[3]))
     if os.environ.get("RANK", "0") == "0":
         with open(sys.argv[1], "w", encoding="utf-8") as fh:
             json.dump(result, fh)

@@ -49,7 +49,11 @@ if out["cuda"]:
         time.sleep(0.2)
         free, total = torch.cuda.mem_get_info(0)
     out.update(free=free, total=total, name=torch.cuda.get_device_name(0), count=torch.cuda.device_count(),
-               cuda_version=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())))
+               cuda_version=torch.version.cuda)
+    try:  # an int in old torch, a tuple in newer ones
+        out["nccl"] = str(torch.cuda.nccl.version())
+    except Exception as exc:  # the version is information only
+        out["nccl"] = f"unknown ({exc})"
 print(json.dumps(out))
 """
 
@@ -249,30 +253,32 @@ def step_c_oom(work: str) -> dict[str, Any]:
         message = str(exc)
     else:
         raise StepFailed("a rank asked for twice the GPU's memory and the run succeeded")
-    took = time.monotonic() - start
+    data: dict[str, Any] = {
+        "message": message[:2000],
+        "seconds": time.monotonic() - start,
+        "free_before": before["free"],
+    }
     head = message.splitlines()[0] if message else ""
-    check("rank 0" in head, f"the error does not lead with the rank: {head[:300]}")
+    check("rank 0" in head, f"the error does not lead with the rank: {head[:300]}", data)
     check(
-        "OutOfMemoryError" in message or "out of memory" in message, f"the error does not name the OOM: {message[:600]}"
+        "OutOfMemoryError" in message or "out of memory" in message,
+        f"the error does not name the OOM: {message[:600]}",
+        data,
     )
     after = probe(want_free=before["free"] - MEMORY_TOLERANCE, wait_s=20)
+    data["free_after"] = after["free"]
     check(
         after["free"] >= before["free"] - MEMORY_TOLERANCE,
-        f"GPU memory not back: {before['free'] >> 20} MiB free before, {after['free'] >> 20} MiB after",
-    )
+        f"GPU memory not back within 20s: {before['free'] >> 20} MiB free before, {after['free'] >> 20} MiB after", data,
+    )  # fmt: skip
     ours = {p.pid for p in psutil.Process().children(recursive=True)}
-    holding = gpu_pids()
+    data["nvidia_smi_pids"] = holding = gpu_pids()
     check(
         not holding or not ours & set(holding),
         f"processes of ours still hold GPU memory: {sorted(ours & set(holding or []))}",
+        data,
     )
-    return {
-        "message": message[:2000],
-        "seconds": took,
-        "free_before": before["free"],
-        "free_after": after["free"],
-        "nvidia_smi_pids": holding,
-    }
+    return data
 
 
 def step_d_sampler(work: str) -> dict[str, Any]:
@@ -304,13 +310,14 @@ def _fr_stall(ranks: Any, work: str) -> dict[str, Any]:
 
     log_dir = os.path.join(work, "stall-logs")
     try:
-        distributor(use_gpu=True, stall_timeout=3, stall_action="fail", log_dir=log_dir, timeout=100).run(
+        distributor(use_gpu=True, stall_timeout=5, stall_action="fail", log_dir=log_dir, timeout=100).run(
             ranks.stall_in_nccl
         )
     except RunStalledError as exc:
         message = str(exc)
     else:
         raise StepFailed("a rank waiting on a queued NCCL all_reduce was not found stalled")
+    # (stall_timeout=5: each set-up phase of the rank, CUDA and NCCL initialisation, takes less)
     trace_dir = os.path.join(log_dir, "flight-recorder", "attempt-0")
     trace = os.path.join(trace_dir, "rank_0.json")
     with open(os.path.join(log_dir, "rank-0.log"), encoding="utf-8", errors="replace") as fh:
@@ -375,10 +382,11 @@ def step_f_ddp(work: str) -> dict[str, Any]:
     ranks = ship_bodies()
     # 3 pairs of 300 steps; GPU_CHECK_PAIRS / GPU_CHECK_STEPS only to rehearse the plumbing on a CPU
     pairs, steps = int(os.environ.get("GPU_CHECK_PAIRS", "3")), int(os.environ.get("GPU_CHECK_STEPS", "300"))
+    width = int(os.environ.get("GPU_CHECK_WIDTH", "2048"))
     use_gpu = bool(probe_result().get("cuda"))
 
     def ours() -> float:
-        return float(distributor(use_gpu=use_gpu, log_ranks=[]).run(ranks.ddp_steps, steps)["steps_per_s"])
+        return float(distributor(use_gpu=use_gpu, log_ranks=[]).run(ranks.ddp_steps, steps, width=width)["steps_per_s"])
 
     def torchrun() -> float:
         out = os.path.join(work, "torchrun.json")
@@ -391,6 +399,7 @@ def step_f_ddp(work: str) -> dict[str, Any]:
             os.path.join(HERE, "gpu_ranks.py"),
             out,
             str(steps),
+            str(width),
         ]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=150)
         if done.returncode != 0:
