@@ -67,32 +67,79 @@ def run_step(name: str, work: str, result_path: str) -> None:
         json.dump({"status": status, "detail": detail, "data": data}, fh, default=str)
 
 
+#: how long a finished step's processes (its warm-start template, which follows its owner) may take to end
+LINGER_SECONDS = 15.0
+
+
+def _step_processes(marker: str) -> list[Any]:
+    """Processes started for one step: they carry its marker in their environment (ranks forked
+    from a template show the template's), with their descendants."""
+    import psutil
+
+    found: dict[int, Any] = {}
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and proc.environ().get("GPU_CHECK_STEP") == marker:
+                found[proc.pid] = proc
+                found.update((c.pid, c) for c in proc.children(recursive=True))
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def _left_behind(marker: str) -> list[str]:
+    """Wait for the step's processes to end by themselves; kill those still there after
+    LINGER_SECONDS (so that none holds the GPU in the next step) and name them."""
+    import psutil
+
+    deadline = time.monotonic() + LINGER_SECONDS
+    while (procs := _step_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    named = []
+    for proc in procs:
+        try:
+            named.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=10)
+    return named
+
+
 def spawn_step(name: str, deadline: float, work: str, log: Any) -> dict[str, Any]:
-    """Parent side: the step in its own process group, killed whole at its deadline."""
+    """Parent side: the step in its own process group, killed whole at its deadline; whatever
+    it started and left running is killed too before the next step."""
     result_path = os.path.join(work, f"{name}.json")
     step_work = os.path.join(work, name)
     os.makedirs(step_work)
     log.write(f"\n===== step {name} =====\n")
     log.flush()
+    marker = f"{name}-{os.getpid()}"
     argv = [sys.executable, os.path.abspath(__file__), "--step", name, "--work", step_work, "--result", result_path]
-    proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPU_CHECK_STEP": marker}
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         proc.wait(timeout=deadline)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return {"status": "fail", "detail": f"timed out after {deadline:.0f}s (killed; see gpu_check.log)", "data": {}}
-    try:
-        with open(result_path, encoding="utf-8") as fh:
-            return dict(json.load(fh))
-    except (OSError, ValueError):
-        return {
+        result = {
             "status": "fail",
-            "detail": f"the step's process exited {proc.returncode} without a result (see gpu_check.log)",
+            "detail": f"timed out after {deadline:.0f}s (killed; see gpu_check.log)",
             "data": {},
         }
+    else:
+        try:
+            with open(result_path, encoding="utf-8") as fh:
+                result = dict(json.load(fh))
+        except (OSError, ValueError):
+            detail = f"the step's process exited {proc.returncode} without a result (see gpu_check.log)"
+            result = {"status": "fail", "detail": detail, "data": {}}
+    left = _left_behind(marker)
+    if left:
+        result["left_behind"] = left
+        log.write(f"step {name} left {len(left)} process(es) running after {LINGER_SECONDS:g}s, killed: {left}\n")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                 if status == "skipped"
                 else f"{status} ({result['seconds']:.1f}s)" + (f": {result['detail']}" if result["detail"] else "")
             )
+            if result.get("left_behind"):
+                line += f" (left {len(result['left_behind'])} process(es) running, killed: see gpu_check.log)"
             print(f"step {name}: {line}", flush=True)
     summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     summary["passed"] = not any(s["status"] == "fail" for s in summary["steps"])

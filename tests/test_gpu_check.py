@@ -69,6 +69,7 @@ def test_without_cuda_or_pyspark_every_gpu_step_is_skipped_and_the_rest_passes(
         "local_cpu": "pass",
         **dict.fromkeys(GPU_STEPS, "skipped"),
     }
+    assert not [s for s in summary["steps"] if s.get("left_behind")], "a step left processes running"
     env = summary["steps"][0]["data"]
     # the no-pyspark claim: neither was importable, and local mode ran (2 ranks, gloo, warm) all the same
     assert env["importable"]["pyspark"] is False and env["importable"]["cryptography"] is False, env
