@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.py, the device check, on this machine: without CUDA, pyspark or
-cryptography (as on the GPU image, which lacks the last two) every GPU step says "skipped: no
-CUDA", the steps that need no GPU pass, the JSON summary is written and the exit status is 0; a
+"""benchmarks/gpu_check.py, the device check, on this machine: without CUDA, pyspark,
+cryptography or an installed spark_torch (as on the GPU image, which lacks the last three) every
+GPU step says "skipped: no CUDA", the steps that need no GPU pass, the JSON summary is written and the exit status is 0; a
 step past its deadline is killed whole and reported as failed."""
 
 from __future__ import annotations
@@ -27,12 +27,21 @@ class _Blocked:
         return None
 
 sys.meta_path.insert(0, _Blocked())
+
+# nor is spark_torch installed there: drop this venv's editable install, so that the check, the
+# template, the reaper and the ranks find it only as the check puts it on the path
+def _editable(finder):
+    return "__editable__" in (getattr(finder, "__module__", "") or "") or "__editable__" in type(finder).__module__
+
+sys.meta_path[:] = [f for f in sys.meta_path if not _editable(f)]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in (getattr(h, "__module__", "") or "")]
+sys.path_importer_cache.clear()
 """
 
 
 def _run(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], float]:
     """The check as the GPU machine runs it, from outside the tree, with pyspark and cryptography
-    unimportable (a sitecustomize on PYTHONPATH) and no CUDA visible."""
+    unimportable and spark_torch not installed (a sitecustomize on PYTHONPATH), no CUDA visible."""
     shim = tmp_path / "shim"
     shim.mkdir(exist_ok=True)
     (shim / "sitecustomize.py").write_text(BLOCKER)
