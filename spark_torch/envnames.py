@@ -30,6 +30,7 @@ __all__ = [
     "TORCHELASTIC_USE_AGENT_STORE",
     "RUN_ID",
     "NODE_MARKER",
+    "NODE_TOKEN",
     "MARK_SLOT",
     "RESTART_COUNT",
     "PARENT_PID",
@@ -81,9 +82,12 @@ TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 # ours, for every rank (and everything it starts: also the node's marker for orphan searches)
 RUN_ID = "SPARK_TORCH_RUN_ID"
-#: a node's marker: these two of every rank's variables, which everything the rank starts
-#: inherits (:func:`spark_torch.node.workdir.node_marker`), find the node's processes
-NODE_MARKER = (RUN_ID, NODE_RANK)
+#: a random token drawn by each node for each attempt (:func:`spark_torch.node.workdir.node_marker`)
+NODE_TOKEN = "SPARK_TORCH_NODE_TOKEN"
+#: a node's marker: these three of every rank's variables, which everything the rank starts
+#: inherits (:func:`spark_torch.node.workdir.node_marker`), find the node's processes of this
+#: attempt: the token tells them from another run with the same run id, or the next attempt
+NODE_MARKER = (RUN_ID, NODE_RANK, NODE_TOKEN)
 #: the warm-start template's last variable: room in its environment block that each of its
 #: children overwrites with its node's marker (:mod:`spark_torch.node.template.child`)
 MARK_SLOT = "SPARK_TORCH_MARK_SLOT"
