@@ -131,12 +131,14 @@ STORAGE_OPTIONS = "SPARK_TORCH_STORAGE_OPTIONS"
 #: set by the launcher for every rank; a user's ``env=`` may not override them
 RESERVED = frozenset({RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT})
 
-#: never reach user code: Spark's own secrets (``_SPARK_AUTH_SECRET`` is set for executors and
-#: their Python workers when spark.authenticate is on; the Py4J gateway and worker-factory
-#: secrets; a Spark Connect token), the ports they protect, and a torchrun agent's store from an
-#: outer launcher
+#: never reach user code, nor a warm-start template's or a reaper's environment: Spark's own
+#: secrets (``_SPARK_AUTH_SECRET`` is set for executors and their Python workers when
+#: spark.authenticate is on; the Py4J gateway and worker-factory secrets; a Spark Connect
+#: token), the ports they protect, the ``spark-torch`` command's storage credentials, and a
+#: torchrun agent's store from an outer launcher
 SCRUBBED = frozenset(
     {
+        STORAGE_OPTIONS,
         "_SPARK_AUTH_SECRET",
         "PYSPARK_GATEWAY_SECRET",
         "PYSPARK_GATEWAY_PORT",

@@ -35,7 +35,7 @@ def node_marker(run_id: str, node_rank: int, token: str | None = None) -> dict[s
 
 def _start_reaper(python: str, workdir: str, marker: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
     """The watchdog that cleans up if this process dies before its own cleanup runs."""
-    env = with_package_on_path(dict(os.environ))
+    env = with_package_on_path({k: v for k, v in os.environ.items() if k not in envnames.SCRUBBED})
     try:
         reaper = subprocess.Popen(
             [python, "-m", REAPER_MODULE],
