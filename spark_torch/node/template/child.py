@@ -2,7 +2,7 @@
 
 The child starts a session, waits for the template's go (sent once its pid reached the node
 runner), arms its death with the template, takes its descriptors as 0/1/2 and closes every
-other, applies the runner's limits (every one) and umask, takes the rank's environment,
+other, applies the runner's limits (every one), umask and CPU affinity, takes the rank's environment,
 directory, ``sys.argv`` and fresh random seeds, then runs the rank's module as ``python -m``
 would (the directory first on ``sys.path`` unless the interpreter runs with ``PYTHONSAFEPATH``).
 
@@ -99,6 +99,8 @@ def become_rank(request: dict[str, Any], fds: list[int], go: int, template: int,
             resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (soft, hard))
         if request.get("umask") is not None:
             os.umask(request["umask"])
+        if request.get("affinity"):  # the runner's CPUs (its nice and oom_score_adj key the template)
+            os.sched_setaffinity(0, request["affinity"])
         env = dict(request["env"])
         if extra:
             env[envnames.REPORT_FDS] = ",".join(str(fd) for fd in extra)
