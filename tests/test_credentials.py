@@ -108,7 +108,7 @@ def test_the_type_and_the_rest_of_the_text_are_kept() -> None:
     assert type(clean) is RuntimeError
     assert str(clean).startswith("the upload failed <- caused by PermissionError: [Errno 13] Access denied: '/bucket/***/run'")
     assert "BackendError: request refused for credentials ***" in str(clean)
-    assert _user_gets(_in_note).__notes__ == ["retried with token ***"]  # type: ignore[attr-defined]
+    assert _user_gets(_in_note).__notes__ == ["retried with token ***"]
 
 
 def test_an_error_quoting_no_option_is_raised_unchanged() -> None:

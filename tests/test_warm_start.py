@@ -19,7 +19,13 @@ from spark_torch import Distributor
 
 from .conftest import SCRIPTS
 
-IGNORED = {"SPARK_TORCH_PARENT_PID", "SPARK_TORCH_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
+
+def _launcher_pid() -> int:
+    """In a rank: the process that started it (the warm-start template, or the node runner),
+    which is its keeper's parent (:mod:`spark_torch.node.keeper`)."""
+    return psutil.Process(os.getppid()).ppid()
+
+IGNORED = {"SPARK_TORCH_PARENT_PID", "SPARK_TORCH_RUN_ID", "SPARK_TORCH_NODE_TOKEN", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
            "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_WARM_START", "SPARK_TORCH_STACK_FILE", "_"}
 
 
@@ -43,8 +49,8 @@ def what_a_rank_sees(marker: str) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "seed": torch.initial_seed(),
         "leaked": leaked,
-        "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
-        "ppid": os.getppid(),
+        "ppid_cmd": " ".join(psutil.Process(_launcher_pid()).cmdline()),
+        "ppid": _launcher_pid(),
         "torch_imported_before": "torch" in sys.modules,
     }
 
@@ -152,7 +158,7 @@ def what_starts_with_the_interpreter() -> dict[str, Any]:
         "user_base": site.USER_BASE,
         "fds": fds,
         "report_fds": [int(fd) for fd in os.environ.get("SPARK_TORCH_REPORT_FDS", "").split(",") if fd],
-        "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
+        "ppid_cmd": " ".join(psutil.Process(_launcher_pid()).cmdline()),
         "affinity": sorted(os.sched_getaffinity(0)),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "oom_score_adj": int(open("/proc/self/oom_score_adj").read()),
@@ -306,7 +312,7 @@ def template_of_rank() -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
-    parent = psutil.Process(os.getppid())
+    parent = psutil.Process(_launcher_pid())
     argv = parent.cmdline()  # python -m spark_torch.node.template.server SOCKET OWNER IDLE
     owner = int(argv[argv.index("spark_torch.node.template.server") + 2])
     mine = {"template": parent.pid, "cmdline": " ".join(argv), "owner": owner}
@@ -372,8 +378,8 @@ def who_hosts_the_store() -> list[dict[str, Any]]:
         "listens": any(c.pid == os.getpid() for c in listening),
         "host_cmd": " ".join(psutil.Process(listening[0].pid).cmdline()) if listening and listening[0].pid else "",
         "agent": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
-        "host_parent": psutil.Process(listening[0].pid).ppid() if listening and listening[0].pid else None,
-        "parent": os.getppid(),
+        "host_parent": psutil.Process(psutil.Process(listening[0].pid).ppid()).ppid() if listening and listening[0].pid else None,
+        "parent": _launcher_pid(),
     }
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
