@@ -30,6 +30,7 @@ __all__ = [
     "TORCHELASTIC_USE_AGENT_STORE",
     "RUN_ID",
     "NODE_MARKER",
+    "NODE_TOKEN",
     "MARK_SLOT",
     "RESTART_COUNT",
     "PARENT_PID",
@@ -81,9 +82,12 @@ TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 # ours, for every rank (and everything it starts: also the node's marker for orphan searches)
 RUN_ID = "SPARK_TORCH_RUN_ID"
-#: a node's marker: these two of every rank's variables, which everything the rank starts
-#: inherits (:func:`spark_torch.node.workdir.node_marker`), find the node's processes
-NODE_MARKER = (RUN_ID, NODE_RANK)
+#: a random token drawn by each node for each attempt (:func:`spark_torch.node.workdir.node_marker`)
+NODE_TOKEN = "SPARK_TORCH_NODE_TOKEN"
+#: a node's marker: these three of every rank's variables, which everything the rank starts
+#: inherits (:func:`spark_torch.node.workdir.node_marker`), find the node's processes of this
+#: attempt: the token tells them from another run with the same run id, or the next attempt
+NODE_MARKER = (RUN_ID, NODE_RANK, NODE_TOKEN)
 #: the warm-start template's last variable: room in its environment block that each of its
 #: children overwrites with its node's marker (:mod:`spark_torch.node.template.child`)
 MARK_SLOT = "SPARK_TORCH_MARK_SLOT"
@@ -127,12 +131,14 @@ STORAGE_OPTIONS = "SPARK_TORCH_STORAGE_OPTIONS"
 #: set by the launcher for every rank; a user's ``env=`` may not override them
 RESERVED = frozenset({RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, GROUP_RANK, MASTER_ADDR, MASTER_PORT})
 
-#: never reach user code: Spark's own secrets (``_SPARK_AUTH_SECRET`` is set for executors and
-#: their Python workers when spark.authenticate is on; the Py4J gateway and worker-factory
-#: secrets; a Spark Connect token), the ports they protect, and a torchrun agent's store from an
-#: outer launcher
+#: never reach user code, nor a warm-start template's or a reaper's environment: Spark's own
+#: secrets (``_SPARK_AUTH_SECRET`` is set for executors and their Python workers when
+#: spark.authenticate is on; the Py4J gateway and worker-factory secrets; a Spark Connect
+#: token), the ports they protect, the ``spark-torch`` command's storage credentials, and a
+#: torchrun agent's store from an outer launcher
 SCRUBBED = frozenset(
     {
+        STORAGE_OPTIONS,
         "_SPARK_AUTH_SECRET",
         "PYSPARK_GATEWAY_SECRET",
         "PYSPARK_GATEWAY_PORT",

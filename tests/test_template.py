@@ -35,6 +35,12 @@ from spark_torch.node.template import client as warm
 
 from .conftest import SCRIPTS
 
+
+def _launcher_pid() -> int:
+    """In a rank: the process that started it (the warm-start template, or the node runner),
+    which is its keeper's parent (:mod:`spark_torch.node.keeper`)."""
+    return psutil.Process(os.getppid()).ppid()
+
 TEMPLATE_MODULE = "spark_torch.node.template.server"
 SCRIPT_MAIN = "spark_torch.rank.script_main"
 #: a fresh template imports torch: seconds on 2 busy cores
@@ -527,7 +533,7 @@ def train_until(started: str, stop: str, seconds: float = 240.0) -> dict[str, An
         wrong += int(t[0].item() != world * (world + 1) / 2)
         if steps == 1 and rank == 0:
             with open(started + ".tmp", "w") as fh:
-                json.dump({"pid": os.getpid(), "ppid": os.getppid()}, fh)
+                json.dump({"pid": os.getpid(), "ppid": _launcher_pid()}, fh)
             os.rename(started + ".tmp", started)
         if t[1].item() > 0:
             break
@@ -537,7 +543,7 @@ def train_until(started: str, stop: str, seconds: float = 240.0) -> dict[str, An
 
 
 def parent_of_rank() -> dict[str, Any]:
-    parent = psutil.Process(os.getppid())
+    parent = psutil.Process(_launcher_pid())
     return {"ppid": parent.pid, "cmdline": " ".join(parent.cmdline())}
 
 
@@ -597,7 +603,7 @@ def template_of_rank() -> dict[str, Any]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
-    parent = psutil.Process(os.getppid())
+    parent = psutil.Process(_launcher_pid())
     mine = {"parent": parent.pid, "cmdline": " ".join(parent.cmdline())}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)

@@ -4,6 +4,7 @@ rebuilt."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -18,7 +19,13 @@ from spark_torch import Distributor
 
 from .conftest import SCRIPTS
 
-IGNORED = {"SPARK_TORCH_PARENT_PID", "SPARK_TORCH_RUN_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
+
+def _launcher_pid() -> int:
+    """In a rank: the process that started it (the warm-start template, or the node runner),
+    which is its keeper's parent (:mod:`spark_torch.node.keeper`)."""
+    return psutil.Process(os.getppid()).ppid()
+
+IGNORED = {"SPARK_TORCH_PARENT_PID", "SPARK_TORCH_RUN_ID", "SPARK_TORCH_NODE_TOKEN", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
            "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_WARM_START", "SPARK_TORCH_STACK_FILE", "_"}
 
 
@@ -42,8 +49,8 @@ def what_a_rank_sees(marker: str) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "seed": torch.initial_seed(),
         "leaked": leaked,
-        "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
-        "ppid": os.getppid(),
+        "ppid_cmd": " ".join(psutil.Process(_launcher_pid()).cmdline()),
+        "ppid": _launcher_pid(),
         "torch_imported_before": "torch" in sys.modules,
     }
 
@@ -151,7 +158,10 @@ def what_starts_with_the_interpreter() -> dict[str, Any]:
         "user_base": site.USER_BASE,
         "fds": fds,
         "report_fds": [int(fd) for fd in os.environ.get("SPARK_TORCH_REPORT_FDS", "").split(",") if fd],
-        "ppid_cmd": " ".join(psutil.Process(os.getppid()).cmdline()),
+        "ppid_cmd": " ".join(psutil.Process(_launcher_pid()).cmdline()),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "oom_score_adj": int(open("/proc/self/oom_score_adj").read()),
     }
 
 
@@ -178,9 +188,9 @@ def _lower_soft_limits() -> dict[int, tuple[int, int]]:
 
 def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path, no_leftovers: None) -> None:
     """Interpreter-start settings of env= (hash seed, warnings, bytecode, PYTHONSAFEPATH, HOME
-    and so the user site directory), and the node runner's umask and resource limits (all of
-    them) as they are when the rank starts (changed after its template started): warm ranks
-    get them as cold ranks do."""
+    and so the user site directory), and the node runner's umask, resource limits (all of
+    them), CPU affinity, nice value and oom_score_adj as they are when the rank starts (changed
+    after its template started): warm ranks get them as cold ranks do."""
     import resource
 
     env = {
@@ -199,10 +209,14 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
         os.umask(0o027)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(limits[0], 4096) - 3, limits[1]))
         saved = _lower_soft_limits()
+        scheduling = _change_priority()
+        Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)  # a template for them
+        scheduling["affinity"] = _change_affinity()  # after that template started
         warm = Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)
         cold = Distributor(num_processes=1, env=env, warm_start=False).run(what_starts_with_the_interpreter)
         lowered = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
     finally:
+        _restore_scheduling()
         os.chdir(cwd)
         os.umask(mask)
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
@@ -221,6 +235,44 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
     assert cold["path"] == warm["path"] and warm["cwd"] not in warm["path"]  # PYTHONSAFEPATH: no cwd first
     assert cold["user_site"] == warm["user_site"] and warm["user_site"].startswith(str(tmp_path / "home"))
     assert cold["user_base"] == warm["user_base"]
+    for key in ("affinity", "nice", "oom_score_adj"):  # the runner's, changed after the template started
+        assert cold[key] == warm[key] == scheduling[key], (key, cold[key], warm[key], scheduling[key])
+
+
+_SCHEDULING_BEFORE: dict[str, Any] = {}
+
+
+def _change_priority() -> dict[str, Any]:
+    """Give this process (the node runner in local mode) a higher nice value and a higher
+    oom_score_adj (undone by :func:`_restore_scheduling`: lowering them needs root); what
+    they are now."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    with open("/proc/self/oom_score_adj") as fh:
+        oom = int(fh.read())
+    _SCHEDULING_BEFORE.update(affinity=sorted(os.sched_getaffinity(0)), nice=nice, oom_score_adj=oom)
+    os.setpriority(os.PRIO_PROCESS, 0, nice + 1)
+    with open("/proc/self/oom_score_adj", "w") as fh:
+        fh.write(str(oom + 100))
+    return {"nice": nice + 1, "oom_score_adj": oom + 100}
+
+
+def _change_affinity() -> list[int]:
+    """Take one CPU from this process (when it has two or more); the CPUs it has now."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, cpus[:-1])
+    return sorted(os.sched_getaffinity(0))
+
+
+def _restore_scheduling() -> None:
+    if not _SCHEDULING_BEFORE:
+        return
+    os.sched_setaffinity(0, _SCHEDULING_BEFORE["affinity"])
+    with contextlib.suppress(PermissionError):  # root only: a test run by another user stays nicer
+        os.setpriority(os.PRIO_PROCESS, 0, _SCHEDULING_BEFORE["nice"])
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write(str(_SCHEDULING_BEFORE["oom_score_adj"]))
+    _SCHEDULING_BEFORE.clear()
 
 
 def test_ranks_hold_no_descriptor_but_their_own(no_leftovers: None) -> None:
@@ -260,7 +312,7 @@ def template_of_rank() -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
-    parent = psutil.Process(os.getppid())
+    parent = psutil.Process(_launcher_pid())
     argv = parent.cmdline()  # python -m spark_torch.node.template.server SOCKET OWNER IDLE
     owner = int(argv[argv.index("spark_torch.node.template.server") + 2])
     mine = {"template": parent.pid, "cmdline": " ".join(argv), "owner": owner}
@@ -326,8 +378,8 @@ def who_hosts_the_store() -> list[dict[str, Any]]:
         "listens": any(c.pid == os.getpid() for c in listening),
         "host_cmd": " ".join(psutil.Process(listening[0].pid).cmdline()) if listening and listening[0].pid else "",
         "agent": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
-        "host_parent": psutil.Process(listening[0].pid).ppid() if listening and listening[0].pid else None,
-        "parent": os.getppid(),
+        "host_parent": psutil.Process(psutil.Process(listening[0].pid).ppid()).ppid() if listening and listening[0].pid else None,
+        "parent": _launcher_pid(),
     }
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)

@@ -42,6 +42,16 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _given_storage_options(flag: str | None) -> dict[str, Any] | None:
+    """``--storage-options``, else ``$SPARK_TORCH_STORAGE_OPTIONS``, else None. The variable is
+    removed from this process's environment once read (given the flag too): nothing this
+    command starts (the Spark JVM, the ranks, a warm-start template) inherits it."""
+    from_env = os.environ.pop(envnames.STORAGE_OPTIONS, None)
+    if flag is not None:
+        return _storage_options(flag, "--storage-options")
+    return None if from_env is None else _storage_options(from_env, envnames.STORAGE_OPTIONS)
+
+
 def _storage_options(text: str, source: str) -> dict[str, Any]:
     """A JSON object, or ``@FILE`` naming a file that holds one. The text may hold credentials:
     an error says what is wrong with it, never what it is."""
@@ -201,11 +211,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"spark-torch: --master {args.master}: running distributed (pass --local to run every "
                       "rank on this machine)", file=sys.stderr)
         score, _, order = (args.checkpoint_score or "").partition(":")
-        storage_options = None
-        if args.storage_options is not None:
-            storage_options = _storage_options(args.storage_options, "--storage-options")
-        elif envnames.STORAGE_OPTIONS in os.environ:
-            storage_options = _storage_options(os.environ[envnames.STORAGE_OPTIONS], envnames.STORAGE_OPTIONS)
+        storage_options = _given_storage_options(args.storage_options)
         spark = _session(args, needed=not local_mode)
         distributor = Distributor(
             num_processes=args.num_processes,
@@ -271,11 +277,7 @@ def _runs(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     score, _, order = (args.checkpoint_score or "").partition(":")
     try:
-        options = None
-        if args.storage_options is not None:
-            options = _storage_options(args.storage_options, "--storage-options")
-        elif envnames.STORAGE_OPTIONS in os.environ:
-            options = _storage_options(os.environ[envnames.STORAGE_OPTIONS], envnames.STORAGE_OPTIONS)
+        options = _given_storage_options(args.storage_options)
         if order not in ("", "min", "max"):
             raise ValueError(f"--checkpoint-score {args.checkpoint_score}: write METRIC, METRIC:max or METRIC:min")
         if not show:

@@ -4,8 +4,9 @@ A rank runs in its own process group (session). Its children usually stay in tha
 data-loader worker or a script's daemon may start a session of its own, and once the rank has
 exited its orphans are no longer its descendants. So what belongs to a node is found three ways:
 each rank (checked by its creation time, so a recycled pid is never signalled), its live
-descendants, and every process that carries the node's marker in its environment (the run id
-and node rank every rank's children inherit). Process groups are signalled only while their
+descendants, and every process that carries the node's marker in its environment (the run id,
+node rank and this attempt's random token, which every rank's children inherit: another run
+given the same run id, or the next attempt, has another token). Process groups are signalled only while their
 leader is the rank itself. Used by the node runner and by the reaper (no torch, no pyspark).
 """
 

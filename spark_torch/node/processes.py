@@ -19,6 +19,7 @@ import psutil
 
 from spark_torch import envnames
 from spark_torch.lines import CONTINUED, MAX_LINE_BYTES, RankOutput, last_lines, make_block
+from spark_torch.node.keeper import KEEPER_MODULE
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.template.client import WarmProcess, warm_spawn
 
@@ -142,6 +143,14 @@ def _warm_start(
     return process, (os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", buffering=0))
 
 
+def _kept(argv: Sequence[str]) -> list[str]:
+    """``python -m MODULE ARGS`` as ``python -m spark_torch.node.keeper MODULE ARGS``: the rank
+    runs under its keeper, a child subreaper nothing the rank starts can escape."""
+    if list(argv[1:2]) == ["-m"]:
+        return [argv[0], "-m", KEEPER_MODULE, *argv[2:]]
+    return list(argv)
+
+
 def spawn_rank(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -158,7 +167,8 @@ def spawn_rank(
 
     Forked from the warm-start template when ``warm`` and it can be (:mod:`spark_torch.node.template.client`:
     torch is already imported there; a template this call starts ends after ``warm_idle``
-    seconds with no rank running, the run's ``warm_start_idle``), else a fresh interpreter. No ``preexec_fn`` (Python code between
+    seconds with no rank running, the run's ``warm_start_idle``), else a fresh interpreter; either
+    way under its keeper (:mod:`spark_torch.node.keeper`). No ``preexec_fn`` (Python code between
     fork and exec can deadlock a multi-threaded parent): the rank arms its own parent-death
     signal first thing (:mod:`spark_torch.rank.deathsig`), told who its parent is by
     ``SPARK_TORCH_PARENT_PID``.
@@ -169,7 +179,7 @@ def spawn_rank(
         popen, streams = popen
     else:
         popen = subprocess.Popen(
-            list(argv),
+            _kept(argv),
             env={**env, envnames.PARENT_PID: str(os.getpid())},
             cwd=cwd,
             stdin=subprocess.DEVNULL,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from spark_torch import envnames, rank_files
 from spark_torch.errors import RankFailure
+from spark_torch.grace import INTERRUPT_GRACE_SECONDS, RANK_GRACE_SECONDS
 from spark_torch.lines import RankOutput
 from spark_torch.node.processes import (
     RankProcess,
@@ -29,7 +30,7 @@ from spark_torch.node.processes import (
 )
 from spark_torch.node.progress import ProgressWatch, sample_interval, stack_file
 from spark_torch.node.rank_env import RankIdentity, rank_env
-from spark_torch.node.workdir import NodeWorkdir, node_marker
+from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
 
@@ -37,9 +38,8 @@ __all__ = ["NodeSpec", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODUL
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
 SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
-GRACE_SECONDS = 5.0
-#: after Ctrl-C (or another exception in the node runner), the ranks get this long to exit
-INTERRUPT_GRACE_SECONDS = 2.0
+#: SIGTERM to SIGKILL; after Ctrl-C (or another exception in the node runner), a shorter grace
+GRACE_SECONDS, INTERRUPT_GRACE_SECONDS = RANK_GRACE_SECONDS, INTERRUPT_GRACE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,7 @@ class RankGroup:
     def _env(self, local_rank: int) -> dict[str, str]:
         spec, settings = self.spec, self.spec.run.settings
         env = _rank_env(spec, local_rank, self._workdir.path)
+        env.update(self._workdir.marker)  # this attempt's: a stop finds its processes, no other
         if self._progress is not None:  # the rank's stack sampler (spark_torch.rank.sampler)
             env[envnames.STACK_FILE] = stack_file(self._workdir.path, spec.global_rank(local_rank))
             env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
@@ -332,7 +333,7 @@ class RankGroup:
         if self._stopped:
             return
         self._stopping.set()
-        kill_group(self._procs, grace=grace, marker=node_marker(self.spec.run.run_id, self.spec.node_rank))
+        kill_group(self._procs, grace=grace, marker=self._workdir.marker)
         self._stopped = True
         for proc in self._procs:
             for pump in proc.pumps:

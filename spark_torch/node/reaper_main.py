@@ -8,7 +8,7 @@ one line per rank it starts, ``PGID CREATE_TIME`` (the
 rank's process group and its leader's creation time), and ``done`` once it has cleaned up
 itself. If stdin reaches EOF without ``done`` (the runner died), the reaper stops every rank's
 process tree, and every process whose environment holds all KEY=VALUE items (the node's
-marker: orphans that left the rank's process group), with SIGTERM, a grace period, SIGKILL,
+marker, with this attempt's random token: orphans that left the rank's process group), with SIGTERM, a grace period, SIGKILL,
 never signalling a recycled pid (see :mod:`spark_torch.node.process_tree`); then it removes WORKDIR
 and exits. It reads only its parent's pipe
 and never imports torch or pyspark.
@@ -20,11 +20,13 @@ import json
 import shutil
 import sys
 
+from spark_torch.grace import RANK_GRACE_SECONDS
 from spark_torch.node.process_tree import GroupRef, terminate_trees
 
 __all__ = ["main", "parse_line"]
 
-GRACE_SECONDS = 3.0
+#: the node runner's own grace (the driver waits for that long: :mod:`spark_torch.grace`)
+GRACE_SECONDS = RANK_GRACE_SECONDS
 
 
 def parse_line(line: str) -> GroupRef | None:

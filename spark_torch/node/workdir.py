@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -24,15 +25,17 @@ __all__ = ["NodeWorkdir", "node_marker", "scratch_root", "REAPER_MODULE"]
 REAPER_MODULE = "spark_torch.node.reaper_main"
 
 
-def node_marker(run_id: str, node_rank: int) -> dict[str, str]:
+def node_marker(run_id: str, node_rank: int, token: str | None = None) -> dict[str, str]:
     """Environment items every rank of this node, and everything they start, inherits: how the
-    node's processes are found even after they left the rank's process group."""
-    return dict(zip(envnames.NODE_MARKER, (run_id, str(node_rank))))
+    node's processes are found even after they left the rank's process group. ``token`` (a
+    fresh random one when None) is this node's for this attempt: a stop matches all three
+    items, so it never reaches another run given the same run id, nor the next attempt."""
+    return dict(zip(envnames.NODE_MARKER, (run_id, str(node_rank), token or secrets.token_hex(16))))
 
 
 def _start_reaper(python: str, workdir: str, marker: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
     """The watchdog that cleans up if this process dies before its own cleanup runs."""
-    env = with_package_on_path(dict(os.environ))
+    env = with_package_on_path({k: v for k, v in os.environ.items() if k not in envnames.SCRUBBED})
     try:
         reaper = subprocess.Popen(
             [python, "-m", REAPER_MODULE],
@@ -81,8 +84,10 @@ class NodeWorkdir:
 
     def __init__(self, run_id: str, node_rank: int, python: str = sys.executable, *, role: str = "node") -> None:
         self.path = tempfile.mkdtemp(prefix=f"spark-torch-{run_id}-{role}{node_rank}-", dir=scratch_root())
-        # the driver's result dir guards no ranks; a node's reaper also finds the node's orphans
-        self._reaper = _start_reaper(python, self.path, node_marker(run_id, node_rank) if role == "node" else {})
+        #: what every rank of this node (this attempt) carries in its environment (empty: the
+        #: driver's result dir, which guards no ranks); its reaper finds the node's orphans by it
+        self.marker: dict[str, str] = node_marker(run_id, node_rank) if role == "node" else {}
+        self._reaper = _start_reaper(python, self.path, self.marker)
 
     @property
     def reaper_pid(self) -> int | None:

@@ -21,6 +21,8 @@ against a real rank):
 ``MKL_NUM_THREADS``                   the same as ``OMP_NUM_THREADS``
 ``TORCHELASTIC_RUN_ID``               the run's id
 ``SPARK_TORCH_RUN_ID``                the run's id
+``SPARK_TORCH_NODE_TOKEN``            a random token of this node's attempt: with the run id and
+                                      ``NODE_RANK``, how a stop finds the node's processes
 ``TORCHELASTIC_RESTART_COUNT``        restarts so far (0)
 ``SPARK_TORCH_RESTART_COUNT``         restarts so far (0)
 ``TORCHELASTIC_MAX_RESTARTS``         the restart budget (``max_restarts``)

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_torch.reporting.storage import CheckpointInfo, options_withheld
+from spark_torch.reporting.redaction import options_withheld
+from spark_torch.reporting.storage import CheckpointInfo
 
 __all__ = ["Checkpoint"]
 

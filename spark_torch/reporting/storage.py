@@ -21,7 +21,6 @@ kept whole (a little over 350 lines) so that every path of the layout is written
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -29,9 +28,11 @@ import posixpath
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from spark_torch.reporting.redaction import options_withheld
 
 __all__ = [
     "RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "best",
@@ -85,60 +86,6 @@ def storage_error(url: str, exc: BaseException) -> str:
         "credentials it needs (storage_options=, e.g. {'key': ..., 'secret': ...} or {'client_kwargs': "
         "{'endpoint_url': ...}} for S3; {'instance': ..., 'token': ...} for dbfs:// off Databricks)"
     )
-
-
-#: option values shorter than this are not looked for in error texts (``"s3"``, ``"1"``...)
-_SHORTEST_HIDDEN = 4
-
-
-def _option_texts(options: Any) -> Iterator[str]:
-    """Every string in ``options`` (nested dicts and lists) worth hiding."""
-    if isinstance(options, Mapping):
-        options = list(options.values())
-    if isinstance(options, (list, tuple)):
-        for value in options:
-            yield from _option_texts(value)
-    elif isinstance(options, str) and len(options) >= _SHORTEST_HIDDEN:
-        yield options
-
-
-def _withheld(exc: BaseException, options: Mapping[str, Any]) -> BaseException:
-    """``exc`` with every value of ``options`` in its message (and its causes') replaced by
-    ``***``: the same exception (its type matters to callers), or an OSError naming its type
-    when its text cannot be changed."""
-    values = sorted(set(_option_texts(options)), key=len, reverse=True)
-    if not values:
-        return exc
-
-    def hide(text: str) -> str:
-        for value in values:
-            text = text.replace(value, "***")
-        return text
-
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if any(value in str(link) for value in values):
-            link.args = tuple(hide(a) if isinstance(a, str) else a for a in link.args)
-        link = link.__cause__ or link.__context__
-    if any(value in str(exc) for value in values):
-        return OSError(f"{type(exc).__name__} (its message quoted a storage option and is withheld)")
-    return exc
-
-
-@contextlib.contextmanager
-def options_withheld(options: Mapping[str, Any]) -> Iterator[None]:
-    """Errors raised inside never quote a value of ``options``: a backend may quote an option it
-    refused (botocore quotes a bad endpoint URL or signature version), and the message ends up
-    in logs and in the user's error."""
-    try:
-        yield
-    except Exception as exc:
-        clean = _withheld(exc, options)
-        if clean is exc:
-            raise
-        raise clean from None
 
 
 def _withholding_options(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -27,6 +27,7 @@ from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
 from spark_torch.errors import ConfigurationError, LaunchError, RankFailure
+from spark_torch.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
@@ -39,10 +40,11 @@ logger = logging.getLogger(__name__)
 #: after cancelling the Spark job, how long to wait for the job thread to return
 CANCEL_WAIT_SECONDS = 30.0
 #: after the driver stopped the nodes (timeout, Ctrl-C), how long they may take to stop their
-#: ranks gracefully before the Spark job is cancelled (the node runner's grace is 5 s)
-STOP_GRACE_SECONDS = 7.0
-#: after a failed job, how long to wait for the other nodes' failure reports over the channel
-FAILURE_REPORTS_SECONDS = 3.0
+#: ranks gracefully before the Spark job is cancelled (derived from the nodes' grace)
+STOP_GRACE_SECONDS = DRIVER_STOP_WAIT_SECONDS
+#: after a failed job, how long to wait for the other nodes' failure reports over the channel,
+#: and for their ranks to stop before a restart (derived from the nodes' grace)
+FAILURE_REPORTS_SECONDS = DRIVER_STOP_WAIT_SECONDS
 #: after the job, how long to wait for the nodes' last lines
 DRAIN_SECONDS = 10.0
 

@@ -2,9 +2,11 @@
 
 The child starts a session, waits for the template's go (sent once its pid reached the node
 runner), arms its death with the template, takes its descriptors as 0/1/2 and closes every
-other, applies the runner's limits (every one) and umask, takes the rank's environment,
-directory, ``sys.argv`` and fresh random seeds, then runs the rank's module as ``python -m``
-would (the directory first on ``sys.path`` unless the interpreter runs with ``PYTHONSAFEPATH``).
+other, applies the runner's limits (every one), umask and CPU affinity, takes the rank's environment,
+directory, ``sys.argv`` and fresh random seeds, then stays as the rank's keeper
+(:mod:`spark_torch.node.keeper`, a child subreaper) and runs the rank's module in its own child
+as ``python -m`` would (the directory first on ``sys.path`` unless the interpreter runs with
+``PYTHONSAFEPATH``).
 
 A fork keeps the template's environment block, which is what /proc/PID/environ shows of the
 child and of every process it forks: the node's orphan search
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from spark_torch import envnames
+from spark_torch.node.keeper import keep
 from spark_torch.node.template.protocol import MARK_SLOT_VALUE
 
 __all__ = ["become_rank", "environ_slot", "mark_environ"]
@@ -99,6 +102,8 @@ def become_rank(request: dict[str, Any], fds: list[int], go: int, template: int,
             resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (soft, hard))
         if request.get("umask") is not None:
             os.umask(request["umask"])
+        if request.get("affinity"):  # the runner's CPUs (its nice and oom_score_adj key the template)
+            os.sched_setaffinity(0, request["affinity"])
         env = dict(request["env"])
         if extra:
             env[envnames.REPORT_FDS] = ",".join(str(fd) for fd in extra)
@@ -109,14 +114,10 @@ def become_rank(request: dict[str, Any], fds: list[int], go: int, template: int,
         os.chdir(request["cwd"] or "/")
         _reseed_and_size_threads()
         module, *args = request["argv"]
-        sys.argv = ["-m", *args]
         if not getattr(sys.flags, "safe_path", False):  # PYTHONSAFEPATH (3.11): `python -m` puts nothing first
             sys.path[0] = os.getcwd()  # what `python -m` puts first (the template's was "/")
-        import runpy
-
-        sys.modules.pop(module, None)  # imported by the template (warm bytecode); run it afresh as __main__
-        runpy.run_module(module, run_name="__main__", alter_sys=True)  # ends with os._exit
-        code = 0
+        # this child stays as the rank's keeper (a child subreaper); the rank is its child
+        keep(module, args)  # never returns
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - a rank that could not start

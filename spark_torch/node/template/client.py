@@ -41,7 +41,14 @@ from importlib import metadata
 import psutil
 
 from spark_torch.envnames import SCRUBBED
-from spark_torch.node.template.protocol import cold_reason, runner_limits, runner_umask, startup_env
+from spark_torch.node.template.protocol import (
+    cold_reason,
+    runner_affinity,
+    runner_limits,
+    runner_priority,
+    runner_umask,
+    startup_env,
+)
 
 __all__ = [
     "WarmProcess",
@@ -135,8 +142,8 @@ def _socket_dir() -> str:
 def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) -> str:
     """Where the template for a rank of ``python`` with environment ``env`` listens: one per
     interpreter, torch installation, owner (its pid and start time: a reused pid is another
-    owner), interpreter-start settings of ``env`` and hard resource limits (a child can lower
-    them, never raise them)."""
+    owner), interpreter-start settings of ``env``, hard resource limits (a child can lower
+    them, never raise them), nice value and ``oom_score_adj`` (likewise)."""
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -145,6 +152,7 @@ def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) 
     identity = "\0".join((
         python, torch_version, str(owner.pid), repr(owner.create_time()),
         json.dumps(sorted(startup_env(env).items())), json.dumps(sorted(hard.items())),
+        json.dumps(sorted(runner_priority().items())),
     ))
     return os.path.join(_socket_dir(), hashlib.sha256(identity.encode()).hexdigest()[:20] + ".sock")
 
@@ -246,7 +254,7 @@ def _spawn(
     try:
         request = {
             "argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(),
-            "umask": runner_umask(), "rlimits": runner_limits(), "idle": idle,
+            "umask": runner_umask(), "rlimits": runner_limits(), "affinity": runner_affinity(), "idle": idle,
         }
         conn.settimeout(ANSWER_SECONDS)
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))

@@ -30,6 +30,8 @@ __all__ = [
     "startup_env",
     "runner_limits",
     "runner_umask",
+    "runner_affinity",
+    "runner_priority",
     "cold_reason",
 ]
 
@@ -115,6 +117,27 @@ def runner_umask() -> int:
     return mask
 
 
+def runner_affinity() -> list[int] | None:
+    """The CPUs this process may run on, as a cold rank would inherit them (None: unknown)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def runner_priority() -> dict[str, int]:
+    """This process's nice value and ``oom_score_adj``, as a cold rank would inherit them.
+    Templates are keyed by them (a template starts with its runner's): a child could raise
+    them, but lowering either takes a privilege the template may not have."""
+    found = {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    try:
+        with open("/proc/self/oom_score_adj") as fh:
+            found["oom_score_adj"] = int(fh.read().strip())
+    except (OSError, ValueError):
+        pass
+    return found
+
+
 def check_request(request: Any, fds: list[int]) -> dict[str, Any]:
     """The request, or ValueError naming what is wrong with it."""
     if not isinstance(request, dict) or len(fds) < 3:
@@ -132,6 +155,11 @@ def check_request(request: Any, fds: list[int]) -> dict[str, Any]:
         for name, v in limits.items()
     ):
         raise ValueError(f"rlimits must map names of {RLIMITS} to [soft, hard]")
+    cpus = request.get("affinity")
+    if cpus is not None and not (
+        isinstance(cpus, list) and cpus and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus)
+    ):
+        raise ValueError("affinity must be a non-empty list of CPU numbers")
     idle = request.get("idle")
     if idle is not None:
         if isinstance(idle, bool) or not isinstance(idle, (int, float)):
