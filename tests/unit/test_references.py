@@ -87,6 +87,8 @@ def test_the_test_map_names_every_test_file_and_helper() -> None:
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 #: a relative path the docs cite: a file with an extension, or a folder ending in "/"
 CITED_PATH = re.compile(r"^[\w.-]+(?:/[\w.-]+)*(?:\.(?:py|md|toml|txt|ipynb|json|sh|cfg|yml)|/)$")
+#: settings that name a folder of the user's: a path under one is theirs, not the tree's
+USER_FOLDERS = {"log_dir", "storage_path"}
 #: folders that commands fill, cited as where their output goes
 GENERATED = ("benchmarks/results/",)
 #: where the tree keeps files a doc may cite by their bare name
@@ -117,6 +119,8 @@ def test_every_cited_file_path_exists() -> None:
                 continue
             if any(ch.isupper() for ch in span.replace(".md", "").replace("README", "")):
                 continue  # a placeholder such as RUN_ID/attempt-N/
+            if span.split("/", 1)[0] in USER_FOLDERS:
+                continue  # inside a folder the user names (`log_dir/flight-recorder/...`)
             if span.startswith(GENERATED):
                 continue  # written by a command the doc shows (benchmarks/run.py --quick)
             if not _path_exists(span):
