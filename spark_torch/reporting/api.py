@@ -8,7 +8,8 @@
         start = 0
         checkpoint = spark_torch.get_checkpoint()     # None on a fresh start
         if checkpoint is not None:
-            state = torch.load(checkpoint / "state.pt")
+            with checkpoint.as_directory() as directory:  # or checkpoint / "state.pt"
+                state = torch.load(os.path.join(directory, "state.pt"))
             model.load_state_dict(state["model"]); start = state["epoch"] + 1
         for epoch in range(start, 10):
             ...
@@ -32,11 +33,13 @@ import math
 import numbers
 import os
 import threading
-from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from spark_torch import envnames
 from spark_torch.stacks import note_progress
+
+if TYPE_CHECKING:
+    from spark_torch.reporting.checkpoint import Checkpoint
 
 __all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS"]
 
@@ -47,12 +50,22 @@ RECORDED_KEYS = ("step", "time", "attempt", "world_size")
 MAX_METRICS_BYTES = 64 * 1024
 
 
-def get_checkpoint() -> Path | None:
-    """The latest persisted checkpoint of this run, as a local directory every rank can read;
-    None on a fresh start. (It is the checkpoint this attempt of the run started from: after a
-    restart, or a new ``run()`` with the same ``run_id``, the newest complete one.)"""
+def get_checkpoint() -> Checkpoint | None:
+    """The latest persisted checkpoint of this run, a :class:`~spark_torch.Checkpoint` of a local
+    directory every rank can read; None on a fresh start. (It is the checkpoint this attempt of
+    the run started from: after a restart, or a new ``run()`` with the same ``run_id``, the
+    newest complete one.)
+
+    As in Ray Train, ``with checkpoint.as_directory() as d:`` gives that directory; the
+    checkpoint also works wherever a path does: ``checkpoint / "state.pt"`` (a ``pathlib.Path``),
+    ``open(os.path.join(checkpoint, ...))``, ``os.fspath(checkpoint)``, ``str(checkpoint)``.
+    """
+    from spark_torch.reporting.checkpoint import Checkpoint
+
     path = os.environ.get(envnames.CHECKPOINT)
-    return Path(path) if path else None
+    if not path:
+        return None
+    return Checkpoint(path=path, step=int(os.environ.get(envnames.START_STEP, "0") or 0))
 
 
 def _text(what: str, text: str) -> str:
