@@ -41,10 +41,13 @@ from spark_torch.stacks import note_progress
 if TYPE_CHECKING:
     from spark_torch.reporting.checkpoint import Checkpoint
 
-__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS"]
+__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS", "NOT_EVERY_RANK"]
 
 #: what spark_torch records with every step's metrics (not names a rank may report)
 RECORDED_KEYS = ("step", "time", "attempt", "world_size")
+
+#: how the driver's answer begins when a rank ended without calling report() for a step
+NOT_EVERY_RANK = "report() is a collective every rank must call"
 
 #: bound on one step's metrics (they travel in one message to the driver, and into every row)
 MAX_METRICS_BYTES = 64 * 1024
@@ -168,8 +171,11 @@ class _Reporter:
             self._out.write(json.dumps(message) + "\n")
             self._out.flush()
             reply = self._answer_for(step)
-            if reply.get("error"):
-                raise RuntimeError(f"report(): step {step} could not be persisted: {reply['error']}")
+            error = reply.get("error")
+            if error and str(error).startswith(NOT_EVERY_RANK):
+                raise RuntimeError(f"report(): step {step} cannot complete: {error}")
+            if error:
+                raise RuntimeError(f"report(): step {step} could not be persisted: {error}")
             self.step = step
 
     def _answer_for(self, step: int) -> dict[str, Any]:
