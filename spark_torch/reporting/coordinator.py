@@ -73,7 +73,7 @@ class ReportCoordinator:
         self._thread.start()
         if storage is not None:  # the run's record of its attempts (``spark-torch runs``)
             try:
-                storage.record_attempt(attempt, world_size, nodes)
+                storage.record_attempt(attempt, world_size, nodes, *score)
             except Exception as exc:  # noqa: BLE001 - a missing line in a listing must not stop training
                 logger.warning("spark_torch: could not record attempt %d in %s: %s", attempt, storage.url, exc)
 
