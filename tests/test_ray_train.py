@@ -203,3 +203,29 @@ def test_the_ray_train_page_names_what_exists() -> None:
     keywords = set(inspect.signature(Distributor.__init__).parameters) | set(inspect.signature(spark_torch.report).parameters)
     used = set(re.findall(r"(\w+)=", ours)) - {"init_method"}
     assert used <= keywords, used - keywords
+
+
+def test_the_ray_train_page_opening_is_the_code() -> None:
+    """docs/ray-train.md's opening: every name it says ports with a rename exists under
+    spark_torch, get_checkpoint() is documented (and annotated) as a Checkpoint with
+    as_directory(), and the context's getters are the ones RankContext has."""
+    import inspect
+    import re
+
+    page = (ROOT / "docs" / "ray-train.md").read_text(encoding="utf-8")
+    opening = " ".join(page.split("## Side by side")[0].split())
+    renamed = re.search(r"become `spark_torch\.` for (.*?); `TorchTrainer", opening)
+    assert renamed, opening
+    names = re.findall(r"`(\w+(?:\.\w+)?)`", renamed.group(1))
+    assert {"report", "get_checkpoint", "get_context", "get_device", "prepare_model", "prepare_data_loader"} <= set(names)
+    for name in names:
+        if name.startswith("get_") and name not in ("get_checkpoint", "get_context", "get_device"):
+            assert hasattr(spark_torch.RankContext, name), name  # a getter of the context
+        else:
+            owner, _, attribute = name.partition(".")
+            assert hasattr(getattr(spark_torch, owner), attribute or "__call__"), name
+    assert "`get_checkpoint` (a `Checkpoint` with `as_directory()`)" in opening
+    assert inspect.signature(spark_torch.get_checkpoint).return_annotation == "Checkpoint | None"
+    assert "`Result.from_path` is `RunResult.from_path`" in opening and hasattr(RunResult, "from_path")
+    (row,) = [line for line in page.splitlines() if line.startswith("| `ray.train.get_checkpoint()`")]
+    assert "pathlib.Path" not in row and "`spark_torch.Checkpoint`" in row and "as_directory()" in row

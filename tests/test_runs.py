@@ -113,6 +113,27 @@ def test_a_past_run_orders_its_checkpoints_as_last_run_did(order: str, tmp_path:
     assert [c.step for c, _ in latest.best_checkpoints] == then[::-1]
 
 
+def test_the_cli_page_says_what_runs_prints() -> None:
+    """docs/cli.md's `runs` section: the table's column and the show headings are the ones the
+    code prints (never "best first" for a run ordered latest first)."""
+    from spark_torch.driver.api.past_runs import RunSummary, run_details, runs_table
+
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "docs" / "cli.md").read_text(encoding="utf-8").split("## Past runs: `runs`")[1].split("\n## ")[0]
+    text = " ".join(section.split())
+    checkpoint = spark_torch.Checkpoint("/tmp/runs/steady/checkpoint_000002", step=2, metrics={"loss": 0.4})
+
+    def summary(score: str | None) -> RunSummary:
+        return RunSummary("steady", "/tmp/runs/steady", 0.0, 1, 2, 3, {"loss": 0.6}, checkpoint, checkpoint, [], score, "min")
+
+    scored, latest = run_details(summary("loss"), [checkpoint] * 4), run_details(summary(None), [checkpoint] * 4)
+    assert "checkpoints (4, best first: lowest loss first):" in scored and "`checkpoints (4, best first: lowest loss first):`" in text
+    assert "checkpoints (4, latest first):" in latest and "`checkpoints (4, latest first):`" in text
+    header, row = runs_table([summary("loss")]).splitlines()
+    assert header.split("LAST METRICS")[1].strip() in section and row.endswith("checkpoint_000002 (best: lowest loss)")
+    assert "checkpoint_000002 (best: lowest loss)" in section and "`(latest)`" in text
+
+
 def test_cli_runs_errors(storage: Path, tmp_path: Path) -> None:
     missing = cli("runs", "show", "nope", "--storage", str(storage))
     assert missing.returncode == 2 and missing.stderr.startswith(f"spark-torch: error: no run 'nope' under {storage}")

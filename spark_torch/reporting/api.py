@@ -219,7 +219,8 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
     booleans or None (0-d tensors and numpy scalars are converted).
 
     Raises:
-        RuntimeError: outside a rank started by spark_torch, or when persisting failed.
+        RuntimeError: outside a rank started by spark_torch, when persisting failed, or when a
+            rank ended without calling it for this step (the message names the ranks).
         TypeError: a metric that is not a single value.
         ValueError: a metric name or string that is not valid Unicode; metrics over
             :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (:data:`RECORDED_KEYS`:
