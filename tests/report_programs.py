@@ -192,3 +192,13 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return not open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"  # a zombie has ended
+
+
+def report_then_fail_on_rank_1() -> None:
+    """Both ranks report step 1; rank 1 then raises while rank 0 reports step 2."""
+    import spark_torch
+
+    spark_torch.report({"a": 1})
+    if os.environ["RANK"] == "1":
+        raise ValueError("the real problem of rank 1")
+    spark_torch.report({"a": 2})

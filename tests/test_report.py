@@ -24,6 +24,7 @@ from .report_programs import (
     report_on_rank_0_only,
     report_scores,
     report_steps,
+    report_then_fail_on_rank_1,
 )
 
 
@@ -293,6 +294,22 @@ def test_report_on_some_ranks_fails_at_once_naming_the_ranks_that_ended(
         "on every rank (pass checkpoint= only on the ranks that have files to save), not under `if rank == 0:`"
     ) in str(error)
     assert d.last_run is not None and [row["step"] for row in d.last_run.rows] == list(range(1, step))
+
+
+@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+def test_a_rank_that_fails_stays_the_cause_when_a_peer_waits_in_report(
+    local_mode: bool, spark_session: Any, tmp_path: Path, no_leftovers: None
+) -> None:
+    """Rank 1 raises while rank 0 waits in report(): the error leads with rank 1's exception,
+    not with the report() error rank 0 gets because rank 1 ended."""
+    d = Distributor(
+        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path,
+        timeout=120, log_ranks=[],
+    )  # fmt: skip
+    with pytest.raises(DistributedRunError) as caught:
+        d.run(report_then_fail_on_rank_1)
+    assert caught.value.rank == 1 and str(caught.value).startswith("rank 1 on "), str(caught.value)
+    assert "ValueError: the real problem of rank 1" in str(caught.value).splitlines()[0]
 
 
 def test_best_checkpoints_by_score_and_opening_a_past_run(tmp_path: Path, no_leftovers: None) -> None:
