@@ -117,8 +117,8 @@ def test_a_rank_using_checkpoint_loads_no_driver_module() -> None:
 
 
 def test_a_checkpoint_on_remote_storage_refuses_slash(tmp_path: Path) -> None:
-    local = Checkpoint(str(tmp_path), step=2)
-    assert local / "a" / "b.pt" == tmp_path / "a" / "b.pt"
+    local = Checkpoint(str(tmp_path), step=2, metrics={"loss": 0.5})
+    assert local / "a" / "b.pt" == tmp_path / "a" / "b.pt" and {local: 1}[Checkpoint(str(tmp_path), step=2, metrics={"loss": 0.5})] == 1
     with pytest.raises(ValueError, match=r"the checkpoint is on remote storage, not a local path; use `with checkpoint.as_directory\(\) as d:`"):
         Checkpoint("s3://bucket/run/checkpoint_000002", step=2) / "state.pt"
 

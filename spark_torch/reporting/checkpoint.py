@@ -51,6 +51,9 @@ class Checkpoint:
     def __str__(self) -> str:
         return self.path
 
+    def __hash__(self) -> int:  # a set or dict key, as a path was (the metrics are a dict)
+        return hash((self.path, self.step))
+
     def __truediv__(self, name: str | os.PathLike[str]) -> Path:
         """``checkpoint / "state.pt"``: the path of a file in this (local) checkpoint.
 
