@@ -28,7 +28,14 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         RunTimeoutError,
         SparkTorchError,
     )
-    from spark_torch.rank.prepare import init_process_group, prepare_data_loader, prepare_model
+    from spark_torch.rank.prepare import (
+        RankContext,
+        get_context,
+        get_device,
+        init_process_group,
+        prepare_data_loader,
+        prepare_model,
+    )
     from spark_torch.reporting.api import get_checkpoint, report
     from spark_torch.reporting.checkpoint import Checkpoint
     from spark_torch.spec import LaunchPlan
@@ -49,6 +56,9 @@ _HOMES = {
     "init_process_group": "spark_torch.rank.prepare",
     "prepare_model": "spark_torch.rank.prepare",
     "prepare_data_loader": "spark_torch.rank.prepare",
+    "get_context": "spark_torch.rank.prepare",
+    "get_device": "spark_torch.rank.prepare",
+    "RankContext": "spark_torch.rank.prepare",
     "report": "spark_torch.reporting.api",
     "get_checkpoint": "spark_torch.reporting.api",
     "SparkTorchError": "spark_torch.errors",
@@ -78,6 +88,9 @@ __all__ = [
     "init_process_group",
     "prepare_model",
     "prepare_data_loader",
+    "get_context",
+    "get_device",
+    "RankContext",
     "report",
     "get_checkpoint",
     "SparkTorchError",

@@ -51,16 +51,27 @@ def ddp_with_prepare(samples: int = 16, batch_size: int = 2) -> dict[str, Any]:
 
 def report_checkpoint_objects(remote: bool = False) -> dict[str, Any]:
     """Ray Train's idiom: write a directory, report Checkpoint.from_directory(it); resume from
-    get_checkpoint() through Checkpoint.from_directory(...).as_directory(). ``remote``: a file://
-    URL checkpoint (downloaded for the upload)."""
+    get_checkpoint().as_directory(), and read the same file through every way a path worked
+    before get_checkpoint() returned a Checkpoint (``/``, os.path.join + open, fspath, str,
+    from_directory). ``remote``: a file:// URL checkpoint (downloaded for the upload)."""
     import spark_torch
 
     previous = spark_torch.get_checkpoint()
     resumed = None
+    ways: dict[str, Any] = {}
     if previous is not None:
-        with spark_torch.Checkpoint.from_directory(previous).as_directory() as directory:
+        with previous.as_directory() as directory:
             with open(os.path.join(directory, "state.txt")) as fh:
                 resumed = fh.read()
+        with open(os.path.join(previous, "state.txt")) as fh:
+            ways["open(os.path.join)"] = fh.read()
+        ways["/"] = (previous / "state.txt").read_text()
+        ways["fspath"] = open(os.fspath(previous) + "/state.txt").read()
+        ways["str"] = open(str(previous) + "/state.txt").read()
+        with spark_torch.Checkpoint.from_directory(previous).as_directory() as directory:
+            ways["from_directory"] = open(os.path.join(directory, "state.txt")).read()
+        ways["type"] = type(previous).__name__
+        ways["step"] = previous.step
     with tempfile.TemporaryDirectory() as tmp:
         if os.environ["RANK"] == "0":
             with open(os.path.join(tmp, "state.txt"), "w") as fh:
@@ -69,8 +80,35 @@ def report_checkpoint_objects(remote: bool = False) -> dict[str, Any]:
         spark_torch.report({"loss": 0.5}, checkpoint=checkpoint)
     return {
         "resumed": resumed,
+        "ways": ways,
         "driver_modules": sorted(m for m in sys.modules if m.startswith("spark_torch.driver")),
     }
+
+
+def context_and_device() -> list[dict[str, Any]]:
+    """Every rank's get_context() and get_device() next to its torchrun variables, gathered on
+    rank 0, with the driver or node modules they made the rank load (none)."""
+    import torch.distributed as dist
+
+    before = set(sys.modules)
+    import spark_torch
+
+    context = spark_torch.get_context()
+    device = spark_torch.get_device()
+    spark_torch.get_checkpoint()
+    loaded = set(sys.modules) - before
+    mine = {
+        "context": [context.get_world_rank(), context.get_world_size(), context.get_local_rank(),
+                    context.get_local_world_size(), context.get_node_rank()],
+        "env": [int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")],
+        "device": str(device),
+        "driver_modules": sorted(m for m in loaded if m.startswith(("spark_torch.driver", "spark_torch.node"))),
+    }  # fmt: skip
+    dist.init_process_group("gloo", init_method="env://")
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    dist.destroy_process_group()
+    return everyone
 
 
 def report_losses(losses: list[float], fail_attempts: int = 0) -> int:

@@ -152,3 +152,53 @@ def fail_first_attempts(failures: int) -> int:
     if attempt < failures:
         raise RuntimeError(f"attempt {attempt} fails")
     return attempt
+
+
+def report_on_rank_0_only(steps_together: int, state_dir: str, rank_1_gone_first: bool) -> int:
+    """Every rank reports ``steps_together`` steps; then rank 0 reports once more and rank 1
+    returns (its process ends). ``rank_1_gone_first``: rank 0 reports only once rank 1's process
+    is gone (else rank 0 reports first and rank 1 ends once rank 0 is about to)."""
+    import time
+
+    import spark_torch
+
+    rank = int(os.environ["RANK"])
+    for _ in range(steps_together):
+        spark_torch.report({"rank0": rank})
+    pid_file, reporting = os.path.join(state_dir, "rank1.pid"), os.path.join(state_dir, "rank0.reporting")
+    if rank == 1:
+        if not rank_1_gone_first:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(reporting):
+                assert time.monotonic() < deadline, "rank 0 never got to its report()"
+                time.sleep(0.01)
+        with open(pid_file + ".tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        return 1
+    if rank_1_gone_first:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(pid_file) or _alive(int(open(pid_file).read())):
+            assert time.monotonic() < deadline, "rank 1's process did not end"
+            time.sleep(0.01)
+    open(reporting, "w").close()
+    spark_torch.report({"alone": 1})
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"  # a zombie has ended
+
+
+def report_then_fail_on_rank_1() -> None:
+    """Both ranks report step 1; rank 1 then raises while rank 0 reports step 2."""
+    import spark_torch
+
+    spark_torch.report({"a": 1})
+    if os.environ["RANK"] == "1":
+        raise ValueError("the real problem of rank 1")
+    spark_torch.report({"a": 2})

@@ -15,7 +15,7 @@ import pytest
 import spark_torch
 from spark_torch import Checkpoint, Distributor, RunResult
 
-from .ray_train_programs import ddp_with_prepare, report_checkpoint_objects
+from .ray_train_programs import context_and_device, ddp_with_prepare, report_checkpoint_objects
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def test_checkpoint_from_directory_and_as_directory(tmp_path: Path, no_leftovers
     loads no driver module; a remote (file://) Checkpoint is downloaded for the upload."""
     d = Distributor(num_processes=2, storage_path=tmp_path, run_id="ray-style", log_ranks=[])
     first = d.run(report_checkpoint_objects)
-    assert first == {"resumed": None, "driver_modules": []}
+    assert first == {"resumed": None, "ways": {}, "driver_modules": []}
     result = d.last_run
     assert result is not None and result.checkpoint is not None and result.checkpoint.step == 1
     with result.checkpoint.as_directory() as directory:
@@ -82,6 +82,9 @@ def test_checkpoint_from_directory_and_as_directory(tmp_path: Path, no_leftovers
     assert os.path.isdir(result.checkpoint.path)  # and not removed on exit
     second = d.run(report_checkpoint_objects, remote=True)
     assert second["resumed"] == "written by run ray-style"
+    text = "written by run ray-style"  # get_checkpoint() is a Checkpoint, and every way a path worked still works
+    assert second["ways"] == {"open(os.path.join)": text, "/": text, "fspath": text, "str": text, "from_directory": text, "type": "Checkpoint", "step": 1}
+    assert second["driver_modules"] == []
     assert d.last_run is not None and d.last_run.checkpoint is not None and d.last_run.checkpoint.step == 2
     assert Path(d.last_run.checkpoint.path, "state.txt").read_text() == "written by run ray-style"
 
@@ -111,6 +114,52 @@ def test_a_rank_using_checkpoint_loads_no_driver_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+def test_a_checkpoint_on_remote_storage_refuses_slash(tmp_path: Path) -> None:
+    local = Checkpoint(str(tmp_path), step=2, metrics={"loss": 0.5})
+    assert local / "a" / "b.pt" == tmp_path / "a" / "b.pt" and {local: 1}[Checkpoint(str(tmp_path), step=2, metrics={"loss": 0.5})] == 1
+    with pytest.raises(ValueError, match=r"the checkpoint is on remote storage, not a local path; use `with checkpoint.as_directory\(\) as d:`"):
+        Checkpoint("s3://bucket/run/checkpoint_000002", step=2) / "state.pt"
+
+
+@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+def test_get_context_and_get_device_read_the_ranks_torchrun_variables(local_mode: bool, spark_session: Any, no_leftovers: None) -> None:
+    d = Distributor(num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, use_gpu=False, log_ranks=[])
+    everyone = d.run(context_and_device)
+    for rank, seen in enumerate(everyone):
+        assert seen["context"] == seen["env"], seen
+        assert seen["context"][:2] == [rank, 2] and seen["device"] == "cpu" and seen["driver_modules"] == []
+    if local_mode:  # one node with both ranks
+        assert [seen["context"][2:] for seen in everyone] == [[0, 2, 0], [1, 2, 0]]
+    else:  # local[2]: two nodes of one rank each
+        assert [seen["context"][2:] for seen in everyone] == [[0, 1, 0], [0, 1, 1]]
+
+
+def test_get_context_outside_a_rank_says_where_it_works() -> None:
+    code = (
+        "import os, spark_torch\n"
+        "for name in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK'): os.environ.pop(name, None)\n"
+        "try:\n    spark_torch.get_context()\nexcept RuntimeError as exc:\n    print(exc)\n"
+        "print(spark_torch.get_device())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}).stdout
+    assert out.splitlines() == [
+        "spark_torch.get_context() works inside ranks started by spark_torch (Distributor.run or spark-torch run), whose "
+        "environment has torchrun's variables; this process lacks RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, "
+        "NODE_RANK (or GROUP_RANK)",
+        "cpu",
+    ]
+
+
+def test_get_context_reads_torchruns_group_rank_too() -> None:
+    from spark_torch.rank.prepare import context_from
+
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    context = context_from(env)
+    assert [context.get_world_rank(), context.get_world_size(), context.get_local_rank(), context.get_local_world_size(), context.get_node_rank()] == [5, 8, 1, 4, 1]
+    with pytest.raises(RuntimeError, match=r"lacks LOCAL_WORLD_SIZE$"):
+        context_from({**env, "LOCAL_WORLD_SIZE": ""})
 
 
 def test_run_result_from_the_run_directory_alone(tmp_path: Path, no_leftovers: None) -> None:
@@ -154,3 +203,29 @@ def test_the_ray_train_page_names_what_exists() -> None:
     keywords = set(inspect.signature(Distributor.__init__).parameters) | set(inspect.signature(spark_torch.report).parameters)
     used = set(re.findall(r"(\w+)=", ours)) - {"init_method"}
     assert used <= keywords, used - keywords
+
+
+def test_the_ray_train_page_opening_is_the_code() -> None:
+    """docs/ray-train.md's opening: every name it says ports with a rename exists under
+    spark_torch, get_checkpoint() is documented (and annotated) as a Checkpoint with
+    as_directory(), and the context's getters are the ones RankContext has."""
+    import inspect
+    import re
+
+    page = (ROOT / "docs" / "ray-train.md").read_text(encoding="utf-8")
+    opening = " ".join(page.split("## Side by side")[0].split())
+    renamed = re.search(r"become `spark_torch\.` for (.*?); `TorchTrainer", opening)
+    assert renamed, opening
+    names = re.findall(r"`(\w+(?:\.\w+)?)`", renamed.group(1))
+    assert {"report", "get_checkpoint", "get_context", "get_device", "prepare_model", "prepare_data_loader"} <= set(names)
+    for name in names:
+        if name.startswith("get_") and name not in ("get_checkpoint", "get_context", "get_device"):
+            assert hasattr(spark_torch.RankContext, name), name  # a getter of the context
+        else:
+            owner, _, attribute = name.partition(".")
+            assert hasattr(getattr(spark_torch, owner), attribute or "__call__"), name
+    assert "`get_checkpoint` (a `Checkpoint` with `as_directory()`)" in opening
+    assert inspect.signature(spark_torch.get_checkpoint).return_annotation == "Checkpoint | None"
+    assert "`Result.from_path` is `RunResult.from_path`" in opening and hasattr(RunResult, "from_path")
+    (row,) = [line for line in page.splitlines() if line.startswith("| `ray.train.get_checkpoint()`")]
+    assert "pathlib.Path" not in row and "`spark_torch.Checkpoint`" in row and "as_directory()" in row

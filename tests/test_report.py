@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import ConfigurationError, DistributedRunError, Distributor, get_checkpoint, report
+from spark_torch import ConfigurationError, DistributedRunError, Distributor, RunTimeoutError, get_checkpoint, report
 from spark_torch.reporting.storage import MANIFEST, RunStorage
 
 from .conftest import SCRIPTS
@@ -21,8 +21,10 @@ from .report_programs import (
     report_after_hiding_storage,
     report_and_check_persisted,
     report_bad_metric,
+    report_on_rank_0_only,
     report_scores,
     report_steps,
+    report_then_fail_on_rank_1,
 )
 
 
@@ -264,6 +266,50 @@ def test_a_step_waits_for_every_rank_and_is_answered_once() -> None:
         assert [json.loads(a)["step"] for a in answers] == [1, 2], answers
     finally:
         pipes.close()
+
+
+@pytest.mark.parametrize(
+    ("local_mode", "rank_1_gone_first", "together"),
+    [(True, True, 0), (True, False, 2), (False, True, 2), (False, False, 0)],
+    ids=["local-ended-first", "local-reported-first", "distributed-ended-first", "distributed-reported-first"],
+)  # fmt: skip
+def test_report_on_some_ranks_fails_at_once_naming_the_ranks_that_ended(
+    local_mode: bool, rank_1_gone_first: bool, together: int, spark_session: Any, tmp_path: Path, no_leftovers: None
+) -> None:
+    """report() is a collective: rank 0 calling it while rank 1 has ended fails on rank 0 at
+    once (``timeout`` is only the deadline of a regression: it would wait 10 minutes), whichever
+    of the two comes first, after steps every rank reported or before any."""
+    d = Distributor(
+        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path / "runs",
+        timeout=120, log_ranks=[],
+    )  # fmt: skip
+    with pytest.raises(DistributedRunError) as caught:
+        d.run(report_on_rank_0_only, together, str(tmp_path), rank_1_gone_first)
+    error = caught.value
+    assert error.rank == 0 and not isinstance(error, RunTimeoutError), str(error)
+    step = together + 1
+    assert (
+        f"RuntimeError: report(): step {step} cannot complete: report() is a collective every rank must call, the same "
+        f"number of times: rank(s) 1 ended without calling it for step {step} (after step {together}). Call report() "
+        "on every rank (pass checkpoint= only on the ranks that have files to save), not under `if rank == 0:`"
+    ) in str(error)
+    assert d.last_run is not None and [row["step"] for row in d.last_run.rows] == list(range(1, step))
+
+
+@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+def test_a_rank_that_fails_stays_the_cause_when_a_peer_waits_in_report(
+    local_mode: bool, spark_session: Any, tmp_path: Path, no_leftovers: None
+) -> None:
+    """Rank 1 raises while rank 0 waits in report(): the error leads with rank 1's exception,
+    not with the report() error rank 0 gets because rank 1 ended."""
+    d = Distributor(
+        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path,
+        timeout=120, log_ranks=[],
+    )  # fmt: skip
+    with pytest.raises(DistributedRunError) as caught:
+        d.run(report_then_fail_on_rank_1)
+    assert caught.value.rank == 1 and str(caught.value).startswith("rank 1 on "), str(caught.value)
+    assert "ValueError: the real problem of rank 1" in str(caught.value).splitlines()[0]
 
 
 def test_best_checkpoints_by_score_and_opening_a_past_run(tmp_path: Path, no_leftovers: None) -> None:

@@ -59,11 +59,13 @@ def test_cli_runs_lists_the_runs(storage: Path) -> None:
     done = cli("runs", str(storage), "--checkpoint-score", "loss:min")
     assert done.returncode == 0, done.stderr
     header, first, second = done.stdout.splitlines()
-    assert header.split()[:5] == ["RUN", "ID", "STARTED", "ATTEMPTS", "WORLD"] and "BEST CHECKPOINT" in header
+    assert header.split()[:5] == ["RUN", "ID", "STARTED", "ATTEMPTS", "WORLD"] and header.endswith("CHECKPOINT (BEST BY SCORE, ELSE LATEST)")
     assert first.split()[0] == "restarted" and first.split()[3:6] == ["2", "1", "2"]  # attempts, world, steps
-    assert "loss=0.3" in first and first.endswith(str(storage / "restarted" / "checkpoint_000002"))
+    assert "loss=0.3" in first and first.endswith(f"{storage / 'restarted' / 'checkpoint_000002'} (best: lowest loss)")
     assert second.split()[0] == "steady" and second.split()[3:6] == ["2", "2", "4"]
-    assert second.endswith(str(storage / "steady" / "checkpoint_000002"))
+    assert second.endswith(f"{storage / 'steady' / 'checkpoint_000002'} (best: lowest loss)")
+    unscored = cli("runs", str(storage)).stdout.splitlines()  # these runs had no score: their latest
+    assert unscored[2].endswith(f"{storage / 'steady' / 'checkpoint_000004'} (latest)")
     listed = json.loads(cli("runs", str(storage), "--json").stdout)
     assert [r["run_id"] for r in listed] == ["restarted", "steady"] and listed[1]["checkpoint"]["step"] == 4
 
@@ -74,9 +76,62 @@ def test_cli_runs_show(storage: Path) -> None:
     text = done.stdout
     assert text.startswith("run restarted\n") and f"path             {storage / 'restarted'}" in text
     assert "attempt 0: 1 rank(s) on 1 node(s)" in text and "attempt 1: 1 rank(s) on 1 node(s)" in text
-    assert "checkpoints (2, best first):" in text and "step 2  " + str(storage / "restarted" / "checkpoint_000002") in text
+    assert "checkpoints (2, latest first):" in text and "step 2  " + str(storage / "restarted" / "checkpoint_000002") in text
+    assert f"  best checkpoint  {storage / 'restarted' / 'checkpoint_000002'} (latest)" in text
+    scored = cli("runs", "show", "steady", "--storage", str(storage), "--checkpoint-score", "loss:min").stdout
+    assert "checkpoints (4, best first: lowest loss first):" in scored
     shown = json.loads(cli("runs", "show", "steady", "--storage", str(storage), "--json").stdout)
     assert [row["step"] for row in shown["history"]] == [1, 2, 3, 4] and len(shown["checkpoints"]) == 4
+
+
+@pytest.mark.parametrize("order", ["min", "max"])
+def test_a_past_run_orders_its_checkpoints_as_last_run_did(order: str, tmp_path: Path, no_leftovers: None) -> None:
+    """The run's checkpoint_score_attribute and order are stored with it: RunResult.from_path,
+    list_runs and ``spark-torch runs`` (show) order its checkpoints as last_run did, under a
+    heading that says the order; an explicit score still overrides."""
+    losses = [0.5, 0.2, 0.9, 0.4]
+    d = Distributor(num_processes=1, storage_path=tmp_path, run_id="scored", checkpoint_score_attribute="loss",
+                    checkpoint_score_order=order, log_ranks=[])  # fmt: skip
+    d.run(report_losses, losses)
+    assert d.last_run is not None
+    then = [c.step for c, _ in d.last_run.best_checkpoints]
+    assert then == ([2, 4, 1, 3] if order == "min" else [3, 1, 4, 2])
+    past = spark_torch.RunResult.from_path(tmp_path / "scored")
+    assert [c.step for c, _ in past.best_checkpoints] == then
+    (summary,) = spark_torch.list_runs(tmp_path)
+    assert summary.best_checkpoint is not None and summary.best_checkpoint.step == then[0]
+    assert (summary.checkpoint_score_attribute, summary.checkpoint_score_order) == ("loss", order)
+    side = "lowest" if order == "min" else "highest"
+    shown = cli("runs", "show", "scored", "--storage", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert f"checkpoints (4, best first: {side} loss first):" in shown.stdout
+    listed = [line.split()[1] for line in shown.stdout.splitlines() if line.startswith("  step ")]
+    assert listed == [str(step) for step in then]
+    assert cli("runs", str(tmp_path)).stdout.splitlines()[1].endswith(f"checkpoint_{then[0]:06d} (best: {side} loss)")
+    latest = spark_torch.RunResult.from_path(tmp_path / "scored", checkpoint_score_attribute="loss",
+                                             checkpoint_score_order="max" if order == "min" else "min")  # fmt: skip
+    assert [c.step for c, _ in latest.best_checkpoints] == then[::-1]
+
+
+def test_the_cli_page_says_what_runs_prints() -> None:
+    """docs/cli.md's `runs` section: the table's column and the show headings are the ones the
+    code prints (never "best first" for a run ordered latest first)."""
+    from spark_torch.driver.api.past_runs import RunSummary, run_details, runs_table
+
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "docs" / "cli.md").read_text(encoding="utf-8").split("## Past runs: `runs`")[1].split("\n## ")[0]
+    text = " ".join(section.split())
+    checkpoint = spark_torch.Checkpoint("/tmp/runs/steady/checkpoint_000002", step=2, metrics={"loss": 0.4})
+
+    def summary(score: str | None) -> RunSummary:
+        return RunSummary("steady", "/tmp/runs/steady", 0.0, 1, 2, 3, {"loss": 0.6}, checkpoint, checkpoint, [], score, "min")
+
+    scored, latest = run_details(summary("loss"), [checkpoint] * 4), run_details(summary(None), [checkpoint] * 4)
+    assert "checkpoints (4, best first: lowest loss first):" in scored and "`checkpoints (4, best first: lowest loss first):`" in text
+    assert "checkpoints (4, latest first):" in latest and "`checkpoints (4, latest first):`" in text
+    header, row = runs_table([summary("loss")]).splitlines()
+    assert header.split("LAST METRICS")[1].strip() in section and row.endswith("checkpoint_000002 (best: lowest loss)")
+    assert "checkpoint_000002 (best: lowest loss)" in section and "`(latest)`" in text
 
 
 def test_cli_runs_errors(storage: Path, tmp_path: Path) -> None:

@@ -102,3 +102,48 @@ def test_loopback_only_for_a_local_master_without_an_address(tmp_path: Path, mon
     assert "spark.driver.host" not in embedded_conf("local[*]", {"spark.driver.bindAddress": "0.0.0.0"}, {})
     assert "spark.driver.host" not in embedded_conf("spark://master:7077", {}, {})
     assert "spark.driver.host" not in embedded_conf("local-cluster[2,1,1024]", {}, {})
+
+
+_ENVIRON_PROBE = textwrap.dedent(
+    """
+    import json, os
+    from spark_torch import Distributor
+
+    def diff(before):
+        after = dict(os.environ)
+        return {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
+                "changed": sorted(k for k in set(before) & set(after) if before[k] != after[k])}
+
+    def one():
+        return 1
+
+    before = dict(os.environ)
+    Distributor(num_processes=2, local_mode=True, log_ranks=[]).run(one)
+    print("local", json.dumps(diff(before)), flush=True)
+    before = dict(os.environ)
+    Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(one)  # starts the embedded session
+    print("first distributed", json.dumps(diff(before)), flush=True)
+    before = dict(os.environ)
+    Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(one)
+    print("second distributed", json.dumps(diff(before)), flush=True)
+    """
+)
+
+
+def test_a_run_leaves_the_drivers_environment_as_it_found_it_but_pysparks_two() -> None:
+    """README and docs/concepts.md: a run leaves os.environ as it found it, except the two
+    variables PySpark's SparkContext itself adds when the embedded session starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_") or k == "SPARK_HOME"}
+    env.update(PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
+    done = subprocess.run([sys.executable, "-c", _ENVIRON_PROBE], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    nothing = '{"added": [], "removed": [], "changed": []}'
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("local ", "first ", "second "))]
+    assert lines == [
+        f"local {nothing}",
+        'first distributed {"added": ["SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE"], "removed": [], "changed": []}',
+        f"second distributed {nothing}",
+    ], done.stdout + done.stderr
+    for page in (ROOT / "README.md", ROOT / "docs" / "concepts.md"):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        assert "PySpark's `SparkContext` adds `SPARK_AUTH_SOCKET_TIMEOUT` and `SPARK_BUFFER_SIZE`" in text, page

@@ -158,15 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
         "runs",
         help="list the runs kept in a storage, or show one",
         description="runs [STORAGE]: one line per run kept in STORAGE (default ~/spark_torch_runs), newest "
-        "first: its id, start, attempts, world size, steps, last metrics and best checkpoint. "
-        "runs show RUN_ID [--storage STORAGE]: one run in full (every attempt, every kept checkpoint).",
+        "first: its id, start, attempts, world size, steps, last metrics and best checkpoint (by the run's "
+        "checkpoint score, else the latest). runs show RUN_ID [--storage STORAGE]: one run in full (every "
+        "attempt, every kept checkpoint, in that order).",
     )
     runs.add_argument("words", nargs="*", metavar="STORAGE | show RUN_ID",
                       help="a storage directory or URL to list; or show and a run's id")
     runs.add_argument("--storage", default=None, metavar="DIR_OR_URL",
                       help="the storage of runs show (default ~/spark_torch_runs)")
     runs.add_argument("--checkpoint-score", default=None, metavar="METRIC[:min]",
-                      help="the best checkpoint is the one with the highest METRIC (METRIC:min: lowest); default: the latest")
+                      help="the best checkpoint is the one with the highest METRIC (METRIC:min: lowest); default: the "
+                      "score each run was configured with (checkpoint_score_attribute), else the latest")
     runs.add_argument("--storage-options", default=None, metavar="JSON|@FILE",
                       help=f"fsspec options of the storage, as for run (default: ${envnames.STORAGE_OPTIONS})")
     runs.add_argument("--json", action="store_true", help="print JSON (a list of runs, or one run)")
@@ -283,7 +285,7 @@ def _runs(args: argparse.Namespace) -> int:
         if not show:
             base = words[0] if words else (args.storage or DEFAULT_STORAGE)
             summaries = list_runs(base, storage_options=options, checkpoint_score_attribute=score or None,
-                                  checkpoint_score_order=order or "max")
+                                  checkpoint_score_order=order or None)
             if args.json:
                 print(json.dumps([summary_json(s) for s in summaries], indent=2))
             elif summaries:
@@ -293,8 +295,8 @@ def _runs(args: argparse.Namespace) -> int:
             return 0
         base = args.storage or DEFAULT_STORAGE
         result = RunResult.from_path(base, words[1], storage_options=options,
-                                     checkpoint_score_attribute=score or None, checkpoint_score_order=order or "max")
-        summary = read_summary(RunStorage(base, words[1], options), score or None, order or "max")
+                                     checkpoint_score_attribute=score or None, checkpoint_score_order=order or None)
+        summary = read_summary(RunStorage(base, words[1], options), score or None, order or None)
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, ImportError) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)
         return EXIT_USAGE

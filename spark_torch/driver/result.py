@@ -16,7 +16,15 @@ from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_MARKER, RunStorage, best, run_ids, split_run_path
+from spark_torch.reporting.storage import (
+    DEFAULT_STORAGE,
+    RUN_MARKER,
+    RunStorage,
+    best,
+    recorded_score,
+    run_ids,
+    split_run_path,
+)
 
 __all__ = ["RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord"]
 
@@ -160,13 +168,15 @@ class RunResult:
         *,
         storage_options: dict[str, Any] | None = None,
         checkpoint_score_attribute: str | None = None,
-        checkpoint_score_order: str = "max",
+        checkpoint_score_order: str | None = None,
     ) -> RunResult:
         """A past run, opened from its storage (its history and checkpoints; no value).
 
         ``RunResult.from_path(run_dir)`` takes the run's own directory (``STORAGE/RUN_ID``, what
         ``RunResult.path`` says; Ray Train's ``Result.from_path``); ``from_path(storage_path,
-        run_id)`` the storage and the run's id.
+        run_id)`` the storage and the run's id. ``best_checkpoints`` are ordered as the run's
+        ``last_run`` ordered them (the ``checkpoint_score_attribute``/``checkpoint_score_order``
+        its latest attempt was configured with, stored with the run), unless these are given.
 
         Raises:
             FileNotFoundError: no run there (the message lists the runs when ``run_dir`` is a
@@ -183,7 +193,7 @@ class RunResult:
             if not storage.exists():
                 raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         result = cls(run_id=run_id)
-        result._collect(storage, checkpoint_score_attribute, checkpoint_score_order)
+        result._collect(storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
         return result
 
 
@@ -204,7 +214,7 @@ def load_run(
     *,
     storage_options: dict[str, Any] | None = None,
     checkpoint_score_attribute: str | None = None,
-    checkpoint_score_order: str = "max",
+    checkpoint_score_order: str | None = None,
 ) -> RunResult:
     """Deprecated: use :meth:`RunResult.from_path` (the same arguments)."""
     warnings.warn("spark_torch.load_run() is deprecated; use spark_torch.RunResult.from_path()", DeprecationWarning, stacklevel=2)

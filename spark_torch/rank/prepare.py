@@ -1,10 +1,13 @@
-"""Inside a rank: Ray Train's ``prepare_model``/``prepare_data_loader`` for code that moves over.
+"""Inside a rank: Ray Train's ``get_context``, ``get_device``, ``prepare_model`` and
+``prepare_data_loader`` for code that moves over.
 
 ::
 
     import spark_torch
 
     def train():
+        context = spark_torch.get_context()                   # ray.train.get_context()
+        print(context.get_world_rank(), "of", context.get_world_size(), "on", spark_torch.get_device())
         spark_torch.init_process_group()                      # nccl with a GPU, else gloo
         model = spark_torch.prepare_model(MyModel())          # on the rank's device, in DDP
         loader = spark_torch.prepare_data_loader(DataLoader(ds, batch_size=64, shuffle=True))
@@ -23,24 +26,97 @@ imported inside the functions: importing this module costs nothing.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from spark_torch import envnames
 
-__all__ = ["init_process_group", "prepare_model", "prepare_data_loader", "rank_device"]
+__all__ = [
+    "RankContext", "get_context", "get_device", "init_process_group", "prepare_model", "prepare_data_loader", "rank_device",
+]
 
 
-def rank_device() -> Any:
-    """This rank's ``torch.device``: ``cuda:LOCAL_RANK`` when CUDA is available and this rank
-    has a GPU, else ``cpu``."""
+@dataclass(frozen=True)
+class RankContext:
+    """Where this rank sits, as :func:`get_context` read it from the rank's environment
+    (torchrun's variables); the ``get_*`` methods are Ray Train's ``TrainContext``'s."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+
+    def get_world_rank(self) -> int:
+        """This rank among all ranks (``RANK``)."""
+        return self.world_rank
+
+    def get_world_size(self) -> int:
+        """The number of ranks (``WORLD_SIZE``)."""
+        return self.world_size
+
+    def get_local_rank(self) -> int:
+        """This rank among the ranks of its node (``LOCAL_RANK``)."""
+        return self.local_rank
+
+    def get_local_world_size(self) -> int:
+        """The number of ranks on this rank's node (``LOCAL_WORLD_SIZE``)."""
+        return self.local_world_size
+
+    def get_node_rank(self) -> int:
+        """This rank's node (``NODE_RANK``, torchrun's ``GROUP_RANK``)."""
+        return self.node_rank
+
+
+_CONTEXT_VARS = (envnames.RANK, envnames.WORLD_SIZE, envnames.LOCAL_RANK, envnames.LOCAL_WORLD_SIZE)
+
+
+def context_from(env: Mapping[str, str]) -> RankContext:
+    """The :class:`RankContext` of the rank whose environment is ``env`` (pure)."""
+    missing = [name for name in _CONTEXT_VARS if not env.get(name)]
+    node = env.get(envnames.NODE_RANK) or env.get(envnames.GROUP_RANK)
+    if missing or not node:
+        absent = ", ".join(missing + ([] if node else [f"{envnames.NODE_RANK} (or {envnames.GROUP_RANK})"]))
+        raise RuntimeError(
+            f"spark_torch.get_context() works inside ranks started by spark_torch (Distributor.run or spark-torch run), "
+            f"whose environment has torchrun's variables; this process lacks {absent}"
+        )
+    values = [env[name] for name in _CONTEXT_VARS] + [node]
+    try:
+        rank, world, local, local_world, node_rank = (int(v) for v in values)
+    except ValueError:
+        raise RuntimeError(f"spark_torch.get_context(): torchrun's variables are not integers here ({dict(zip((*_CONTEXT_VARS, 'node'), values))})") from None
+    return RankContext(rank, world, local, local_world, node_rank)
+
+
+def get_context() -> RankContext:
+    """This rank's place in the run (Ray Train's ``ray.train.get_context()``):
+    ``get_world_rank()``, ``get_world_size()``, ``get_local_rank()``, ``get_local_world_size()``,
+    ``get_node_rank()``, read from the rank's environment (torchrun's ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``/``GROUP_RANK``).
+
+    Raises:
+        RuntimeError: outside a rank (those variables are not set).
+    """
+    return context_from(os.environ)
+
+
+def get_device() -> Any:
+    """This rank's ``torch.device`` (Ray Train's ``ray.train.torch.get_device()``):
+    ``cuda:LOCAL_RANK`` when CUDA is usable and the rank was given GPUs (``use_gpu``: it sees
+    them in ``CUDA_VISIBLE_DEVICES``, ``LOCAL_RANK`` among them), else ``cpu``."""
     import torch
 
     local_rank = int(os.environ.get(envnames.LOCAL_RANK, "0"))
     if torch.cuda.is_available() and local_rank < torch.cuda.device_count():
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+#: the name prepare_model and friends use (get_device is the public one)
+rank_device = get_device
 
 
 def _world_size() -> int:

@@ -8,7 +8,8 @@
         start = 0
         checkpoint = spark_torch.get_checkpoint()     # None on a fresh start
         if checkpoint is not None:
-            state = torch.load(checkpoint / "state.pt")
+            with checkpoint.as_directory() as directory:  # or checkpoint / "state.pt"
+                state = torch.load(os.path.join(directory, "state.pt"))
             model.load_state_dict(state["model"]); start = state["epoch"] + 1
         for epoch in range(start, 10):
             ...
@@ -32,27 +33,42 @@ import math
 import numbers
 import os
 import threading
-from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from spark_torch import envnames
 from spark_torch.stacks import note_progress
 
-__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS"]
+if TYPE_CHECKING:
+    from spark_torch.reporting.checkpoint import Checkpoint
+
+__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS", "NOT_EVERY_RANK"]
 
 #: what spark_torch records with every step's metrics (not names a rank may report)
 RECORDED_KEYS = ("step", "time", "attempt", "world_size")
+
+#: how the driver's answer begins when a rank ended without calling report() for a step
+NOT_EVERY_RANK = "report() is a collective every rank must call"
 
 #: bound on one step's metrics (they travel in one message to the driver, and into every row)
 MAX_METRICS_BYTES = 64 * 1024
 
 
-def get_checkpoint() -> Path | None:
-    """The latest persisted checkpoint of this run, as a local directory every rank can read;
-    None on a fresh start. (It is the checkpoint this attempt of the run started from: after a
-    restart, or a new ``run()`` with the same ``run_id``, the newest complete one.)"""
+def get_checkpoint() -> Checkpoint | None:
+    """The latest persisted checkpoint of this run, a :class:`~spark_torch.Checkpoint` of a local
+    directory every rank can read; None on a fresh start. (It is the checkpoint this attempt of
+    the run started from: after a restart, or a new ``run()`` with the same ``run_id``, the
+    newest complete one.)
+
+    As in Ray Train, ``with checkpoint.as_directory() as d:`` gives that directory; the
+    checkpoint also works wherever a path does: ``checkpoint / "state.pt"`` (a ``pathlib.Path``),
+    ``open(os.path.join(checkpoint, ...))``, ``os.fspath(checkpoint)``, ``str(checkpoint)``.
+    """
+    from spark_torch.reporting.checkpoint import Checkpoint
+
     path = os.environ.get(envnames.CHECKPOINT)
-    return Path(path) if path else None
+    if not path:
+        return None
+    return Checkpoint(path=path, step=int(os.environ.get(envnames.START_STEP, "0") or 0))
 
 
 def _text(what: str, text: str) -> str:
@@ -155,8 +171,11 @@ class _Reporter:
             self._out.write(json.dumps(message) + "\n")
             self._out.flush()
             reply = self._answer_for(step)
-            if reply.get("error"):
-                raise RuntimeError(f"report(): step {step} could not be persisted: {reply['error']}")
+            error = reply.get("error")
+            if error and str(error).startswith(NOT_EVERY_RANK):
+                raise RuntimeError(f"report(): step {step} cannot complete: {error}")
+            if error:
+                raise RuntimeError(f"report(): step {step} could not be persisted: {error}")
             self.step = step
 
     def _answer_for(self, step: int) -> dict[str, Any]:
@@ -200,7 +219,8 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
     booleans or None (0-d tensors and numpy scalars are converted).
 
     Raises:
-        RuntimeError: outside a rank started by spark_torch, or when persisting failed.
+        RuntimeError: outside a rank started by spark_torch, when persisting failed, or when a
+            rank ended without calling it for this step (the message names the ranks).
         TypeError: a metric that is not a single value.
         ValueError: a metric name or string that is not valid Unicode; metrics over
             :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (:data:`RECORDED_KEYS`:

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from spark_torch.reporting.redaction import options_withheld
@@ -31,9 +32,11 @@ class Checkpoint:
     a directory wrapped by :meth:`from_directory`.
 
     ``path`` is a local directory, or a URL for object storage; ``str(checkpoint)`` and
-    ``os.fspath(checkpoint)`` give it too, so a checkpoint goes wherever a path does (``report``'s
-    ``checkpoint=`` among them). :meth:`to_directory` and :meth:`as_directory` always give a
-    local directory.
+    ``os.fspath(checkpoint)`` give it too, so a checkpoint goes wherever a path does (``open``,
+    ``os.path.join``, ``report``'s ``checkpoint=``), and ``checkpoint / "state.pt"`` is the
+    ``pathlib.Path`` of a file in a local one (what :func:`spark_torch.get_checkpoint` returned
+    before it returned a ``Checkpoint``). :meth:`to_directory` and :meth:`as_directory` always
+    give a local directory.
     """
 
     path: str
@@ -48,6 +51,22 @@ class Checkpoint:
 
     def __str__(self) -> str:
         return self.path
+
+    def __hash__(self) -> int:  # a set or dict key, as a path was (the metrics are a dict)
+        return hash((self.path, self.step))
+
+    def __truediv__(self, name: str | os.PathLike[str]) -> Path:
+        """``checkpoint / "state.pt"``: the path of a file in this (local) checkpoint.
+
+        Raises:
+            ValueError: the checkpoint is on remote storage (use :meth:`as_directory`).
+        """
+        if _is_remote(self.path):
+            raise ValueError(
+                f"{self.path} / {os.fspath(name)!r}: the checkpoint is on remote storage, not a local path; "
+                "use `with checkpoint.as_directory() as d:` and read the files under d"
+            )
+        return Path(self.path) / name
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:

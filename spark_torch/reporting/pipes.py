@@ -7,6 +7,13 @@ passed a checkpoint) to the driver's coordinator; when the driver has persisted 
 every node, :meth:`NodeReports.persisted` answers every rank. Lines from a rank are only ever
 parsed as JSON text.
 
+A rank whose process ended (its report pipe closed) is told to the driver with the last step
+it reported, and the steps the node's other ranks wait in (``{"ended": [[rank, step]],
+"waiting": [steps]}``; again when a rank of the node reports a step after that): the
+coordinator answers at once, with an error,
+a step that rank can no longer report (``report()`` is a collective), instead of letting the
+ranks that called it wait for ``timeout``.
+
 A step is complete when every rank of the node reported it (the node's ranks are known up
 front, so a rank that reports before another rank's pipes even exist cannot complete a step
 alone). Every answer carries its step, and a step is answered once: the driver replays its
@@ -43,6 +50,10 @@ class NodeReports:
         self._ranks = frozenset(ranks)
         #: the last step answered (an answer for it or an earlier one is a replay)
         self._answered = 0
+        #: the last step each rank reported
+        self._reported: dict[int, int] = {}
+        #: ranks whose process ended, with the last step each reported
+        self._gone: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
         self._child_fds: dict[int, tuple[int, int]] = {}
 
@@ -84,14 +95,35 @@ class NodeReports:
                     logger.warning("spark_torch: ignored a malformed report from rank %d: %s", rank, exc)
                     continue
                 self._arrived(rank, step, message)
+        self._ended(rank)
+
+    def _ended(self, rank: int) -> None:
+        """``rank``'s pipe closed (its process ended): tell the driver which step it reported last."""
+        with self._lock:
+            self._gone[rank] = self._reported.get(rank, 0)
+            waiting = sorted(self._pending)
+        self._tell_ended(waiting)
+
+    def _tell_ended(self, waiting: list[int]) -> None:
+        """Tell the driver which of this node's ranks ended, and the steps the others wait in."""
+        with self._lock:
+            ended = [[rank, last] for rank, last in sorted(self._gone.items())]
+        try:
+            self._forward({"node": self._node, "ended": ended, "waiting": waiting})
+        except Exception as exc:  # noqa: BLE001 - the run goes on; a rank waiting in report() then waits for timeout
+            logger.warning("spark_torch: could not tell the driver that ranks %s ended: %s", [r for r, _ in ended], exc)
 
     def _arrived(self, rank: int, step: int, message: dict[str, Any]) -> None:
         with self._lock:
+            self._reported[rank] = max(step, self._reported.get(rank, 0))
             reports = self._pending.setdefault(step, {})
             reports[rank] = message
             complete = len(reports) == len(self._ranks)
             if complete:
                 del self._pending[step]
+            doomed = not complete and any(last < step for last in self._gone.values())
+        if doomed:  # a rank of this node ended before this step: it cannot complete
+            self._tell_ended([step])
         if not complete:
             return
         first = min(reports)

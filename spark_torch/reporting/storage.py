@@ -36,7 +36,7 @@ from spark_torch.reporting.redaction import options_withheld
 
 __all__ = [
     "RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "best",
-    "options_withheld", "run_ids", "split_run_path",
+    "options_withheld", "run_ids", "split_run_path", "recorded_score",
 ]
 
 MANIFEST = ".spark_torch"
@@ -135,6 +135,18 @@ def best(checkpoints: list[CheckpointInfo], score: str | None, order: str = "max
         return (1, 0.0, -c.step) if value is None else (0, sign * value, -c.step)
 
     return sorted(checkpoints, key=key)
+
+
+def recorded_score(attempts: list[dict[str, Any]], attribute: str | None = None, order: str | None = None) -> tuple[str | None, str]:
+    """The checkpoint score to order a past run's checkpoints by: ``attribute``/``order`` when
+    given, else what its latest attempt was configured with (its ``attempts`` row); no score
+    (latest first) for a run configured without one."""
+    latest = attempts[-1] if attempts else {}
+    stored = latest.get("checkpoint_score_attribute")
+    stored = stored if isinstance(stored, str) and stored else None
+    chosen = attribute if attribute is not None else stored
+    stored_order = latest.get("checkpoint_score_order") if chosen == stored else None
+    return chosen, order or (stored_order if stored_order in ("max", "min") else "max")
 
 
 def split_run_path(path: str) -> tuple[str, str]:
@@ -433,9 +445,13 @@ class RunStorage:
             self.fs.pipe_file(path, old + line.encode("utf-8"))
 
     @_withholding_options
-    def record_attempt(self, attempt: int, world_size: int, nodes: int) -> None:
-        """Note that an attempt started (the driver, before its ranks start)."""
-        self._append(ATTEMPTS, {"attempt": attempt, "world_size": world_size, "nodes": nodes, "time": time.time()})
+    def record_attempt(self, attempt: int, world_size: int, nodes: int, score: str | None = None, order: str = "max") -> None:
+        """Note that an attempt started (the driver, before its ranks start), with the
+        checkpoint score it ranks checkpoints by (:func:`recorded_score` reads it back)."""
+        row: dict[str, Any] = {"attempt": attempt, "world_size": world_size, "nodes": nodes, "time": time.time()}
+        if score:
+            row.update(checkpoint_score_attribute=score, checkpoint_score_order=order)
+        self._append(ATTEMPTS, row)
 
     @_withholding_options
     def attempts(self) -> list[dict[str, Any]]:

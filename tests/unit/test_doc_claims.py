@@ -91,6 +91,19 @@ def test_reserved_metric_names_are_documented() -> None:
     assert ", ".join(RECORDED_KEYS) in " ".join((report.__doc__ or "").split())
 
 
+def test_torchdistributor_page_hung_runs_row_is_the_code() -> None:
+    """docs/torchdistributor.md's "hung runs" row names stall detection with its real default,
+    what each stall_action does, and the errors, as the code has them."""
+    from spark_torch import errors
+
+    page = (ROOT / "docs" / "torchdistributor.md").read_text(encoding="utf-8")
+    (row,) = [line for line in page.splitlines() if line.startswith("| hung runs |")]
+    default = {s.name: s.default for s in SETTINGS}["stall_timeout"]
+    assert f"no rank made progress for `stall_timeout` ({default:g} s by default)" in row
+    assert '`stall_action="fail"` stops the attempt with `RunStalledError`' in row and "`RunTimeoutError`" in row
+    assert issubclass(errors.RunStalledError, errors.DistributedRunError) and issubclass(errors.RunTimeoutError, TimeoutError)
+
+
 def _argparse_options(path: Path) -> list[str]:
     """The long options an example's ``add_argument`` calls define, in order."""
     import ast

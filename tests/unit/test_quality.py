@@ -18,6 +18,7 @@ def test_exported_members() -> None:
         "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
         "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
         "list_runs", "RunSummary", "init_process_group", "prepare_model", "prepare_data_loader",
+        "get_context", "get_device", "RankContext",
     ])
     for name in spark_torch.__all__:
         assert getattr(spark_torch, name) is not None

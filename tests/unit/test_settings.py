@@ -139,3 +139,23 @@ def test_every_variable_is_named_after_its_keyword() -> None:
 def test_an_unknown_keyword_names_the_settings_there_are() -> None:
     with pytest.raises(TypeError, match=r"'stall_timout' \(did you mean 'stall_timeout'\?\).*warm_start_idle"):
         Distributor(stall_timout=3)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "closest"),
+    [("num_proceses", "num_processes"), ("use_gpus", "use_gpu"), ("localmode", "local_mode"), ("max_restart", "max_restarts"),
+     ("stall_timout", "stall_timeout")],
+)  # fmt: skip
+def test_a_misspelt_parameter_or_setting_says_which_was_meant_and_names_them_all(keyword: str, closest: str) -> None:
+    with pytest.raises(TypeError) as caught:
+        Distributor(**{keyword: 3})
+    message = str(caught.value)
+    assert message.startswith(f"Distributor() got unexpected keyword argument(s) {keyword!r} (did you mean {closest!r}?); "), message
+    assert "its main parameters are num_processes, local_mode, use_gpu, its other parameters spark, env, timeout," in message
+    assert "checkpoint_score_attribute" in message and "elastic_grow" in message
+    assert f"and its settings {', '.join(s.name for s in settings.SETTINGS)} (docs/configuration.md)" in message
+
+
+def test_an_unknown_keyword_with_no_close_name_gets_no_guess() -> None:
+    with pytest.raises(TypeError, match=r"^Distributor\(\) got unexpected keyword argument\(s\) 'frobnicate'; its main parameters are num_processes"):
+        Distributor(frobnicate=1)

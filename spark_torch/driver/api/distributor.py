@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import logging
 import os
 import threading
@@ -25,14 +26,24 @@ __all__ = ["Distributor"]
 logger = logging.getLogger(__name__)
 
 
+def _parameters() -> list[str]:
+    """The keyword parameters of ``Distributor()`` (the main three first), from its signature."""
+    signature = inspect.signature(Distributor.__init__)
+    return [p.name for p in signature.parameters.values() if p.name != "self" and p.kind is not p.VAR_KEYWORD]
+
+
 def _settings(given: dict[str, Any]) -> dict[str, Any]:
-    """The ``**settings`` keywords, checked against the table of settings."""
+    """The ``**settings`` keywords, checked against the table of settings; an unknown one (a
+    misspelt parameter lands here too) is a TypeError with the closest name, the parameters and
+    the settings."""
     names = [s.name for s in SETTINGS]
     unknown = sorted(set(given) - set(names))
     if unknown:
-        hints = [f"{u!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(u, names, 1)) else repr(u) for u in unknown]
+        parameters = _parameters()
+        hints = [f"{u!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(u, parameters + names, 1)) else repr(u) for u in unknown]
         raise TypeError(
-            f"Distributor() got unexpected keyword argument(s) {', '.join(hints)}; its settings are "
+            f"Distributor() got unexpected keyword argument(s) {', '.join(hints)}; its main parameters are "
+            f"{', '.join(parameters[:3])}, its other parameters {', '.join(parameters[3:])}, and its settings "
             f"{', '.join(names)} (docs/configuration.md)"
         )
     return given
@@ -103,7 +114,8 @@ class Distributor:
         **settings: any setting of the table in docs/configuration.md by its keyword
             (``stall_timeout=300``, ``warm_start=False``, ``channel_host="10.0.0.5"``, ...);
             each can also come from an environment variable or a Spark conf key. An unknown
-            keyword raises ``TypeError`` naming the settings there are.
+            keyword raises ``TypeError`` with the closest parameter or setting ("did you mean"),
+            and names the parameters and the settings there are.
     """
 
     def __init__(

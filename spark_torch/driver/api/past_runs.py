@@ -12,7 +12,7 @@ from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, best, run_ids
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, best, recorded_score, run_ids
 
 __all__ = ["RunSummary", "list_runs", "read_summary", "runs_table", "run_details", "summary_json"]
 
@@ -35,7 +35,11 @@ class RunSummary:
         best_checkpoint: the best kept checkpoint by ``checkpoint_score_attribute`` (without
             one: the latest), or None.
         attempt_log: one dict per attempt started, oldest first: ``attempt`` (0 for the first
-            of a ``run()`` call, then its restarts), ``world_size``, ``nodes``, ``time``.
+            of a ``run()`` call, then its restarts), ``world_size``, ``nodes``, ``time`` (and
+            ``checkpoint_score_attribute``/``checkpoint_score_order`` when it had one).
+        checkpoint_score_attribute: the metric ``best_checkpoint`` is chosen by: the one given
+            to :func:`list_runs`, else the one the run was configured with; None: the latest.
+        checkpoint_score_order: ``"max"`` (highest is best) or ``"min"``.
     """
 
     run_id: str
@@ -48,12 +52,16 @@ class RunSummary:
     checkpoint: Checkpoint | None
     best_checkpoint: Checkpoint | None
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
 
 
-def read_summary(storage: RunStorage, score: str | None = None, order: str = "max") -> RunSummary:
-    """The summary of the run in ``storage``; ``score``/``order`` choose its best checkpoint."""
+def read_summary(storage: RunStorage, score: str | None = None, order: str | None = None) -> RunSummary:
+    """The summary of the run in ``storage``; ``score``/``order`` choose its best checkpoint
+    (default: the score the run was configured with, stored with it)."""
     history = storage.history()
     log = storage.attempts()
+    score, order = recorded_score(log, score, order)
     complete, _ = storage.checkpoints()
     ranked = best(complete, score, order)
     last = dict(history[-1]) if history else {}
@@ -70,6 +78,8 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str = "ma
         checkpoint=Checkpoint._of(complete[-1], storage.options) if complete else None,
         best_checkpoint=Checkpoint._of(ranked[0], storage.options) if ranked else None,
         attempt_log=log,
+        checkpoint_score_attribute=score,
+        checkpoint_score_order=order,
     )
 
 
@@ -78,11 +88,12 @@ def list_runs(
     *,
     storage_options: dict[str, Any] | None = None,
     checkpoint_score_attribute: str | None = None,
-    checkpoint_score_order: str = "max",
+    checkpoint_score_order: str | None = None,
 ) -> list[RunSummary]:
     """The runs kept under ``storage_path`` (default ``~/spark_torch_runs``), newest first, as
     :class:`RunSummary` (``spark-torch runs`` prints the same). ``checkpoint_score_attribute``
-    and ``checkpoint_score_order`` choose each run's ``best_checkpoint``, as in ``Distributor``.
+    and ``checkpoint_score_order`` choose each run's ``best_checkpoint``, as in ``Distributor``;
+    by default each run's own, stored with it (what its ``last_run`` used; none: the latest).
     A storage that does not exist holds no runs."""
     base = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE
     summaries = [
@@ -112,13 +123,23 @@ def _unknown(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _ranking(summary: RunSummary, short: bool = False) -> str:
+    """How the run's checkpoints are ordered: by its score (``lowest loss first``), else latest first."""
+    score = summary.checkpoint_score_attribute
+    if not score:
+        return "latest" if short else "latest first"
+    side = "lowest" if summary.checkpoint_score_order == "min" else "highest"
+    return f"best: {side} {score}" if short else f"best first: {side} {score} first"
+
+
 def runs_table(summaries: list[RunSummary]) -> str:
     """The table ``spark-torch runs`` prints: one line per run."""
-    header = ("RUN ID", "STARTED", "ATTEMPTS", "WORLD", "STEPS", "LAST METRICS", "BEST CHECKPOINT")
+    header = ("RUN ID", "STARTED", "ATTEMPTS", "WORLD", "STEPS", "LAST METRICS", "CHECKPOINT (BEST BY SCORE, ELSE LATEST)")
     rows = [
         (
             s.run_id, _when(s.started), _unknown(s.attempts), _unknown(s.world_size), str(s.steps),
-            _metrics_text(s.metrics, limit=3), s.best_checkpoint.path if s.best_checkpoint else "-",
+            _metrics_text(s.metrics, limit=3),
+            f"{s.best_checkpoint.path} ({_ranking(s, short=True)})" if s.best_checkpoint else "-",
         )
         for s in summaries
     ]  # fmt: skip
@@ -138,7 +159,7 @@ def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
         f"  world size       {_unknown(summary.world_size)} (latest attempt)",
         f"  steps            {summary.steps}",
         f"  last metrics     {_metrics_text(summary.metrics)}",
-        f"  best checkpoint  {summary.best_checkpoint.path if summary.best_checkpoint else '-'}",
+        f"  best checkpoint  {f'{summary.best_checkpoint.path} ({_ranking(summary, short=True)})' if summary.best_checkpoint else '-'}",
     ]
     if summary.attempt_log:
         lines.append("attempts (0: the start of a run() call, then its restarts):")
@@ -146,7 +167,7 @@ def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
             lines.append(
                 f"  {_when(row.get('time'))}  attempt {row.get('attempt')}: {row.get('world_size')} rank(s) on {row.get('nodes')} node(s)"
             )
-    lines.append(f"checkpoints ({len(checkpoints)}, best first):" if checkpoints else "checkpoints: none")
+    lines.append(f"checkpoints ({len(checkpoints)}, {_ranking(summary)}):" if checkpoints else "checkpoints: none")
     for checkpoint in checkpoints:
         lines.append(f"  step {checkpoint.step}  {checkpoint.path}  {_metrics_text(checkpoint.metrics)}")
     return "\n".join(lines)
