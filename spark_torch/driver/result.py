@@ -16,15 +16,8 @@ from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint
-from spark_torch.reporting.storage import (
-    DEFAULT_STORAGE,
-    RUN_MARKER,
-    RunStorage,
-    best,
-    recorded_score,
-    run_ids,
-    split_run_path,
-)
+from spark_torch.reporting.ranking import best, recorded_score
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_MARKER, RunStorage, run_ids, split_run_path
 
 __all__ = ["RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord"]
 

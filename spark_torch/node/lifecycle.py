@@ -142,7 +142,8 @@ def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
     local directory (storage that is not a local path is downloaded into the node's scratch)."""
     if run.resume_url is None or run.storage is None:
         return {}
-    from spark_torch.reporting.storage import CheckpointInfo, RunStorage
+    from spark_torch.reporting.ranking import CheckpointInfo
+    from spark_torch.reporting.storage import RunStorage
 
     local = RunStorage(run.storage.base, run.run_id, run.storage.options).download(
         CheckpointInfo(step=run.resume_step, url=run.resume_url), os.path.join(workdir, "checkpoint")

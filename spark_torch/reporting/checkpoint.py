@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.redaction import options_withheld
-from spark_torch.reporting.storage import CheckpointInfo
 
 __all__ = ["Checkpoint"]
 

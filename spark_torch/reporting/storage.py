@@ -16,7 +16,8 @@ A checkpoint counts only once its manifest exists, so a crash while ranks upload
 half-written "latest" checkpoint. On a local (or mounted) filesystem the ranks' files and the
 manifest are fsynced before report() returns; an object store has them once its write returns. Used by ranks (upload), node runners (download) and the driver
 (manifests, metrics, pruning); imports neither torch nor pyspark. One class over one layout,
-kept whole (a little over 350 lines) so that every path of the layout is written in one place.
+kept whole so that every path of the layout is written in one place; which checkpoints are
+best is :mod:`spark_torch.reporting.ranking`.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
 
 __all__ = [
-    "RunStorage", "CheckpointInfo", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "best",
-    "options_withheld", "run_ids", "split_run_path", "recorded_score",
+    "RunStorage", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "options_withheld", "run_ids",
+    "split_run_path",
 ]
 
 MANIFEST = ".spark_torch"
@@ -47,16 +48,6 @@ RUN_MARKER = ".spark_torch_run"
 #: where runs go when ``storage_path`` is not given
 DEFAULT_STORAGE = os.path.join("~", "spark_torch_runs")
 _CHECKPOINT = re.compile(r"^checkpoint_(\d{6,})$")
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A complete checkpoint: its step, where it is, and the metrics reported with it."""
-
-    step: int
-    url: str
-    attempt: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 #: Databricks mounts DBFS here on the driver and every executor
@@ -116,37 +107,6 @@ def _fsync_copy(source: str, target: str) -> None:
             _fsync(os.path.join(copied, name))
         _fsync(copied, directory=True)
     _fsync(os.path.dirname(target), directory=True)
-
-
-def _score(checkpoint: CheckpointInfo, score: str) -> float | None:
-    value = checkpoint.metrics.get(score)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def best(checkpoints: list[CheckpointInfo], score: str | None, order: str = "max") -> list[CheckpointInfo]:
-    """``checkpoints`` best first by the metric ``score`` (``order`` "max" or "min"; the ones
-    without it last, newest first); without ``score``: newest first."""
-    if not score:
-        return sorted(checkpoints, key=lambda c: -c.step)
-    sign = -1.0 if order == "max" else 1.0
-
-    def key(c: CheckpointInfo) -> tuple[int, float, int]:
-        value = _score(c, score)
-        return (1, 0.0, -c.step) if value is None else (0, sign * value, -c.step)
-
-    return sorted(checkpoints, key=key)
-
-
-def recorded_score(attempts: list[dict[str, Any]], attribute: str | None = None, order: str | None = None) -> tuple[str | None, str]:
-    """The checkpoint score to order a past run's checkpoints by: ``attribute``/``order`` when
-    given, else what its latest attempt was configured with (its ``attempts`` row); no score
-    (latest first) for a run configured without one."""
-    latest = attempts[-1] if attempts else {}
-    stored = latest.get("checkpoint_score_attribute")
-    stored = stored if isinstance(stored, str) and stored else None
-    chosen = attribute if attribute is not None else stored
-    stored_order = latest.get("checkpoint_score_order") if chosen == stored else None
-    return chosen, order or (stored_order if stored_order in ("max", "min") else "max")
 
 
 def split_run_path(path: str) -> tuple[str, str]:

@@ -12,7 +12,8 @@ from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, best, recorded_score, run_ids
+from spark_torch.reporting.ranking import best, recorded_score
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, run_ids
 
 __all__ = ["RunSummary", "list_runs", "read_summary", "runs_table", "run_details", "summary_json"]
 
