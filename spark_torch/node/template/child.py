@@ -31,7 +31,7 @@ from spark_torch import envnames
 from spark_torch.node.keeper import keep
 from spark_torch.node.template.protocol import MARK_SLOT_VALUE
 
-__all__ = ["become_rank", "environ_slot", "mark_environ"]
+__all__ = ["become_rank", "environ_slot", "mark_environ", "with_mark_slot"]
 
 #: the slot's entry in the template's environment block, as the kernel holds it
 _SLOT_ENTRY = f"{envnames.MARK_SLOT}={MARK_SLOT_VALUE}".encode()
@@ -147,3 +147,14 @@ def _reseed_and_size_threads() -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+
+
+def with_mark_slot() -> None:
+    """Run with :data:`~spark_torch.envnames.MARK_SLOT` in the environment block the kernel
+    holds (and every fork keeps), where each child writes its node's marker: if it is not there,
+    exec this interpreter again, same pid and arguments, with it added last."""
+    if os.environ.get(envnames.MARK_SLOT) == MARK_SLOT_VALUE:
+        return
+    env = {k: v for k, v in os.environ.items() if k != envnames.MARK_SLOT}
+    env[envnames.MARK_SLOT] = MARK_SLOT_VALUE  # last: psutil reads a block's later duplicates over earlier ones
+    os.execve(sys.executable, sys.orig_argv, env)

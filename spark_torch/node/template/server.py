@@ -38,7 +38,8 @@ socket. The template itself never runs user code, never initializes CUDA and nev
 thread, so every run's ranks are forks of the same pristine process: nothing leaks from run to run.
 
 The request's checks and the keying rules are in :mod:`spark_torch.node.template.protocol`,
-the child's side in :mod:`spark_torch.node.template.child`; what stays here is one concern, the
+the child's side in :mod:`spark_torch.node.template.child`, what it keeps per child and per
+connection in :mod:`spark_torch.node.template.state`; what stays here is one concern, the
 template's event loop (connections, requests, forks, exits, idle end), which reads best whole.
 
 Protocol (one JSON message per packet on a ``SOCK_SEQPACKET`` connection): the request
@@ -53,7 +54,6 @@ import contextlib
 import json
 import os
 import selectors
-import signal
 import socket
 import struct
 import sys
@@ -61,15 +61,15 @@ import time
 from typing import Any
 
 from spark_torch.envnames import MARK_SLOT
-from spark_torch.node.template.child import become_rank, environ_slot
+from spark_torch.node.template.child import become_rank, environ_slot, with_mark_slot
 from spark_torch.node.template.protocol import (
-    MARK_SLOT_VALUE,
     MAX_FDS,
     MAX_REQUEST,
     THREAD_ENV,
     check_request,
     clamp_idle,
 )
+from spark_torch.node.template.state import Client, Rank, kill_group, log
 
 __all__ = ["main"]
 
@@ -80,41 +80,6 @@ ACCEPT_PAUSE_SECONDS = 0.5
 
 _LISTENER = "listener"
 _OWNER = "owner"
-
-
-class _Rank:
-    """One forked child (a rank or a store host) until it is reaped."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.pidfd: int | None = None  # readable once the child exited
-        self.go: int | None = None  # the write end the child waits on before it becomes the rank
-        self.client: _Client | None = None
-        self.idle: float | None = None  # its request's idle time, counted from its exit
-
-
-class _Client:
-    """One node runner's connection: first its request, then its rank's lifetime."""
-
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn = conn
-        self.since = time.monotonic()
-        self.rank: _Rank | None = None
-        self.closed = False
-
-
-def _log(message: str) -> None:
-    """One line to the template's stderr; a broken stderr must not end the template."""
-    with contextlib.suppress(Exception):
-        print(f"spark_torch template {os.getpid()}: {message}", file=sys.stderr, flush=True)
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL a child and its process group (it may not have called setsid() yet). Safe
-    against pid reuse: an unreaped child keeps its pid, and so the group id, taken."""
-    for send in (os.killpg, os.kill):
-        with contextlib.suppress(OSError):
-            send(pid, signal.SIGKILL)
 
 
 class _Template:
@@ -140,8 +105,8 @@ class _Template:
         self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
         self.owner_fd = os.pidfd_open(owner)  # readable once the owner exits
         self.selector.register(self.owner_fd, selectors.EVENT_READ, _OWNER)
-        self.clients: set[_Client] = set()
-        self.ranks: dict[int, _Rank] = {}
+        self.clients: set[Client] = set()
+        self.ranks: dict[int, Rank] = {}
         self.accept_paused_until: float | None = None
         self.owner_gone = False
 
@@ -158,7 +123,7 @@ class _Template:
                 except Exception as exc:
                     if self.listener is None:
                         raise  # failed again: give up
-                    _log(f"stopped taking ranks after a failure of its loop ({type(exc).__name__}: {exc}); "
+                    log(f"stopped taking ranks after a failure of its loop ({type(exc).__name__}: {exc}); "
                          "the next rank starts a new template")  # fmt: skip
                     self._stop_listening()
         finally:
@@ -180,27 +145,27 @@ class _Template:
             elif what == _LISTENER:
                 if self.listener is not None:
                     self._accept()
-            elif isinstance(what, _Client):
+            elif isinstance(what, Client):
                 if not what.closed:  # its rank's exit, earlier in this batch, may have closed it
                     self._on_client(what)
-            elif isinstance(what, _Rank):
+            elif isinstance(what, Rank):
                 self._on_exit(what)
         except Exception as exc:  # noqa: BLE001 - the guard: one connection, never the template
             self._failed(what, exc)
 
     def _failed(self, what: Any, exc: Exception) -> None:
-        if isinstance(what, _Client):
-            _log(f"closed a node runner's connection: {type(exc).__name__}: {exc}")
-        elif isinstance(what, _Rank):
-            _log(f"lost track of child {what.pid}: {type(exc).__name__}: {exc}")
+        if isinstance(what, Client):
+            log(f"closed a node runner's connection: {type(exc).__name__}: {exc}")
+        elif isinstance(what, Rank):
+            log(f"lost track of child {what.pid}: {type(exc).__name__}: {exc}")
         else:
-            _log(f"{what}: {type(exc).__name__}: {exc}")
-        if isinstance(what, _Client):
+            log(f"{what}: {type(exc).__name__}: {exc}")
+        if isinstance(what, Client):
             if what.rank is None:  # still waiting for its answer: tell it why (it starts the rank cold)
                 with contextlib.suppress(Exception):
                     what.conn.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             self._close(what, kill=True)
-        elif isinstance(what, _Rank):
+        elif isinstance(what, Rank):
             self._forget(what)
             if what.client is not None:
                 self._close(what.client, kill=False)
@@ -249,10 +214,10 @@ class _Template:
         except BlockingIOError:
             return False
         except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: the queue waits
-            _log(f"cannot accept a connection now: {exc}")
+            log(f"cannot accept a connection now: {exc}")
             self._pause_accepting()
             return False
-        client = _Client(conn)
+        client = Client(conn)
         try:
             conn.setblocking(False)
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -262,7 +227,7 @@ class _Template:
             self.clients.add(client)
             self.selector.register(conn, selectors.EVENT_READ, client)
         except Exception as exc:  # noqa: BLE001 - this connection only
-            _log(f"closed a new connection: {type(exc).__name__}: {exc}")
+            log(f"closed a new connection: {type(exc).__name__}: {exc}")
             self._close(client, kill=False)
         return True
 
@@ -274,7 +239,7 @@ class _Template:
                 self.selector.unregister(self.listener)
             self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
 
-    def _on_client(self, client: _Client) -> None:
+    def _on_client(self, client: Client) -> None:
         if client.rank is not None:
             self._on_runner_event(client)
             return
@@ -295,7 +260,7 @@ class _Template:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _start_rank(self, client: _Client, request: dict[str, Any], fds: list[int]) -> None:
+    def _start_rank(self, client: Client, request: dict[str, Any], fds: list[int]) -> None:
         if self.slot is None:  # its children could not be found by their node's marker: the rank starts cold
             raise RuntimeError(f"no room for the node's marker ({MARK_SLOT}) in the template's environment")
         slot = self.slot
@@ -315,7 +280,7 @@ class _Template:
             self._leave_in_child()
             become_rank(request, fds, go_r, template, slot)
         os.close(go_r)
-        rank = _Rank(pid)
+        rank = Rank(pid)
         rank.go, rank.idle = go_w, request.get("idle")
         self.ranks[pid] = rank
         try:
@@ -327,7 +292,7 @@ class _Template:
                 raise
             rank.pidfd = pidfd
         except Exception as exc:  # noqa: BLE001 - reaped by polling instead (see _timeout)
-            _log(f"no pidfd for child {pid}: {exc}")
+            log(f"no pidfd for child {pid}: {exc}")
         try:
             client.conn.send(json.dumps({"pid": pid}).encode())
         except BaseException:
@@ -341,7 +306,7 @@ class _Template:
         finally:
             os.close(go)
 
-    def _on_runner_event(self, client: _Client) -> None:
+    def _on_runner_event(self, client: Client) -> None:
         """A node runner's connection is readable while its rank runs: it closed (the runner
         died, and its rank goes with it, as a rank started by the runner would), or it sent
         something it should not have (ignored)."""
@@ -354,7 +319,7 @@ class _Template:
             pass
         self._close(client, kill=True)
 
-    def _close(self, client: _Client, *, kill: bool) -> None:
+    def _close(self, client: Client, *, kill: bool) -> None:
         """Close one connection (idempotent, never raises); ``kill``: its rank goes too."""
         if client.closed:
             return
@@ -368,19 +333,19 @@ class _Template:
         if rank is not None:
             rank.client = None
             if kill:
-                _kill(rank.pid)
+                kill_group(rank.pid)
 
     # -- children ----------------------------------------------------------------------------
-    def _release(self, rank: _Rank) -> None:
+    def _release(self, rank: Rank) -> None:
         """A child whose runner will never know it: without the go it exits by itself (and
         is killed in case it got further); it stays listed until it is reaped."""
         if rank.go is not None:
             with contextlib.suppress(OSError):
                 os.close(rank.go)
             rank.go = None
-        _kill(rank.pid)
+        kill_group(rank.pid)
 
-    def _on_exit(self, rank: _Rank) -> None:
+    def _on_exit(self, rank: Rank) -> None:
         """A child's pidfd is readable (or it has none): reap it and tell its runner."""
         if self.ranks.get(rank.pid) is not rank:
             return  # reaped earlier in this batch
@@ -398,7 +363,7 @@ class _Template:
             finally:
                 self._close(client, kill=False)
 
-    def _forget(self, rank: _Rank) -> None:
+    def _forget(self, rank: Rank) -> None:
         self.ranks.pop(rank.pid, None)
         if rank.pidfd is not None:
             with contextlib.suppress(Exception):
@@ -447,27 +412,16 @@ class _Template:
     def _shutdown(self) -> None:
         """The owner is gone: stop every rank still running and remove the socket."""
         for pid in list(self.ranks):
-            _kill(pid)
+            kill_group(pid)
         if self.listener is not None and self._owns_path():
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
 
 
-def _with_mark_slot() -> None:
-    """Run with :data:`~spark_torch.envnames.MARK_SLOT` in the environment block the kernel
-    holds (and every fork keeps), where each child writes its node's marker: if it is not there,
-    exec this interpreter again, same pid and arguments, with it added last."""
-    if os.environ.get(MARK_SLOT) == MARK_SLOT_VALUE:
-        return
-    env = {k: v for k, v in os.environ.items() if k != MARK_SLOT}
-    env[MARK_SLOT] = MARK_SLOT_VALUE  # last: psutil reads a block's later duplicates over earlier ones
-    os.execve(sys.executable, sys.orig_argv, env)
-
-
 def main(argv: list[str]) -> int:
     """Import torch, listen on ``argv[0]``, print ``ready`` and serve until process ``argv[1]``
     exits or, with ``argv[2]``, until that many seconds pass with no rank running."""
-    _with_mark_slot()
+    with_mark_slot()
     os.environ.update(THREAD_ENV)
     import runpy  # noqa: F401 - used by the children
 
@@ -485,7 +439,7 @@ def main(argv: list[str]) -> int:
     try:
         template.serve()
     except Exception as exc:  # noqa: BLE001 - its socket is removed: the next rank starts a new template
-        _log(f"ended after a second failure of its loop ({type(exc).__name__}: {exc})")
+        log(f"ended after a second failure of its loop ({type(exc).__name__}: {exc})")
         return 1
     return 0
 
