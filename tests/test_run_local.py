@@ -119,10 +119,12 @@ def test_rank_os_exit(no_leftovers: None) -> None:
         Distributor(num_processes=2).run(exits_hard, 3)
 
 
-def test_rank_sigkill(no_leftovers: None) -> None:
+@pytest.mark.parametrize("warm_start", [True, False], ids=["warm", "cold"])
+def test_rank_sigkill(warm_start: bool, no_leftovers: None) -> None:
+    """A rank killed by a signal is reported so, through its keeper (which ends as the rank did)."""
     start = time.monotonic()
     with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: killed by SIGKILL"):
-        Distributor(num_processes=2).run(kills_itself)
+        Distributor(num_processes=2, warm_start=warm_start).run(kills_itself)
     assert time.monotonic() - start < 30
 
 

@@ -95,11 +95,14 @@ def _exit_as(status: int) -> NoReturn:
     sys.stderr.flush()
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):  # no core file of the keeper's own
             resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-            signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
             os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
+        os._exit(128 + sig)  # a signal whose default is to be ignored
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 
