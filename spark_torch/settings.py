@@ -237,6 +237,11 @@ SETTINGS: tuple[Setting, ...] = (
         "stall_all_threads", "SPARK_TORCH_STALL_ALL_THREADS", "spark.torch.stall.allThreads", False, _switch, "true or false",
         "Stall messages show every thread of each rank, not only its main thread.",
     ),
+    Setting(
+        "stall_source_lines", "SPARK_TORCH_STALL_SOURCE_LINES", "spark.torch.stall.sourceLines", True, _switch, "true or false",
+        "Stall and timeout messages show each frame's source line (false: file, line and function "
+        "only; the node leaves the lines out before a stack leaves it, see docs/security.md).",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -261,6 +266,7 @@ class Settings:
     stall_timeout: float
     stall_action: str
     stall_all_threads: bool
+    stall_source_lines: bool
 
     @classmethod
     def defaults(cls) -> Settings:
