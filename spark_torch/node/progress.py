@@ -105,6 +105,8 @@ class ProgressWatch:
         self._send_trace = send_trace
         self._start_grace = start_grace
         self._source_lines = source_lines
+        #: the driver saw a stall: ranks that do not answer are asked for their true stacks
+        self._dump_wanted = False
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="spark-torch-progress-watch", daemon=True)
@@ -139,7 +141,10 @@ class ProgressWatch:
 
     def request_traces(self) -> None:
         """Ask every running rank for its Flight Recorder trace (the driver saw a stall); each
-        arrives through ``send_trace`` as its rank writes it."""
+        arrives through ``send_trace`` as its rank writes it. A rank that does not answer is
+        asked for its faulthandler stack from now on (a signal, only once the run is stalled: it
+        cuts a sleeping native call short)."""
+        self._dump_wanted = True
         for state in self._ranks.values():
             if not state.exited:
                 try:
@@ -199,7 +204,7 @@ class ProgressWatch:
                 kind = StackState.NOT_ANSWERING
                 if state.view.computing(self._interval / 4) or state.output_at > state.progress:
                     state.progress = now  # a native call holding the GIL, computing or writing
-                text = state.view.native_stack(state.file) or text
+                text = state.view.native_stack(state.file, ask=self._dump_wanted) or text
         idle = now - state.progress
         if idle > 2 * self._interval:
             text += state.view.children_stacks(state.file)

@@ -98,9 +98,9 @@ class RankView:
         before, self._cpu = self._cpu, cpu
         return cpu is not None and before is not None and cpu - before >= threshold
 
-    def native_stack(self, stack_file: str) -> str:
-        """The main thread's stack from faulthandler (asked for at most every few seconds), or
-        ``""`` when it could not be had."""
+    def native_stack(self, stack_file: str, ask: bool) -> str:
+        """The main thread's stack from faulthandler (with ``ask``, asked for at most every few
+        seconds), or ``""`` when it could not be had."""
         path = native_dump_path(stack_file)
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
@@ -111,7 +111,7 @@ class RankView:
             self._native = parse_dump(dump, self.thread) or self._native
         signum = int(signal.SIGRTMIN) + DUMP_SIGNAL_OFFSET
         now = time.monotonic()
-        if self.pid and now - self._asked >= DUMP_EVERY_SECONDS and _catches(self.pid, signum):
+        if ask and self.pid and now - self._asked >= DUMP_EVERY_SECONDS and _catches(self.pid, signum):
             self._asked = now
             try:
                 os.truncate(path, 0)  # the rank appends: the file then holds one dump

@@ -94,6 +94,12 @@ def _user_frames(frames: list[Frame]) -> list[Frame]:
     return rest or frames[-1:]
 
 
+def _child_frames(frames: list[Frame]) -> list[Frame]:
+    """A forked child's frames from what it runs on (a multiprocessing Process's target)."""
+    start = max((i for i, f in enumerate(frames) if f[2] == "_bootstrap" and "multiprocessing" in f[0]), default=-1)
+    return frames[start + 1 :] or frames
+
+
 class _Sources:
     """Source lines read from the files themselves (linecache could call a module's loader)."""
 
@@ -171,7 +177,7 @@ class _Sampler:
         finally:
             frame = None
             del current  # no frame outlives the sample
-        frames = everything if self.child else _user_frames(everything)
+        frames = _child_frames(everything) if self.child else _user_frames(everything)
         self.seq += 1
         if self.progress.moved(tuple(frames), lasti, everything):
             self.moved += 1
