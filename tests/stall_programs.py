@@ -257,3 +257,26 @@ def fails_once_after_a_checkpoint(epochs: int) -> dict[str, int]:
                     fh.write(str(epoch))
             spark_torch.report({"epoch": epoch}, checkpoint=tmp if rank == 0 else None)
     return {"resumed_from": start, "attempt": attempt}
+
+
+def fetch_in_a_thread(seconds: float) -> None:
+    """The thread rank 1's main thread joins: the culprit."""
+    wait_for_the_loader(seconds)
+
+
+def main_joins_a_stuck_thread(seconds: float) -> int:
+    """Rank 1's main thread joins a thread that is stuck in ``fetch_in_a_thread``."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    if dist.get_rank() == 1:
+        worker = threading.Thread(target=fetch_in_a_thread, args=(seconds,), name="fetcher", daemon=True)
+        worker.start()
+        worker.join()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from tests.stall_programs import (
     heartbeat_beside_a_hang,
     in_report,
     loader_stuck,
+    main_joins_a_stuck_thread,
     native_compute,
     one_rank_holds_the_gil,
     one_rank_stops_itself,
@@ -71,9 +73,13 @@ def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(
     assert "rank 0: in all_reduce" in first and "rank 1: in wait_for_the_loader" in first, first
     assert "stall_timeout=2s" in first and "stall_action='fail'" in first
     assert 'in one_rank_stuck\n    dist.all_reduce(t)' in first  # file:line and the user's source line
-    times = [r.created for r in _stall_records(caplog)]  # at most once per stall_timeout while it lasts
+    assert len(warnings) == 1, warnings  # the stacks once per stall (README: "one warning shows every rank's stack")
+    reminders = [r for r in caplog.records if r.getMessage().startswith("spark_torch: still stalled after")]
+    assert reminders and all(r.getMessage().endswith("s; ranks unchanged") for r in reminders)
+    times = [r.created for r in _stall_records(caplog) + reminders]  # at most once per stall_timeout while it lasts
     assert all(later - earlier >= TIMEOUT * 0.9 for earlier, later in zip(times, times[1:])), times
     assert len(_moved_again(caplog)) == 1
+    assert re.fullmatch(r"spark_torch: the run moves again after \d+s without progress", _moved_again(caplog)[0])
     # torch's Flight Recorder (gloo records too): what each rank had in flight, and its JSON dump
     recorder = [r.getMessage() for r in caplog.records if "Flight Recorder, the collectives in flight" in r.getMessage()]
     assert recorder, "no Flight Recorder summary"
@@ -245,3 +251,29 @@ def one_round():
 start_sampler()
 print(f"freed {sum(one_round() for _ in range(20))} of 20")
 """
+
+
+def test_a_timeout_during_a_stall_shows_the_stacks_once(caplog: Any, no_leftovers: None) -> None:
+    with caplog.at_level(logging.WARNING, logger="spark_torch"), pytest.raises(RunTimeoutError) as info:
+        Distributor(num_processes=2, stall_timeout=TIMEOUT, timeout=4 * TIMEOUT, log_ranks=[]).run(one_rank_stuck, 3600)
+    assert "rank 1: in wait_for_the_loader" in str(info.value)
+    assert not _moved_again(caplog), _moved_again(caplog)  # it was stopped, it did not move
+    assert len(_stall_warnings(caplog)) == 1
+
+
+def test_source_lines_can_be_left_out(no_leftovers: None) -> None:
+    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", stall_source_lines=False, log_ranks=[])
+    with pytest.raises(RunStalledError) as info:
+        distributor.run(one_rank_stuck, 3600)
+    message = str(info.value)
+    assert "rank 1: in wait_for_the_loader" in message and ", in one_rank_stuck\n" in message, message
+    assert "dist.all_reduce(t)" not in message and "time.sleep(seconds)" not in message, message
+    assert "dist.all_reduce(t)" not in info.value.stacks[0]
+
+
+def test_the_thread_the_main_thread_waits_on_is_shown(no_leftovers: None) -> None:
+    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", log_ranks=[])
+    with pytest.raises(RunStalledError) as info:
+        distributor.run(main_joins_a_stuck_thread, 3600)
+    stack = info.value.stacks[1]
+    assert "worker.join()" in stack and "Thread fetcher:" in stack and "in fetch_in_a_thread" in stack, stack

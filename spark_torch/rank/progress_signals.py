@@ -5,14 +5,16 @@ A rank makes progress when its main thread
 - calls ``report()`` (:func:`spark_torch.stacks.progress_count`),
 - reads or writes anything (its own read/write counters, ``/proc/self/task/<tid>/io``: the
   sampler's own writes and another thread's output are not counted),
-- computes: its CPU time (``time.pthread_getcpuclockid``, read from the sampler's thread) grew by
-  a quarter of a sample interval since its last progress, in Python or in a native call, unless
-  it sits in a collective or a CUDA synchronize (which may spin at 100% CPU while NCCL hangs),
+- computes: its CPU time (``time.pthread_getcpuclockid``, read from the sampler's thread) was at
+  least a tenth of the time since the last sample, or adds up to a whole sample interval since
+  its last progress (a thread starved of CPU), in Python or in a native call, unless it sits in a
+  collective or a CUDA synchronize (which may spin at 100% CPU while NCCL hangs),
 - reaches a position (stack and bytecode offset) it was never seen at before.
 
 A main thread that cycles through waits (a timed queue get, ``event.wait(1)`` in a loop, a
 DataLoader polling its workers, ``time.sleep`` in a loop) does none of these: it revisits the
-same few positions with next to no CPU time and no I/O. Without a CPU clock (not Linux), a move
+same few positions with next to no CPU time (microseconds a wake-up: a whole interval's worth
+takes hours) and no I/O. Without a CPU clock (not Linux), a move
 of the innermost frame's bytecode offset counts instead: a Python loop sampled from another
 thread sits at its backward jump, a blocked thread at its call.
 """
@@ -61,9 +63,10 @@ class Progress:
     def __init__(self, ident: int, native_id: int, interval: float) -> None:
         self._clock = _thread_clock(ident)
         self._io_path = f"/proc/self/task/{native_id}/io"
-        #: CPU seconds since the last progress that count as computing
-        self._busy = max(0.02, interval / 4)
+        #: CPU seconds since the last progress that count as computing, however slowly
+        self._busy = interval
         self._cpu_since = 0.0
+        self._at = time.monotonic()
         self._cpu = self._cpu_time()
         self._io = self._io_counters()
         self._reports = progress_count()
@@ -88,9 +91,12 @@ class Progress:
     def moved(self, position: object, lasti: int, frames: list[tuple[str, int, str]]) -> bool:
         """Whether the thread made progress since the last call (``position``: its stack as
         the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of them)."""
-        cpu, io, reports = self._cpu_time(), self._io_counters(), progress_count()
+        cpu, io, reports, now = self._cpu_time(), self._io_counters(), progress_count(), time.monotonic()
+        used = 0.0
         if cpu is not None and self._cpu is not None and not in_collective(frames):
-            self._cpu_since += max(0.0, cpu - self._cpu)
+            used = max(0.0, cpu - self._cpu)
+            self._cpu_since += used
+        busy = used >= (now - self._at) / 10 and used > 0.001
         key = (position, lasti) if self._clock is None else position
         new = key not in self._seen
         if new:
@@ -100,10 +106,11 @@ class Progress:
         progressed = (
             reports != self._reports
             or (io is not None and self._io is not None and io != self._io)
+            or busy
             or self._cpu_since >= self._busy
             or (new and len(self._seen) > 1)
         )
-        self._cpu, self._io, self._reports = cpu, io, reports
+        self._cpu, self._io, self._reports, self._at = cpu, io, reports, now
         if progressed:
             self._cpu_since = 0.0
         return progressed
