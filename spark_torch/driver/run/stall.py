@@ -217,6 +217,9 @@ class StallWatch:
     def _fail(self) -> None:
         stacks = self.current()  # after the wait for the traces: the idle time it really is
         idle = min(s.idle for s in stacks)
+        if idle < self.timeout:  # a rank moved meanwhile
+            self._moved_again()
+            return
         message = self._message(idle, stacks)
         logger.warning("%s%s\nstall_action='fail': stopping the run", message, self._traces_note())
         self._failure = RunStalledError(
