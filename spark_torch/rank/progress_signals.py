@@ -9,7 +9,9 @@ A rank makes progress when its main thread
   least a tenth of the time since the last sample, or adds up to a whole sample interval since
   its last progress (a thread starved of CPU), in Python or in a native call, unless it sits in a
   collective or a CUDA synchronize (which may spin at 100% CPU while NCCL hangs),
-- reaches a position (stack and bytecode offset) it was never seen at before.
+- reaches a position (stack and bytecode offset) it was never seen at before,
+- waits on another thread (a join, an Event, a queue) while the process's other threads compute
+  (their CPU time, without the sampler's own, at least a tenth of the time since the last sample).
 
 A main thread that cycles through waits (a timed queue get, ``event.wait(1)`` in a loop, a
 DataLoader polling its workers, ``time.sleep`` in a loop) does none of these: it revisits the
@@ -67,6 +69,7 @@ class Progress:
         self._busy = interval
         self._cpu_since = 0.0
         self._at = time.monotonic()
+        self._others = self._others_time()
         self._cpu = self._cpu_time()
         self._io = self._io_counters()
         self._reports = progress_count()
@@ -80,6 +83,11 @@ class Progress:
         except OSError:  # the thread ended
             return None
 
+    @staticmethod
+    def _others_time() -> float:
+        """CPU time of the process without the calling (sampler) thread's."""
+        return time.process_time() - time.thread_time()
+
     def _io_counters(self) -> tuple[int, int] | None:
         try:
             with open(self._io_path, "rb") as fh:
@@ -88,15 +96,20 @@ class Progress:
         except (OSError, KeyError, ValueError):
             return None
 
-    def moved(self, position: object, lasti: int, frames: list[tuple[str, int, str]]) -> bool:
+    def moved(self, position: object, lasti: int, frames: list[tuple[str, int, str]], waits_on_a_thread: bool = False) -> bool:
         """Whether the thread made progress since the last call (``position``: its stack as
-        the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of them)."""
+        the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of
+        them; ``waits_on_a_thread``: it waits on another thread of the process)."""
         cpu, io, reports, now = self._cpu_time(), self._io_counters(), progress_count(), time.monotonic()
         used = 0.0
         if cpu is not None and self._cpu is not None and not in_collective(frames):
             used = max(0.0, cpu - self._cpu)
             self._cpu_since += used
         busy = used >= (now - self._at) / 10 and used > 0.001
+        others, before = self._others_time(), self._others
+        self._others = others
+        if waits_on_a_thread and not in_collective(frames):
+            busy = busy or others - before - used >= max(0.001, (now - self._at) / 10)
         key = (position, lasti) if self._clock is None else position
         new = key not in self._seen
         if new:

@@ -179,10 +179,11 @@ class _Sampler:
             del current  # no frame outlives the sample
         frames = _child_frames(everything) if self.child else _user_frames(everything)
         self.seq += 1
-        if self.progress.moved(tuple(frames), lasti, everything):
+        waits = _waits_on_a_thread(everything)
+        if self.progress.moved(tuple(frames), lasti, everything, waits):
             self.moved += 1
         text = _text(frames, self.sources)
-        if self.all_threads or _waits_on_a_thread(everything):
+        if self.all_threads or waits:
             others = _other_threads(self.main_id, threading.get_ident(), self.sources)
             if others:
                 text += "\n" + others[:MAX_STACK_CHARS]

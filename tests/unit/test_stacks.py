@@ -197,6 +197,12 @@ def test_a_faulthandler_dump_becomes_the_main_threads_stack() -> None:
     assert parse_dump(dump, 5) == ""  # not its main thread
 
 
+def _compute(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 def test_progress_is_computing_or_io_not_waiting() -> None:
     """A thread watched from another, as the sampler watches the main thread."""
     import queue
@@ -234,6 +240,11 @@ def test_progress_is_computing_or_io_not_waiting() -> None:
         assert step("compute")  # its CPU time
         assert step("write")  # its I/O
         assert not step("compute", in_reduce)  # CPU time in a collective (a spinning synchronize) is none
+        for waits in (False, True):  # another thread computes while the watched one waits on it (a join)
+            helper = threading.Thread(target=_compute, args=(0.1,))
+            helper.start()
+            helper.join()
+            assert progress.moved(tuple(here), 10, here, waits_on_a_thread=waits) is waits
     finally:
         orders.put("end")
         thread.join(30)
