@@ -4,7 +4,8 @@ A rank makes progress when its main thread
 
 - calls ``report()`` (:func:`spark_torch.stacks.progress_count`),
 - reads or writes anything (its own read/write counters, ``/proc/self/task/<tid>/io``: the
-  sampler's own writes and another thread's output are not counted),
+  sampler's own writes and another thread's output are not counted), or pages memory in (its
+  page faults: a library being loaded by ``import torch`` on a loaded machine),
 - computes: its CPU time (``time.pthread_getcpuclockid``, read from the sampler's thread) was at
   least a tenth of the time since the last sample, or adds up to a whole sample interval since
   its last progress (a thread starved of CPU), in Python or in a native call, unless it sits in a
@@ -65,6 +66,7 @@ class Progress:
     def __init__(self, ident: int, native_id: int, interval: float) -> None:
         self._clock = _thread_clock(ident)
         self._io_path = f"/proc/self/task/{native_id}/io"
+        self._stat_path = f"/proc/self/task/{native_id}/stat"
         #: CPU seconds since the last progress that count as computing, however slowly
         self._busy = interval
         self._cpu_since = 0.0
@@ -88,12 +90,17 @@ class Progress:
         """CPU time of the process without the calling (sampler) thread's."""
         return time.process_time() - time.thread_time()
 
-    def _io_counters(self) -> tuple[int, int] | None:
+    def _io_counters(self) -> tuple[int, int, int, int] | None:
+        """The thread's bytes read and written, and its page faults (a library being loaded,
+        ``import torch``: its pages come by mmap, not by read)."""
         try:
             with open(self._io_path, "rb") as fh:
                 fields = dict(line.split(b":", 1) for line in fh.read(4096).splitlines() if b":" in line)
-            return int(fields[b"rchar"]), int(fields[b"wchar"])
-        except (OSError, KeyError, ValueError):
+            with open(self._stat_path, "rb") as fh:
+                stat = fh.read(4096)
+            faults = stat[stat.rfind(b")") + 2 :].split()
+            return int(fields[b"rchar"]), int(fields[b"wchar"]), int(faults[7]), int(faults[9])
+        except (OSError, KeyError, ValueError, IndexError):
             return None
 
     def moved(self, position: object, lasti: int, frames: list[tuple[str, int, str]], waits_on_a_thread: bool = False) -> bool:
