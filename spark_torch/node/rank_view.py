@@ -19,7 +19,7 @@ import time
 
 from spark_torch.stacks import DUMP_SIGNAL_OFFSET, native_dump_path
 
-__all__ = ["RankView"]
+__all__ = ["RankView", "parse_dump", "with_source_lines"]
 
 #: how often a rank that does not answer is asked again for its faulthandler stack
 DUMP_EVERY_SECONDS = 5.0
@@ -29,6 +29,7 @@ MAX_CHILD_CHARS = 4_000
 _DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.+)$')
 _DUMP_THREAD = re.compile(r"^(Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)")
 _ENTRY = os.path.join("spark_torch", "rank", "")
+_FRAME = re.compile(r'^File "(?P<file>.*)", line (?P<line>\d+), in (?P<name>.+)$')
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -71,6 +72,31 @@ def parse_dump(dump: str, thread: int) -> str:
     return "".join(frames[entry + 1 :])
 
 
+def with_source_lines(text: str) -> str:
+    """A stack text with each frame's source line (read from the file on this host, as the
+    rank's sampler does; faulthandler prints none)."""
+    lines: list[str] = []
+    for line in text.splitlines(keepends=True):
+        lines.append(line)
+        match = _FRAME.match(line.strip())
+        if match:
+            source = _source_line(match["file"], int(match["line"]))
+            if source:
+                lines.append(f"    {source}\n")
+    return "".join(lines)
+
+
+def _source_line(filename: str, lineno: int) -> str:
+    try:
+        with open(filename, encoding="utf-8", errors="replace") as fh:
+            for number, line in enumerate(fh, 1):
+                if number == lineno:
+                    return line.strip()
+    except (OSError, ValueError):
+        pass
+    return ""
+
+
 class RankView:
     """One rank's process (``pid``; 0: not started yet) from outside."""
 
@@ -108,7 +134,7 @@ class RankView:
         except OSError:
             dump = ""
         if dump:
-            self._native = parse_dump(dump, self.thread) or self._native
+            self._native = with_source_lines(parse_dump(dump, self.thread)) or self._native
         signum = int(signal.SIGRTMIN) + DUMP_SIGNAL_OFFSET
         now = time.monotonic()
         if ask and self.pid and now - self._asked >= DUMP_EVERY_SECONDS and _catches(self.pid, signum):

@@ -197,6 +197,15 @@ def test_a_faulthandler_dump_becomes_the_main_threads_stack() -> None:
     assert parse_dump(dump, 5) == ""  # not its main thread
 
 
+def test_a_faulthandler_stack_gets_its_source_lines(tmp_path: Any) -> None:
+    from spark_torch.node.rank_view import with_source_lines
+
+    source = tmp_path / "train.py"
+    source.write_text("import x\n\n    hold_the_gil()  \n")
+    text = f'  File "{source}", line 3, in train\n  File "/nowhere.py", line 1, in gone\n'
+    assert with_source_lines(text) == f'  File "{source}", line 3, in train\n    hold_the_gil()\n  File "/nowhere.py", line 1, in gone\n'
+
+
 def _compute(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
