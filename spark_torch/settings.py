@@ -224,18 +224,24 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "stall_timeout", "SPARK_TORCH_STALL_TIMEOUT", "spark.torch.stall.timeout", 600.0, _seconds_or_zero, "seconds",
-        "A run in which no rank made progress (its main thread's Python position, its output, report()) "
-        "for this long is stalled: spark_torch logs every rank's stack, grouped (0: no stall detection).",
+        "A run in which no rank made progress (its main thread computed, read or wrote, reached a new line, "
+        "or called report(); waiting in a loop is none) for this long is stalled: spark_torch logs every "
+        "rank's stack, grouped (0: no stall detection).",
     ),
     Setting(
         "stall_action", "SPARK_TORCH_STALL_ACTION", "spark.torch.stall.action", "warn", _stall_action, "warn or fail",
-        "What a stall does: `warn` logs where each rank is (again at most once per stall_timeout, and "
-        "once when the run moves again); `fail` also stops the attempt with RunStalledError (a failure "
-        "for max_restarts).",
+        "What a stall does: `warn` logs where each rank is (once; then one line per stall_timeout, the "
+        "stacks again when one changed, and one line when the run moves again); `fail` also stops the "
+        "attempt with RunStalledError (a failure for max_restarts).",
     ),
     Setting(
         "stall_all_threads", "SPARK_TORCH_STALL_ALL_THREADS", "spark.torch.stall.allThreads", False, _switch, "true or false",
         "Stall messages show every thread of each rank, not only its main thread.",
+    ),
+    Setting(
+        "stall_source_lines", "SPARK_TORCH_STALL_SOURCE_LINES", "spark.torch.stall.sourceLines", True, _switch, "true or false",
+        "Stall and timeout messages show each frame's source line (false: file, line and function "
+        "only; the node leaves the lines out before a stack leaves it, see docs/security.md).",
     ),
 )
 
@@ -261,6 +267,7 @@ class Settings:
     stall_timeout: float
     stall_action: str
     stall_all_threads: bool
+    stall_source_lines: bool
 
     @classmethod
     def defaults(cls) -> Settings:

@@ -9,6 +9,7 @@ sends :class:`RankStack` fields in its progress messages, the driver groups them
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +23,11 @@ __all__ = [
     "innermost_call",
     "trace_path",
     "trace_request_path",
+    "native_dump_path",
+    "child_stack_path",
+    "strip_source_lines",
     "MAX_TRACE_BYTES",
+    "DUMP_SIGNAL_OFFSET",
 ]
 
 #: a rank's Flight Recorder trace larger than this is not collected (it travels in one frame)
@@ -37,6 +42,20 @@ def trace_path(stack_file: str) -> str:
 def trace_request_path(stack_file: str) -> str:
     """The file a node touches to ask its rank for that trace."""
     return stack_file + ".trace-request"
+
+def native_dump_path(stack_file: str) -> str:
+    """Where faulthandler writes a rank's stacks when its node sends the dump signal."""
+    return stack_file + ".native"
+
+
+def child_stack_path(stack_file: str, pid: int) -> str:
+    """Where a rank's forked child (a DataLoader worker) writes its stack."""
+    return f"{stack_file}.child-{pid}"
+
+
+#: a rank's faulthandler dumps its stacks on ``SIGRTMIN`` + this (a real-time signal no
+#: framework we know of claims: torch elastic uses SIGTERM/SIGUSR, Spark and Python none of them)
+DUMP_SIGNAL_OFFSET = 6
 
 #: report() calls of this process (a rank): progress even when the stack looks the same
 _progress = 0
@@ -64,6 +83,8 @@ class StackState(str, enum.Enum):
     NOT_ANSWERING = "not answering"
     #: its process exited
     EXITED = "exited"
+    #: its process is stopped (SIGSTOP, a debugger: state T): ``text`` is the last stack
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -77,10 +98,12 @@ class RankStack:
     state: StackState = StackState.SAMPLED
     #: seconds since ``text`` was sampled
     age: float = 0.0
+    #: the rank's last output lines (what it said before it stopped moving)
+    output: str = ""
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (what a node sends)."""
-        return {"rank": self.rank, "text": self.text, "idle": self.idle, "state": self.state.value, "age": self.age}
+        return {"rank": self.rank, "text": self.text, "idle": self.idle, "state": self.state.value, "age": self.age, "output": self.output}
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> RankStack:
@@ -92,11 +115,14 @@ class RankStack:
             idle=max(0.0, float(str(data.get("idle", 0.0)))),
             state=StackState(state) if state in StackState._value2member_map_ else StackState.SAMPLED,
             age=max(0.0, float(str(data.get("age", 0.0)))),
+            output=str(data.get("output", ""))[:MAX_OUTPUT_CHARS],
         )
 
 
 #: a stack longer than this is cut (its innermost end kept)
 MAX_STACK_CHARS = 16_000
+#: the last output lines that go with a rank's stack, at most this long
+MAX_OUTPUT_CHARS = 1_000
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -117,13 +143,49 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
+_STDLIB = re.compile(r"[/\\]lib[/\\]python3\.\d+[/\\](?!site-packages|dist-packages)|^<frozen ")
+_LIBRARY = re.compile(r"[/\\](site-packages|dist-packages)[/\\]")
+_PACKAGE = re.compile(r"[/\\]spark_torch[/\\]")
+_FRAME = re.compile(r'^File "(?P<file>.*)", line \d+, in (?P<name>.+)$')
+
+
+def _main_frames(text: str) -> list[tuple[str, str]]:
+    """(filename, function) of a stack text's main thread, innermost last."""
+    frames = []
+    for line in text.splitlines():
+        if line.startswith("  Thread ") or line.startswith("  Process "):
+            break  # the other threads and processes shown with it
+        match = _FRAME.match(line.strip())
+        if match:
+            frames.append((match["file"], match["name"]))
+    return frames
+
+
 def innermost_call(text: str) -> str:
-    """The function of a stack's innermost frame (``"all_reduce"``), or ``""``."""
-    for line in reversed(text.splitlines()):
-        stripped = line.strip()
-        if stripped.startswith("File ") and ", in " in stripped:
-            return stripped.rsplit(", in ", 1)[1]
-    return ""
+    """What a stack's header names: the innermost frame outside Python's standard library
+    (``"all_reduce"``, ``"load_batch"``), spark_torch's own as ``spark_torch.report()``, a
+    library's with the user's frame that called it (``"_try_get_data, from train"``); ``""``
+    when there is no frame."""
+    frames = _main_frames(text)
+    if not frames:
+        return ""
+    outside = [f for f in frames if not _STDLIB.search(f[0])]
+    if not outside:
+        return frames[-1][1]
+    filename, name = outside[-1]
+    if _PACKAGE.search(filename):
+        return f"spark_torch.{name}()"
+    if _LIBRARY.search(filename):
+        users = [f for f in outside if not _LIBRARY.search(f[0]) and not _PACKAGE.search(f[0])]
+        if users:
+            return f"{name}, from {users[-1][1]}"
+    return name
+
+
+def strip_source_lines(text: str) -> str:
+    """A stack text without its source lines (``stall_source_lines=False``): file, line and
+    function only."""
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("    ") or line.strip().startswith("File "))
 
 
 def _label(state: StackState, age: float) -> str:
@@ -131,17 +193,29 @@ def _label(state: StackState, age: float) -> str:
         return " (starting: not sampled yet)"
     if state is StackState.EXITED:
         return " (exited)"
+    if state is StackState.STOPPED:
+        return " (its process is stopped: SIGSTOP or a debugger; its last stack)"
     if state is StackState.NOT_ANSWERING:
-        return f" (not answering for {age:.0f}s, a native call holding the GIL?; its last stack)"
+        return f" (not answering for {age:.0f}s: a native call holds the GIL; its stack from faulthandler when it could dump, else its last)"
     return ""
 
 
+def _output(members: Sequence[RankStack]) -> str:
+    blocks = []
+    for stack in members:
+        if stack.output.strip():
+            lines = "".join(f"    {line}\n" for line in stack.output.rstrip().splitlines())
+            blocks.append(f"  rank {stack.rank}'s last output:\n{lines}")
+    return "".join(blocks)
+
+
 def format_stacks(stacks: Sequence[RankStack]) -> str:
-    """Every rank's stack, ranks with the same stack and state grouped, the largest group first:
+    """Every rank's stack, ranks with the same stack and state grouped, the largest group first,
+    each with its ranks' last output lines:
 
     .. code-block:: text
 
-        ranks 0, 2-7: in all_reduce
+        ranks 0, 2-7: in all_reduce, from train
           File "train.py", line 12, in train
             dist.all_reduce(t)
           ...
@@ -159,5 +233,5 @@ def format_stacks(stacks: Sequence[RankStack]) -> str:
         call = innermost_call(text)
         head = f"{who}: in {call}" if call else who
         body = text.rstrip() or "  (no Python frame)"
-        blocks.append(f"{head}{_label(state, max(s.age for s in members))}\n{body}")
+        blocks.append(f"{head}{_label(state, max(s.age for s in members))}\n{body}\n{_output(members)}".rstrip("\n"))
     return "\n".join(blocks)

@@ -45,10 +45,18 @@ def silent_compute(seconds: float) -> int:
 
 
 def hold_the_gil(seconds: float) -> None:
-    """A native call that keeps the GIL (ctypes.PyDLL does not release it)."""
+    """A native call that keeps the GIL (ctypes.PyDLL does not release it): a read of a pipe
+    whose writer, a ``sleep``, ends after ``seconds`` (a read goes on after a signal, a sleep
+    would not)."""
     import ctypes
+    import subprocess
 
-    ctypes.PyDLL(None).sleep(int(seconds))
+    read_end, write_end = os.pipe()
+    writer = subprocess.Popen(["sleep", str(seconds)], stdout=write_end)
+    os.close(write_end)
+    ctypes.PyDLL(None).read(read_end, ctypes.create_string_buffer(1), 1)
+    os.close(read_end)
+    writer.wait()
 
 
 def one_rank_holds_the_gil(seconds: float) -> int:
@@ -97,3 +105,178 @@ def stuck_once_after_a_checkpoint(epochs: int) -> dict[str, int]:
             spark_torch.report({"epoch": epoch}, checkpoint=tmp if rank == 0 else None)
     dist.destroy_process_group()
     return {"resumed_from": start, "attempt": attempt}
+
+
+class BlocksOnRank1:
+    """A dataset whose ``__getitem__`` blocks forever in rank 1's DataLoader workers."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        if self.rank == 1:
+            import threading
+
+            threading.Event().wait()  # the data-loader deadlock: this line is the culprit
+        return index
+
+
+def loader_stuck(epochs: int) -> int:
+    """A DataLoader (num_workers=2) whose workers hang on rank 1: its main thread only polls them."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    total = torch.zeros(1)
+    for _ in range(epochs):
+        for batch in DataLoader(BlocksOnRank1(rank), batch_size=8, num_workers=2):
+            total += batch.sum()
+            dist.all_reduce(total)
+    dist.destroy_process_group()
+    return int(total.item())
+
+
+def waits_in_a_loop(rounds: int) -> int:
+    """Rank 1's main loop is ``event.wait(1)`` until an event no one sets; rank 0 all_reduces."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    done = threading.Event()
+    if rank == 1:
+        for _ in range(rounds):
+            if done.wait(1):
+                break
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())
+
+
+def heartbeat_beside_a_hang(seconds: float) -> int:
+    """Rank 1's heartbeat thread prints every 0.2 s while its main thread is blocked."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    if rank == 1:
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(0.2):
+                print("heartbeat", flush=True)
+
+        threading.Thread(target=beat, daemon=True).start()
+        wait_for_the_loader(seconds)
+        stop.set()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())
+
+
+def native_compute(seconds: float) -> int:
+    """Every rank spends about ``seconds`` in one native call that computes (pbkdf2, GIL released)."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    start = time.process_time()
+    hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 20_000)
+    rate = 20_000 / max(1e-4, time.process_time() - start)  # iterations per CPU second
+    begin = time.monotonic()
+    hashlib.pbkdf2_hmac("sha256", b"password", b"salt", int(rate * seconds))
+    print(f"native call took {time.monotonic() - begin:.1f}s", flush=True)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())
+
+
+def in_report(seconds: float) -> int:
+    """Rank 1 reports step 1 only after ``seconds``: rank 0 waits inside report()."""
+    import spark_torch
+
+    if int(os.environ["RANK"]) == 1:
+        wait_for_the_loader(seconds)
+    spark_torch.report({"loss": 1.0})
+    return 1
+
+
+def one_rank_stops_itself(seconds: float) -> int:
+    """Rank 1 sends itself SIGSTOP (a frozen process, state T) before its all_reduce."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    if rank == 1:
+        time.sleep(seconds)  # sampled here
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())
+
+
+def fails_once_after_a_checkpoint(epochs: int) -> dict[str, int]:
+    """Reports a checkpoint every epoch; the first attempt fails after epoch 1, the restart
+    resumes from that checkpoint."""
+    import tempfile
+
+    import spark_torch
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank = int(os.environ["RANK"])
+    start = 0
+    checkpoint = spark_torch.get_checkpoint()
+    if checkpoint is not None:
+        with open(os.path.join(checkpoint, "epoch.txt")) as fh:
+            start = int(fh.read())
+    for epoch in range(start + 1, epochs + 1):
+        if attempt == 0 and epoch == 2:
+            raise RuntimeError("the first attempt fails after its first checkpoint")
+        with tempfile.TemporaryDirectory() as tmp:
+            if rank == 0:
+                with open(os.path.join(tmp, "epoch.txt"), "w") as fh:
+                    fh.write(str(epoch))
+            spark_torch.report({"epoch": epoch}, checkpoint=tmp if rank == 0 else None)
+    return {"resumed_from": start, "attempt": attempt}
+
+
+def fetch_in_a_thread(seconds: float) -> None:
+    """The thread rank 1's main thread joins: the culprit."""
+    wait_for_the_loader(seconds)
+
+
+def main_joins_a_stuck_thread(seconds: float) -> int:
+    """Rank 1's main thread joins a thread that is stuck in ``fetch_in_a_thread``."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    if dist.get_rank() == 1:
+        worker = threading.Thread(target=fetch_in_a_thread, args=(seconds,), name="fetcher", daemon=True)
+        worker.start()
+        worker.join()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +20,22 @@ from typing import Any
 import pytest
 
 from spark_torch import AttemptEnd, AttemptReason, Distributor, RunStalledError, RunTimeoutError
+from spark_torch.reporting.storage import RunStorage
 from tests.conftest import SCRIPTS
-from tests.stall_programs import one_rank_holds_the_gil, one_rank_stuck, silent_compute, stuck_once_after_a_checkpoint
+from tests.stall_programs import (
+    fails_once_after_a_checkpoint,
+    heartbeat_beside_a_hang,
+    in_report,
+    loader_stuck,
+    main_joins_a_stuck_thread,
+    native_compute,
+    one_rank_holds_the_gil,
+    one_rank_stops_itself,
+    one_rank_stuck,
+    silent_compute,
+    stuck_once_after_a_checkpoint,
+    waits_in_a_loop,
+)
 
 TIMEOUT = 2.0
 
@@ -54,9 +73,13 @@ def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(
     assert "rank 0: in all_reduce" in first and "rank 1: in wait_for_the_loader" in first, first
     assert "stall_timeout=2s" in first and "stall_action='fail'" in first
     assert 'in one_rank_stuck\n    dist.all_reduce(t)' in first  # file:line and the user's source line
-    times = [r.created for r in _stall_records(caplog)]  # at most once per stall_timeout while it lasts
+    assert len(warnings) == 1, warnings  # the stacks once per stall (README: "one warning shows every rank's stack")
+    reminders = [r for r in caplog.records if r.getMessage().startswith("spark_torch: still stalled after")]
+    assert reminders and all(r.getMessage().endswith("s; ranks unchanged") for r in reminders)
+    times = [r.created for r in _stall_records(caplog) + reminders]  # at most once per stall_timeout while it lasts
     assert all(later - earlier >= TIMEOUT * 0.9 for earlier, later in zip(times, times[1:])), times
     assert len(_moved_again(caplog)) == 1
+    assert re.fullmatch(r"spark_torch: the run moves again after \d+s without progress", _moved_again(caplog)[0])
     # torch's Flight Recorder (gloo records too): what each rank had in flight, and its JSON dump
     recorder = [r.getMessage() for r in caplog.records if "Flight Recorder, the collectives in flight" in r.getMessage()]
     assert recorder, "no Flight Recorder summary"
@@ -127,6 +150,132 @@ def test_a_rank_holding_the_gil_is_not_answering(caplog: Any, no_leftovers: None
         assert Distributor(num_processes=2, stall_timeout=3, log_ranks=[]).run(one_rank_holds_the_gil, 14) == 2
     warnings = _stall_warnings(caplog)
     assert warnings, "no stall warning"
-    # its sampler cannot run: the last stack it took, marked
-    assert any("rank 1: in one_rank_holds_the_gil (not answering for" in w for w in warnings), warnings
+    # its sampler cannot run: its last stack, then (asked once stalled) faulthandler's, marked
+    assert "rank 1: in one_rank_holds_the_gil (not answering for" in warnings[0] or "time.sleep" in warnings[0], warnings
+    assert any("rank 1: in hold_the_gil (not answering for" in w and "ctypes.PyDLL(None).read(" in w for w in warnings), warnings
     assert all("rank 0: in all_reduce" in w for w in warnings)
+
+
+#: longer than a DataLoader's 5 s poll of its workers (the issue's case: found at 4, never at 8)
+POLL_TIMEOUT = 8.0
+#: hangs in which the stuck rank polls: (program, argument, what the message must show)
+POLLING_HANGS = {
+    "data-loader": (loader_stuck, 1, ["threading.Event().wait()  # the data-loader deadlock", "for batch in DataLoader("]),
+    "event-wait-loop": (waits_in_a_loop, 10_000, ["rank 1: in waits_in_a_loop", "if done.wait(1):"]),
+    "heartbeat": (heartbeat_beside_a_hang, 3600, ["rank 1: in wait_for_the_loader", "heartbeat"]),
+}
+
+
+@pytest.mark.parametrize("hang", sorted(POLLING_HANGS))
+@pytest.mark.parametrize("mode", ["local-warm", "distributed-warm"])
+def test_a_rank_that_only_polls_is_stalled(mode: str, hang: str, spark_session: Any, no_leftovers: None) -> None:
+    program, argument, shown = POLLING_HANGS[hang]
+    start = time.monotonic()
+    with pytest.raises(RunStalledError) as info:  # not RunTimeoutError: the stall is found
+        _distributor(mode, spark_session, stall_timeout=POLL_TIMEOUT, stall_action="fail", timeout=240).run(program, argument)
+    took = time.monotonic() - start
+    message = str(info.value)
+    for text in shown:
+        assert text in message, message
+    assert "rank 0: in all_reduce" in message, message
+    assert took < 120, took  # stall_timeout and a few seconds (and a loaded machine), not the run's timeout
+
+
+def test_a_native_call_that_computes_is_not_a_stall(no_leftovers: None) -> None:
+    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", log_ranks=[])
+    assert distributor.run(native_compute, 3 * TIMEOUT) == 2  # no RunStalledError
+
+
+def test_a_slow_resume_download_is_set_up_not_a_stall(tmp_path: Path, monkeypatch: Any, no_leftovers: None) -> None:
+    download = RunStorage.download
+
+    def slow(self: RunStorage, checkpoint: Any, local_dir: str) -> str:
+        done = threading.Event()  # the download of a big checkpoint: 3 x stall_timeout
+        done.wait(3 * TIMEOUT)
+        return download(self, checkpoint, local_dir)
+
+    monkeypatch.setattr(RunStorage, "download", slow)
+    distributor = Distributor(
+        num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", max_restarts=1, storage_path=tmp_path, log_ranks=[]
+    )
+    assert distributor.run(fails_once_after_a_checkpoint, 2) == {"resumed_from": 1, "attempt": 1}
+    assert [a.end for a in distributor.last_run.attempts] == [AttemptEnd.FAILED, AttemptEnd.SUCCEEDED]
+
+
+def test_a_rank_in_report_is_shown_as_in_report(caplog: Any, no_leftovers: None) -> None:
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        assert Distributor(num_processes=2, stall_timeout=TIMEOUT, log_ranks=[]).run(in_report, 4 * TIMEOUT) == 1
+    warnings = _stall_warnings(caplog)
+    assert warnings and "rank 0: in spark_torch.report()" in warnings[0], warnings
+    assert "_answer_for" not in warnings[0]
+
+
+def test_a_stopped_rank_is_named_stopped(no_leftovers: None) -> None:
+    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", log_ranks=[])
+    with pytest.raises(RunStalledError) as info:
+        distributor.run(one_rank_stops_itself, 1.0)
+    message = str(info.value)
+    assert "rank 1: in one_rank_stops_itself (its process is stopped" in message, message
+    assert "GIL" not in message
+
+
+def test_the_sampler_keeps_no_local_alive(tmp_path: Path) -> None:
+    """A tensor the main thread deletes is freed at once while the sampler samples at its fastest."""
+    script = tmp_path / "keeps.py"
+    script.write_text(SAMPLER_PROBE)
+    env = {**os.environ, "SPARK_TORCH_STACK_FILE": str(tmp_path / "stack.json"), "SPARK_TORCH_SAMPLE_SECONDS": "0.05"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "freed 20 of 20", done.stdout + done.stderr
+
+
+SAMPLER_PROBE = """
+import json, os, time, weakref
+import torch
+from spark_torch.rank.sampler import start_sampler
+
+def seq():
+    try:
+        with open(os.environ["SPARK_TORCH_STACK_FILE"]) as fh:
+            return json.load(fh)["seq"]
+    except (OSError, ValueError):
+        return 0
+
+def one_round():
+    activations = torch.ones(1000)
+    ref = weakref.ref(activations)
+    first = seq()
+    deadline = time.monotonic() + 30
+    while seq() < first + 2:  # sampled at least twice while alive (a busy loop: sampled at its jump)
+        assert time.monotonic() < deadline, "the sampler did not sample"
+    del activations
+    return ref() is None
+
+start_sampler()
+print(f"freed {sum(one_round() for _ in range(20))} of 20")
+"""
+
+
+def test_a_timeout_during_a_stall_shows_the_stacks_once(caplog: Any, no_leftovers: None) -> None:
+    with caplog.at_level(logging.WARNING, logger="spark_torch"), pytest.raises(RunTimeoutError) as info:
+        Distributor(num_processes=2, stall_timeout=TIMEOUT, timeout=4 * TIMEOUT, log_ranks=[]).run(one_rank_stuck, 3600)
+    assert "rank 1: in wait_for_the_loader" in str(info.value)
+    assert not _moved_again(caplog), _moved_again(caplog)  # it was stopped, it did not move
+    assert len(_stall_warnings(caplog)) == 1
+
+
+def test_source_lines_can_be_left_out(no_leftovers: None) -> None:
+    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", stall_source_lines=False, log_ranks=[])
+    with pytest.raises(RunStalledError) as info:
+        distributor.run(one_rank_stuck, 3600)
+    message = str(info.value)
+    assert "rank 1: in wait_for_the_loader" in message and ", in one_rank_stuck\n" in message, message
+    assert "dist.all_reduce(t)" not in message and "time.sleep(seconds)" not in message, message
+    assert "dist.all_reduce(t)" not in info.value.stacks[0]
+
+
+def test_the_thread_the_main_thread_waits_on_is_shown(no_leftovers: None) -> None:
+    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", log_ranks=[])
+    with pytest.raises(RunStalledError) as info:
+        distributor.run(main_joins_a_stuck_thread, 3600)
+    stack = info.value.stacks[1]
+    assert "worker.join()" in stack and "Thread fetcher:" in stack and "in fetch_in_a_thread" in stack, stack

@@ -91,6 +91,14 @@ def _signal(procs: Iterable[psutil.Process], sig: int) -> None:
             pass
 
 
+def _stopped(proc: psutil.Process) -> bool:
+    """The process is stopped (SIGSTOP, a debugger: state T)."""
+    try:
+        return proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -111,6 +119,7 @@ def terminate_trees(
     for pgid in groups:
         _killpg(pgid, signal.SIGTERM)
     _signal(procs, signal.SIGTERM)
+    _signal([p for p in procs if _stopped(p)], signal.SIGKILL)  # it cannot act on SIGTERM: no grace to wait out
     _, alive = psutil.wait_procs(procs, timeout=max(0.0, grace))
     later, groups = snapshot(refs, marker)
     known = {p.pid for p in alive}

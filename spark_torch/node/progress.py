@@ -3,9 +3,16 @@
 Every ``interval`` seconds it reads each rank's stack file (written by
 :mod:`spark_torch.rank.sampler`) and sends one snapshot (a list of
 :class:`~spark_torch.stacks.RankStack` dicts) to the driver, which decides whether the run is
-stalled. A rank makes progress when its sampler saw its position move, when it writes output, or
-when it exits; a rank whose sampler stops answering is marked so, with its last stack; a rank
-not sampled yet is starting (given ``start_grace`` seconds before its silence counts).
+stalled. A rank makes progress when its sampler says so (:mod:`spark_torch.rank.progress_signals`:
+its main thread computed, read or wrote, reported, or reached a new position) or when it exits.
+Its output counts only while it is not sampled: a sampled rank's output is counted by the
+sampler when its main thread writes it (a heartbeat thread printing beside a hung main thread
+is no progress). A rank whose sampler stops answering is looked at from outside: a stopped
+process (state T) is marked stopped; otherwise faulthandler is asked for its true stack (a
+native call holding the GIL), and its main thread's CPU time still counts as computing. A rank
+not sampled yet is starting (given ``start_grace`` seconds before its silence counts). Each
+rank's last output lines go with its stack, and, while it is idle, the stacks of the processes
+it forked (a DataLoader's workers, whose ``__getitem__`` is where a data-loader deadlock is).
 """
 
 from __future__ import annotations
@@ -15,10 +22,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spark_torch.lines import RankOutput
-from spark_torch.stacks import MAX_TRACE_BYTES, RankStack, StackState, trace_path, trace_request_path
+from spark_torch.node.rank_view import RankView
+from spark_torch.stacks import (
+    MAX_OUTPUT_CHARS,
+    MAX_TRACE_BYTES,
+    RankStack,
+    StackState,
+    strip_source_lines,
+    trace_path,
+    trace_request_path,
+)
 
 __all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
 
@@ -44,6 +60,10 @@ class _Rank:
     exited: bool = False
     #: the mtime of the Flight Recorder trace last sent (None: none yet)
     trace_sent: int | None = None
+    #: its last output lines, and when it last wrote
+    output: str = ""
+    output_at: float = 0.0
+    view: RankView = field(default_factory=RankView)
 
 
 class _Observed:
@@ -54,7 +74,7 @@ class _Observed:
         self._inner = inner
 
     def __call__(self, rank: int, stream: str, block: str) -> None:
-        self._watch.made_progress(rank)
+        self._watch.wrote(rank, block)
         self._inner(rank, stream, block)
 
     def flush(self) -> None:
@@ -76,6 +96,7 @@ class ProgressWatch:
         send: Callable[[list[dict[str, object]]], None],
         start_grace: float = 60.0,
         send_trace: Callable[[int, bytes], None] | None = None,
+        source_lines: bool = True,
     ) -> None:
         now = time.monotonic()
         self._ranks = {rank: _Rank(file=path, started=now, progress=now) for rank, path in files.items()}
@@ -83,6 +104,9 @@ class ProgressWatch:
         self._send = send
         self._send_trace = send_trace
         self._start_grace = start_grace
+        self._source_lines = source_lines
+        #: the driver saw a stall: ranks that do not answer are asked for their true stacks
+        self._dump_wanted = False
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="spark-torch-progress-watch", daemon=True)
@@ -91,11 +115,18 @@ class ProgressWatch:
         """``output``, telling this watch about the ranks' output and exits."""
         return _Observed(self, output)
 
-    def made_progress(self, rank: int) -> None:
-        """The rank wrote output (or otherwise made progress) now."""
+    def wrote(self, rank: int, block: str) -> None:
+        """The rank wrote ``block`` now (its last lines are kept for its stack)."""
         state = self._ranks.get(rank)
         if state is not None:
-            state.progress = time.monotonic()
+            state.output_at = time.monotonic()
+            state.output = (state.output + block)[-MAX_OUTPUT_CHARS:]
+
+    def started(self, rank: int, pid: int) -> None:
+        """The rank's process is ``pid`` (looked at from outside when its sampler is silent)."""
+        state = self._ranks.get(rank)
+        if state is not None:
+            state.view = RankView(pid)
 
     def exited(self, rank: int) -> None:
         """The rank's process ended."""
@@ -110,7 +141,10 @@ class ProgressWatch:
 
     def request_traces(self) -> None:
         """Ask every running rank for its Flight Recorder trace (the driver saw a stall); each
-        arrives through ``send_trace`` as its rank writes it."""
+        arrives through ``send_trace`` as its rank writes it. A rank that does not answer is
+        asked for its faulthandler stack from now on (a signal, only once the run is stalled: it
+        cuts a sleeping native call short)."""
+        self._dump_wanted = True
         for state in self._ranks.values():
             if not state.exited:
                 try:
@@ -141,34 +175,48 @@ class ProgressWatch:
             with open(state.file, encoding="utf-8") as fh:
                 sample = json.load(fh)
             seq, moved, text = int(sample["seq"]), int(sample["moved"]), str(sample["stack"])
-        except (OSError, ValueError, KeyError, TypeError):
+            thread = int(sample.get("thread", 0))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # not written yet, or being replaced: the next round reads it
         if seq != state.seq:
             state.seq, state.sampled_at, state.text = seq, now, text
+            state.view.thread = thread
         if moved != state.moved:
             if state.moved != -1:
                 state.progress = now
             state.moved = moved
 
+    def _stack(self, rank: int, state: _Rank, now: float) -> RankStack:
+        if state.exited:
+            return RankStack(rank, state.text, now - state.progress, StackState.EXITED, output=state.output)
+        self._read(state, now)
+        if state.sampled_at is None:
+            if state.output_at > state.progress:
+                state.progress = state.output_at  # a rank that is starting: its output is all we see
+            idle = max(0.0, now - max(state.started + self._start_grace, state.progress))
+            return RankStack(rank, "", idle, StackState.STARTING, output=state.output)
+        age = now - state.sampled_at
+        text, kind = state.text, StackState.SAMPLED
+        if age > max(NOT_ANSWERING_AFTER * self._interval, 2.0):
+            if state.view.stopped():
+                kind = StackState.STOPPED
+            else:
+                kind = StackState.NOT_ANSWERING
+                if state.view.computing(self._interval / 4) or state.output_at > state.progress:
+                    state.progress = now  # a native call holding the GIL, computing or writing
+                text = state.view.native_stack(state.file, ask=self._dump_wanted) or text
+        idle = now - state.progress
+        if idle > 2 * self._interval:
+            text += state.view.children_stacks(state.file)
+        if not self._source_lines:
+            text = strip_source_lines(text)
+        return RankStack(rank, text, idle, kind, age, output=state.output)
+
     def snapshot(self) -> list[RankStack]:
         """Every rank's stack and idle time, now."""
         now = time.monotonic()
-        stacks = []
         with self._lock:
-            for rank, state in sorted(self._ranks.items()):
-                if not state.exited:
-                    self._read(state, now)
-                idle = now - state.progress
-                if state.exited:
-                    stacks.append(RankStack(rank, state.text, idle, StackState.EXITED))
-                elif state.sampled_at is None:
-                    idle = max(0.0, now - state.started - self._start_grace)
-                    stacks.append(RankStack(rank, "", idle, StackState.STARTING))
-                else:
-                    age = now - state.sampled_at
-                    silent = age > max(NOT_ANSWERING_AFTER * self._interval, 2.0)
-                    stacks.append(RankStack(rank, state.text, idle, StackState.NOT_ANSWERING if silent else StackState.SAMPLED, age))
-        return stacks
+            return [self._stack(rank, state, now) for rank, state in sorted(self._ranks.items())]
 
     def _report(self) -> None:
         try:

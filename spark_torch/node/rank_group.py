@@ -209,6 +209,7 @@ class RankGroup:
             sample_interval(settings.stall_timeout),
             on_progress,
             send_trace=on_trace,
+            source_lines=settings.stall_source_lines,
         )
 
     def __enter__(self) -> RankGroup:
@@ -284,6 +285,8 @@ class RankGroup:
                         reports.started(rank)
                 self._procs.append(proc)
                 self._workdir.track(proc.pid, proc.created)
+                if self._progress is not None:
+                    self._progress.started(rank, proc.pid)
                 self._on_lines.rank_event(proc.rank, "started")
                 threading.Thread(target=self._watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
         if self._progress is not None:

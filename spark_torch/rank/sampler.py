@@ -1,29 +1,46 @@
-"""A rank's stack sampler: where its main thread is, for stall detection.
+"""A rank's stack sampler: where its main thread is, and whether it makes progress, for stall detection.
 
-A daemon thread samples the main thread's Python stack every ``SPARK_TORCH_SAMPLE_SECONDS``
-(``sys._current_frames``: no ptrace, no signal, nothing the user's code owns) and writes it with
-two counters into ``SPARK_TORCH_STACK_FILE`` (a temporary file renamed over it, so the node never
-reads half a sample): ``seq`` grows with every sample (a node that sees it stand still knows the
-rank is not answering: a native call holding the GIL), ``moved`` with every sample whose
-position differs from the one before (a frame, a line, the bytecode offset of the innermost frame,
-the local variables of the user's frames, or a report() call). The launcher's own frames (this package's rank entry, runpy) are left out.
-When the node asks (a stall), it also writes torch's Flight Recorder record of the collectives
-still in flight (:func:`trace_path`), if the rank uses torch.distributed.
+A daemon thread samples the main thread every ``SPARK_TORCH_SAMPLE_SECONDS`` and writes one
+record into ``SPARK_TORCH_STACK_FILE`` (a temporary file renamed over it, so the node never reads
+half a sample): ``seq`` grows with every sample (a node that sees it stand still knows the rank
+is not answering), ``moved`` with every sample in which the rank made progress
+(:class:`Progress`), ``pid`` and ``thread`` name the process and its main thread, ``stack`` is
+the text.
+
+It holds no user object beyond one sample and calls no user code: it walks frames through their
+code objects and line numbers only (never ``f_locals``, which on Python 3.10-3.12 would keep a
+dict of the frame's locals alive on the frame, nor ``__eq__``/``__hash__``/``__repr__`` of
+anything the user made), and reads source lines from the files itself.
+
+A native call that holds the GIL stops this thread; the node then asks faulthandler, registered
+here for :data:`spark_torch.stacks.DUMP_SIGNAL_OFFSET` above ``SIGRTMIN``, for the true stack
+(it dumps without the GIL). Forked children (a DataLoader's workers) sample themselves into
+``<stack file>.child-<pid>``. When the node asks (a stall), the sampler also writes torch's
+Flight Recorder record of the collectives still in flight (:func:`trace_path`).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 import time
-import traceback
 from types import FrameType
-from typing import Any
+from typing import IO
 
 from spark_torch import envnames
-from spark_torch.stacks import MAX_STACK_CHARS, progress_count, trace_path, trace_request_path
+from spark_torch.rank.progress_signals import Progress
+from spark_torch.stacks import (
+    DUMP_SIGNAL_OFFSET,
+    MAX_STACK_CHARS,
+    child_stack_path,
+    native_dump_path,
+    trace_path,
+    trace_request_path,
+)
 
 __all__ = ["start_sampler"]
 
@@ -41,88 +58,139 @@ def _flight_recorder_trace() -> bytes | None:
     data = dump(True, True)  # the collectives, only those still active
     return data.encode("utf-8") if isinstance(data, str) else bytes(data) if data else None
 
+
 #: where the launcher's frames end: the rank entry's ``main`` (then runpy's, for a script)
 _ENTRY_DIR = os.path.join("spark_torch", "rank", "")
+_PACKAGE_DIR = os.path.join("spark_torch", "")
+#: a frame in one of these is waiting for another thread: show the other threads too
+_THREAD_WAITS = (os.path.join("", "threading.py"), os.path.join("", "queue.py"), os.path.join("concurrent", "futures", ""))
+
+#: (filename, line number, function name), innermost last
+Frame = tuple[str, int, str]
 
 
-def _user_frames(frame: FrameType | None) -> list[traceback.FrameSummary]:
+def _walk(frame: FrameType | None) -> list[Frame]:
+    """A thread's frames, outermost first: code objects and line numbers only."""
+    frames: list[Frame] = []
+    while frame is not None:
+        code = frame.f_code
+        frames.append((code.co_filename, frame.f_lineno or 0, code.co_name))
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
+def _user_frames(frames: list[Frame]) -> list[Frame]:
     """The main thread's frames from the user's first on (the template, runpy and the rank
-    entry module are spark_torch's launcher, not the user's code)."""
-    frames = traceback.extract_stack(frame) if frame is not None else []
-    entry = max((i for i, f in enumerate(frames) if _ENTRY_DIR in f.filename and f.name == "main"), default=-1)
+    entry module are spark_torch's launcher), and spark_torch's own frames under a user's call
+    cut to the first (``report``: "in spark_torch.report()", not an internal function)."""
+    entry = max((i for i, f in enumerate(frames) if _ENTRY_DIR in f[0] and f[2] == "main"), default=-1)
     rest = frames[entry + 1 :]
-    while rest and "runpy" in rest[0].filename:
+    while rest and "runpy" in rest[0][0]:
         rest = rest[1:]
+    for i, (filename, _, _) in enumerate(rest):
+        if _PACKAGE_DIR in filename and _ENTRY_DIR not in filename:
+            return rest[: i + 1]
     return rest or frames[-1:]
 
 
-def _token(value: Any) -> Any:
-    """A value as it identifies a loop's state: small plain values by value, others by identity."""
-    if type(value) in (int, float, bool) or (type(value) is str and len(value) <= 64):
-        return value
-    return id(value)
+def _child_frames(frames: list[Frame]) -> list[Frame]:
+    """A forked child's frames from what it runs on (a multiprocessing Process's target)."""
+    start = max((i for i, f in enumerate(frames) if f[2] == "_bootstrap" and "multiprocessing" in f[0]), default=-1)
+    return frames[start + 1 :] or frames
 
 
-def _locals_digest(frame: FrameType | None, depth: int) -> int:
-    """A digest of the local variables of the user's ``depth`` innermost frames.
+class _Sources:
+    """Source lines read from the files themselves (linecache could call a module's loader)."""
 
-    A tight Python loop is always paused at the same bytecode when the GIL changes hands (its
-    backward jump), so its position alone looks like a rank that does not move; its loop
-    variables do change. A blocked rank's locals do not."""
-    tokens = []
-    while frame is not None and depth > 0:
-        tokens.append(tuple(_token(v) for v in frame.f_locals.values()))
-        frame = frame.f_back
-        depth -= 1
-    return hash(tuple(tokens))
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._files: dict[str, list[str]] = {}
+
+    def line(self, filename: str, lineno: int) -> str:
+        if not self.enabled:
+            return ""
+        lines = self._files.get(filename)
+        if lines is None:
+            try:
+                with open(filename, encoding="utf-8", errors="replace") as fh:
+                    lines = fh.read(4_000_000).splitlines()
+            except (OSError, ValueError):
+                lines = []
+            if len(self._files) > 256:
+                self._files.clear()
+            self._files[filename] = lines
+        return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
 
 
-def _text(frames: list[traceback.FrameSummary]) -> str:
-    text = "".join(traceback.format_list(frames))
+def _text(frames: list[Frame], sources: _Sources) -> str:
+    parts = []
+    for filename, lineno, name in frames:
+        parts.append(f'  File "{filename}", line {lineno}, in {name}\n')
+        source = sources.line(filename, lineno)
+        if source:
+            parts.append(f"    {source}\n")
+    text = "".join(parts)
     return text if len(text) <= MAX_STACK_CHARS else "  ...\n" + text[-MAX_STACK_CHARS:]
 
 
-def _all_threads(main_id: int, own_id: int) -> str:
+def _other_threads(main_id: int, own_id: int, sources: _Sources) -> str:
     blocks = []
     names = {t.ident: t.name for t in threading.enumerate()}
-    for ident, frame in sys._current_frames().items():
-        if ident in (main_id, own_id):
-            continue
-        blocks.append(f"  Thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame)))
+    current = sys._current_frames()
+    try:
+        for ident, frame in current.items():
+            if ident in (main_id, own_id) or str(names.get(ident, "")).startswith("spark-torch-"):
+                continue
+            blocks.append(f"  Thread {names.get(ident, ident)}:\n" + _text(_walk(frame), sources))
+    finally:
+        del current
     return "\n".join(blocks)
 
 
+def _waits_on_a_thread(frames: list[Frame]) -> bool:
+    """The main thread waits on another thread (a join, an Event, a queue)."""
+    return any(part in frames[-1][0] for part in _THREAD_WAITS) if frames else False
+
+
 class _Sampler:
-    def __init__(self, path: str, interval: float, all_threads: bool) -> None:
+    def __init__(self, path: str, interval: float, all_threads: bool, child: bool = False) -> None:
         self.path = path
         self.interval = interval
         self.all_threads = all_threads
-        self.main_id = threading.main_thread().ident or 0
+        self.child = child
+        main = threading.main_thread()
+        self.main_id = main.ident or 0
+        self.progress = Progress(self.main_id, main.native_id or os.getpid(), interval)
+        self.sources = _Sources(True)
         self.seq = 0
         self.moved = 0
-        self.position: Any = None
         #: the trace request last served (its file's mtime)
         self.served: int | None = None
 
     def sample(self) -> None:
-        frame = sys._current_frames().get(self.main_id)
-        frames = _user_frames(frame)
-        position = (
-            tuple((f.filename, f.lineno, f.name) for f in frames),
-            frame.f_lasti if frame is not None else -1,
-            progress_count(),
-            _locals_digest(frame, len(frames)),
-        )
+        current = sys._current_frames()
+        try:
+            frame = current.get(self.main_id)
+            everything = _walk(frame)
+            lasti = frame.f_lasti if frame is not None else -1
+        finally:
+            frame = None
+            del current  # no frame outlives the sample
+        frames = _child_frames(everything) if self.child else _user_frames(everything)
         self.seq += 1
-        if position != self.position:
+        waits = _waits_on_a_thread(everything)
+        if self.progress.moved(tuple(frames), lasti, everything, waits):
             self.moved += 1
-            self.position = position
-        text = _text(frames)
-        if self.all_threads:
-            others = _all_threads(self.main_id, threading.get_ident())
+        text = _text(frames, self.sources)
+        if self.all_threads or waits:
+            others = _other_threads(self.main_id, threading.get_ident(), self.sources)
             if others:
-                text += "\n" + others[: MAX_STACK_CHARS]
-        record = {"seq": self.seq, "moved": self.moved, "time": time.time(), "stack": text}
+                text += "\n" + others[:MAX_STACK_CHARS]
+        record = {
+            "seq": self.seq, "moved": self.moved, "time": time.time(), "stack": text,
+            "pid": os.getpid(), "thread": self.main_id,
+        }  # fmt: skip
         temporary = f"{self.path}.{os.getpid()}.tmp"
         with open(temporary, "w", encoding="utf-8") as fh:
             json.dump(record, fh)
@@ -131,6 +199,8 @@ class _Sampler:
     def serve_trace_request(self) -> None:
         """The node asked for this rank's Flight Recorder trace (a stall): write it next to the
         stack file, once per request."""
+        if self.child:
+            return
         request = trace_request_path(self.path)
         try:
             asked = os.stat(request).st_mtime_ns
@@ -157,6 +227,25 @@ class _Sampler:
                     pass
 
 
+#: the file faulthandler dumps into (kept open for the rank's life)
+_dump_file: IO[str] | None = None
+
+
+def _register_dump(path: str) -> None:
+    """faulthandler dumps every thread's stack into ``path`` on the node's signal, without the GIL."""
+    global _dump_file
+    try:
+        _dump_file = open(native_dump_path(path), "a", encoding="utf-8")  # noqa: SIM115 - open for the rank's life; appended: the node truncates it
+        faulthandler.register(signal.SIGRTMIN + DUMP_SIGNAL_OFFSET, file=_dump_file, all_threads=True, chain=False)
+    except (OSError, AttributeError, ValueError, RuntimeError):
+        _dump_file = None  # no real-time signals here: a rank holding the GIL keeps its last stack
+
+
+def _start(path: str, interval: float, all_threads: bool, child: bool) -> None:
+    sampler = _Sampler(path, interval, all_threads, child)
+    threading.Thread(target=sampler.loop, name="spark-torch-stack-sampler", daemon=True).start()
+
+
 def start_sampler(environ: dict[str, str] | None = None) -> bool:
     """Start sampling when the node asked for it (``SPARK_TORCH_STACK_FILE`` is set); whether it started."""
     env = os.environ if environ is None else environ
@@ -167,6 +256,17 @@ def start_sampler(environ: dict[str, str] | None = None) -> bool:
         interval = max(0.05, float(env.get(envnames.SAMPLE_SECONDS, "1")))
     except ValueError:
         interval = 1.0
-    sampler = _Sampler(path, interval, env.get(envnames.STACK_ALL_THREADS) == "1")
-    threading.Thread(target=sampler.loop, name="spark-torch-stack-sampler", daemon=True).start()
+    all_threads = env.get(envnames.STACK_ALL_THREADS) == "1"
+    _register_dump(path)
+    _start(path, interval, all_threads, child=False)
+    rank_pid = os.getpid()
+
+    def in_child() -> None:  # a forked child (a DataLoader worker): its own sampler, its own file
+        if os.getppid() == rank_pid:
+            try:
+                _start(child_stack_path(path, os.getpid()), interval, all_threads, child=True)
+            except Exception:  # noqa: BLE001 - never disturb the child
+                pass
+
+    os.register_at_fork(after_in_child=in_child)
     return True

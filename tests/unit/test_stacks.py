@@ -1,16 +1,19 @@
-"""Grouping rank stacks, and the driver's stall decision from synthetic node snapshots."""
+"""Grouping rank stacks and their headers, the driver's stall decision and what it says from
+synthetic node snapshots, a faulthandler dump read back, and a rank's progress signals."""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Any
 
 import pytest
 
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.run.stall import StallWatch
+from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.errors import ConfigurationError, RunStalledError
-from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges
+from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, strip_source_lines
 
 REDUCE = '  File "train.py", line 12, in train\n    dist.all_reduce(t)\n'
 LOAD = '  File "train.py", line 30, in load_batch\n    item = queue.get()\n'
@@ -93,3 +96,164 @@ def test_flight_recorder_summaries_are_plain_bounded_json() -> None:
     assert in_flight(b'{"entries": []}') == "no collective in flight"
     assert in_flight(b"\x80\x04pickled") == "(not a Flight Recorder dump)"  # never unpickled
     assert len(in_flight(b'{"entries": [{"profiling_name": "' + b"x" * 10_000 + b'"}]}')) < 200
+
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/"
+IN_REDUCE = (
+    '  File "/job/train.py", line 12, in train\n    dist.all_reduce(t)\n'
+    f'  File "{TORCH}distributed/distributed_c10d.py", line 3252, in all_reduce\n    work.wait()\n'
+)
+IN_REPORT = '  File "/job/train.py", line 40, in train\n    spark_torch.report(m)\n  File "/x/spark_torch/reporting/api.py", line 221, in report\n'
+IN_LOADER = (
+    '  File "/job/train.py", line 7, in train\n    for batch in loader:\n'
+    f'  File "{TORCH}utils/data/dataloader.py", line 1283, in _try_get_data\n    data = self._data_queue.get(timeout=timeout)\n'
+    '  File "/usr/lib/python3.11/multiprocessing/queues.py", line 113, in get\n    if not self._poll(timeout):\n'
+    '  File "/usr/lib/python3.11/selectors.py", line 415, in select\n    fd_event_list = self._selector.poll(timeout)\n'
+    '  Process 7 (forked by this rank: a DataLoader worker?):\n'
+    '  File "/job/train.py", line 3, in __getitem__\n    lock.acquire()\n'
+)
+
+
+def test_the_header_names_the_innermost_frame_that_is_not_pythons_own() -> None:
+    assert innermost_call(IN_REDUCE) == "all_reduce, from train"  # a library's call, and the user's line under it
+    assert innermost_call(IN_REPORT) == "spark_torch.report()"  # never an internal function of ours
+    assert innermost_call(IN_LOADER) == "_try_get_data, from train"  # not select, not the worker's frame
+    assert innermost_call('  File "/usr/lib/python3.11/threading.py", line 1, in wait\n') == "wait"
+
+
+def test_source_lines_can_be_left_out() -> None:
+    assert strip_source_lines(IN_REDUCE) == (
+        '  File "/job/train.py", line 12, in train\n'
+        f'  File "{TORCH}distributed/distributed_c10d.py", line 3252, in all_reduce\n'
+    )
+
+
+def test_each_ranks_last_output_goes_with_its_stack() -> None:
+    text = format_stacks([RankStack(0, REDUCE, 5.0, output="epoch 3\nloss 0.1\n"), RankStack(1, LOAD, 5.0)])
+    assert "rank 0: in train\n" + REDUCE + "  rank 0's last output:\n    epoch 3\n    loss 0.1" in text
+
+
+def test_a_stopped_rank_is_named_stopped() -> None:
+    text = format_stacks([RankStack(1, LOAD, 9.0, StackState.STOPPED, age=12.0)])
+    assert text.startswith("rank 1: in load_batch (its process is stopped: SIGSTOP or a debugger") and "GIL" not in text
+
+
+def test_warn_shows_the_stacks_once_then_one_line_unless_a_stack_changed(caplog: Any) -> None:
+    watch = StallWatch(2, timeout=10.0, action="warn")
+    watch.close()
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        watch.update(0, _snapshot(11.0))
+        watch.check()
+        for idle in (21.0, 31.0):
+            watch._warned_at -= 10.0  # a stall_timeout later
+            watch.update(0, _snapshot(idle))
+            watch.check()
+        watch._warned_at -= 10.0
+        watch.update(0, [RankStack(0, REDUCE, 41.0).to_dict(), RankStack(1, REDUCE, 41.0).to_dict()])
+        watch.check()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 4, messages
+    assert "rank 1: in load_batch" in messages[0]
+    assert messages[1:3] == ["spark_torch: still stalled after 21s; ranks unchanged", "spark_torch: still stalled after 31s; ranks unchanged"]
+    assert "ranks 0-1: in train" in messages[3]  # rank 1's stack changed: shown again
+
+
+def test_a_stopped_attempt_says_no_moves_again_line(caplog: Any) -> None:
+    watch = StallWatch(2, timeout=10.0, action="warn")
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        watch.update(0, _snapshot(11.0))
+        watch.check()
+        interrupt = KeyboardInterrupt()
+        note_stacks(interrupt, watch)  # Ctrl-C: the stacks go with the exception, not the log
+        watch.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "no rank made progress" in messages[0], messages
+    assert "rank 1: in load_batch" in interrupt.__notes__[0] and set(interrupt.stacks) == {0, 1}  # type: ignore[attr-defined]
+
+
+def test_ranks_no_node_reported_are_setting_up_not_stalled(caplog: Any) -> None:
+    watch = StallWatch(2, timeout=0.001, action="fail", stop=lambda reason: None)
+    watch.close()
+    watch.update(0, [RankStack(0, REDUCE, 100.0).to_dict()])  # rank 1's node is still downloading a checkpoint
+    watch.check()
+    assert not watch.failed.is_set()
+    assert [s.state for s in watch.current()] == [StackState.SAMPLED, StackState.STARTING]
+
+
+def test_a_faulthandler_dump_becomes_the_main_threads_stack() -> None:
+    from spark_torch.node.rank_view import parse_dump
+
+    dump = (
+        "Thread 0x00007f0000000002 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        "Current thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/job/train.py", line 9 in hold\n'
+        '  File "/job/train.py", line 20 in train\n'
+        '  File "/x/spark_torch/rank/function_main.py", line 70 in main\n'
+    )
+    assert parse_dump(dump, 0x7F0000000001) == (
+        '  File "/job/train.py", line 20, in train\n  File "/job/train.py", line 9, in hold\n'
+    )
+    assert parse_dump(dump, 5) == ""  # not its main thread
+
+
+def test_a_faulthandler_stack_gets_its_source_lines(tmp_path: Any) -> None:
+    from spark_torch.node.rank_view import with_source_lines
+
+    source = tmp_path / "train.py"
+    source.write_text("import x\n\n    hold_the_gil()  \n")
+    text = f'  File "{source}", line 3, in train\n  File "/nowhere.py", line 1, in gone\n'
+    assert with_source_lines(text) == f'  File "{source}", line 3, in train\n    hold_the_gil()\n  File "/nowhere.py", line 1, in gone\n'
+
+
+def _compute(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_progress_is_computing_or_io_not_waiting() -> None:
+    """A thread watched from another, as the sampler watches the main thread."""
+    import queue
+    import threading
+
+    from spark_torch.rank.progress_signals import Progress
+
+    orders: queue.Queue[str] = queue.Queue()
+    done: queue.Queue[bool] = queue.Queue()
+
+    def worker() -> None:
+        while (order := orders.get()) != "end":
+            end = time.thread_time() + 0.1
+            while order == "compute" and time.thread_time() < end:
+                pass
+            if order == "write":
+                with open(os.devnull, "w") as fh:
+                    fh.write("x")
+            done.put(True)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    progress = Progress(thread.ident or 0, thread.native_id or 0, interval=0.2)
+    here = [("/job/train.py", 1, "train")]
+    in_reduce = [("/t/torch/distributed/distributed_c10d.py", 3252, "all_reduce")]
+
+    def step(order: str, frames: list[tuple[str, int, str]] = here) -> bool:
+        orders.put(order)
+        done.get(timeout=30)
+        return progress.moved(tuple(here), 10, frames)
+
+    try:
+        assert not step("wait")  # the first position is no progress
+        assert not any(step("wait") for _ in range(3))  # waiting in one place: no CPU time, no I/O
+        assert step("compute")  # its CPU time
+        assert step("write")  # its I/O
+        assert not step("compute", in_reduce)  # CPU time in a collective (a spinning synchronize) is none
+        for waits in (False, True):  # another thread computes while the watched one waits on it (a join)
+            helper = threading.Thread(target=_compute, args=(0.1,))
+            helper.start()
+            helper.join()
+            assert progress.moved(tuple(here), 10, here, waits_on_a_thread=waits) is waits
+    finally:
+        orders.put("end")
+        thread.join(30)

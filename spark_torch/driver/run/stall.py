@@ -3,12 +3,15 @@
 
 The nodes send snapshots of their ranks (:class:`~spark_torch.stacks.RankStack`: where each is,
 how long it made no progress, whether its sampler still answers); :class:`StallWatch` keeps the
-latest per rank, and a thread checks them. On a stall it logs one WARNING with every rank's
-stack, grouped, repeats it at most once per ``stall_timeout`` while the stall lasts, says in one
-line when the run moves again, and shows the stall on the status line. With
-``stall_action="fail"`` it stops the attempt (``stop``) and :meth:`StallWatch.error` is the
+latest per rank, and a thread checks them. Ranks no node has reported yet are in set-up
+(staging, the rendezvous, downloading a resume checkpoint): that phase is never a stall (its
+deadlines are ``rendezvous_timeout`` and the run's ``timeout``). On a stall it logs one WARNING
+with every rank's stack, grouped; while the stall lasts, one short line per ``stall_timeout``
+(the stacks again only when one changed); one line when the run moves again (never when it is
+stopped: a timeout, an interruption, ``stall_action="fail"``), and the stall on the status line.
+With ``stall_action="fail"`` it stops the attempt (``stop``) and :meth:`StallWatch.error` is the
 :class:`~spark_torch.RunStalledError` the attempt ends with. Timeouts and interruptions take
-their stacks from here too (:meth:`StallWatch.stacks`).
+their stacks from here too (:meth:`StallWatch.stacks`), shown once, in their exception.
 """
 
 from __future__ import annotations
@@ -28,8 +31,6 @@ __all__ = ["StallWatch", "note_stacks", "in_flight"]
 
 logger = logging.getLogger(__name__)
 
-#: how long a rank no node has reported yet counts as starting
-START_GRACE_SECONDS = 60.0
 #: with stall_action="fail", how long the ranks' Flight Recorder traces may take to arrive
 #: before the attempt is stopped
 TRACE_WAIT_SECONDS = 3.0
@@ -65,10 +66,11 @@ class StallWatch:
         self._lock = threading.Lock()
         self._latest: dict[int, tuple[RankStack, float]] = {}
         self._frozen = False
-        self._start = time.monotonic()
         #: monotonic time the current stall was first seen (None: not stalled)
         self._stalled_since: float | None = None
         self._warned_at = 0.0
+        #: the stacks the last full warning showed ({rank: (text, state)})
+        self._shown: dict[int, tuple[str, StackState]] = {}
         #: set once ``stall_action="fail"`` stopped the attempt
         self.failed = threading.Event()
         self._failure: RunStalledError | None = None
@@ -158,13 +160,14 @@ class StallWatch:
         with self._lock:
             for rank in range(self.world_size):
                 known = self._latest.get(rank)
-                if known is None:
-                    idle = max(0.0, now - self._start - START_GRACE_SECONDS)
-                    stacks.append(RankStack(rank, "", idle, StackState.STARTING))
+                if known is None:  # its node is still setting up: never idle
+                    stacks.append(RankStack(rank, "", 0.0, StackState.STARTING))
                 else:
                     stack, received = known
                     late = now - received
-                    stacks.append(RankStack(rank, stack.text, stack.idle + late, stack.state, stack.age + late))
+                    stacks.append(
+                        RankStack(rank, stack.text, stack.idle + late, stack.state, stack.age + late, stack.output)
+                    )
         return stacks
 
     def stacks(self) -> tuple[dict[int, str], str | None]:
@@ -186,46 +189,70 @@ class StallWatch:
     def check(self) -> None:
         """One look at the ranks (the watch thread calls it about once a second)."""
         stacks = self.current()
-        if not stacks or all(s.state is StackState.EXITED for s in stacks):
-            return  # the attempt is ending
+        if not stacks:
+            return
+        if all(s.state is StackState.EXITED for s in stacks):
+            with self._lock:
+                frozen = self._frozen
+            if not frozen:
+                self._moved_again()  # the ranks ended by themselves
+            return
         idle = min(s.idle for s in stacks)
-        now = time.monotonic()
         if idle < self.timeout:
             self._moved_again()
             return
         first = self._stalled_since is None
         if first:
-            self._stalled_since = now - (idle - self.timeout)
+            self._stalled_since = time.monotonic() - (idle - self.timeout)
         if self._on_status is not None:
             self._on_status(idle)
         if first:
             self._ask_for_traces(wait=TRACE_WAIT_SECONDS if self.action == "fail" else 0.0)
         if self.action == "fail":
             if not self.failed.is_set():
-                message = self._message(idle, stacks)
-                logger.warning("%s%s\nstall_action='fail': stopping the run", message, self._traces_note())
-                self._failure = RunStalledError(
-                    [],
-                    headline=f"the run stalled: no rank made progress for {idle:.0f}s (stall_timeout={self.timeout:g}s), "
-                    "so it was stopped (stall_action='fail'). Look at where each rank was, below: ranks waiting in "
-                    "different collectives, or one rank elsewhere while the others wait, is the usual cause "
-                    "(docs/troubleshooting.md, 'A run that hangs')",
-                    stacks={s.rank: s.text for s in stacks},
-                    stacks_text=format_stacks(stacks) + self._traces_note(),
-                )
-                self.failed.set()
-                self.freeze()
-                if self._stop is not None:
-                    self._stop(f"stalled: no rank made progress for {idle:.0f}s")
+                self._fail()
             return
-        if self._warned_at == 0.0 or now - self._warned_at >= self.timeout:
-            self._warned_at = now
-            logger.warning(
-                "%s%s\nThe run goes on (stall_action='warn'); stall_action='fail' stops such a run, "
-                "stall_timeout changes when this is said (docs/troubleshooting.md, 'A run that hangs')",
-                self._message(idle, stacks),
-                self._traces_note() if first else "",
-            )
+        self._warn(idle, stacks, first)
+
+    def _fail(self) -> None:
+        stacks = self.current()  # after the wait for the traces: the idle time it really is
+        idle = min(s.idle for s in stacks)
+        if idle < self.timeout:  # a rank moved meanwhile
+            self._moved_again()
+            return
+        message = self._message(idle, stacks)
+        logger.warning("%s%s\nstall_action='fail': stopping the run", message, self._traces_note())
+        self._failure = RunStalledError(
+            [],
+            headline=f"the run stalled: no rank made progress for {idle:.0f}s (stall_timeout={self.timeout:g}s), "
+            "so it was stopped (stall_action='fail'). Look at where each rank was, below: ranks waiting in "
+            "different collectives, or one rank elsewhere while the others wait, is the usual cause "
+            "(docs/troubleshooting.md, 'A run that hangs')",
+            stacks={s.rank: s.text for s in stacks},
+            stacks_text=format_stacks(stacks) + self._traces_note(),
+        )
+        self.failed.set()
+        self.freeze()
+        if self._stop is not None:
+            self._stop(f"stalled: no rank made progress for {idle:.0f}s")
+
+    def _warn(self, idle: float, stacks: list[RankStack], first: bool) -> None:
+        """The stacks once per stall (again when one changed), else a short line per stall_timeout."""
+        now = time.monotonic()
+        if not first and now - self._warned_at < self.timeout:
+            return
+        self._warned_at = now
+        shown = {s.rank: (s.text, s.state) for s in stacks}
+        if not first and shown == self._shown:
+            logger.warning("spark_torch: still stalled after %.0fs; ranks unchanged", idle)
+            return
+        self._shown = shown
+        logger.warning(
+            "%s%s\nThe run goes on (stall_action='warn'); stall_action='fail' stops such a run, "
+            "stall_timeout changes when this is said (docs/troubleshooting.md, 'A run that hangs')",
+            self._message(idle, stacks),
+            self._traces_note() if first else "",
+        )
 
     def error(self) -> RunStalledError:
         """The error of an attempt this watch stopped."""
@@ -240,11 +267,18 @@ class StallWatch:
                 logger.debug("spark_torch: stall check failed", exc_info=True)
 
     def close(self) -> None:
-        """Stop watching; a stall that ended with the attempt gets its "moves again" line."""
+        """Stop watching. A stall that ended with the ranks ending by themselves gets its "moves
+        again" line; one the attempt was stopped in (timeout, interruption, fail) does not."""
         self._closed.set()
         if self._thread is not None:
             self._thread.join(2.0)
-        if not self.failed.is_set():
+        with self._lock:
+            stopped = self._frozen
+        if stopped:
+            self._stalled_since = None
+            if self._on_status is not None:
+                self._on_status(None)
+        else:
             self._moved_again()
 
     def _moved_again(self) -> None:
@@ -278,9 +312,9 @@ def in_flight(data: bytes, shown: int = 3) -> str:
 
 def note_stacks(interrupt: BaseException, stall: StallWatch) -> None:
     """Where the ranks were when the run was interrupted (Ctrl-C, the notebook's stop button):
-    on the exception (``stacks``, and a note under its traceback) and in the log."""
+    on the exception (``stacks``, and a note under its traceback), not again in the log."""
+    stall.freeze()
     stacks, text = stall.stacks()
-    if text:
+    if text:  # in the exception only: its traceback shows it once
         interrupt.stacks = stacks  # type: ignore[attr-defined]
         interrupt.add_note(f"spark_torch: where each rank was when the run was interrupted:\n{text}")
-        logger.warning("spark_torch: the run was interrupted; where each rank was:\n%s", text)

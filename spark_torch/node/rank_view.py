@@ -1,0 +1,185 @@
+"""A rank's process seen from its node, for when its own sampler cannot answer.
+
+Linux's ``/proc`` says whether the process is stopped (state ``T``: SIGSTOP, a debugger) and how
+much CPU time its main thread used (a native call that holds the GIL may still be computing);
+faulthandler, registered by the rank's sampler for ``SIGRTMIN`` +
+:data:`~spark_torch.stacks.DUMP_SIGNAL_OFFSET`, gives its true stack without the GIL (the signal
+is only sent when ``/proc`` shows the rank catches it: a process that does not would die of it).
+The stacks of the processes a rank forked (a DataLoader's workers) are read here too.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import time
+
+from spark_torch.stacks import DUMP_SIGNAL_OFFSET, native_dump_path
+
+__all__ = ["RankView", "parse_dump", "with_source_lines"]
+
+#: how often a rank that does not answer is asked again for its faulthandler stack
+DUMP_EVERY_SECONDS = 5.0
+#: the forked children shown with a rank, and how much of each
+MAX_CHILDREN = 4
+MAX_CHILD_CHARS = 4_000
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.+)$')
+_DUMP_THREAD = re.compile(r"^(Current thread|Thread) (?P<id>0x[0-9a-fA-F]+)")
+_ENTRY = os.path.join("spark_torch", "rank", "")
+_FRAME = re.compile(r'^File "(?P<file>.*)", line (?P<line>\d+), in (?P<name>.+)$')
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    return data[data.rfind(")") + 2 :].split()
+
+
+def _catches(pid: int, signum: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def parse_dump(dump: str, thread: int) -> str:
+    """The frames of ``thread`` in a faulthandler dump (most recent call first), innermost last
+    and in the sampler's format, from the user's first frame on; ``""`` when it is not there."""
+    blocks: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in dump.splitlines():
+        head = _DUMP_THREAD.match(line)
+        if head:
+            current = blocks.setdefault(int(head["id"], 16), [])
+            current.clear()
+            continue
+        frame = _DUMP_FRAME.match(line)
+        if frame and current is not None:
+            current.append(f'  File "{frame["file"]}", line {frame["line"]}, in {frame["name"]}\n')
+    frames = list(reversed(blocks.get(thread) or (next(iter(blocks.values())) if len(blocks) == 1 else [])))
+    entry = max((i for i, f in enumerate(frames) if _ENTRY in f and f.endswith(", in main\n")), default=-1)
+    return "".join(frames[entry + 1 :])
+
+
+def with_source_lines(text: str) -> str:
+    """A stack text with each frame's source line (read from the file on this host, as the
+    rank's sampler does; faulthandler prints none)."""
+    lines: list[str] = []
+    for line in text.splitlines(keepends=True):
+        lines.append(line)
+        match = _FRAME.match(line.strip())
+        if match:
+            source = _source_line(match["file"], int(match["line"]))
+            if source:
+                lines.append(f"    {source}\n")
+    return "".join(lines)
+
+
+def _source_line(filename: str, lineno: int) -> str:
+    try:
+        with open(filename, encoding="utf-8", errors="replace") as fh:
+            for number, line in enumerate(fh, 1):
+                if number == lineno:
+                    return line.strip()
+    except (OSError, ValueError):
+        pass
+    return ""
+
+
+class RankView:
+    """One rank's process (``pid``; 0: not started yet) from outside."""
+
+    def __init__(self, pid: int = 0) -> None:
+        self.pid = pid
+        #: the main thread's id as faulthandler prints it (from the sampler's record)
+        self.thread = 0
+        self._cpu: float | None = None
+        self._asked = 0.0
+        self._native = ""
+
+    def stopped(self) -> bool:
+        """The process is stopped (SIGSTOP, a debugger)."""
+        fields = _stat(self.pid) if self.pid else None
+        return bool(fields) and fields is not None and fields[0] in ("T", "t")
+
+    def computing(self, threshold: float) -> bool:
+        """Its main thread used ``threshold`` CPU seconds since the last call."""
+        fields = _stat(self.pid) if self.pid else None
+        try:
+            main = _stat_of_task(self.pid) if fields else None
+            cpu = (int(main[11]) + int(main[12])) / os.sysconf("SC_CLK_TCK") if main else None
+        except (ValueError, IndexError, OSError):
+            cpu = None
+        before, self._cpu = self._cpu, cpu
+        return cpu is not None and before is not None and cpu - before >= threshold
+
+    def native_stack(self, stack_file: str, ask: bool) -> str:
+        """The main thread's stack from faulthandler (with ``ask``, asked for at most every few
+        seconds), or ``""`` when it could not be had."""
+        path = native_dump_path(stack_file)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                dump = fh.read(256 * 1024)
+        except OSError:
+            dump = ""
+        if dump:
+            self._native = with_source_lines(parse_dump(dump, self.thread)) or self._native
+        signum = int(signal.SIGRTMIN) + DUMP_SIGNAL_OFFSET
+        now = time.monotonic()
+        if ask and self.pid and now - self._asked >= DUMP_EVERY_SECONDS and _catches(self.pid, signum):
+            self._asked = now
+            try:
+                os.truncate(path, 0)  # the rank appends: the file then holds one dump
+                os.kill(self.pid, signum)
+            except OSError:
+                pass
+        return self._native
+
+    def children_stacks(self, stack_file: str) -> str:
+        """The stacks of the live processes this rank forked that sample themselves."""
+        blocks = []
+        for path in sorted(glob.glob(glob.escape(stack_file) + ".child-*"))[:MAX_CHILDREN * 4]:
+            try:
+                pid = int(path.rsplit("-", 1)[1])
+            except ValueError:
+                continue
+            fields = _stat(pid)
+            if fields is None or fields[0] == "Z" or int(fields[1]) != self.pid:
+                _remove(path)  # a child that is gone
+                continue
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    stack = str(json.load(fh)["stack"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            blocks.append(f"  Process {pid} (forked by this rank: a DataLoader worker?):\n{stack[-MAX_CHILD_CHARS:]}")
+            if len(blocks) == MAX_CHILDREN:
+                break
+        return "".join("\n" + block for block in blocks)
+
+
+def _stat_of_task(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as fh:
+            data = fh.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    return data[data.rfind(")") + 2 :].split()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,136 @@
+"""Whether a rank's main thread made progress since the last sample: the signals combined.
+
+A rank makes progress when its main thread
+
+- calls ``report()`` (:func:`spark_torch.stacks.progress_count`),
+- reads or writes anything (its own read/write counters, ``/proc/self/task/<tid>/io``: the
+  sampler's own writes and another thread's output are not counted), or pages memory in (its
+  page faults: a library being loaded by ``import torch`` on a loaded machine),
+- computes: its CPU time (``time.pthread_getcpuclockid``, read from the sampler's thread) was at
+  least a tenth of the time since the last sample, or adds up to a whole sample interval since
+  its last progress (a thread starved of CPU), in Python or in a native call, unless it sits in a
+  collective or a CUDA synchronize (which may spin at 100% CPU while NCCL hangs),
+- reaches a position (stack and bytecode offset) it was never seen at before,
+- waits on another thread (a join, an Event, a queue) while the process's other threads compute
+  (their CPU time, without the sampler's own, at least a tenth of the time since the last sample).
+
+A main thread that cycles through waits (a timed queue get, ``event.wait(1)`` in a loop, a
+DataLoader polling its workers, ``time.sleep`` in a loop) does none of these: it revisits the
+same few positions with next to no CPU time (microseconds a wake-up: a whole interval's worth
+takes hours) and no I/O. Without a CPU clock (not Linux), a move
+of the innermost frame's bytecode offset counts instead: a Python loop sampled from another
+thread sits at its backward jump, a blocked thread at its call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from spark_torch.stacks import progress_count
+
+__all__ = ["Progress", "in_collective"]
+
+#: frames that mean "waiting for a collective or the GPU": CPU time there is not progress
+_COLLECTIVE_FILES = (
+    os.path.join("torch", "distributed", "distributed_c10d.py"),
+    os.path.join("torch", "distributed", "c10d_logger.py"),
+)
+_CUDA_DIR = os.path.join("torch", "cuda", "")
+#: distinct positions remembered; a rank that visits more is moving anyway
+_MAX_POSITIONS = 512
+
+
+def in_collective(frames: list[tuple[str, int, str]]) -> bool:
+    """The thread waits in a torch.distributed call or a CUDA synchronize."""
+    for filename, _, name in frames:
+        if any(part in filename for part in _COLLECTIVE_FILES):
+            return True
+        if _CUDA_DIR in filename and name == "synchronize":
+            return True
+    return False
+
+
+def _thread_clock(ident: int) -> int | None:
+    try:
+        clock = time.pthread_getcpuclockid(ident)
+        time.clock_gettime(clock)
+    except (AttributeError, OSError, OverflowError):
+        return None
+    return clock
+
+
+class Progress:
+    """The progress signals of one thread (the main thread: ``ident``, ``native_id``)."""
+
+    def __init__(self, ident: int, native_id: int, interval: float) -> None:
+        self._clock = _thread_clock(ident)
+        self._io_path = f"/proc/self/task/{native_id}/io"
+        self._stat_path = f"/proc/self/task/{native_id}/stat"
+        #: CPU seconds since the last progress that count as computing, however slowly
+        self._busy = interval
+        self._cpu_since = 0.0
+        self._at = time.monotonic()
+        self._others = self._others_time()
+        self._cpu = self._cpu_time()
+        self._io = self._io_counters()
+        self._reports = progress_count()
+        self._seen: set[object] = set()
+
+    def _cpu_time(self) -> float | None:
+        if self._clock is None:
+            return None
+        try:
+            return time.clock_gettime(self._clock)
+        except OSError:  # the thread ended
+            return None
+
+    @staticmethod
+    def _others_time() -> float:
+        """CPU time of the process without the calling (sampler) thread's."""
+        return time.process_time() - time.thread_time()
+
+    def _io_counters(self) -> tuple[int, int, int, int] | None:
+        """The thread's bytes read and written, and its page faults (a library being loaded,
+        ``import torch``: its pages come by mmap, not by read)."""
+        try:
+            with open(self._io_path, "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh.read(4096).splitlines() if b":" in line)
+            with open(self._stat_path, "rb") as fh:
+                stat = fh.read(4096)
+            faults = stat[stat.rfind(b")") + 2 :].split()
+            return int(fields[b"rchar"]), int(fields[b"wchar"]), int(faults[7]), int(faults[9])
+        except (OSError, KeyError, ValueError, IndexError):
+            return None
+
+    def moved(self, position: object, lasti: int, frames: list[tuple[str, int, str]], waits_on_a_thread: bool = False) -> bool:
+        """Whether the thread made progress since the last call (``position``: its stack as
+        the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of
+        them; ``waits_on_a_thread``: it waits on another thread of the process)."""
+        cpu, io, reports, now = self._cpu_time(), self._io_counters(), progress_count(), time.monotonic()
+        used = 0.0
+        if cpu is not None and self._cpu is not None and not in_collective(frames):
+            used = max(0.0, cpu - self._cpu)
+            self._cpu_since += used
+        busy = used >= (now - self._at) / 10 and used > 0.001
+        others, before = self._others_time(), self._others
+        self._others = others
+        if waits_on_a_thread and not in_collective(frames):
+            busy = busy or others - before - used >= max(0.001, (now - self._at) / 10)
+        key = (position, lasti) if self._clock is None else position
+        new = key not in self._seen
+        if new:
+            if len(self._seen) >= _MAX_POSITIONS:
+                self._seen.clear()
+            self._seen.add(key)
+        progressed = (
+            reports != self._reports
+            or (io is not None and self._io is not None and io != self._io)
+            or busy
+            or self._cpu_since >= self._busy
+            or (new and len(self._seen) > 1)
+        )
+        self._cpu, self._io, self._reports, self._at = cpu, io, reports, now
+        if progressed:
+            self._cpu_since = 0.0
+        return progressed
