@@ -23,7 +23,8 @@ from types import FrameType
 from typing import Any
 
 from spark_torch import envnames
-from spark_torch.stacks import MAX_STACK_CHARS, progress_count, trace_path, trace_request_path
+from spark_torch.fr_dumps import keep_tail
+from spark_torch.stacks import MAX_STACK_CHARS, MAX_TRACE_BYTES, progress_count, trace_path, trace_request_path
 
 __all__ = ["start_sampler"]
 
@@ -142,6 +143,7 @@ class _Sampler:
         data = _flight_recorder_trace()
         if data is None:
             return
+        data = keep_tail(data, MAX_TRACE_BYTES)  # a long run's record: its newest entries
         temporary = f"{self.path}.{os.getpid()}.trace.tmp"
         with open(temporary, "wb") as fh:
             fh.write(data)
