@@ -66,6 +66,9 @@ def test_mismatched_collectives_are_named_in_one_line(mismatched: dict[int, byte
     assert "rank 0: gloo:all_reduce #21 in flight, sizes [4]" in lines, lines
     assert "rank 1: gloo:broadcast #21 in flight, sizes [4]" in lines, lines
     assert not any("#20 in flight" in line for line in lines), lines  # the 20 completed ones are not in flight
+    page = (TESTS.parent / "docs" / "troubleshooting.md").read_text()
+    shown = next(block for block in re.findall(r"```text\n(.*?)```", page, re.S) if "collective #21" in block)
+    assert shown.splitlines() == lines  # docs/troubleshooting.md shows this run's summary
 
 
 def test_a_rank_that_does_not_answer_leaves_the_others_summary(tmp_path: Path) -> None:

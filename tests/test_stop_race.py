@@ -52,7 +52,9 @@ def _rows(finished: list[bool]) -> Any:
     batches = [
         batch
         for node, done in enumerate(finished)
-        for batch in result_transfer.node_rows(node, finished=done, channel_error=None, delivered=None, result_file=None)
+        for batch in result_transfer.node_rows(
+            node, finished=done, channel_error=None, delivered=None, result_file=None
+        )
     ]
     return pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
 
