@@ -102,6 +102,7 @@ class FlightRecorder:
         self._folder: int | None = None
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._closed = False
 
     def receive(self, rank: Any, data: Any) -> None:
         """A rank's trace as a node sent it; queued for the writer, dropped if malformed or if
@@ -118,6 +119,8 @@ class FlightRecorder:
 
     def _start(self) -> None:
         with self._start_lock:
+            if self._closed:
+                raise RuntimeError("the attempt's Flight Recorder is closed")  # a trace after the attempt: dropped
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="spark-torch-flight-recorder", daemon=True)
                 self._thread.start()
@@ -197,6 +200,8 @@ class FlightRecorder:
 
     def close(self) -> None:
         """Let the writer finish what it has (bounded) and close the folder."""
+        with self._start_lock:
+            self._closed = True
         if self._thread is not None:
             try:
                 self._queue.put(None, timeout=2.0)
