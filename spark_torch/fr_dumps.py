@@ -124,7 +124,7 @@ def read_dump(data: bytes) -> Dump | str:
         dump = json.loads(data.decode("utf-8", "replace"))
     except (ValueError, RecursionError):
         return "(not a Flight Recorder dump)"
-    entries = dump.get("entries") if isinstance(dump, dict) else None
+    entries = dump.get("entries", []) if isinstance(dump, dict) else None  # none yet: torch leaves it out
     if not isinstance(entries, list):
         return "(not a Flight Recorder dump)"
     dropped = dump.get(DROPPED_KEY, 0)

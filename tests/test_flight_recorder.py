@@ -277,6 +277,11 @@ def test_lines_keep_arriving_while_a_trace_is_written_slowly(
     assert (tmp_path / "flight-recorder" / "attempt-0").is_dir()  # the first attempt's number
 
 
+def test_a_rank_without_collectives_yet() -> None:
+    dump = read_dump(b'{"version": "2.10", "pg_config": {}}')  # torch leaves "entries" out
+    assert summary({0: dump}) == ["rank 0: no collective in flight"]
+
+
 def test_a_started_nccl_collective() -> None:
     dump = read_dump(
         b'{"entries": [{"profiling_name": "nccl:all_reduce", "collective_seq_id": 7, "state": "started",'
