@@ -8,7 +8,8 @@ count is reported to the driver. A block that UTF-8 cannot carry (a lone surroga
 are packed into messages of about :data:`FRAME_TEXT_BYTES` bytes, each encoded on its own and
 split until it fits a frame, so one bad entry never takes a batch down: what still cannot be
 sent is replaced by a line saying so. Rank state changes (started/finished/failed) travel in
-the same order as the lines, on a pseudo stream.
+the same order as the lines, on a pseudo stream. The node's progress snapshots (stall detection)
+wait here too, only the latest one, split per rank when a frame cannot hold them all.
 """
 
 from __future__ import annotations
@@ -66,6 +67,25 @@ def _frames_of(entries: list[list[Any]], number: Numbering) -> list[Frame]:
     return [number({"lines": [[-1, "stderr", note[:1000]]]})]
 
 
+def _progress_frames(stacks: list[Any], number: Numbering) -> list[Frame]:
+    """A node's snapshot as one numbered ``progress`` frame, or split per rank until each part
+    fits; a rank whose stack alone is too large keeps its innermost calls (the end of its text),
+    so the driver never misses a rank (a missing one would read as a rank that never started)."""
+    try:
+        return [number({"progress": stacks})]
+    except (ValueError, TypeError) as exc:  # FrameTooLarge is a ValueError too
+        problem = exc
+    if len(stacks) > 1:
+        half = len(stacks) // 2
+        return _progress_frames(stacks[:half], number) + _progress_frames(stacks[half:], number)
+    stack = stacks[0] if stacks else None
+    if not isinstance(stack, dict) or not isinstance(problem, FrameTooLarge) or not isinstance(stack.get("text"), str):
+        return []  # nothing that cutting can fix (the node's own snapshot: cannot happen)
+    text: str = stack["text"]
+    keep = len(text) // 2
+    return _progress_frames([{**stack, "text": ("...\n" + text[len(text) - keep :]) if keep else ""}], number)
+
+
 class LineQueue:
     """Node side: queue of rank output for the driver; a line sink (callable) and an outbox.
 
@@ -81,6 +101,8 @@ class LineQueue:
         self._queued_bytes = 0
         self._dropped = 0
         self._enabled = True
+        #: the node's latest progress snapshot not sent yet (only the latest: a newer one replaces it)
+        self._progress: list[Any] | None = None
 
     def __call__(self, rank: int, stream: str, block: str) -> None:
         """Queue a block of lines; never blocks (drops and counts when the queue is full)."""
@@ -104,6 +126,14 @@ class LineQueue:
                 self._queue.append((rank, EVENT_STREAM, sendable(state)[0], 0, 0))
                 self.cond.notify_all()
 
+    def progress(self, stacks: list[Any]) -> None:
+        """Queue the node's progress snapshot in place of one not sent yet (never blocks; while
+        the driver is unreachable only the latest waits)."""
+        with self.cond:
+            if self._enabled:
+                self._progress = stacks
+                self.cond.notify_all()
+
     def end(self) -> None:
         """Queue the end-of-stream marker (after everything queued so far)."""
         with self.cond:
@@ -118,11 +148,12 @@ class LineQueue:
             self._queued_lines = 0
             self._queued_bytes = 0
             self._dropped = 0
+            self._progress = None
 
     # Outbox (called with cond held)
     def pending(self) -> bool:
         """Whether there is anything to send."""
-        return bool(self._queue) or self._dropped > 0
+        return bool(self._queue) or self._dropped > 0 or self._progress is not None
 
     def take(self, number: Numbering) -> list[Frame]:
         """Pack about FRAME_TEXT_BYTES of queued output into numbered frames."""
@@ -133,6 +164,9 @@ class LineQueue:
         if self._dropped:
             frames.append(number({"dropped": self._dropped}))
             self._dropped = 0
+        if self._progress is not None:
+            frames += _progress_frames(self._progress, number)
+            self._progress = None
         while self._queue and size < FRAME_TEXT_BYTES:
             item = self._queue.popleft()
             if item is None:

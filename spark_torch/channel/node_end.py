@@ -103,7 +103,7 @@ class NodeChannel:
     def send_progress(self, stacks: list[dict[str, Any]]) -> None:
         """This node's ranks' progress and stacks (stall detection), for the driver."""
         if not self._detached:
-            self._client.send({"progress": stacks})
+            self._queue.progress(stacks)  # only the latest waits while the driver is unreachable
 
     def send_trace(self, rank: int, data: bytes) -> None:
         """A rank's Flight Recorder trace (raw bytes in one binary frame), for the driver."""

@@ -32,10 +32,12 @@ from types import FrameType
 from typing import IO
 
 from spark_torch import envnames
+from spark_torch.fr_dumps import keep_tail
 from spark_torch.rank.progress_signals import Progress
 from spark_torch.stacks import (
     DUMP_SIGNAL_OFFSET,
     MAX_STACK_CHARS,
+    MAX_TRACE_BYTES,
     child_stack_path,
     native_dump_path,
     trace_path,
@@ -212,6 +214,7 @@ class _Sampler:
         data = _flight_recorder_trace()
         if data is None:
             return
+        data = keep_tail(data, MAX_TRACE_BYTES)  # a long run's record: its newest entries
         temporary = f"{self.path}.{os.getpid()}.trace.tmp"
         with open(temporary, "wb") as fh:
             fh.write(data)

@@ -7,9 +7,7 @@ Jupyter they appear under the cell that called ``run()``; they are flushed after
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import sys
 import threading
 from collections import deque
@@ -19,6 +17,7 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.status import RunStatus
 from spark_torch.errors import ConfigurationError
 from spark_torch.lines import block_lines, last_lines
+from spark_torch.owned_files import UnsafePathError, open_own_file
 
 __all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
 
@@ -33,30 +32,10 @@ def _open_log(log_dir: str, rank: int) -> IO[str]:
     planted in a shared ``log_dir`` must not redirect the log into, or chmod, a victim's file),
     and never a FIFO (opened non-blocking, it cannot stop the driver before anything starts)."""
     path = os.path.join(log_dir, f"rank-{rank}.log")
-    fix = "remove it or choose another log_dir"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        reasons = {errno.ELOOP: "is a symbolic link", errno.ENXIO: "is a named pipe (FIFO), not a regular file"}
-        reason = reasons.get(exc.errno or 0, f"cannot be opened ({exc.strerror})")
-        raise ConfigurationError(f"log_dir: {path} {reason}; {fix}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            raise ConfigurationError(
-                f"log_dir: {path} is not a regular file of this user (owner uid {info.st_uid}); {fix}"
-            )
-        if info.st_nlink != 1:
-            raise ConfigurationError(
-                f"log_dir: {path} has {info.st_nlink} names (a hard link: the log would also change the file "
-                f"under its other name); {fix}"
-            )
-        os.set_blocking(fd, True)  # a regular file: writes block as usual
-        os.fchmod(fd, 0o600)  # also when our own file existed with wider permissions
-    except BaseException:
-        os.close(fd)
-        raise
+        fd = open_own_file(path, append=True)
+    except UnsafePathError as exc:
+        raise ConfigurationError(f"log_dir: {path} {exc.reason}; remove it or choose another log_dir") from None
     return os.fdopen(fd, "a", encoding="utf-8")
 
 

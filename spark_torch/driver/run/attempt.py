@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.driver.result import AttemptEnd
+from spark_torch.driver.run.flight_recorder import TraceDir
 from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.stall import StallWatch
 from spark_torch.lines import RankOutput
@@ -58,7 +59,7 @@ class Attempt:
     #: the status line's stall: seconds without progress, None when the run moves (again)
     on_stall: Callable[[float | None], None] = field(default=lambda idle: None, repr=False)
     #: where the ranks' Flight Recorder traces go when a stall is found
-    trace_dir: str | None = None
+    trace_dir: TraceDir | None = None
 
     def stall_watch(self, stop: Callable[[str], None]) -> StallWatch:
         """This attempt's stall detector (inactive with ``stall_timeout=0``); ``stop`` stops the

@@ -33,7 +33,7 @@ from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.spec import RunSpec
 
-__all__ = ["run_distributed"]
+__all__ = ["run_distributed", "completed_while_stopping"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,15 @@ def run_distributed(
             streamed.close()
 
 
+def completed_while_stopping(box: dict[str, Any], num_nodes: int) -> bool:
+    """Whether a job the driver was stopping (timeout, stall) had completed the run after all:
+    every node's rows say it finished. A node that was stopped returns normally, without that
+    row, so the job can end without an error before the cancel reaches Spark: that is the
+    stop's outcome, not a completed run (once read as "only 0 of 2 tasks reported back")."""
+    table = box.get("table")
+    return table is not None and len(result_transfer.read_stage(table).finished) >= num_nodes
+
+
 def _run_stage(
     spark: Any,
     spec: RunSpec,
@@ -181,12 +190,12 @@ def _run_stage(
         finished = done.is_set()
         if not finished and stall.failed.is_set():
             cancel("the run stalled (stall_action='fail')")
-            if "table" not in box:
+            if not completed_while_stopping(box, plan.num_nodes):
                 raise stall.error()
-            finished = True  # it completed while being stopped
+            finished = True
         if not finished:
             cancel("timeout")
-        if not finished and "table" not in box:  # (a job that completed right at the deadline succeeded)
+        if not finished and not completed_while_stopping(box, plan.num_nodes):
             running = [
                 RankFailure(rank=r, host="?", exc_type="still running", exc_message="stopped", last_lines=attempt.tail(r))
                 for r in range(plan.world_size)

@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import platform
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, 
 from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
+from spark_torch.driver.run.flight_recorder import trace_dir
 from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
@@ -277,10 +277,7 @@ class RunController:
             score_order=config.checkpoint_score_order,
             membership=self.membership if config.elastic_grow else None,
             on_stall=self.sink.status.stalled,
-            trace_dir=os.path.join(
-                config.log_dir or os.path.join(tempfile.gettempdir(), "spark_torch_traces", self.result.run_id),
-                "flight-recorder" if config.log_dir else "", f"attempt-{number}",
-            ),
+            trace_dir=trace_dir(config.log_dir, self.result.run_id, self.first_attempt + number),
         )
         return record, attempt
 

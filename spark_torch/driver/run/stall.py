@@ -16,26 +16,23 @@ their stacks from here too (:meth:`StallWatch.stacks`), shown once, in their exc
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir
 from spark_torch.errors import RunStalledError
-from spark_torch.stacks import MAX_TRACE_BYTES, RankStack, StackState, format_stacks
+from spark_torch.stacks import RankStack, StackState, format_stacks
 
-__all__ = ["StallWatch", "note_stacks", "in_flight"]
+__all__ = ["StallWatch", "note_stacks"]
 
 logger = logging.getLogger(__name__)
 
 #: with stall_action="fail", how long the ranks' Flight Recorder traces may take to arrive
 #: before the attempt is stopped
 TRACE_WAIT_SECONDS = 3.0
-#: how the traces' files are named (torch's Flight Recorder JSON dump, one per rank)
-TRACE_FILE = "rank_{rank}.json"
 
 
 class StallWatch:
@@ -49,16 +46,13 @@ class StallWatch:
         *,
         stop: Callable[[str], None] | None = None,
         on_status: Callable[[float | None], None] | None = None,
-        trace_dir: str | None = None,
+        trace_dir: TraceDir | None = None,
     ) -> None:
         self.world_size = world_size
-        #: where the ranks' Flight Recorder traces are written when a stall is found
-        self.trace_dir = trace_dir
+        #: the ranks' Flight Recorder traces, asked for when a stall is found
+        self.recorder = FlightRecorder(world_size, trace_dir)
         #: asks the nodes for those traces (set by the attempt once its nodes can be reached)
         self.request_traces: Callable[[], None] | None = None
-        self._traced: set[int] = set()
-        self._summaries: dict[int, str] = {}
-        self._traces_arrived = threading.Condition()
         self.timeout = timeout
         self.action = action
         self._stop = stop
@@ -97,55 +91,17 @@ class StallWatch:
                     self._latest[stack.rank] = (stack, now)
 
     def trace(self, rank: Any, data: bytes) -> None:
-        """A rank's Flight Recorder trace: written to ``trace_dir`` as it came (a pickle that is
-        never loaded here: a rank could have written anything into it)."""
-        if self.trace_dir is None or not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            return
-        if not data or len(data) > MAX_TRACE_BYTES:
-            return
-        try:
-            os.makedirs(self.trace_dir, mode=0o700, exist_ok=True)
-            path = os.path.join(self.trace_dir, TRACE_FILE.format(rank=rank))
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-        except OSError as exc:
-            logger.debug("spark_torch: rank %d's Flight Recorder trace could not be written: %s", rank, exc)
-            return
-        with self._traces_arrived:
-            new = rank not in self._traced
-            self._traced.add(rank)
-            self._summaries[rank] = in_flight(data)
-            self._traces_arrived.notify_all()
-            complete = new and len(self._traced) == self.world_size
-            summary = "\n".join(f"  rank {r}: {text}" for r, text in sorted(self._summaries.items()))
-        if complete:
-            logger.warning(
-                "spark_torch: torch's Flight Recorder, the collectives in flight on each rank (JSON per rank in %s):\n%s",
-                self.trace_dir, summary,
-            )
+        """A rank's Flight Recorder trace, as a node sent it (queued, never raises:
+        :class:`~spark_torch.driver.run.flight_recorder.FlightRecorder`)."""
+        self.recorder.receive(rank, data)
 
     def _ask_for_traces(self, wait: float = 0.0) -> None:
         """Ask the nodes for the ranks' traces; wait up to ``wait`` seconds for every running rank's."""
-        if self.request_traces is None or self.trace_dir is None:
-            return
-        try:
-            self.request_traces()
-        except Exception:  # noqa: BLE001 - traces are extra: a failure to ask must not break the run
-            logger.debug("spark_torch: could not ask for Flight Recorder traces", exc_info=True)
-            return
         running = {s.rank for s in self.current() if s.state is not StackState.EXITED}
-        with self._traces_arrived:
-            self._traces_arrived.wait_for(lambda: running <= self._traced, timeout=wait)
+        self.recorder.ask(self.request_traces, running, wait)
 
     def _traces_note(self) -> str:
-        if self.trace_dir is None or self.request_traces is None:
-            return ""
-        with self._traces_arrived:
-            lines = [f"  rank {r}: {text}" for r, text in sorted(self._summaries.items())]
-        if lines:
-            return f"\nCollectives in flight (torch's Flight Recorder; JSON per rank in {self.trace_dir}):\n" + "\n".join(lines)
-        return f"\nThe ranks' Flight Recorder traces (torch's record of their collectives) go to {self.trace_dir}"
+        return self.recorder.note() if self.request_traces is not None else ""
 
     def freeze(self) -> None:
         """Keep the stacks as they are now: the ranks are about to be stopped (timeout, stall,
@@ -272,6 +228,7 @@ class StallWatch:
         self._closed.set()
         if self._thread is not None:
             self._thread.join(2.0)
+        self.recorder.close()
         with self._lock:
             stopped = self._frozen
         if stopped:
@@ -289,25 +246,6 @@ class StallWatch:
         self._stalled_since = None
         if self._on_status is not None:
             self._on_status(None)
-
-
-def in_flight(data: bytes, shown: int = 3) -> str:
-    """One line from a rank's Flight Recorder JSON: the collectives still in flight (name, sequence
-    number, state, input sizes), or why there is nothing to show. Plain JSON, bounded: the text
-    came from a rank."""
-    try:
-        entries = json.loads(data.decode("utf-8", "replace")).get("entries") or []
-    except (ValueError, AttributeError):
-        return "(not a Flight Recorder dump)"
-    active = [e for e in entries if isinstance(e, dict)]
-    if not active:
-        return "no collective in flight"
-    parts = []
-    for entry in active[-shown:]:
-        name = str(entry.get("profiling_name", "?"))[:60]
-        parts.append(f"{name} #{entry.get('collective_seq_id', '?')} {str(entry.get('state', '?'))[:20]} sizes {str(entry.get('input_sizes', '?'))[:80]}")
-    more = f" (+{len(active) - shown} earlier)" if len(active) > shown else ""
-    return "; ".join(parts) + more
 
 
 def note_stacks(interrupt: BaseException, stall: StallWatch) -> None:

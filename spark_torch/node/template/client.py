@@ -27,7 +27,6 @@ import logging
 import os
 import select
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from spark_torch.node.template.protocol import (
     runner_umask,
     startup_env,
 )
+from spark_torch.owned_files import own_directory
 
 __all__ = [
     "WarmProcess",
@@ -129,13 +129,7 @@ def _socket_dir() -> str:
     """This user's private directory of template sockets (created 0700; refused if another
     user owns it or others may write to it)."""
     path = os.path.join(tempfile.gettempdir(), f"spark_torch_templates-{os.getuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise OSError(f"{path} is not a private directory of this user (owner {info.st_uid}, mode {oct(info.st_mode)})")
+    os.close(own_directory(path, private=True))
     return path
 
 

@@ -1,0 +1,85 @@
+"""Files and folders that only this user's process may have made: the one set of checks behind
+``log_dir``'s rank logs, the Flight Recorder trace files and the warm-start template's sockets.
+
+A path in a shared place (a ``log_dir`` others can write to, the temporary directory) can hold
+something planted there: a symbolic link or a hard link to a victim's file (writing would change
+it), a FIFO (opening it would block), a folder of another user (who could swap its contents).
+These functions refuse all of them with :class:`UnsafePathError`, whose ``reason`` says what
+was found.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+__all__ = ["UnsafePathError", "open_own_file", "own_directory"]
+
+
+class UnsafePathError(OSError):
+    """A path that is not this user's own regular file or folder; ``reason`` says what it is."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def open_own_file(path: str, *, append: bool, dir_fd: int | None = None) -> int:
+    """A descriptor of ``path`` for writing, created 0600 if missing: only a regular file of this
+    user with one name (never through a symbolic link, never a FIFO: opened non-blocking, a FIFO
+    cannot block the caller). With ``append`` it is opened for appending, otherwise emptied, but
+    only after the checks (a hard link is refused before it is truncated). ``dir_fd``: ``path`` is
+    relative to that folder."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_APPEND if append else 0)
+    try:
+        fd = os.open(path, flags, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        reasons = {errno.ELOOP: "is a symbolic link", errno.ENXIO: "is a named pipe (FIFO), not a regular file"}
+        raise UnsafePathError(path, reasons.get(exc.errno or 0, f"cannot be opened ({exc.strerror})")) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise UnsafePathError(path, f"is not a regular file of this user (owner uid {info.st_uid})")
+        if info.st_nlink != 1:
+            raise UnsafePathError(
+                path,
+                f"has {info.st_nlink} names (a hard link: writing would also change the file under its other name)",
+            )
+        os.set_blocking(fd, True)  # a regular file: writes block as usual
+        os.fchmod(fd, 0o600)  # also when our own file existed with wider permissions
+        if not append:
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def own_directory(path: str, *, private: bool, dir_fd: int | None = None) -> int:
+    """A descriptor of the folder ``path`` (created 0700 if missing), which must be a folder of
+    this user (not a symbolic link) that nobody else may write to; with ``private``, that nobody
+    else may read either. ``dir_fd``: ``path`` is relative to that folder (so a parent checked
+    before cannot be swapped under it). The caller closes the descriptor."""
+    try:
+        os.mkdir(path, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UnsafePathError(path, f"cannot be created ({exc.strerror})") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        reason = "is a symbolic link" if exc.errno == errno.ELOOP else f"is not a usable folder ({exc.strerror})"
+        raise UnsafePathError(path, reason) from None
+    info = os.fstat(fd)
+    others = 0o077 if private else 0o022
+    if info.st_uid != os.getuid() or info.st_mode & others:
+        os.close(fd)
+        raise UnsafePathError(
+            path,
+            f"is not a folder of this user that only it may {'use' if private else 'write to'} "
+            f"(owner uid {info.st_uid}, mode {oct(stat.S_IMODE(info.st_mode))})",
+        )
+    return fd

@@ -1,0 +1,290 @@
+"""torch's Flight Recorder on a stall: the summary (real gloo ranks: mismatched collectives, a
+skipped one, a long run's record cut to its tail, a rank that does not answer), the dump's format
+for ``torchfrtrace``, the trace files' checks (FIFO, hard link, symbolic link, a folder of another
+user or one others may write to), untrusted JSON, and the writer off the channel's thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch import Distributor
+from spark_torch.driver.run import flight_recorder
+from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir, trace_dir
+from spark_torch.driver.run.stall import StallWatch
+from spark_torch.fr_dumps import keep_tail, rank_line, read_dump, summary
+from spark_torch.stacks import MAX_TRACE_BYTES
+from tests.conftest import SCRIPTS, TESTS
+from tests.fr_programs import stuck_then_talks
+
+#: how long the gloo ranks of one dump may take (a loaded 2-core machine)
+RANKS_SECONDS = 180.0
+#: how long the writer may take to store a trace that arrived
+STORED_SECONDS = 30.0
+
+
+def _gloo_dumps(folder: Path, world: int, count: int, mode: str) -> dict[int, bytes]:
+    """Run ``world`` real gloo ranks of tests/scripts/fr_dump.py; their dumps by rank."""
+    store = folder / "store"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "fr_dump.py"), str(r), str(world), str(store), str(folder), str(count), mode]
+        )
+        for r in range(world)
+    ]
+    try:
+        for proc in procs:
+            assert proc.wait(RANKS_SECONDS) == 0, f"fr_dump.py rank exited {proc.returncode}: see its stderr above"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {r: (folder / f"rank_{r}.json").read_bytes() for r in range(world)}
+
+
+@pytest.fixture(scope="module")
+def mismatched(tmp_path_factory: pytest.TempPathFactory) -> dict[int, bytes]:
+    """Rank 0's collective #21 is an all_reduce, rank 1's a broadcast; both wait forever."""
+    return _gloo_dumps(tmp_path_factory.mktemp("mismatch"), 2, 20, "mismatch")
+
+
+def test_mismatched_collectives_are_named_in_one_line(mismatched: dict[int, bytes]) -> None:
+    lines = summary({r: read_dump(d) for r, d in mismatched.items()})
+    assert lines[0] == "collective #21: rank 0 all_reduce [4], rank 1 broadcast [4]", lines
+    assert "rank 0: gloo:all_reduce #21 in flight, sizes [4]" in lines, lines
+    assert "rank 1: gloo:broadcast #21 in flight, sizes [4]" in lines, lines
+    assert not any("#20 in flight" in line for line in lines), lines  # the 20 completed ones are not in flight
+    page = (TESTS.parent / "docs" / "troubleshooting.md").read_text()
+    shown = next(block for block in re.findall(r"```text\n(.*?)```", page, re.S) if "collective #21" in block)
+    assert shown.splitlines() == lines  # docs/troubleshooting.md shows this run's summary
+
+
+def test_a_rank_that_does_not_answer_leaves_the_others_summary(tmp_path: Path) -> None:
+    dumps = _gloo_dumps(tmp_path, 3, 5, "skip")  # rank 1 skips collective #6
+    lines = summary({r: read_dump(d) for r, d in dumps.items()})
+    assert lines[0] == "rank 1 is at #5, the others at #6", lines
+    assert "rank 1: no collective in flight (last: gloo:all_reduce #5, completed)" in lines, lines
+    lines = summary({0: read_dump(dumps[0]), 1: read_dump(dumps[1]), 2: None})
+    assert lines[0] == "rank 1 is at #5, rank 0 at #6", lines
+    assert lines[-1] == "rank 2: no trace (it did not answer)", lines
+
+
+def test_a_long_runs_record_keeps_its_tail(tmp_path: Path) -> None:
+    dumps = _gloo_dumps(tmp_path, 2, 1500, "skip")
+    assert all(len(d) > MAX_TRACE_BYTES for d in dumps.values()), [len(d) for d in dumps.values()]
+    cut = {r: keep_tail(d, MAX_TRACE_BYTES) for r, d in dumps.items()}
+    assert all(len(d) <= MAX_TRACE_BYTES for d in cut.values())
+    assert json.loads(cut[0])["entries"][-1]["collective_seq_id"] == 1501  # the newest entries stay
+    lines = summary({r: read_dump(d) for r, d in cut.items()})
+    assert lines[0] == "rank 1 is at #1500, rank 0 at #1501", lines
+    assert re.match(r"rank 0: gloo:all_reduce #1501 in flight, sizes \[4\] \[\d+ older entries cut\]$", lines[1]), lines
+
+
+def _doc_converter() -> Any:
+    """docs/troubleshooting.md's ``to_torchfrtrace``, as the page has it."""
+    page = (TESTS.parent / "docs" / "troubleshooting.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "def to_torchfrtrace" in block)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "troubleshooting.md", "exec"), namespace)  # noqa: S102 - the page's own code
+    return namespace["to_torchfrtrace"]
+
+
+def test_the_docs_conversion_feeds_torchfrtrace(mismatched: dict[int, bytes], tmp_path: Path) -> None:
+    for rank, data in mismatched.items():
+        (tmp_path / f"rank_{rank}.json").write_bytes(data)
+    _doc_converter()(str(tmp_path), str(tmp_path / "out"))
+    analysed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=RANKS_SECONDS,
+    )  # fmt: skip
+    assert analysed.returncode == 0, analysed.stderr[-2000:]
+    said = analysed.stdout + analysed.stderr  # torch logs its findings
+    assert "Culprit rank 1; Error type: COLLECTIVE_TYPE_MISMATCH" in said, said[-2000:]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"entries": 5}',
+        b"[" * 100_000,
+        b'{"entries": [5, null, {"collective_seq_id": true}, {"collective_seq_id": 3, "input_sizes": [[1, "x"]]}]}',
+        b"\x80\x04pickled",
+        b'"entries"',
+        b'{"entries": [{"collective_seq_id": 1, "profiling_name": "' + b"x" * 10_000 + b'"}]}',
+    ],
+    ids=["entries-not-a-list", "deep-nesting", "bad-fields", "a-pickle", "a-string", "huge-name"],
+)
+def test_bad_dumps_are_read_without_a_raise(data: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dump = read_dump(data)
+    lines = summary({0: dump, 1: None})
+    assert all(len(line) < 400 for line in lines), lines
+    recorder = FlightRecorder(2, TraceDir(str(tmp_path), ("traces",)))
+    with caplog.at_level(logging.DEBUG, logger="spark_torch"):
+        recorder.receive(0, data)
+        recorder.receive("0", data)  # a rank that is not a rank
+        recorder.receive(True, data)
+        recorder.receive(0, "text, not bytes")
+        recorder.ask(lambda: None, {0}, STORED_SECONDS)
+        note = recorder.note()
+        recorder.close()
+    assert "rank 0: " in note and "rank 1" not in note, note
+    assert (tmp_path / "traces" / "rank_0.json").read_bytes() == data
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def test_a_trace_too_large_is_dropped_not_stored(tmp_path: Path) -> None:
+    recorder = FlightRecorder(1, TraceDir(str(tmp_path), ("traces",)))
+    recorder.receive(0, b" " * (MAX_TRACE_BYTES + 1))
+    recorder.close()
+    assert not (tmp_path / "traces").exists()
+
+
+def _store(tmp_path: Path, where: TraceDir, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """One trace through a recorder; the warnings it logged."""
+    recorder = FlightRecorder(1, where)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        recorder.receive(0, b'{"entries": []}')
+        recorder.ask(lambda: None, {0}, STORED_SECONDS)
+        recorder.close()
+    assert time.monotonic() - start < STORED_SECONDS  # nothing planted blocks the writer
+    return [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    path = tmp_path / "victim"
+    path.write_text("precious")
+    return path
+
+
+def _planted(tmp_path: Path) -> Path:
+    folder = tmp_path / "logs" / "flight-recorder" / "attempt-0"
+    folder.mkdir(parents=True, mode=0o700)
+    return folder / "rank_0.json"
+
+
+def test_a_fifo_at_the_trace_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    os.mkfifo(_planted(tmp_path))
+    warnings = _store(tmp_path, trace_dir(str(tmp_path / "logs"), "run", 0), caplog)
+    assert len(warnings) == 1 and "rank_0.json is a named pipe (FIFO), not a regular file" in warnings[0], warnings
+    assert "choose another log_dir" in warnings[0]
+
+
+def test_a_hard_link_at_the_trace_file_is_refused(
+    tmp_path: Path, victim: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    os.link(victim, _planted(tmp_path))
+    warnings = _store(tmp_path, trace_dir(str(tmp_path / "logs"), "run", 0), caplog)
+    assert len(warnings) == 1 and "rank_0.json has 2 names (a hard link" in warnings[0], warnings
+    assert victim.read_text() == "precious"  # not truncated
+
+
+def test_a_symbolic_link_at_the_trace_file_is_refused(
+    tmp_path: Path, victim: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _planted(tmp_path).symlink_to(victim)
+    warnings = _store(tmp_path, trace_dir(str(tmp_path / "logs"), "run", 0), caplog)
+    assert len(warnings) == 1 and "rank_0.json is a symbolic link" in warnings[0], warnings
+    assert victim.read_text() == "precious"
+
+
+def test_a_folder_others_may_write_to_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "logs" / "flight-recorder"
+    folder.mkdir(parents=True)
+    folder.chmod(0o775)
+    warnings = _store(tmp_path, trace_dir(str(tmp_path / "logs"), "run", 0), caplog)
+    assert (
+        len(warnings) == 1 and "flight-recorder is not a folder of this user that only it may write to" in warnings[0]
+    )
+    assert not (folder / "attempt-0").exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder of another user needs root")
+def test_a_folder_of_another_user_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "logs" / "flight-recorder"
+    folder.mkdir(parents=True, mode=0o700)
+    os.chown(folder, 4242, 4242)
+    warnings = _store(tmp_path, trace_dir(str(tmp_path / "logs"), "run", 0), caplog)
+    assert len(warnings) == 1 and "(owner uid 4242" in warnings[0], warnings
+
+
+def test_without_log_dir_a_private_folder_of_this_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    where = trace_dir(None, "run-1", 3)
+    mine = tmp_path / f"spark_torch_traces-{os.getuid()}"
+    assert where.path == str(mine / "run-1" / "attempt-3")
+    assert _store(tmp_path, where, caplog) == []
+    assert (mine / "run-1" / "attempt-3" / "rank_0.json").read_bytes() == b'{"entries": []}'
+    assert mine.stat().st_mode & 0o777 == 0o700
+    mine.chmod(0o755)  # readable by others: a shared folder, not this user's own
+    warnings = _store(tmp_path, trace_dir(None, "run-2", 0), caplog)
+    assert (
+        len(warnings) == 1
+        and f"spark_torch_traces-{os.getuid()} is not a folder of this user that only it may use" in warnings[0]
+    )
+
+
+def test_a_stall_watch_never_raises_on_a_trace(tmp_path: Path) -> None:
+    watch = StallWatch(2, 0, trace_dir=TraceDir(str(tmp_path), ("t",)))
+    for rank, data in ((0, b'{"entries": 5}'), (None, b"x"), (7, b"x"), (1, b"[" * 100_000)):
+        watch.trace(rank, data)
+    watch.close()
+
+
+@pytest.fixture
+def slow_writes(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every trace write blocks until released (or a deadline: then ``timed_out`` is set)."""
+    entered, released, timed_out = threading.Event(), threading.Event(), threading.Event()
+    write = flight_recorder._write_trace
+
+    def slow(folder: int, rank: int, data: bytes) -> None:
+        entered.set()
+        if not released.wait(RANKS_SECONDS):
+            timed_out.set()
+        write(folder, rank, data)
+
+    monkeypatch.setattr(flight_recorder, "_write_trace", slow)
+    yield entered, timed_out
+    released.set()
+
+
+def test_lines_keep_arriving_while_a_trace_is_written_slowly(
+    spark_session: Any, slow_writes: Any, tmp_path: Path, no_leftovers: None
+) -> None:
+    entered, timed_out = slow_writes
+    result = Distributor(
+        num_processes=2, local_mode=False, spark=spark_session, stall_timeout=2, log_dir=str(tmp_path), log_ranks=[]
+    ).run(stuck_then_talks, 20)
+    assert result == 3
+    assert entered.is_set(), "no trace was written: did the stall go unnoticed?"
+    assert not timed_out.is_set(), "the run ended only once the slow write gave up: it held the channel"
+    assert "rank 1 talks after the stall" in (tmp_path / "rank-1.log").read_text()
+    assert (tmp_path / "flight-recorder" / "attempt-0").is_dir()  # the first attempt's number
+
+
+def test_a_rank_without_collectives_yet() -> None:
+    dump = read_dump(b'{"version": "2.10", "pg_config": {}}')  # torch leaves "entries" out
+    assert summary({0: dump}) == ["rank 0: no collective in flight"]
+
+
+def test_a_started_nccl_collective() -> None:
+    dump = read_dump(
+        b'{"entries": [{"profiling_name": "nccl:all_reduce", "collective_seq_id": 7, "state": "started",'
+        b' "retired": false, "input_sizes": [[4, 4]]}]}'
+    )
+    assert rank_line(dump) == "nccl:all_reduce #7 in flight (started), sizes [4, 4]"

@@ -1,0 +1,90 @@
+"""A stopped distributed run ends as the error of its cause, whichever way the stop races.
+
+When the driver stops an attempt (its timeout, ``stall_action="fail"``), the nodes stop their
+ranks and their barrier tasks return normally, without the "finished" row. If that happens before
+the driver's cancel reaches Spark, the job *completes*; that completion once read as a finished
+run and ended as ``LaunchError: only 0 of 2 Spark barrier tasks reported back`` without stacks.
+These tests make that order certain: the cancel waits for the job to complete first.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from spark_torch import Distributor, RunStalledError, RunTimeoutError
+from spark_torch.driver.run import barrier
+from spark_torch.node import result_transfer
+from tests.stall_programs import one_rank_stuck
+
+#: how long the job may take to end by itself once the nodes were stopped
+JOB_END_SECONDS = 60.0
+
+
+@pytest.fixture
+def job_completes_before_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's cancel waits until the stopped job has completed on its own (the losing
+    order of the race, made certain), then cancels as usual."""
+    cancel = barrier.cancel_tagged_job
+
+    def late_cancel(spark: Any, tag: str) -> None:
+        tracker = spark.sparkContext.statusTracker()
+        deadline = time.monotonic() + JOB_END_SECONDS
+        while any(
+            (info := tracker.getJobInfo(job)) is not None and info.status == "RUNNING"
+            for job in tracker.getJobIdsForGroup(tag)
+        ):
+            assert time.monotonic() < deadline, (
+                f"the stopped job {tag} did not end within {JOB_END_SECONDS}s after its nodes were stopped; "
+                "do the nodes return when the driver stops them?"
+            )
+            time.sleep(0.1)  # polling Spark's status tracker, which has no wait
+        cancel(spark, tag)
+
+    monkeypatch.setattr(barrier, "cancel_tagged_job", late_cancel)
+
+
+def _rows(finished: list[bool]) -> Any:
+    import pyarrow as pa
+
+    batches = [
+        batch
+        for node, done in enumerate(finished)
+        for batch in result_transfer.node_rows(
+            node, finished=done, channel_error=None, delivered=None, result_file=None
+        )
+    ]
+    return pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
+
+
+def test_rows_of_stopped_nodes_are_not_a_completed_run() -> None:
+    assert not barrier.completed_while_stopping({}, 2)
+    assert not barrier.completed_while_stopping({"table": _rows([False, False])}, 2)
+    assert not barrier.completed_while_stopping({"table": _rows([True, False])}, 2)
+    assert barrier.completed_while_stopping({"table": _rows([True, True])}, 2)
+
+
+def test_a_timeout_whose_job_completes_while_stopping(
+    spark_session: Any, job_completes_before_cancel: None, no_leftovers: None
+) -> None:
+    start = time.monotonic()
+    # a timeout long enough for both ranks to be sampled first (a loaded 2-core machine took over
+    # 45 s to start a barrier stage): the error must carry where they were
+    with pytest.raises(RunTimeoutError, match=r"exceeded timeout=90s; the Spark job was cancelled") as info:
+        Distributor(
+            num_processes=2, local_mode=False, spark=spark_session, timeout=90, stall_timeout=600, log_ranks=[]
+        ).run(one_rank_stuck, 3600)
+    assert set(info.value.stacks) == {0, 1} and "wait_for_the_loader" in info.value.stacks[1], info.value.stacks
+    assert time.monotonic() - start < 90 + JOB_END_SECONDS
+
+
+def test_a_stall_whose_job_completes_while_stopping(
+    spark_session: Any, job_completes_before_cancel: None, no_leftovers: None
+) -> None:
+    with pytest.raises(RunStalledError, match=r"stall_action='fail'") as info:
+        Distributor(
+            num_processes=2, local_mode=False, spark=spark_session, stall_timeout=2, stall_action="fail", log_ranks=[]
+        ).run(one_rank_stuck, 3600)
+    assert set(info.value.stacks) == {0, 1} and "wait_for_the_loader" in info.value.stacks[1], info.value.stacks
