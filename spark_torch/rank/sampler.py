@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 from spark_torch import envnames
 from spark_torch.fr_dumps import keep_tail
@@ -54,10 +54,16 @@ def _flight_recorder_trace() -> bytes | None:
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         return None
     c10d = sys.modules["torch"]._C._distributed_c10d
-    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
-    if dump is None:
-        return None
-    data = dump(True, True)  # the collectives, only those still active
+    # NCCL keeps a recorder of its own (a CUDA build's ProcessGroupNCCL); the generic one holds
+    # gloo's collectives. A dump without "entries" recorded nothing: try the next one.
+    data: Any = None
+    for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        data = dump(True, True)  # the collectives, only those still active
+        if data and '"entries"' in (data if isinstance(data, str) else bytes(data).decode("utf-8", "replace")):
+            break
     return data.encode("utf-8") if isinstance(data, str) else bytes(data) if data else None
 
 
