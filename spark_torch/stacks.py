@@ -26,6 +26,7 @@ __all__ = [
     "native_dump_path",
     "child_stack_path",
     "strip_source_lines",
+    "report_deadlock",
     "MAX_TRACE_BYTES",
     "DUMP_SIGNAL_OFFSET",
 ]
@@ -180,6 +181,35 @@ def innermost_call(text: str) -> str:
         if users:
             return f"{name}, from {users[-1][1]}"
     return name
+
+
+#: a torch.distributed call (a collective, a point-to-point wait, a barrier)
+_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+def _waits_in_report(text: str) -> bool:
+    return any(_PACKAGE.search(file) and name == "report" for file, name in _main_frames(text))
+
+
+def _waits_in_distributed(text: str) -> bool:
+    outside = [file for file, _ in _main_frames(text) if not _STDLIB.search(file)]
+    return bool(outside) and bool(_DISTRIBUTED.search(outside[-1]))
+
+
+def report_deadlock(stacks: Sequence[RankStack], after: float) -> tuple[list[int], list[RankStack]] | None:
+    """``(ranks in report(), the other ranks)`` when some ranks wait in :func:`spark_torch.report`
+    while every other running rank has waited at least ``after`` seconds inside a
+    torch.distributed call: they cannot reach report() until a collective completes, and the
+    ranks in report() cannot join it until they do (report() under ``if rank == 0:``). None
+    otherwise, and whenever a rank's position is not known for sure."""
+    live = [s for s in stacks if s.state is not StackState.EXITED]
+    if not live or any(s.state is not StackState.SAMPLED or s.idle < after for s in live):
+        return None
+    in_report = [s.rank for s in live if _waits_in_report(s.text)]
+    elsewhere = [s for s in live if s.rank not in in_report]
+    if not in_report or not elsewhere or not all(_waits_in_distributed(s.text) for s in elsewhere):
+        return None
+    return in_report, elsewhere
 
 
 def strip_source_lines(text: str) -> str:

@@ -202,3 +202,20 @@ def report_then_fail_on_rank_1() -> None:
     if os.environ["RANK"] == "1":
         raise ValueError("the real problem of rank 1")
     spark_torch.report({"a": 2})
+
+
+def report_on_rank_0_in_a_ddp_loop(steps: int) -> int:
+    """The usual misuse: report() under ``if rank == 0:`` in a loop whose every step all-reduces.
+    Rank 0 waits in report() for rank 1, which waits in the next all_reduce for rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    import spark_torch
+
+    dist.init_process_group("gloo")
+    value = torch.ones(1)
+    for step in range(steps):
+        dist.all_reduce(value)
+        if dist.get_rank() == 0:
+            spark_torch.report({"loss": float(step)})
+    return int(value.item())

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spark_torch import ConfigurationError, DistributedRunError, Distributor, RunTimeoutError, get_checkpoint, report
+from spark_torch import (
+    ConfigurationError,
+    DistributedRunError,
+    Distributor,
+    RunStalledError,
+    RunTimeoutError,
+    get_checkpoint,
+    report,
+)
 from spark_torch.reporting.storage import MANIFEST, RunStorage
 
 from .conftest import SCRIPTS
@@ -21,6 +30,7 @@ from .report_programs import (
     report_after_hiding_storage,
     report_and_check_persisted,
     report_bad_metric,
+    report_on_rank_0_in_a_ddp_loop,
     report_on_rank_0_only,
     report_scores,
     report_steps,
@@ -294,6 +304,33 @@ def test_report_on_some_ranks_fails_at_once_naming_the_ranks_that_ended(
         "on every rank (pass checkpoint= only on the ranks that have files to save), not under `if rank == 0:`"
     ) in str(error)
     assert d.last_run is not None and [row["step"] for row in d.last_run.rows] == list(range(1, step))
+
+
+@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+def test_report_on_rank_0_while_rank_1_waits_in_a_collective_fails_in_seconds(
+    local_mode: bool, spark_session: Any, tmp_path: Path, no_leftovers: None
+) -> None:
+    """report() under ``if rank == 0:`` in a DDP loop: rank 0 waits in report(), rank 1 in the
+    next all_reduce. Neither rank ends, so only their positions tell: the run fails once both
+    have waited REPORT_DEADLOCK_SECONDS, at the default stall_timeout (600 s) and
+    stall_action ("warn"), with the report() error and both stacks."""
+    d = Distributor(
+        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path / "runs",
+        timeout=240, log_ranks=[],
+    )  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(DistributedRunError) as caught:
+        d.run(report_on_rank_0_in_a_ddp_loop, 5)
+    error = caught.value
+    assert not isinstance(error, (RunTimeoutError, RunStalledError)), str(error)
+    message = str(error)
+    assert message.startswith(
+        "report() is a collective every rank must call, the same number of times: rank(s) 0 wait in report() while "
+        "rank(s) 1 did not call it and wait in all_reduce, from report_on_rank_0_in_a_ddp_loop for "
+    ), message
+    assert "Call report() on every rank" in message and "not under `if rank == 0:`" in message
+    assert set(error.stacks) == {0, 1} and "spark_torch.report(" in message
+    assert time.monotonic() - started < 120  # REPORT_DEADLOCK_SECONDS after both wait; timeout=240 is only the deadline
 
 
 @pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])

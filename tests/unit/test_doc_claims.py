@@ -104,6 +104,15 @@ def test_torchdistributor_page_hung_runs_row_is_the_code() -> None:
     assert issubclass(errors.RunStalledError, errors.DistributedRunError) and issubclass(errors.RunTimeoutError, TimeoutError)
 
 
+def test_checkpoints_page_says_when_report_on_some_ranks_fails() -> None:
+    """docs/checkpoints.md gives the wait after which report() under ``if rank == 0:`` fails
+    (tested end to end in tests/test_report.py), as the code has it."""
+    from spark_torch.driver.run.stall import REPORT_DEADLOCK_SECONDS
+
+    page = " ".join((ROOT / "docs" / "checkpoints.md").read_text(encoding="utf-8").split())
+    assert f"once both have waited {REPORT_DEADLOCK_SECONDS:g} s the run fails with `DistributedRunError`" in page
+
+
 def _argparse_options(path: Path) -> list[str]:
     """The long options an example's ``add_argument`` calls define, in order."""
     import ast

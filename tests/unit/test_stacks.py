@@ -247,3 +247,16 @@ def test_progress_is_computing_or_io_not_waiting() -> None:
     finally:
         orders.put("end")
         thread.join(30)
+
+
+def test_report_deadlock_needs_ranks_in_report_and_every_other_rank_waiting_in_a_collective() -> None:
+    from spark_torch.stacks import report_deadlock
+
+    in_report = RankStack(0, IN_REPORT, 6.0)
+    in_reduce = RankStack(1, IN_REDUCE, 6.0)
+    assert report_deadlock([in_report, in_reduce], after=5.0) == ([0], [in_reduce])
+    assert report_deadlock([in_report, RankStack(1, IN_REDUCE, 4.0)], after=5.0) is None  # not long enough
+    assert report_deadlock([in_report, RankStack(1, LOAD, 60.0)], after=5.0) is None  # elsewhere, not a collective
+    assert report_deadlock([RankStack(0, IN_REPORT, 6.0), RankStack(1, IN_REPORT, 6.0)], after=5.0) is None  # all there
+    assert report_deadlock([in_report, RankStack(1, IN_REDUCE, 60.0, StackState.NOT_ANSWERING)], after=5.0) is None
+    assert report_deadlock([in_report, RankStack(1, IN_REDUCE, 6.0, StackState.EXITED)], after=5.0) is None

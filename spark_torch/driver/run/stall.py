@@ -23,8 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir
-from spark_torch.errors import RunStalledError
-from spark_torch.stacks import RankStack, StackState, format_stacks
+from spark_torch.errors import DistributedRunError, RunStalledError
+from spark_torch.reporting.api import NOT_EVERY_RANK
+from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, report_deadlock
 
 __all__ = ["StallWatch", "note_stacks"]
 
@@ -33,6 +34,11 @@ logger = logging.getLogger(__name__)
 #: with stall_action="fail", how long the ranks' Flight Recorder traces may take to arrive
 #: before the attempt is stopped
 TRACE_WAIT_SECONDS = 3.0
+
+
+#: ranks in report() while every other rank waits this long in a collective: a deadlock of report()
+#: under ``if rank == 0:`` (a collective of other ranks that just takes long is a few seconds at most)
+REPORT_DEADLOCK_SECONDS = 5.0
 
 
 class StallWatch:
@@ -67,7 +73,7 @@ class StallWatch:
         self._shown: dict[int, tuple[str, StackState]] = {}
         #: set once ``stall_action="fail"`` stopped the attempt
         self.failed = threading.Event()
-        self._failure: RunStalledError | None = None
+        self._failure: DistributedRunError | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         if timeout > 0:
@@ -153,6 +159,10 @@ class StallWatch:
             if not frozen:
                 self._moved_again()  # the ranks ended by themselves
             return
+        deadlock = report_deadlock(stacks, REPORT_DEADLOCK_SECONDS)
+        if deadlock is not None and not self.failed.is_set():
+            self._fail_in_report(*deadlock, stacks)
+            return
         idle = min(s.idle for s in stacks)
         if idle < self.timeout:
             self._moved_again()
@@ -192,6 +202,25 @@ class StallWatch:
         if self._stop is not None:
             self._stop(f"stalled: no rank made progress for {idle:.0f}s")
 
+    def _fail_in_report(self, in_report: list[int], elsewhere: list[RankStack], stacks: list[RankStack]) -> None:
+        """Some ranks wait in report() while the others wait in a collective: neither can go on,
+        whatever ``stall_action`` says; the attempt ends as the error of that misuse."""
+        where = innermost_call(elsewhere[0].text)
+        headline = (
+            f"{NOT_EVERY_RANK}, the same number of times: rank(s) {rank_ranges(in_report)} wait in report() while "
+            f"rank(s) {rank_ranges(s.rank for s in elsewhere)} did not call it and wait in {where} for "
+            f"{min(s.idle for s in elsewhere):.0f}s; neither can go on. Call report() on every rank (pass checkpoint= "
+            "only on the ranks that have files to save), not under `if rank == 0:`"
+        )
+        logger.warning("spark_torch: %s; stopping the run", headline)
+        self._failure = DistributedRunError(
+            [], headline=headline, stacks={s.rank: s.text for s in stacks}, stacks_text=format_stacks(stacks)
+        )
+        self.failed.set()
+        self.freeze()
+        if self._stop is not None:
+            self._stop("report() on some ranks only")
+
     def _warn(self, idle: float, stacks: list[RankStack], first: bool) -> None:
         """The stacks once per stall (again when one changed), else a short line per stall_timeout."""
         now = time.monotonic()
@@ -210,8 +239,8 @@ class StallWatch:
             self._traces_note() if first else "",
         )
 
-    def error(self) -> RunStalledError:
-        """The error of an attempt this watch stopped."""
+    def error(self) -> DistributedRunError:
+        """The error of an attempt this watch stopped (RunStalledError for a stall)."""
         assert self._failure is not None, "error() before the watch failed the attempt"
         return self._failure
 
