@@ -288,3 +288,21 @@ def test_a_started_nccl_collective() -> None:
         b' "retired": false, "input_sizes": [[4, 4]]}]}'
     )
     assert rank_line(dump) == "nccl:all_reduce #7 in flight (started), sizes [4, 4]"
+
+
+def test_a_resumed_runs_trace_folders_number_on_as_its_attempts(tmp_path: Path, no_leftovers: None) -> None:
+    """Two run() calls with one run_id: the second call's traces go to attempt-1, the number its
+    own AttemptRecord has (the first call's attempt-0 is kept, not overwritten)."""
+    from tests.stall_programs import one_rank_stuck
+
+    logs = tmp_path / "logs"
+    for call in range(2):
+        d = Distributor(
+            num_processes=2, run_id="traces-number-on", storage_path=str(tmp_path / "runs"), log_dir=str(logs),
+            stall_timeout=2, log_ranks=[],
+        )  # fmt: skip
+        assert d.run(one_rank_stuck, 8) == 3
+        assert d.last_run is not None and [a.attempt for a in d.last_run.attempts] == [call]
+        folder = logs / "flight-recorder" / f"attempt-{call}"
+        assert folder.is_dir() and sorted(p.name for p in folder.iterdir()) == ["rank_0.json", "rank_1.json"], call
+    assert (logs / "flight-recorder" / "attempt-0" / "rank_0.json").exists()
