@@ -237,6 +237,12 @@ SETTINGS: tuple[Setting, ...] = (
         "stall_all_threads", "SPARK_TORCH_STALL_ALL_THREADS", "spark.torch.stall.allThreads", False, _switch, "true or false",
         "Stall messages show every thread of each rank, not only its main thread.",
     ),
+    Setting(
+        "spark_logs", "SPARK_TORCH_SPARK_LOGS", "spark.torch.sparkLogs.enabled", False, _switch, "true or false",
+        "Keep Spark's own task-failure logs on the console while a run's Spark jobs are active (a Java "
+        "trace per failed or killed task: `Executor`, `TaskSetManager`...). Off: those loggers are quiet "
+        "for the run and restored after it; the run's error says what failed.",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -261,6 +267,7 @@ class Settings:
     stall_timeout: float
     stall_action: str
     stall_all_threads: bool
+    spark_logs: bool
 
     @classmethod
     def defaults(cls) -> Settings:

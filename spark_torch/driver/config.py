@@ -96,6 +96,7 @@ class DistributorConfig:
     stall_timeout: Any = None
     stall_action: Any = None
     stall_all_threads: Any = None
+    spark_logs: Any = None
 
     def __post_init__(self) -> None:
         self._check_reporting()

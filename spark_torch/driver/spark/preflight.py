@@ -10,8 +10,8 @@ naming the interpreter, its version, what it lacks and the fix.
 
 PySpark's worker itself refuses a Python whose minor version differs from the driver's (or that
 does not start at all) before the probe runs; that failure is recognised and reported the same
-way, and the scheduler's log lines about it (a Java trace per failed task) are held back while
-the probe runs.
+way; the scheduler's log lines about it (a Java trace per failed task) are held back by the
+caller (:func:`~spark_torch.driver.spark.quiet.quiet_spark_logs`, around a whole run).
 
 A probe costs about 0.2 s on a warm local cluster, so a passing answer is remembered per
 SparkContext and executor set (per session under Spark Connect): only the first run, and the
@@ -29,8 +29,7 @@ import sys
 import threading
 import types
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +47,6 @@ IMPORTED = ("psutil", "cloudpickle", "cryptography.hazmat.primitives.ciphers.aea
 FOUND = ("pyarrow", "torch")
 #: how long the probe may take before the run goes on without it (a cluster still scaling up)
 PROBE_SECONDS = 60.0
-#: the scheduler loggers that print a Java trace for every failed probe task
-_QUIET_LOGGERS = ("org.apache.spark.scheduler.TaskSetManager", "org.apache.spark.executor.Executor")
 
 _lock = threading.Lock()
 #: (SparkContext or session, executor set) keys whose executors passed
@@ -129,38 +126,6 @@ def _configured_python(spark: Any) -> str | None:
     return str(spark.sparkContext.pythonExec)
 
 
-@contextmanager
-def _quiet_scheduler(spark: Any) -> Iterator[None]:
-    """Hold back the scheduler's per-task Java traces while the probe runs (classic only)."""
-    if is_connect_session(spark):
-        yield
-        return
-    try:
-        jvm = spark.sparkContext._jvm
-        log4j = jvm.org.apache.logging.log4j
-        context = log4j.LogManager.getContext(False)
-        config = context.getConfiguration()
-        existing = {name: config.getLoggers().get(name) for name in _QUIET_LOGGERS}
-        saved = {name: (cfg.getLevel() if cfg is not None else None) for name, cfg in existing.items()}
-        for name in _QUIET_LOGGERS:
-            log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
-    except Exception:  # noqa: BLE001 - another logging backend: the traces are printed, nothing else changes
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            for name, level in saved.items():
-                if level is None:
-                    config.removeLogger(name)
-                else:
-                    config.getLoggerConfig(name).setLevel(level)
-            context.updateLoggers()
-        except Exception as exc:  # noqa: BLE001 - never fail a run over logging
-            logger.debug("spark_torch: could not restore the scheduler's log levels: %s", exc)
-
-
 def _ask(
     spark: Any, tasks: int, imported: Sequence[str], found: Sequence[str]
 ) -> list[ExecutorPython] | BaseException | None:
@@ -179,14 +144,13 @@ def _ask(
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             box["error"] = exc
 
-    with _quiet_scheduler(spark):
-        worker = threading.Thread(target=collect, name=tag, daemon=True)
-        worker.start()
-        worker.join(PROBE_SECONDS)
-        if worker.is_alive():
-            cancel_tagged_job(spark, tag)
-            worker.join(5.0)
-            return None
+    worker = threading.Thread(target=collect, name=tag, daemon=True)
+    worker.start()
+    worker.join(PROBE_SECONDS)
+    if worker.is_alive():
+        cancel_tagged_job(spark, tag)
+        worker.join(5.0)
+        return None
     if "error" in box:
         return box["error"]  # type: ignore[no-any-return]
     found_rows = [json.loads(row["facts"]) for row in box["rows"]]
