@@ -163,10 +163,15 @@ def test_the_spark_exception_the_user_sees_carries_no_report() -> None:
     error = error_from_spark_failure(RuntimeError(_spark_text(report)), secret, [])
     assert isinstance(error, LaunchError) and str(error) == "the node could not start its ranks"
     cause = error.__cause__
-    assert isinstance(cause, SparkJobError)
-    assert MARKER not in str(cause) and "\tat " not in str(cause), str(cause)
-    assert "NodeFailed: the node could not start its ranks" in str(cause)
-    # no report at all (a lost executor): the same, and the reason still reads
-    lost = error_from_spark_failure(RuntimeError("ExecutorLostFailure (executor 1 exited)\n\tat x.y(Z.java:1)"), secret, [])
-    assert isinstance(lost, DistributedRunError) and isinstance(lost.__cause__, SparkJobError)
-    assert "\tat " not in str(lost.__cause__)
+    assert isinstance(cause, SparkJobError) and "\n" not in str(cause) and "spark_logs" in str(cause), str(cause)
+    # no verified report (a lost executor, a report from another run): Spark's text, without
+    # the reports and the JVM frames
+    for text, kind in [
+        ("ExecutorLostFailure (executor 1 exited)\n\tat x.y(Z.java:1)", DistributedRunError),
+        (_spark_text(report), LaunchError),
+    ]:
+        other = error_from_spark_failure(RuntimeError(text), b"another run's secret", [])
+        assert isinstance(other, kind) and isinstance(other.__cause__, SparkJobError)
+        shown = str(other) + str(other.__cause__)
+        assert MARKER not in shown and "\tat " not in shown, shown
+    assert "NodeFailed: the node could not start its ranks" in str(other.__cause__)

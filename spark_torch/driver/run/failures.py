@@ -93,7 +93,11 @@ def error_from_spark_failure(exc: BaseException, secret: bytes, channel_reports:
     from_text = decode_report(text, secret)
     report = merge_reports([*channel_reports, *([from_text] if from_text is not None else [])])
     error = error_from_report(report) if report is not None else _from_spark_text(without_reports(text))
-    if error.__cause__ is None:  # the user sees Spark's exception chained: never with the reports in it
+    if error.__cause__ is None and report is not None:  # the report said it all; Spark's text adds Java
+        error.__cause__ = SparkJobError(
+            "Spark's barrier job ended because this node failed (Spark's own trace: the spark_logs setting)"
+        )
+    elif error.__cause__ is None:  # the user sees Spark's exception chained: never with a report in it
         error.__cause__ = _visible(exc)
     return error
 
