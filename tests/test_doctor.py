@@ -10,11 +10,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from .conftest import CLUSTER_MASTER, SCRIPTS
+from .conftest import CLUSTER_MASTER
 
 pytestmark = pytest.mark.slow
 
@@ -28,19 +27,6 @@ ROWS = (
     "2-rank gloo all_reduce",
 )  # fmt: skip
 JAVA_TRACE_MARKS = ("\tat org.apache", "\tat java.", "Lost task", "Exception in task", "Py4J", "SPARK_TORCH_FAILURE")
-
-
-@pytest.fixture(scope="module")
-def hiding_python(tmp_path_factory: Any) -> str:
-    """This Python, with the modules named in SPARK_TORCH_TEST_HIDE hidden (spark_torch from
-    the driver's shipped zip excepted): tests/scripts/hide_modules.py as sitecustomize."""
-    root = tmp_path_factory.mktemp("hiding")
-    (root / "shadow").mkdir()
-    (root / "shadow" / "sitecustomize.py").write_text((SCRIPTS / "hide_modules.py").read_text())
-    wrapper = root / "python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 def doctor(python: str, hide: str) -> tuple[int, dict[str, str], str, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -34,12 +35,12 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_driver(master: str, executor_python: str) -> tuple[str, str, float]:
+def run_driver(master: str, executor_python: str, **env: str) -> tuple[str, str, float]:
     """(stdout, stderr, seconds) of tests/scripts/preflight_driver.py."""
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(DRIVER), master, executor_python],
-        capture_output=True, text=True, timeout=240, env=child_env(),
+        capture_output=True, text=True, timeout=240, env=child_env(**env),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, done.stderr, time.monotonic() - started
@@ -137,6 +138,30 @@ def test_cli_conf_spark_pyspark_python_reaches_the_executors(bare_python: str, t
     assert last.startswith(f"spark-torch: error: the executors' Python cannot run spark_torch: {bare_python} "), last
     assert_no_trace(done.stderr)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_executors_need_no_pandas_and_no_fsspec(hiding_python: str) -> None:
+    """What the README says executors need is what the check asks for: a run whose executors
+    (and ranks) can import neither pandas nor fsspec succeeds (storage on a local path)."""
+    stdout, stderr, _ = run_driver("local[2]", hiding_python, SPARK_TORCH_TEST_HIDE="pandas,fsspec")
+    assert error_line(stdout).startswith("RESULT "), stdout + stderr[-3000:]
+    assert_no_trace(stderr)
+
+
+def test_readme_names_what_the_check_asks_for() -> None:
+    """Both of the README's lists of what executors need name every module the check imports or
+    looks up there, fsspec only for a storage URL, and not pandas."""
+    imported, found = preflight.node_modules(ship_package=True)
+    needed = {name.split(".")[0] for name in imported + found}
+    readme = (REPO / "README.md").read_text()
+    paragraphs = [p for p in readme.split("\n\n") if "Executors** need" in p or p.startswith("Executors need")]
+    paragraphs = [p.split("- **Executors**", 1)[-1].split("\n- ", 1)[0] for p in paragraphs]
+    assert len(paragraphs) == 2, paragraphs
+    for text in paragraphs:
+        named = set(re.findall(r"[a-z_]+", text.replace("`", "")))
+        assert needed <= named, (needed - named, text)
+        assert "fsspec" in named and "storage_path" in text and "pandas<3" not in text, text
 
 
 # --- the executors' Python, in this process ---------------------------------------------------

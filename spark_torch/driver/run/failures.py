@@ -108,8 +108,8 @@ def _from_spark_text(text: str) -> BaseException:
     if missing is not None:
         return LaunchError(
             f"the executors' Python cannot import {missing.group(1)}, which spark_torch needs on every "
-            "executor: install spark-torch with its dependencies (psutil, fsspec, cloudpickle, pyarrow, "
-            "pandas<3) into the executors' Python, or point PYSPARK_PYTHON / spark.pyspark.python at an "
+            "executor: install spark-torch's dependencies (torch, pyarrow, cloudpickle, psutil, cryptography) "
+            "into the executors' Python, or point PYSPARK_PYTHON / spark.pyspark.python at an "
             "interpreter that has them (docs/spark-submit.md)"
         )
     if "requires more slots than the total number of slots" in text:
