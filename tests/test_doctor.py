@@ -83,3 +83,6 @@ def test_executors_without_torch_fail_with_runs_message(hiding_python: str) -> N
     allreduce = rows["2-rank gloo all_reduce"]
     assert allreduce.startswith("skip") and "not run: executors' Python (run()'s check), executor torch failed first" in allreduce
     assert "checks passed, 2 failed, 1 not run" in output
+    docs = (REPO / "docs" / "cli.md").read_text()  # what docs/cli.md says doctor does, shown above
+    assert "the same message and fix as a run" in docs and "is marked `skip` and says why" in docs
+    assert "exits 0 when a run would work" in docs

@@ -104,6 +104,38 @@ def test_a_restart_that_succeeds_prints_no_java_trace() -> None:
     assert_restored(facts)
 
 
+def cli_failure(**env: str) -> list[str]:
+    """Every console line of ``spark-torch run --distributed`` with a rank that raises."""
+    environ = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable, **env)
+    for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_TORCH_CLI_VERBOSE", "SPARK_CONF_DIR"):
+        if name not in env:
+            environ.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_torch", "run", "--distributed", "--master", "local[2]", "-n", "2",
+         str(SCRIPTS / "raises.py")],
+        env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "ValueError: script failed on purpose" in done.stdout, done.stdout[-5000:]
+    return done.stdout.replace("\r", "\n").splitlines()
+
+
+@pytest.mark.slow
+def test_the_command_as_docs_cli_md_says() -> None:
+    """docs/cli.md: no Java line for a failing rank; SPARK_TORCH_SPARK_LOGS=1 gives the traces
+    back at the command's ERROR level ('ERROR Executor', no 'WARN TaskSetManager');
+    SPARK_TORCH_CLI_VERBOSE=1 keeps the session's level (the WARN lines too)."""
+    text = (REPO / "docs" / "cli.md").read_text()
+    assert "`SPARK_TORCH_SPARK_LOGS=1`" in text and "log level to `ERROR`" in text and "SPARK_TORCH_CLI_VERBOSE=1" in text
+    quiet_run = cli_failure()
+    assert not jvm_lines(quiet_run) and not any(MARKER in line for line in quiet_run), jvm_lines(quiet_run)
+    traces = cli_failure(SPARK_TORCH_SPARK_LOGS="1")
+    assert any(" ERROR Executor: Exception in task" in line for line in traces), traces
+    assert not any(" WARN " in line for line in traces)
+    verbose = cli_failure(SPARK_TORCH_SPARK_LOGS="1", SPARK_TORCH_CLI_VERBOSE="1")
+    assert any(" WARN TaskSetManager: Lost task" in line for line in verbose), verbose
+
+
 # --- the quiet period, in this process ---------------------------------------------------------
 
 
