@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from spark_torch.driver.spark.slots import RANKS_PER_TASK_FIX
 from spark_torch.errors import (
     ConfigurationError,
     DistributedRunError,
@@ -115,7 +116,8 @@ def _from_spark_text(text: str) -> BaseException:
     if "requires more slots than the total number of slots" in text:
         return InsufficientSlotsError(
             "the barrier stage needs more task slots than the cluster has free (Spark gave up "
-            "after retrying); use fewer processes, add executors/cores, or lower spark.task.cpus"
+            f"after retrying); use fewer processes, {RANKS_PER_TASK_FIX}, add executors/cores, or lower "
+            "spark.task.cpus"
         )
     lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
     if lost is not None:

@@ -170,12 +170,34 @@ def _fix(need: str, driver_python: str) -> str:
     )
 
 
-def _started(configured: str | None) -> str:
-    return f" (PYSPARK_PYTHON was {configured!r} when the SparkContext started)" if configured else ""
+def _ignored_setting(spark: Any, configured: str | None) -> str | None:
+    """``spark.pyspark.python`` of a classic session whose executors do not run it: a key given
+    to ``SparkSession.builder.config`` in this process, which PySpark never reads (only
+    spark-submit turns it into PYSPARK_PYTHON)."""
+    if configured is None:
+        return None
+    try:
+        value = spark.sparkContext.getConf().get("spark.pyspark.python")
+    except Exception:  # noqa: BLE001 - nothing to say then
+        return None
+    return str(value) if value and value != configured else None
+
+
+def _started(configured: str | None, ignored: str | None = None) -> str:
+    if not configured:
+        return ""
+    note = f" (PYSPARK_PYTHON was {configured!r} when the SparkContext started"
+    if ignored:
+        note += (
+            f"; the session's spark.pyspark.python={ignored!r} was not used: PySpark reads that key only "
+            "through spark-submit, not from SparkSession.builder.config in a running Python. Set "
+            f"os.environ['PYSPARK_PYTHON'] = {ignored!r} before the session starts"
+        )
+    return note + ")"
 
 
 def describe_problem(
-    found: Sequence[ExecutorPython], configured: str | None, driver_python: str = sys.executable
+    found: Sequence[ExecutorPython], configured: str | None, driver_python: str = sys.executable, ignored: str | None = None
 ) -> str | None:
     """One line naming each executor interpreter that lacks something, and the fix; None if all is well."""
     groups: dict[tuple[str, str, tuple[tuple[str, str], ...]], set[str]] = {}
@@ -189,7 +211,7 @@ def describe_problem(
         names = ", ".join(m if not why else f"{m} ({why[:200]})" for m, why in missing)
         where = ", ".join(sorted(hosts)[:4]) + ("..." if len(hosts) > 4 else "")
         parts.append(f"{executable} (Python {version}, on {where}) cannot import {names}")
-    return f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured)}. " + _fix(
+    return f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured, ignored)}. " + _fix(
         "that has them", driver_python
     )
 
@@ -201,7 +223,9 @@ _VERSION_MISMATCH = re.compile(
 _CANNOT_RUN = re.compile(r'Cannot run program "([^"]+)"[^:]*: (?:error=\d+, )?([^\n\r]+)')
 
 
-def describe_failure(exc: BaseException, configured: str | None, driver_python: str = sys.executable) -> str | None:
+def describe_failure(
+    exc: BaseException, configured: str | None, driver_python: str = sys.executable, ignored: str | None = None
+) -> str | None:
     """The probe job failed before the probe ran: one line for the causes known to mean a wrong
     executor Python (another minor version, an interpreter that does not start), else None."""
     text = str(exc)
@@ -210,13 +234,13 @@ def describe_failure(exc: BaseException, configured: str | None, driver_python: 
         worker, driver = f"{mismatch.group(1)}.{mismatch.group(2)}", mismatch.group(3)
         return (
             f"the executors run Python {worker} and the driver Python {driver}; PySpark needs the same "
-            f"major.minor version on both{_started(configured)}. " + _fix(f"{driver}", driver_python)
+            f"major.minor version on both{_started(configured, ignored)}. " + _fix(f"{driver}", driver_python)
         )
     cannot = _CANNOT_RUN.search(text)
     if cannot is not None:
         return (
             f"the executors cannot start their Python {cannot.group(1)!r}: {cannot.group(2).strip()}"
-            f"{_started(configured)}. " + _fix("that exists on every executor", driver_python)
+            f"{_started(configured, ignored)}. " + _fix("that exists on every executor", driver_python)
         )
     return None
 
@@ -230,6 +254,7 @@ def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
             return
     imported, found = node_modules(ship_package)
     configured = _configured_python(spark)
+    ignored = _ignored_setting(spark, configured)
     answer = _ask(spark, max(1, nodes), imported, found)
     if answer is None:
         logger.warning(
@@ -239,7 +264,7 @@ def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
     if isinstance(answer, BaseException):
         if isinstance(answer, KeyboardInterrupt):
             raise answer
-        message = describe_failure(answer, configured)
+        message = describe_failure(answer, configured, ignored=ignored)
         if message is not None:
             raise LaunchError(message) from None
         first = next((line for line in str(answer).splitlines() if line.strip()), type(answer).__name__)
@@ -247,7 +272,7 @@ def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
             "spark_torch: the check of the executors' Python failed (%s); starting the run unchecked", first[:300]
         )
         return
-    message = describe_problem(answer, configured)
+    message = describe_problem(answer, configured, ignored=ignored)
     if message is not None:
         raise LaunchError(message)
     with _lock:
