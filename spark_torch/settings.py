@@ -243,6 +243,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Stall and timeout messages show each frame's source line (false: file, line and function "
         "only; the node leaves the lines out before a stack leaves it, see docs/security.md).",
     ),
+    Setting(
+        "spark_logs", "SPARK_TORCH_SPARK_LOGS", "spark.torch.sparkLogs.enabled", False, _switch, "true or false",
+        "Keep Spark's own task-failure logs on the console while a run's Spark jobs are active (a Java "
+        "trace per failed or killed task: `Executor`, `TaskSetManager`...). Off: those loggers are quiet "
+        "for the run and restored after it; the run's error says what failed.",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -268,6 +274,7 @@ class Settings:
     stall_action: str
     stall_all_threads: bool
     stall_source_lines: bool
+    spark_logs: bool
 
     @classmethod
     def defaults(cls) -> Settings:

@@ -336,3 +336,17 @@ def channels(monkeypatch: Any) -> list[Any]:
 
     monkeypatch.setattr(barrier, "DriverChannel", Recorded)
     return opened
+
+
+@pytest.fixture(scope="session")
+def hiding_python(tmp_path_factory: Any) -> str:
+    """This Python as an executor would be without the top-level modules named in the
+    SPARK_TORCH_TEST_HIDE variable of its environment (spark_torch from the driver's shipped
+    zip excepted): a wrapper that puts ``scripts/hide_modules.py`` first as sitecustomize."""
+    root = tmp_path_factory.mktemp("hiding")
+    (root / "shadow").mkdir()
+    (root / "shadow" / "sitecustomize.py").write_text((SCRIPTS / "hide_modules.py").read_text())
+    wrapper = root / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -34,12 +35,12 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_driver(master: str, executor_python: str) -> tuple[str, str, float]:
+def run_driver(master: str, executor_python: str, *how: str, **env: str) -> tuple[str, str, float]:
     """(stdout, stderr, seconds) of tests/scripts/preflight_driver.py."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(DRIVER), master, executor_python],
-        capture_output=True, text=True, timeout=240, env=child_env(),
+        [sys.executable, str(DRIVER), master, executor_python, *how],
+        capture_output=True, text=True, timeout=240, env=child_env(**env),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, done.stderr, time.monotonic() - started
@@ -137,6 +138,63 @@ def test_cli_conf_spark_pyspark_python_reaches_the_executors(bare_python: str, t
     assert last.startswith(f"spark-torch: error: the executors' Python cannot run spark_torch: {bare_python} "), last
     assert_no_trace(done.stderr)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_builder_spark_pyspark_python_that_pyspark_ignored_is_named(bare_python: str) -> None:
+    """``SparkSession.builder.config("spark.pyspark.python", GOOD)`` in the driver's own process:
+    PySpark starts ``python3`` from PATH (here a bare venv's) instead; the error names the
+    ignored setting and how to set it so that it counts."""
+    path = f"{os.path.dirname(bare_python)}:{os.environ['PATH']}"
+    stdout, stderr, _ = run_driver("local[2]", sys.executable, "builder", PATH=path)
+    line = error_line(stdout)
+    assert line.startswith("ERROR LaunchError: the executors' Python cannot run spark_torch: "), line
+    assert "(PYSPARK_PYTHON was 'python3' when the SparkContext started; the session's " in line, line
+    assert f"spark.pyspark.python={sys.executable!r} was not used: PySpark reads that key only through spark-submit" in line
+    assert f"Set os.environ['PYSPARK_PYTHON'] = {sys.executable!r} before the session starts" in line
+    assert_no_trace(stderr)
+
+
+def test_too_few_slots_on_cpu_names_ranks_per_task(spark_session: Any, no_leftovers: None) -> None:
+    """local[2] and 4 ranks on CPU: the error names ranks_per_task, in seconds; and that fix runs."""
+    from spark_torch import Distributor, InsufficientSlotsError
+
+    started = time.monotonic()
+    with pytest.raises(InsufficientSlotsError) as info:
+        Distributor(num_processes=4, local_mode=False, spark=spark_session).run(os.getpid)
+    assert time.monotonic() - started < 10
+    assert "has 2. Use num_processes<=2" in str(info.value)
+    assert "on CPU run several ranks in each task (ranks_per_task=K, a divisor of num_processes" in str(info.value)
+    world = Distributor(num_processes=4, local_mode=False, spark=spark_session, ranks_per_task=2, log_ranks=[]).run(_world_size)
+    assert world == 4
+
+
+def _world_size() -> int:
+    return int(os.environ["WORLD_SIZE"])
+
+
+@pytest.mark.slow
+def test_executors_need_no_pandas_and_no_fsspec(hiding_python: str) -> None:
+    """What the README says executors need is what the check asks for: a run whose executors
+    (and ranks) can import neither pandas nor fsspec succeeds (storage on a local path)."""
+    stdout, stderr, _ = run_driver("local[2]", hiding_python, SPARK_TORCH_TEST_HIDE="pandas,fsspec")
+    assert error_line(stdout).startswith("RESULT "), stdout + stderr[-3000:]
+    assert_no_trace(stderr)
+
+
+def test_readme_names_what_the_check_asks_for() -> None:
+    """Both of the README's lists of what executors need name every module the check imports or
+    looks up there, fsspec only for a storage URL, and not pandas."""
+    imported, found = preflight.node_modules(ship_package=True)
+    needed = {name.split(".")[0] for name in imported + found}
+    readme = (REPO / "README.md").read_text()
+    paragraphs = [p for p in readme.split("\n\n") if "Executors** need" in p or p.startswith("Executors need")]
+    paragraphs = [p.split("- **Executors**", 1)[-1].split("\n- ", 1)[0] for p in paragraphs]
+    assert len(paragraphs) == 2, paragraphs
+    for text in paragraphs:
+        named = set(re.findall(r"[a-z_]+", text.replace("`", "")))
+        assert needed <= named, (needed - named, text)
+        assert "fsspec" in named and "storage_path" in text and "pandas<3" not in text, text
 
 
 # --- the executors' Python, in this process ---------------------------------------------------

@@ -97,6 +97,7 @@ class DistributorConfig:
     stall_action: Any = None
     stall_all_threads: Any = None
     stall_source_lines: Any = None
+    spark_logs: Any = None
 
     def __post_init__(self) -> None:
         self._check_reporting()

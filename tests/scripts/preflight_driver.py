@@ -1,11 +1,15 @@
 """A driver whose executors run the Python given as argv[2] on master argv[1]: it runs a tiny
-distributed function and prints the outcome as one line (``RESULT ...`` or ``ERROR Type: message``)."""
+distributed function and prints the outcome as one line (``RESULT ...`` or ``ERROR Type: message``).
+With argv[3] ``builder``, argv[2] is given as ``SparkSession.builder.config("spark.pyspark.python",
+...)`` instead (which PySpark does not use for a session started in this process)."""
 
 import os
 import sys
 import time
 
-os.environ["PYSPARK_PYTHON"] = sys.argv[2]  # read once, when the SparkContext starts
+builder = sys.argv[3:] == ["builder"]
+if not builder:
+    os.environ["PYSPARK_PYTHON"] = sys.argv[2]  # read once, when the SparkContext starts
 
 from pyspark.sql import SparkSession  # noqa: E402
 
@@ -16,6 +20,7 @@ spark = (
     .config("spark.driver.host", "127.0.0.1")
     .config("spark.ui.enabled", "false")
     .config("spark.ui.showConsoleProgress", "false")
+    .config("spark.pyspark.python" if builder else "spark.torch.unused", sys.argv[2])
     .getOrCreate()
 )
 started = time.monotonic()

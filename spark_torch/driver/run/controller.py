@@ -28,6 +28,7 @@ from spark_torch.driver.run.policy import Action, RestartPolicy
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
+from spark_torch.driver.spark.quiet import quiet_spark_logs
 from spark_torch.errors import ConfigurationError, DistributedRunError, LaunchError, RunStalledError, RunTimeoutError
 from spark_torch.rank_files import ResultBytes
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
@@ -132,7 +133,8 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         policy=RestartPolicy(config.max_restarts),
     )  # fmt: skip
     try:
-        result = controller.run()
+        with quiet_spark_logs(None if plan.local_mode else spark, keep=settings.spark_logs):  # no Java wall
+            result = controller.run()
         run.value = _unpickle_result(result)
         return run.value
     except BaseException as exc:

@@ -6,7 +6,9 @@ exception (distributed mode). :func:`error_from_report` turns it into the librar
 the failing rank's own exception as ``__cause__`` when it could be rebuilt.
 :func:`error_from_spark_failure` does the same for a failed barrier job, and names what went
 wrong when no node could report (a missing module on the executors, an executor lost, too few
-slots, a result over ``spark.driver.maxResultSize``). :func:`timeout_error` is the
+slots, a result over ``spark.driver.maxResultSize``). Spark's own exception reaches the user
+only as the ``__cause__`` of that error, as a :class:`SparkJobError`: its Python text without the
+nodes' encoded reports and without JVM frames. :func:`timeout_error` is the
 :class:`~spark_torch.RunTimeoutError` of both modes.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from spark_torch.driver.spark.slots import RANKS_PER_TASK_FIX
 from spark_torch.errors import (
     ConfigurationError,
     DistributedRunError,
@@ -23,13 +26,39 @@ from spark_torch.errors import (
     RankFailure,
     RunTimeoutError,
 )
-from spark_torch.failure_reports import FailureReport, decode_report, merge_reports
+from spark_torch.failure_reports import MARKER, FailureReport, decode_report, merge_reports
 from spark_torch.rank_files import rebuild_exception
 
-__all__ = ["error_from_report", "error_from_spark_failure", "timeout_error"]
+__all__ = ["error_from_report", "error_from_spark_failure", "timeout_error", "SparkJobError", "without_reports"]
 
 #: a node runner that could not even start: an import failed in Spark's Python worker
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+#: a node's encoded report inside Spark's text (also a cut one: Spark shortens some reasons)
+_REPORT = re.compile(re.escape(MARKER) + r"<[A-Za-z0-9+/=.]*>?(?:" + re.escape(MARKER) + r")?")
+#: a JVM stack frame line, and where PySpark appends the JVM's stack trace
+_JVM_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$|^\s+\.\.\. \d+ more\s*$")
+_JVM_TRACE = "JVM stacktrace:"
+#: how much of Spark's text the chained exception keeps
+_SPARK_TEXT_LINES = 40
+
+
+class SparkJobError(RuntimeError):
+    """The Spark job's own failure, as the ``__cause__`` of the error a failed run raises: the
+    text Spark gave, without the nodes' encoded reports and JVM frames (``spark_logs=True``
+    keeps Spark's full traces in its log)."""
+
+
+def without_reports(text: str) -> str:
+    """``text`` with every node's encoded failure report replaced by a short note."""
+    return _REPORT.sub("(a spark_torch failure report, decoded by the driver)", text)
+
+
+def _visible(exc: BaseException) -> SparkJobError:
+    text = without_reports(str(exc)).split(_JVM_TRACE, 1)[0]
+    lines = [line for line in text.splitlines() if not _JVM_FRAME.match(line)]
+    if len(lines) > _SPARK_TEXT_LINES:
+        lines = [*lines[:_SPARK_TEXT_LINES], f"... ({len(lines) - _SPARK_TEXT_LINES} more lines)"]
+    return SparkJobError(f"{type(exc).__name__}: " + "\n".join(lines).strip())
 
 
 def error_from_report(report: FailureReport) -> BaseException:
@@ -64,20 +93,31 @@ def error_from_spark_failure(exc: BaseException, secret: bytes, channel_reports:
     text = str(exc)
     from_text = decode_report(text, secret)
     report = merge_reports([*channel_reports, *([from_text] if from_text is not None else [])])
-    if report is not None:
-        return error_from_report(report)
+    error = error_from_report(report) if report is not None else _from_spark_text(without_reports(text))
+    if error.__cause__ is None and report is not None:  # the report said it all; Spark's text adds Java
+        error.__cause__ = SparkJobError(
+            "Spark's barrier job ended because this node failed (Spark's own trace: the spark_logs setting)"
+        )
+    elif error.__cause__ is None:  # the user sees Spark's exception chained: never with a report in it
+        error.__cause__ = _visible(exc)
+    return error
+
+
+def _from_spark_text(text: str) -> BaseException:
+    """The error for a failed barrier job from which no node reported."""
     missing = _MISSING_MODULE.search(text)
     if missing is not None:
         return LaunchError(
             f"the executors' Python cannot import {missing.group(1)}, which spark_torch needs on every "
-            "executor: install spark-torch with its dependencies (psutil, fsspec, cloudpickle, pyarrow, "
-            "pandas<3) into the executors' Python, or point PYSPARK_PYTHON / spark.pyspark.python at an "
+            "executor: install spark-torch's dependencies (torch, pyarrow, cloudpickle, psutil, cryptography) "
+            "into the executors' Python, or point PYSPARK_PYTHON / spark.pyspark.python at an "
             "interpreter that has them (docs/spark-submit.md)"
         )
     if "requires more slots than the total number of slots" in text:
         return InsufficientSlotsError(
             "the barrier stage needs more task slots than the cluster has free (Spark gave up "
-            "after retrying); use fewer processes, add executors/cores, or lower spark.task.cpus"
+            f"after retrying); use fewer processes, {RANKS_PER_TASK_FIX}, add executors/cores, or lower "
+            "spark.task.cpus"
         )
     lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
     if lost is not None:

@@ -10,8 +10,8 @@ naming the interpreter, its version, what it lacks and the fix.
 
 PySpark's worker itself refuses a Python whose minor version differs from the driver's (or that
 does not start at all) before the probe runs; that failure is recognised and reported the same
-way, and the scheduler's log lines about it (a Java trace per failed task) are held back while
-the probe runs.
+way; the scheduler's log lines about it (a Java trace per failed task) are held back by the
+caller (:func:`~spark_torch.driver.spark.quiet.quiet_spark_logs`, around a whole run).
 
 A probe costs about 0.2 s on a warm local cluster, so a passing answer is remembered per
 SparkContext and executor set (per session under Spark Connect): only the first run, and the
@@ -29,8 +29,7 @@ import sys
 import threading
 import types
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +47,6 @@ IMPORTED = ("psutil", "cloudpickle", "cryptography.hazmat.primitives.ciphers.aea
 FOUND = ("pyarrow", "torch")
 #: how long the probe may take before the run goes on without it (a cluster still scaling up)
 PROBE_SECONDS = 60.0
-#: the scheduler loggers that print a Java trace for every failed probe task
-_QUIET_LOGGERS = ("org.apache.spark.scheduler.TaskSetManager", "org.apache.spark.executor.Executor")
 
 _lock = threading.Lock()
 #: (SparkContext or session, executor set) keys whose executors passed
@@ -129,38 +126,6 @@ def _configured_python(spark: Any) -> str | None:
     return str(spark.sparkContext.pythonExec)
 
 
-@contextmanager
-def _quiet_scheduler(spark: Any) -> Iterator[None]:
-    """Hold back the scheduler's per-task Java traces while the probe runs (classic only)."""
-    if is_connect_session(spark):
-        yield
-        return
-    try:
-        jvm = spark.sparkContext._jvm
-        log4j = jvm.org.apache.logging.log4j
-        context = log4j.LogManager.getContext(False)
-        config = context.getConfiguration()
-        existing = {name: config.getLoggers().get(name) for name in _QUIET_LOGGERS}
-        saved = {name: (cfg.getLevel() if cfg is not None else None) for name, cfg in existing.items()}
-        for name in _QUIET_LOGGERS:
-            log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
-    except Exception:  # noqa: BLE001 - another logging backend: the traces are printed, nothing else changes
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            for name, level in saved.items():
-                if level is None:
-                    config.removeLogger(name)
-                else:
-                    config.getLoggerConfig(name).setLevel(level)
-            context.updateLoggers()
-        except Exception as exc:  # noqa: BLE001 - never fail a run over logging
-            logger.debug("spark_torch: could not restore the scheduler's log levels: %s", exc)
-
-
 def _ask(
     spark: Any, tasks: int, imported: Sequence[str], found: Sequence[str]
 ) -> list[ExecutorPython] | BaseException | None:
@@ -179,14 +144,13 @@ def _ask(
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             box["error"] = exc
 
-    with _quiet_scheduler(spark):
-        worker = threading.Thread(target=collect, name=tag, daemon=True)
-        worker.start()
-        worker.join(PROBE_SECONDS)
-        if worker.is_alive():
-            cancel_tagged_job(spark, tag)
-            worker.join(5.0)
-            return None
+    worker = threading.Thread(target=collect, name=tag, daemon=True)
+    worker.start()
+    worker.join(PROBE_SECONDS)
+    if worker.is_alive():
+        cancel_tagged_job(spark, tag)
+        worker.join(5.0)
+        return None
     if "error" in box:
         return box["error"]  # type: ignore[no-any-return]
     found_rows = [json.loads(row["facts"]) for row in box["rows"]]
@@ -206,12 +170,34 @@ def _fix(need: str, driver_python: str) -> str:
     )
 
 
-def _started(configured: str | None) -> str:
-    return f" (PYSPARK_PYTHON was {configured!r} when the SparkContext started)" if configured else ""
+def _ignored_setting(spark: Any, configured: str | None) -> str | None:
+    """``spark.pyspark.python`` of a classic session whose executors do not run it: a key given
+    to ``SparkSession.builder.config`` in this process, which PySpark never reads (only
+    spark-submit turns it into PYSPARK_PYTHON)."""
+    if configured is None:
+        return None
+    try:
+        value = spark.sparkContext.getConf().get("spark.pyspark.python")
+    except Exception:  # noqa: BLE001 - nothing to say then
+        return None
+    return str(value) if value and value != configured else None
+
+
+def _started(configured: str | None, ignored: str | None = None) -> str:
+    if not configured:
+        return ""
+    note = f" (PYSPARK_PYTHON was {configured!r} when the SparkContext started"
+    if ignored:
+        note += (
+            f"; the session's spark.pyspark.python={ignored!r} was not used: PySpark reads that key only "
+            "through spark-submit, not from SparkSession.builder.config in a running Python. Set "
+            f"os.environ['PYSPARK_PYTHON'] = {ignored!r} before the session starts"
+        )
+    return note + ")"
 
 
 def describe_problem(
-    found: Sequence[ExecutorPython], configured: str | None, driver_python: str = sys.executable
+    found: Sequence[ExecutorPython], configured: str | None, driver_python: str = sys.executable, ignored: str | None = None
 ) -> str | None:
     """One line naming each executor interpreter that lacks something, and the fix; None if all is well."""
     groups: dict[tuple[str, str, tuple[tuple[str, str], ...]], set[str]] = {}
@@ -225,7 +211,7 @@ def describe_problem(
         names = ", ".join(m if not why else f"{m} ({why[:200]})" for m, why in missing)
         where = ", ".join(sorted(hosts)[:4]) + ("..." if len(hosts) > 4 else "")
         parts.append(f"{executable} (Python {version}, on {where}) cannot import {names}")
-    return f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured)}. " + _fix(
+    return f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured, ignored)}. " + _fix(
         "that has them", driver_python
     )
 
@@ -237,7 +223,9 @@ _VERSION_MISMATCH = re.compile(
 _CANNOT_RUN = re.compile(r'Cannot run program "([^"]+)"[^:]*: (?:error=\d+, )?([^\n\r]+)')
 
 
-def describe_failure(exc: BaseException, configured: str | None, driver_python: str = sys.executable) -> str | None:
+def describe_failure(
+    exc: BaseException, configured: str | None, driver_python: str = sys.executable, ignored: str | None = None
+) -> str | None:
     """The probe job failed before the probe ran: one line for the causes known to mean a wrong
     executor Python (another minor version, an interpreter that does not start), else None."""
     text = str(exc)
@@ -246,13 +234,13 @@ def describe_failure(exc: BaseException, configured: str | None, driver_python: 
         worker, driver = f"{mismatch.group(1)}.{mismatch.group(2)}", mismatch.group(3)
         return (
             f"the executors run Python {worker} and the driver Python {driver}; PySpark needs the same "
-            f"major.minor version on both{_started(configured)}. " + _fix(f"{driver}", driver_python)
+            f"major.minor version on both{_started(configured, ignored)}. " + _fix(f"{driver}", driver_python)
         )
     cannot = _CANNOT_RUN.search(text)
     if cannot is not None:
         return (
             f"the executors cannot start their Python {cannot.group(1)!r}: {cannot.group(2).strip()}"
-            f"{_started(configured)}. " + _fix("that exists on every executor", driver_python)
+            f"{_started(configured, ignored)}. " + _fix("that exists on every executor", driver_python)
         )
     return None
 
@@ -266,6 +254,7 @@ def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
             return
     imported, found = node_modules(ship_package)
     configured = _configured_python(spark)
+    ignored = _ignored_setting(spark, configured)
     answer = _ask(spark, max(1, nodes), imported, found)
     if answer is None:
         logger.warning(
@@ -275,7 +264,7 @@ def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
     if isinstance(answer, BaseException):
         if isinstance(answer, KeyboardInterrupt):
             raise answer
-        message = describe_failure(answer, configured)
+        message = describe_failure(answer, configured, ignored=ignored)
         if message is not None:
             raise LaunchError(message) from None
         first = next((line for line in str(answer).splitlines() if line.strip()), type(answer).__name__)
@@ -283,7 +272,7 @@ def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
             "spark_torch: the check of the executors' Python failed (%s); starting the run unchecked", first[:300]
         )
         return
-    message = describe_problem(answer, configured)
+    message = describe_problem(answer, configured, ignored=ignored)
     if message is not None:
         raise LaunchError(message)
     with _lock:

@@ -14,10 +14,15 @@ from typing import Any
 from spark_torch.driver.spark.cluster import available_slots, is_connect_session, is_local_master, master_of
 from spark_torch.errors import InsufficientSlotsError
 
-__all__ = ["check_slots", "wait_for_slots", "can_wait"]
+__all__ = ["check_slots", "wait_for_slots", "can_wait", "RANKS_PER_TASK_FIX"]
 
 #: how often the slot count is asked again while executors register
 POLL_SECONDS = 0.25
+#: the fix that keeps every rank on CPU: fewer, fuller tasks
+RANKS_PER_TASK_FIX = (
+    "on CPU run several ranks in each task (ranks_per_task=K, a divisor of num_processes: "
+    "num_processes/K slots)"
+)
 
 
 def can_wait(spark: Any) -> bool:
@@ -48,5 +53,5 @@ def check_slots(spark: Any, needed: int, executor_wait: float) -> None:
     raise InsufficientSlotsError(
         f"distributed mode needs {needed} Spark task slots at once (one barrier task per node), "
         f"but the cluster ({master_of(spark)}) has {slots}. Use num_processes<={slots} (or more GPUs per "
-        "task), add executors/cores, lower spark.task.cpus, or use local_mode=True"
+        f"task), {RANKS_PER_TASK_FIX}, add executors/cores, lower spark.task.cpus, or use local_mode=True"
     )

@@ -1,0 +1,209 @@
+"""A distributed failure reads like a Python failure: while a run's Spark jobs are active, the
+driver JVM's task-failure loggers and the progress bar are quiet, and restored afterwards; the
+nodes' encoded failure reports never reach the console. End to end in a newcomer's own script
+(its own SparkSession at Spark's default console level, in a subprocess whose whole stdout and
+stderr are read), and the quiet period itself in this process."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch.driver.run.failures import SparkJobError, error_from_spark_failure
+from spark_torch.driver.spark import quiet
+from spark_torch.errors import DistributedRunError, LaunchError, RankFailure
+from spark_torch.failure_reports import MARKER, FailureReport, encode_report
+
+from .conftest import CLUSTER_MASTER, SCRIPTS
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = SCRIPTS / "user_session_failure.py"
+#: what the JVM prints: a log line, a stack frame, the progress bar, a Spark exception's name
+_JVM = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ |^\s+at [\w$.<>/]+\(|\[Stage \d+|org\.apache\.spark|SQLSTATE")
+#: the lines Python prints for the run's error (its traceback, the chained rank error, ours)
+_PYTHON = re.compile(
+    r"^(Traceback \(most recent call last\):|  File |    |ValueError: rank one is broken|"
+    r"The above exception was the direct cause|spark_torch\.errors\.DistributedRunError: rank 1 |Traceback from rank 1:|$)"
+)
+
+
+def user_script(master: str, mode: str, **env: str) -> tuple[list[str], list[str], int, float]:
+    """(the console from ``run()`` on, its FACT lines, the exit status, seconds): every line of
+    stdout and stderr, each piece the terminal would draw (split at carriage returns too)."""
+    environ = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable, **env)
+    for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS"):
+        if name not in env:
+            environ.pop(name, None)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), master, mode], env=environ, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=400,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    output = done.stdout
+    assert "=== run() ===" in output and "=== after ===" in output, output[-5000:]
+    console = output.split("=== run() ===", 1)[1].split("=== after ===", 1)[0]
+    facts = [line for line in output.split("=== after ===", 1)[1].splitlines() if line.startswith("FACT")]
+    return console.replace("\r", "\n").splitlines(), facts, done.returncode, seconds
+
+
+def jvm_lines(console: list[str]) -> list[str]:
+    return [line for line in console if _JVM.search(line)]
+
+
+def assert_restored(facts: list[str]) -> None:
+    """The TaskSetManager logger's level and the progress bar are back as the script had them."""
+    assert len(facts) == 1 and facts[0].startswith("FACT restored True levels True ") and facts[0].endswith(", True)"), facts
+
+
+@pytest.mark.slow
+def test_a_failing_rank_in_a_users_own_session_shows_only_python() -> None:
+    """local[2] (the executor is the driver JVM, which logs 'ERROR Executor' and 'WARN
+    TaskSetManager' with the whole trace and report for every failed or killed task): from run()
+    on, at most 2 JVM lines, and the output is the rank's traceback and our error, nothing else."""
+    console, facts, status, _ = user_script("local[2]", "fail")
+    assert status == 0, console
+    assert len(jvm_lines(console)) <= 2, jvm_lines(console)
+    assert not any(MARKER in line for line in console), "a failure report reached the console"
+    others = [line for line in console if not _PYTHON.match(line) and not _JVM.search(line)]
+    assert not others, others
+    text = "\n".join(console)
+    assert "spark_torch.errors.DistributedRunError: rank 1 on 127.0.0.1 failed: ValueError: rank one is broken" in text
+    assert 'raise ValueError("rank one is broken")' in text  # the rank's own traceback
+    assert_restored(facts)
+
+
+@pytest.mark.slow
+def test_spark_logs_setting_gives_the_traces_back() -> None:
+    """The documented switch: SPARK_TORCH_SPARK_LOGS=1 leaves Spark's logging alone."""
+    console, facts, status, _ = user_script("local[2]", "fail", SPARK_TORCH_SPARK_LOGS="1")
+    assert status == 0
+    assert any(" WARN TaskSetManager: Lost task" in line for line in console), console
+    assert len(jvm_lines(console)) > 20
+    assert_restored(facts)
+
+
+@pytest.mark.slow
+def test_a_restart_that_succeeds_prints_no_java_trace() -> None:
+    """local-cluster (executors in their own JVMs; the driver logs 'WARN TaskSetManager: Lost
+    task' with the trace): the failed first attempt and the restart print no JVM line at all."""
+    console, facts, status, _ = user_script(CLUSTER_MASTER, "restart")
+    assert status == 0, console
+    assert "RESULT 2" in console, console
+    assert not jvm_lines(console), jvm_lines(console)
+    ours = [line for line in console if line.strip() and line != "RESULT 2"]
+    assert all(line.startswith("spark_torch: ") for line in ours), ours
+    assert any("restarting the gang (1 of 1)" in line for line in ours), ours
+    assert_restored(facts)
+
+
+def cli_failure(**env: str) -> list[str]:
+    """Every console line of ``spark-torch run --distributed`` with a rank that raises."""
+    environ = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable, **env)
+    for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_TORCH_CLI_VERBOSE", "SPARK_CONF_DIR"):
+        if name not in env:
+            environ.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_torch", "run", "--distributed", "--master", "local[2]", "-n", "2",
+         str(SCRIPTS / "raises.py")],
+        env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-5000:]
+    assert "ValueError: script failed on purpose" in done.stdout, done.stdout[-5000:]
+    return done.stdout.replace("\r", "\n").splitlines()
+
+
+@pytest.mark.slow
+def test_the_command_as_docs_cli_md_says() -> None:
+    """docs/cli.md: no Java line for a failing rank; SPARK_TORCH_SPARK_LOGS=1 gives the traces
+    back at the command's ERROR level ('ERROR Executor', no 'WARN TaskSetManager');
+    SPARK_TORCH_CLI_VERBOSE=1 keeps the session's level (the WARN lines too)."""
+    text = (REPO / "docs" / "cli.md").read_text()
+    assert "`SPARK_TORCH_SPARK_LOGS=1`" in text and "log level to `ERROR`" in text and "SPARK_TORCH_CLI_VERBOSE=1" in text
+    quiet_run = cli_failure()
+    assert not jvm_lines(quiet_run) and not any(MARKER in line for line in quiet_run), jvm_lines(quiet_run)
+    traces = cli_failure(SPARK_TORCH_SPARK_LOGS="1")
+    assert any(" ERROR Executor: Exception in task" in line for line in traces), traces
+    assert not any(" WARN " in line for line in traces)
+    verbose = cli_failure(SPARK_TORCH_SPARK_LOGS="1", SPARK_TORCH_CLI_VERBOSE="1")
+    assert any(" WARN TaskSetManager: Lost task" in line for line in verbose), verbose
+
+
+# --- the quiet period, in this process ---------------------------------------------------------
+
+
+def _level(spark: Any, name: str) -> str:
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    return str(log4j.LogManager.getLogger(name).getLevel().toString())
+
+
+def _configured(spark: Any, name: str) -> bool:
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    return log4j.LogManager.getContext(False).getConfiguration().getLoggers().get(name) is not None
+
+
+def test_quiet_periods_nest_and_restore_what_was_there(spark_session: Any) -> None:
+    """Two runs at once share one quiet period; afterwards a logger the user had set keeps its
+    level and one they had not is gone from the configuration again."""
+    log4j = spark_session.sparkContext._jvm.org.apache.logging.log4j
+    executor, tasks = "org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"
+    log4j.core.config.Configurator.setLevel(tasks, log4j.Level.INFO)
+    assert not _configured(spark_session, executor)
+    root = _level(spark_session, executor)
+    try:
+        with quiet.quiet_spark_logs(spark_session):
+            with quiet.quiet_spark_logs(spark_session):
+                assert _level(spark_session, tasks) == _level(spark_session, executor) == "OFF"
+            assert _level(spark_session, tasks) == "OFF"  # the other run is still going
+        assert quiet.wait_restored(30)
+        assert _level(spark_session, tasks) == "INFO"
+        assert not _configured(spark_session, executor) and _level(spark_session, executor) == root
+        with quiet.quiet_spark_logs(spark_session, keep=True):  # the spark_logs setting
+            assert _level(spark_session, tasks) == "INFO"
+    finally:
+        log4j.LogManager.getContext(False).getConfiguration().removeLogger(tasks)
+        log4j.LogManager.getContext(False).updateLoggers()
+
+
+def _spark_text(report: str) -> str:
+    """What str() of Spark's exception looks like for a failed barrier task (shortened)."""
+    return (
+        "An error occurred while calling o123.collectAsArrowToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed barrier ResultStage.\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "spark_torch/node/task.py", line 226, in run_barrier_task\n'
+        f"spark_torch.node.task.NodeFailed: the node could not start its ranks\n{report}\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:1097)\n"
+        "\tat java.base/java.lang.Thread.run(Thread.java:840)\n"
+        f"Caused by: TaskKilled (Stage cancelled: {report[:300]}\n"
+    )
+
+
+def test_the_spark_exception_the_user_sees_carries_no_report() -> None:
+    """A node's report decides the error; Spark's exception is chained as SparkJobError, its text
+    without the encoded reports (whole or cut) and without JVM frames."""
+    secret = b"s" * 32
+    failure = RankFailure(rank=0, host="h", exc_type="LaunchError", exc_message="the node could not start its ranks")
+    report = encode_report(FailureReport(failures=(failure,), kind="LaunchError"), secret)
+    error = error_from_spark_failure(RuntimeError(_spark_text(report)), secret, [])
+    assert isinstance(error, LaunchError) and str(error) == "the node could not start its ranks"
+    cause = error.__cause__
+    assert isinstance(cause, SparkJobError) and "\n" not in str(cause) and "spark_logs" in str(cause), str(cause)
+    # no verified report (a lost executor, a report from another run): Spark's text, without
+    # the reports and the JVM frames
+    for text, kind in [
+        ("ExecutorLostFailure (executor 1 exited)\n\tat x.y(Z.java:1)", DistributedRunError),
+        (_spark_text(report), LaunchError),
+    ]:
+        other = error_from_spark_failure(RuntimeError(text), b"another run's secret", [])
+        assert isinstance(other, kind) and isinstance(other.__cause__, SparkJobError)
+        shown = str(other) + str(other.__cause__)
+        assert MARKER not in shown and "\tat " not in shown, shown
+    assert "NodeFailed: the node could not start its ranks" in str(other.__cause__)
