@@ -175,12 +175,13 @@ class ProgressWatch:
             with open(state.file, encoding="utf-8") as fh:
                 sample = json.load(fh)
             seq, moved, text = int(sample["seq"]), int(sample["moved"]), str(sample["stack"])
-            thread = int(sample.get("thread", 0))
+            thread, pid = int(sample.get("thread", 0)), int(sample.get("pid", 0))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # not written yet, or being replaced: the next round reads it
         if seq != state.seq:
             state.seq, state.sampled_at, state.text = seq, now, text
             state.view.thread = thread
+            state.view.adopt(pid)  # the rank under its keeper: looked at, and signalled, itself
         if moved != state.moved:
             if state.moved != -1:
                 state.progress = now

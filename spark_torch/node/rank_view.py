@@ -108,6 +108,20 @@ class RankView:
         self._asked = 0.0
         self._native = ""
 
+    def adopt(self, pid: int) -> None:
+        """The rank's own pid, as its sampler wrote it. The process the node started may be the
+        rank's keeper (:mod:`spark_torch.node.keeper`), whose child the rank is: its pid is
+        taken only when it is that child (or the same process), so a record cannot point the
+        node's signals anywhere else."""
+        if pid <= 0 or pid == self.pid or not self.pid:
+            return
+        fields = _stat(pid)
+        try:
+            if fields is not None and int(fields[1]) == self.pid:
+                self.pid = pid
+        except (ValueError, IndexError):
+            pass
+
     def stopped(self) -> bool:
         """The process is stopped (SIGSTOP, a debugger)."""
         fields = _stat(self.pid) if self.pid else None
