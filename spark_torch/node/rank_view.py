@@ -32,14 +32,19 @@ _ENTRY = os.path.join("spark_torch", "rank", "")
 _FRAME = re.compile(r'^File "(?P<file>.*)", line (?P<line>\d+), in (?P<name>.+)$')
 
 
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/<pid>/stat``'s fields after the command name (state first), or None."""
+def _stat_fields(path: str) -> list[str] | None:
+    """A /proc ``stat`` file's fields after the command name (state first), or None."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
+        with open(path, "rb") as fh:
             data = fh.read(4096).decode("ascii", "replace")
     except OSError:
         return None
     return data[data.rfind(")") + 2 :].split()
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command name (state first), or None."""
+    return _stat_fields(f"/proc/{pid}/stat")
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -184,12 +189,8 @@ class RankView:
 
 
 def _stat_of_task(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as fh:
-            data = fh.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    return data[data.rfind(")") + 2 :].split()
+    """The main thread's own ``stat`` fields (its CPU time, not the whole process's), or None."""
+    return _stat_fields(f"/proc/{pid}/task/{pid}/stat")
 
 
 def _remove(path: str) -> None:
