@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         RunStalledError,
         RunTimeoutError,
         SparkTorchError,
+        StoppedRank,
     )
     from spark_torch.rank.prepare import (
         RankContext,
@@ -71,6 +72,7 @@ _HOMES = {
     "RunTimeoutError": "spark_torch.errors",
     "RunStalledError": "spark_torch.errors",
     "RankFailure": "spark_torch.errors",
+    "StoppedRank": "spark_torch.errors",
 }
 
 __all__ = [
@@ -103,6 +105,7 @@ __all__ = [
     "RunTimeoutError",
     "RunStalledError",
     "RankFailure",
+    "StoppedRank",
     "__version__",
 ]
 

@@ -31,6 +31,7 @@ __all__ = [
     "DistributedRunError",
     "RunTimeoutError",
     "RankFailure",
+    "StoppedRank",
 ]
 
 
@@ -118,6 +119,32 @@ class RankFailure:
         )
 
 
+@dataclass(frozen=True)
+class StoppedRank:
+    """A rank that spark_torch stopped while it still ran (the run's ``timeout`` passed): no
+    failure of its own, only where it ran and what it printed last."""
+
+    rank: int
+    #: its host, when the driver knows it (None: a node that could not say)
+    host: str | None = None
+    last_lines: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _format_stopped(stopped: tuple[StoppedRank, ...]) -> list[str]:
+    """The stopped ranks: the last lines of the first that printed any, and who else was stopped."""
+    if not stopped:
+        return []
+    shown = next((s for s in stopped if s.last_lines), None)
+    lines: list[str] = []
+    if shown is not None:
+        where = f" on {shown.host}" if shown.host else ""
+        lines += ["", f"Last {len(shown.last_lines)} lines of rank {shown.rank}'s output{where}:"]
+        lines += [f"  {line}" for line in shown.last_lines]
+    ranks = ", ".join(str(s.rank) for s in stopped)
+    lines += ["", f"Stopped while still running: {'rank' if len(stopped) == 1 else 'ranks'} {ranks}"]
+    return lines
+
+
 def _format_failures(failures: tuple[RankFailure, ...], headline: str | None) -> str:
     """Root cause first (the earliest failing rank), then the other ranks grouped by cause."""
     if not failures:
@@ -144,7 +171,8 @@ def _format_failures(failures: tuple[RankFailure, ...], headline: str | None) ->
 class DistributedRunError(SparkTorchError, RuntimeError):
     """A rank failed. The message starts with the failing rank, its host and the cause.
 
-    ``failures`` holds one :class:`RankFailure` per failed rank, root cause first.
+    ``failures`` holds one :class:`RankFailure` per failed rank, root cause first; ``stopped``
+    the ranks spark_torch stopped while they still ran (a timeout), which did not fail.
     """
 
     def __init__(
@@ -153,15 +181,18 @@ class DistributedRunError(SparkTorchError, RuntimeError):
         headline: str | None = None,
         stacks: dict[int, str] | None = None,
         stacks_text: str | None = None,
+        stopped: tuple[StoppedRank, ...] | list[StoppedRank] = (),
     ):
         self.failures = tuple(sorted(failures, key=lambda f: (f.failed_at or float("inf"), f.rank)))
         self.headline = headline
+        #: the ranks that were stopped while still running (a timeout), in rank order
+        self.stopped: tuple[StoppedRank, ...] = tuple(sorted(stopped, key=lambda s: s.rank))
         #: each rank's Python stack when the ranks were stopped (timeout, stall, interruption):
         #: ``{rank: text}``, innermost call last; empty when none was taken
         self.stacks: dict[int, str] = dict(stacks or {})
         #: the same stacks with ranks of the same stack grouped, as the message shows them
         self.stacks_text = stacks_text
-        message = _format_failures(self.failures, headline)
+        message = "\n".join([_format_failures(self.failures, headline), *_format_stopped(self.stopped)])
         if stacks_text:
             message += "\n\nWhere each rank was:\n" + stacks_text
         super().__init__(message)
@@ -172,12 +203,12 @@ class DistributedRunError(SparkTorchError, RuntimeError):
         return self.failures[0].rank if self.failures else None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.failures, self.headline, self.stacks, self.stacks_text))
+        return (type(self), (self.failures, self.headline, self.stacks, self.stacks_text, self.stopped))
 
 
 class RunTimeoutError(DistributedRunError, TimeoutError):
-    """The run took longer than ``timeout``; every rank was stopped. ``stacks`` holds where each
-    rank was just before."""
+    """The run took longer than ``timeout``; every rank was stopped. ``stopped`` names the ranks
+    that were still running (with their last lines), ``stacks`` where each was just before."""
 
 
 class RunStalledError(DistributedRunError):

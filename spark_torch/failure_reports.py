@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spark_torch.errors import RankFailure
+from spark_torch.states import ProblemKind
 
 __all__ = [
     "FailureReport",
@@ -53,9 +54,8 @@ class FailureReport:
     """What a node tells the driver about its failure."""
 
     failures: tuple[RankFailure, ...]
-    #: the exception kind when the node itself could not start its ranks (LaunchError,
-    #: ConfigurationError), else None
-    kind: str | None = None
+    #: what kind of problem kept the node from starting its ranks, else None (ranks failed)
+    kind: ProblemKind | None = None
     headline: str | None = None
     #: per rank, the base64 pickle of its exception (only trusted because the report is authenticated)
     pickled: dict[int, str] = field(default_factory=dict)
@@ -98,7 +98,7 @@ def report_to_dict(report: FailureReport, share: float = 1.0, pickled: bool = Tr
     pickled exceptions out (the text still says what failed)."""
     return {
         "failures": [bounded(f, share).to_dict() for f in report.failures],
-        "kind": report.kind,
+        "kind": report.kind.value if report.kind is not None else None,
         "headline": report.headline,
         "pickled": {
             str(r): p for r, p in report.pickled.items() if pickled and p and len(p) <= MAX_PICKLED_EXCEPTION
@@ -112,7 +112,7 @@ def report_from_dict(data: Any) -> FailureReport:
         raise ValueError("a failure report must be an object")
     return FailureReport(
         failures=tuple(RankFailure.from_dict(f) for f in data.get("failures") or ()),
-        kind=data.get("kind"),
+        kind=ProblemKind(data["kind"]) if data.get("kind") is not None else None,
         headline=data.get("headline"),
         pickled={int(r): str(p) for r, p in (data.get("pickled") or {}).items()},
     )

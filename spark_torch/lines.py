@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from spark_torch.states import RankState
+
 __all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines", "RankOutput"]
 
 
@@ -22,8 +24,8 @@ class RankOutput(Protocol):
     def flush(self) -> None:
         """A batch ended (one pipe read, one frame): make what was written visible."""
 
-    def rank_event(self, rank: int, state: str) -> None:
-        """A rank ``started``, ``finished``, ``failed`` or was ``stopped`` by spark_torch."""
+    def rank_event(self, rank: int, state: RankState) -> None:
+        """A rank started, finished, failed or was stopped by spark_torch."""
 
 
 #: longer lines are split into pieces of this many characters, each marked as continued

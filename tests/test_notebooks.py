@@ -145,7 +145,7 @@ def test_04_troubleshooting(tmp_path: Path, monkeypatch: Any) -> None:
     assert "PicklingError (a TypeError: True)" in out
     assert "lock" in out
     assert "RunTimeoutError (a TimeoutError: True)" in out
-    assert "rank 1: still running: stopped" in out and "ranks 1:" not in out
+    assert "Stopped while still running: ranks 0, 1" in out and "still running: stopped" not in out
     # the stall cell: the grouped stacks while rank 1 is late, then the run goes on
     assert "no rank made progress for" in out and "(stall_timeout=3s)" in out
     assert "rank 0: in all_reduce" in out and "rank 1: in load_batch" in out

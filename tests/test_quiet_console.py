@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from spark_torch.driver.run.failures import SparkJobError, error_from_spark_failure
+from spark_torch.driver.run.failures import SparkJobError, attempt_error, spark_failure_cause
+from spark_torch.driver.run.outcome import AttemptOutcome
 from spark_torch.driver.spark import quiet
 from spark_torch.errors import DistributedRunError, LaunchError, RankFailure
 from spark_torch.failure_reports import MARKER, FailureReport, encode_report
+from spark_torch.states import ProblemKind
 
 from .conftest import CLUSTER_MASTER, SCRIPTS
 
@@ -186,13 +188,18 @@ def _spark_text(report: str) -> str:
     )
 
 
+def _error(spark_error: BaseException, secret: bytes) -> BaseException:
+    """The user's error for a barrier job that failed with ``spark_error`` (no channel reports)."""
+    return attempt_error(AttemptOutcome.ended(spark_failure_cause(spark_error, secret, [])))
+
+
 def test_the_spark_exception_the_user_sees_carries_no_report() -> None:
     """A node's report decides the error; Spark's exception is chained as SparkJobError, its text
     without the encoded reports (whole or cut) and without JVM frames."""
     secret = b"s" * 32
     failure = RankFailure(rank=0, host="h", exc_type="LaunchError", exc_message="the node could not start its ranks")
-    report = encode_report(FailureReport(failures=(failure,), kind="LaunchError"), secret)
-    error = error_from_spark_failure(RuntimeError(_spark_text(report)), secret, [])
+    report = encode_report(FailureReport(failures=(failure,), kind=ProblemKind.LAUNCH), secret)
+    error = _error(RuntimeError(_spark_text(report)), secret)
     assert isinstance(error, LaunchError) and str(error) == "the node could not start its ranks"
     cause = error.__cause__
     assert isinstance(cause, SparkJobError) and "\n" not in str(cause) and "spark_logs" in str(cause), str(cause)
@@ -202,7 +209,7 @@ def test_the_spark_exception_the_user_sees_carries_no_report() -> None:
         ("ExecutorLostFailure (executor 1 exited)\n\tat x.y(Z.java:1)", DistributedRunError),
         (_spark_text(report), LaunchError),
     ]:
-        other = error_from_spark_failure(RuntimeError(text), b"another run's secret", [])
+        other = _error(RuntimeError(text), b"another run's secret")
         assert isinstance(other, kind) and isinstance(other.__cause__, SparkJobError)
         shown = str(other) + str(other.__cause__)
         assert MARKER not in shown and "\tat " not in shown, shown

@@ -60,10 +60,10 @@ def _rows(finished: list[bool]) -> Any:
 
 
 def test_rows_of_stopped_nodes_are_not_a_completed_run() -> None:
-    assert not barrier.completed_while_stopping({}, 2)
-    assert not barrier.completed_while_stopping({"table": _rows([False, False])}, 2)
-    assert not barrier.completed_while_stopping({"table": _rows([True, False])}, 2)
-    assert barrier.completed_while_stopping({"table": _rows([True, True])}, 2)
+    assert not barrier.completed_while_stopping(None, 2)
+    assert not barrier.completed_while_stopping(_rows([False, False]), 2)
+    assert not barrier.completed_while_stopping(_rows([True, False]), 2)
+    assert barrier.completed_while_stopping(_rows([True, True]), 2)
 
 
 def test_a_timeout_whose_job_completes_while_stopping(

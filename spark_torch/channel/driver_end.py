@@ -21,6 +21,7 @@ from spark_torch.channel.transport import RateLimitedLog
 from spark_torch.failure_reports import FailureReport, merge_reports, report_from_dict
 from spark_torch.lines import RankOutput
 from spark_torch.spec import ChannelSpec
+from spark_torch.states import StopReason
 
 __all__ = ["DriverChannel", "new_secret"]
 
@@ -54,22 +55,26 @@ class DriverChannel:
         heartbeat: float = 2.0,
         rendezvous_timeout: float = 60.0,
         trusted_hosts: Iterable[str] = (),
+        reports: StepSink | None = None,
+        bulk_sink: BulkSink | None = None,
+        on_progress: Callable[[int, Any], None] | None = None,
+        on_trace: Callable[[Any, bytes], None] | None = None,
     ) -> None:
         self._nodes = nodes
-        #: report() of the ranks (set by the caller: it needs this channel to answer)
-        self.reports: StepSink | None = None
+        #: report() of the ranks
+        self.reports = reports
         #: failure reports the nodes sent over the channel (authenticated), by node
         self.failures: dict[int, FailureReport] = {}
-        #: where the nodes' bulk data goes (rank 0's result; set by the caller)
-        self.bulk_sink: BulkSink | None = None
-        #: receives each node's progress snapshots (stall detection; set by the caller)
-        self.on_progress: Callable[[int, Any], None] | None = None
+        #: where the nodes' bulk data goes (rank 0's result)
+        self.bulk_sink = bulk_sink
+        #: receives each node's progress snapshots (stall detection)
+        self.on_progress = on_progress
         #: receives a rank's Flight Recorder trace: (rank as the node said, bytes never unpickled)
-        self.on_trace: Callable[[Any, bytes], None] | None = None
+        self.on_trace = on_trace
         self._receiver = LineReceiver(sink)
         self._coordinator = RendezvousCoordinator(nodes)
         self._lock = threading.Condition()
-        self._stop_reason: str | None = None
+        self._stop_reason: StopReason | None = None
         self._attached: set[int] = set()
         self._finished: set[int] = set()
         self._warned = False
@@ -131,7 +136,7 @@ class DriverChannel:
         if self._coordinator.decision is not None:
             replay.append({"rendezvous": self._coordinator.decision})
         if stop is not None:
-            replay.append({"stop": stop})
+            replay.append({"stop": stop.value})
         if self.reports is not None and self.reports.last_answer is not None:
             step, error = self.reports.last_answer
             replay.append({"reported": {"step": step, "error": error}})
@@ -247,11 +252,11 @@ class DriverChannel:
         """Ask every node for its ranks' Flight Recorder traces (a stall)."""
         self._server.broadcast({"traces": True})
 
-    def stop_nodes(self, reason: str) -> None:
-        """Tell every node to stop its ranks now (nodes that reconnect are told again)."""
+    def stop_nodes(self, reason: StopReason) -> None:
+        """Tell every node to stop its ranks now, and why (nodes that reconnect are told again)."""
         with self._lock:
             self._stop_reason = reason
-        self._server.broadcast({"stop": reason})
+        self._server.broadcast({"stop": reason.value})
 
     def wait_for_nodes(self, timeout: float) -> bool:
         """Wait (bounded) until every node that ever attached sent its last line."""

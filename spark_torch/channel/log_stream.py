@@ -21,6 +21,7 @@ from typing import Any
 from spark_torch.channel.client import Frame, Numbering
 from spark_torch.channel.wire import MAX_FRAME, FrameTooLarge
 from spark_torch.lines import RankOutput, block_lines
+from spark_torch.states import RankState
 
 __all__ = ["LineQueue", "LineReceiver", "EVENT_STREAM", "QUEUE_LINES", "QUEUE_BYTES", "FRAME_TEXT_BYTES", "sendable"]
 
@@ -119,7 +120,7 @@ class LineQueue:
             self._queue.append((rank, stream, block, count, size))
             self.cond.notify_all()
 
-    def rank_event(self, rank: int, state: str) -> None:
+    def rank_event(self, rank: int, state: RankState) -> None:
         """Queue a rank's state change for the driver's live status (never blocks)."""
         with self.cond:
             if self._enabled:
@@ -204,9 +205,9 @@ class LineReceiver:
             if isinstance(rank, bool) or not isinstance(rank, int) or not isinstance(stream, str) or not isinstance(block, str):
                 raise ValueError("a lines entry must be [int, str, str]")
             checked.append((rank, stream, block))
-        for rank, stream, block in checked:
+        for rank, stream, block in checked:  # an unknown rank state raises ValueError: malformed
             if stream == EVENT_STREAM:
-                self._sink.rank_event(rank, block)
+                self._sink.rank_event(rank, RankState(block))
             else:
                 self._sink(rank, stream, block)
         self._sink.flush()

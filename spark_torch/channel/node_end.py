@@ -15,6 +15,7 @@ from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousResult, pa
 from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
 from spark_torch.failure_reports import FailureReport, report_to_dict
 from spark_torch.spec import ChannelSpec
+from spark_torch.states import RankState
 
 __all__ = ["NodeChannel"]
 
@@ -51,7 +52,7 @@ class NodeChannel:
     def __call__(self, rank: int, stream: str, block: str) -> None:
         self._queue(rank, stream, block)
 
-    def rank_event(self, rank: int, state: str) -> None:
+    def rank_event(self, rank: int, state: RankState) -> None:
         """A rank started/finished/failed."""
         self._queue.rank_event(rank, state)
 

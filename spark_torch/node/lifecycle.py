@@ -16,7 +16,7 @@ import platform
 import socket
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spark_torch import envnames
@@ -26,12 +26,13 @@ from spark_torch.lines import RankOutput
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
-from spark_torch.node.rank_group import GroupResult, NodeSpec, run_ranks
+from spark_torch.node.rank_group import GroupResult, GroupState, NodeSpec, run_ranks
 from spark_torch.node.staging import check_shards, data_env, write_node_data
 from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
+from spark_torch.states import ProblemKind
 from spark_torch.version import package_identity
 
 __all__ = ["NodeIO", "NodeProblem", "NodeResult", "run_node", "resume_env", "python_mismatch", "package_mismatch", "host_of"]
@@ -39,9 +40,9 @@ __all__ = ["NodeIO", "NodeProblem", "NodeResult", "run_node", "resume_env", "pyt
 
 class NodeProblem(Exception):
     """This node cannot run its ranks (found before any started); ``kind`` is the error the
-    user gets: ``LaunchError`` or ``ConfigurationError``."""
+    user gets. Raised inside the node runner only: it leaves as a failure report."""
 
-    def __init__(self, message: str, kind: str = "LaunchError") -> None:
+    def __init__(self, message: str, kind: ProblemKind = ProblemKind.LAUNCH) -> None:
         super().__init__(message)
         self.message = message
         self.kind = kind
@@ -87,18 +88,25 @@ class NodeIO(Protocol):
         """The node's progress watch (the driver asks it for traces through this NodeIO)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class NodeResult:
-    """What a node produced: its ranks' outcome (None when the rendezvous was stopped) and,
-    per failed rank, its pickled exception (base64) when it wrote one."""
+    """What a node produced: its ranks' result (None when the rendezvous was stopped, before
+    any rank started)."""
 
     outcome: GroupResult | None
-    pickled: dict[int, str | None] = field(default_factory=dict)
 
     def failure_report(self) -> FailureReport:
         """The failed ranks as one report."""
-        failures = tuple(self.outcome.failures) if self.outcome is not None else ()
-        return FailureReport(failures=failures, pickled={r: p for r, p in self.pickled.items() if p})
+        if self.outcome is None:
+            return FailureReport(failures=())
+        return FailureReport(failures=self.outcome.failures, pickled={r: p for r, p in self.outcome.pickled.items() if p})
+
+    @staticmethod
+    def problem_report(problem: NodeProblem, rank: int, host: str) -> FailureReport:
+        """A problem of this node before its ranks ran, as the report the driver reads (named
+        after the node's first rank)."""
+        failure = RankFailure(rank=rank, host=host, exc_type=problem.kind.value, exc_message=problem.message)
+        return FailureReport(failures=(failure,), kind=problem.kind)
 
 
 def host_of(task_address: str) -> str:
@@ -162,7 +170,7 @@ def _visible_devices(run: RunSpec, io: NodeIO) -> str:
     try:
         return ",".join(through_visible(io.task_gpus()[:per_node], os.environ.get(envnames.CUDA_VISIBLE_DEVICES)))
     except ClusterConfigurationError as exc:
-        raise NodeProblem(f"on executor host {io.host}: {exc}", kind="ConfigurationError") from None
+        raise NodeProblem(f"on executor host {io.host}: {exc}", kind=ProblemKind.CONFIGURATION) from None
 
 
 def _usable_dir(path: str | None) -> str | None:
@@ -198,7 +206,7 @@ def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, peers: list[dict[s
         rows_per_node = [int(p["rows"]) for p in peers]
         problem = check_shards(rows_per_node, run.plan.procs_per_node)
         if problem:
-            raise NodeProblem(problem, kind="ConfigurationError")
+            raise NodeProblem(problem, kind=ProblemKind.CONFIGURATION)
         node_env.update(data_env(data_path, run.data.columns, run.data.explicit, rows_per_node=rows_per_node))
     if run.script is not None and not os.path.isfile(run.script):
         raise NodeProblem(
@@ -260,12 +268,12 @@ def run_node(
             run=run, node_rank=io.node_rank, master_addr=io.master_host, master_port=int(peers[0]["port"]),
             host=io.host, visible_devices=visible, node_env=node_env, cwd=cwd, agent_store=store is not None,
         )  # fmt: skip
-        outcome, pickled = run_ranks(
+        outcome = run_ranks(
             spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
             on_trace=io.trace, watching=io.watching,
         )
-        result = NodeResult(outcome=outcome, pickled=pickled)
-        if outcome.failures:
+        result = NodeResult(outcome=outcome)
+        if outcome.state is GroupState.FAILED:
             # every failed node tells the driver, which then puts the earliest failure first,
             # whichever task Spark saw failing first
             io.node_failed(result.failure_report())

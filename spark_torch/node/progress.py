@@ -35,6 +35,7 @@ from spark_torch.stacks import (
     trace_path,
     trace_request_path,
 )
+from spark_torch.states import RankState
 
 __all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
 
@@ -80,8 +81,8 @@ class _Observed:
     def flush(self) -> None:
         self._inner.flush()
 
-    def rank_event(self, rank: int, state: str) -> None:
-        if state in ("finished", "failed", "stopped"):
+    def rank_event(self, rank: int, state: RankState) -> None:
+        if state is not RankState.STARTED:
             self._watch.exited(rank)
         self._inner.rank_event(rank, state)
 

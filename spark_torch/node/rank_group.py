@@ -7,6 +7,7 @@ by module name (``python -m spark_torch.rank.function_main`` / ``script_main``).
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import socket
@@ -33,8 +34,11 @@ from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
+from spark_torch.states import RankState
 
-__all__ = ["NodeSpec", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE"]
+__all__ = [
+    "NodeSpec", "GroupState", "RankStatus", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE",
+]  # fmt: skip
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
 SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
@@ -72,15 +76,54 @@ class NodeSpec:
         return self.node_rank * self.procs_per_node + local_rank
 
 
-@dataclass
-class GroupResult:
-    """What happened on one node: failures by rank, and rank 0's result file if it ran here."""
+class GroupState(str, enum.Enum):
+    """How a node's ranks ended, together."""
 
-    failures: list[RankFailure] = field(default_factory=list)
+    #: every rank exited with code 0 (and rank 0, when it ran here, wrote its result)
+    SUCCEEDED = "succeeded"
+    #: a rank failed; the others were stopped
+    FAILED = "failed"
+    #: stopped from outside (the driver's stop: timeout, stall, cancel, another node's failure)
+    STOPPED = "stopped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank of the node at the end: its state, what it printed last, and for a failed
+    rank what is known about the failure."""
+
+    rank: int
+    state: RankState
+    last_lines: tuple[str, ...] = ()
+    started_at: float = 0.0
+    failure: RankFailure | None = None
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What happened on one node (the shape of torch elastic's ``RunResult``): the group's state
+    and every rank's status."""
+
+    state: GroupState
+    ranks: tuple[RankStatus, ...] = ()
     #: rank 0's pickled return value, inside the node's workdir (gone when the workdir is)
     result_file: str | None = None
-    stopped: bool = False  # stopped from outside (timeout / cancellation)
-    running_at_stop: list[RankFailure] = field(default_factory=list)
+    #: per failed rank, its pickled exception (base64) when it wrote one
+    pickled: dict[int, str | None] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> tuple[RankFailure, ...]:
+        """The failed ranks' failures (the first that failed here; rank 0 without its result)."""
+        return tuple(status.failure for status in self.ranks if status.failure is not None)
+
+    def still_running(self) -> tuple[RankStatus, ...]:
+        """The ranks that were still running when the group was stopped from outside."""
+        if self.state is not GroupState.STOPPED:
+            return ()
+        return tuple(status for status in self.ranks if status.state is RankState.STOPPED)
 
 
 def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
@@ -185,8 +228,11 @@ class RankGroup:
         self._reports = reports
         self._on_failure = on_failure
         #: per failed rank, its pickled exception (base64) when it wrote one
-        self.pickled: dict[int, str | None] = {}
-        self._result = GroupResult()
+        self._pickled: dict[int, str | None] = {}
+        self._failure: RankFailure | None = None  # the first failure :meth:`wait` saw
+        self._stopped_from_outside = False  # :meth:`wait` returned because ``stop`` was set
+        #: each rank's state once its process exited
+        self._states: dict[int, RankState] = {}
         self._procs: list[RankProcess] = []
         self._exited: list[tuple[RankProcess, float]] = []
         self._changed = threading.Condition()
@@ -255,11 +301,12 @@ class RankGroup:
     def _watch(self, proc: RankProcess) -> None:
         proc.popen.wait()
         if proc.popen.returncode == 0:
-            state = "finished"
+            state = RankState.FINISHED
         else:  # a rank this node was already stopping did not fail by itself
-            state = "stopped" if self._stopping.is_set() else "failed"
+            state = RankState.STOPPED if self._stopping.is_set() else RankState.FAILED
         self._on_lines.rank_event(proc.rank, state)
         with self._changed:
+            self._states[proc.rank] = state
             self._exited.append((proc, time.time()))
             self._changed.notify_all()
 
@@ -287,16 +334,16 @@ class RankGroup:
                 self._workdir.track(proc.pid, proc.created)
                 if self._progress is not None:
                     self._progress.started(rank, proc.pid)
-                self._on_lines.rank_event(proc.rank, "started")
+                self._on_lines.rank_event(proc.rank, RankState.STARTED)
                 threading.Thread(target=self._watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
         if self._progress is not None:
             self._progress.start()
 
     # wait
-    def wait(self, stop: threading.Event | None = None) -> GroupResult:
+    def wait(self, stop: threading.Event | None = None) -> None:
         """Until every rank exited, the first failed (reported at once through ``on_failure``),
-        or ``stop`` is set (the ranks still running are then recorded as stopped)."""
-        spec, path, result = self.spec, self._workdir.path, self._result
+        or ``stop`` is set (the ranks still running are then the ones stopped from outside)."""
+        spec, path = self.spec, self._workdir.path
         seen = 0
         with self._changed:
             while seen < len(self._procs):
@@ -304,7 +351,7 @@ class RankGroup:
                     # exits that already happened count first: a run that finished right at
                     # its deadline is a success, not a timeout
                     if stop is not None and stop.is_set():
-                        result.stopped = True
+                        self._stopped_from_outside = True
                         break
                     # wake up for exits right away; re-check ``stop`` a few times a second
                     self._changed.wait(timeout=0.2 if stop is not None else None)
@@ -317,17 +364,13 @@ class RankGroup:
                         self._on_failure(_failure(spec, proc, path, when), blob)
                     for pump in proc.pumps:
                         pump.join(timeout=2.0)
-                    result.failures.append(_failure(spec, proc, path, when))
-                    self.pickled[proc.rank] = blob
+                    self._failure = _failure(spec, proc, path, when)
+                    self._pickled[proc.rank] = blob
                     break
-        if result.stopped:
-            result.running_at_stop = [
-                RankFailure(rank=p.rank, host=spec.host, exc_type="still running", exc_message="stopped",
-                            last_lines=tuple(p.tail), started_at=p.started_at)
-                for p in self._procs
-                if p.popen.poll() is None
-            ]  # fmt: skip
-        return result
+            if self._stopped_from_outside:  # what still runs now is what the stop ends
+                for proc in self._procs:
+                    if proc.popen.poll() is None:
+                        self._states.setdefault(proc.rank, RankState.STOPPED)
 
     # stop
     def stop(self, grace: float = GRACE_SECONDS) -> None:
@@ -343,22 +386,38 @@ class RankGroup:
                 pump.join(timeout=2.0)
 
     def result(self) -> GroupResult:
-        """What this node reports, after :meth:`stop`: with rank 0's result file when it ran
-        here and every rank succeeded (a rank 0 that wrote none failed)."""
-        result, spec = self._result, self.spec
-        if not result.failures and not result.stopped and spec.run.payload is not None and spec.node_rank == 0:
+        """What this node reports, after :meth:`stop`: the group's state, each rank's status, and
+        rank 0's result file when it ran here and every rank succeeded (a rank 0 that wrote
+        none failed)."""
+        spec, failure = self.spec, self._failure
+        if failure is None and not self._stopped_from_outside and spec.run.payload is not None and spec.node_rank == 0:
             path = rank_files.result_path(self._workdir.path, 0)
             if os.path.isfile(path):
-                result.result_file = path
-            else:
-                result.failures.append(
-                    RankFailure(rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
-                                exc_message="rank 0 exited with code 0 but wrote no result "
-                                "(did the function call os._exit(0)?)",
-                                last_lines=tuple(self._procs[0].tail), failed_at=time.time())
-                )  # fmt: skip
-        return result
+                return GroupResult(GroupState.SUCCEEDED, self._statuses(None), result_file=path)
+            failure = RankFailure(
+                rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
+                exc_message="rank 0 exited with code 0 but wrote no result (did the function call os._exit(0)?)",
+                last_lines=tuple(self._procs[0].tail), failed_at=time.time(),
+            )  # fmt: skip
+        if failure is not None:
+            state = GroupState.FAILED
+        else:
+            state = GroupState.STOPPED if self._stopped_from_outside else GroupState.SUCCEEDED
+        return GroupResult(state, self._statuses(failure), pickled=dict(self._pickled))
 
+    def _statuses(self, failure: RankFailure | None) -> tuple[RankStatus, ...]:
+        with self._changed:
+            states = dict(self._states)
+        return tuple(
+            RankStatus(
+                rank=proc.rank,
+                state=RankState.FAILED if failure is not None and failure.rank == proc.rank else states.get(proc.rank, RankState.STOPPED),
+                last_lines=tuple(proc.tail),
+                started_at=proc.started_at,
+                failure=failure if failure is not None and failure.rank == proc.rank else None,
+            )
+            for proc in self._procs
+        )
 
 def run_ranks(
     spec: NodeSpec,
@@ -371,10 +430,10 @@ def run_ranks(
     on_progress: Callable[[list[dict[str, object]]], None] | None = None,
     on_trace: Callable[[int, bytes], None] | None = None,
     watching: Callable[[ProgressWatch], None] | None = None,
-) -> tuple[GroupResult, dict[int, str | None]]:
+) -> GroupResult:
     """Run this node's ranks (a :class:`RankGroup`) to completion, first failure or ``stop``,
     and clean up. Uses (and leaves to the caller) ``workdir`` when given, else makes and
-    removes its own. Returns the result and, per failed rank, its pickled exception (base64)."""
+    removes its own."""
     if workdir is None:
         with NodeWorkdir(spec.run.run_id, spec.node_rank, spec.python) as own:
             return run_ranks(
@@ -388,4 +447,4 @@ def run_ranks(
         group.start()
         group.wait(stop)
         group.stop()
-        return group.result(), group.pickled
+        return group.result()

@@ -20,17 +20,20 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from spark_torch.background import BackgroundCall
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.errors import RankFailure
 from spark_torch.failure_reports import FailureReport, encode_report
 from spark_torch.lines import RankOutput
 from spark_torch.node import result_transfer
-from spark_torch.node.lifecycle import NodeProblem, host_of, run_node
+from spark_torch.node.lifecycle import NodeProblem, NodeResult, host_of, run_node
 from spark_torch.node.progress import ProgressWatch
+from spark_torch.node.rank_group import GroupState
 from spark_torch.node.storage_check import storage_hello, storage_needed, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
+from spark_torch.states import ProblemKind, RankState
 
 __all__ = ["run_barrier_task", "BarrierIO", "NodeFailed"]
 
@@ -49,7 +52,7 @@ class ExecutorLog:
     def flush(self) -> None:
         sys.stderr.flush()
 
-    def rank_event(self, rank: int, state: str) -> None:
+    def rank_event(self, rank: int, state: RankState) -> None:
         """Nobody watches rank states here."""
 
 
@@ -78,7 +81,7 @@ class BarrierIO:
         peers = self._meet({**hello, **storage_hello(self.spec)})
         problem = storage_problem(self.spec, peers) if peers is not None else None
         if problem is not None and storage_needed(self.spec):
-            raise NodeProblem(problem, kind="ConfigurationError")
+            raise NodeProblem(problem, kind=ProblemKind.CONFIGURATION)
         if problem is not None and self.node_rank == 0:  # the default storage: checkpoints would fail
             self._storage_warning = (
                 f"[spark_torch] WARNING: report(checkpoint=...) will fail on these nodes: {problem}"
@@ -100,28 +103,17 @@ class BarrierIO:
     def _all_gather(self, hello: dict[str, Any], reason: str) -> list[dict[str, Any]]:
         timeout = self.spec.channel.rendezvous_timeout if self.spec.channel is not None else 60.0
         where = self.spec.channel.address if self.spec.channel is not None else "(none)"
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def gather() -> None:
-            try:
-                box["messages"] = self.context.allGather(json.dumps(hello))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                box["error"] = exc
-            finally:
-                done.set()
-
-        threading.Thread(target=gather, name="spark-torch-allgather", daemon=True).start()
-        finished = done.wait(timeout)
-        if not finished or "error" in box:
-            detail = f"failed ({box['error']})" if finished else f"did not complete within {timeout:g}s"
+        gather = BackgroundCall(lambda: list(self.context.allGather(json.dumps(hello))), name="spark-torch-allgather")
+        finished = gather.start().wait(timeout)
+        if not finished or gather.error is not None:
+            detail = f"failed ({gather.error})" if finished else f"did not complete within {timeout:g}s"
             raise NodeProblem(
                 f"the nodes could not rendezvous: the driver's channel at {where} was not usable ({reason}) "
                 f"and the Spark barrier allGather fallback {detail}. Make {where} reachable from the "
                 "executors (spark.driver.host / SPARK_TORCH_CHANNEL_HOST, SPARK_TORCH_CHANNEL_PORTS for a "
                 "firewall); see docs/troubleshooting.md"
             )
-        return [json.loads(m) for m in box["messages"]]
+        return [json.loads(m) for m in gather.value or ()]
 
     def output(self) -> RankOutput:
         """The driver's channel if this node reaches it, else the executor log."""
@@ -174,8 +166,8 @@ class BarrierIO:
 
     def fail(self, problem: NodeProblem) -> NodeFailed:
         """The task exception for a problem of this node before its ranks ran."""
-        failure = RankFailure(rank=self.first_rank, host=self.host, exc_type=problem.kind, exc_message=problem.message)
-        return NodeFailed(f"{problem.message}\n{self._encode(FailureReport(failures=(failure,), kind=problem.kind))}")
+        report = NodeResult.problem_report(problem, self.first_rank, self.host)
+        return NodeFailed(f"{problem.message}\n{self._encode(report)}")
 
     def failed(self, report: FailureReport) -> NodeFailed:
         """The task exception for ranks of this node that failed (the driver also got the report
@@ -209,9 +201,9 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
                 raise io.fail(problem) from None
             outcome = hosted.outcome
             channel_error = io.channel_error()
-            if outcome is not None and outcome.failures:
+            if outcome is not None and outcome.state is GroupState.FAILED:
                 raise io.failed(hosted.failure_report())
-            finished = outcome is not None and not outcome.stopped
+            finished = outcome is not None and outcome.state is GroupState.SUCCEEDED
             if finished and outcome is not None and outcome.result_file is not None:
                 delivered = result_transfer.deliver(spec, outcome.result_file, io.channel)
             io.close()  # sends the last lines (bounded) before the rows go back

@@ -15,6 +15,7 @@ from spark_torch.channel.driver_end import new_secret
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import DEAD_AFTER
 from spark_torch.spec import ChannelSpec
+from spark_torch.states import StopReason
 
 from ..netproxy import Proxy
 from .channel_helpers import driver_channel as _driver
@@ -78,7 +79,7 @@ def test_idle_cut_is_repaired_and_stop_reaches_a_silent_node() -> None:
         node(0, "stdout", "before the silence")
         time.sleep(2.0)  # several idle cuts happen here
         assert proxy.cuts >= 2
-        driver.stop_nodes("timeout")
+        driver.stop_nodes(StopReason.TIMEOUT)
         assert stop.wait(1.5), "the stop did not reach the silent node"
         node(0, "stdout", "after the silence")
         node.close(timeout=10)

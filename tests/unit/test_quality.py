@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_exported_members() -> None:
     assert sorted(spark_torch.__all__) == sorted([
         "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
-        "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "__version__",
+        "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "StoppedRank", "__version__",
         "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
         "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
         "list_runs", "RunSummary", "init_process_group", "prepare_model", "prepare_data_loader",

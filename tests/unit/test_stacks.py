@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.run.failures import attempt_error
+from spark_torch.driver.run.outcome import AttemptOutcome
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.errors import ConfigurationError, RunStalledError
 from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, strip_source_lines
@@ -66,7 +68,7 @@ def test_fail_stops_once_and_makes_the_error() -> None:
     watch.check()
     watch.check()
     assert len(stopped) == 1 and watch.failed.is_set()
-    error = watch.error()
+    error = attempt_error(AttemptOutcome.ended(watch.verdict()))
     assert isinstance(error, RunStalledError) and set(error.stacks) == {0, 1}
     assert "rank 1: in load_batch" in str(error)
 

@@ -18,6 +18,7 @@ from spark_torch.driver.console.status import RunStatus
 from spark_torch.errors import ConfigurationError
 from spark_torch.lines import block_lines, last_lines
 from spark_torch.owned_files import UnsafePathError, open_own_file
+from spark_torch.states import RankState
 
 __all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
 
@@ -88,7 +89,7 @@ class DriverLogSink:
                     fh = self._files[rank] = _open_log(self._config.log_dir, rank)
                 fh.write(block + "\n")
 
-    def rank_event(self, rank: int, state: str) -> None:
+    def rank_event(self, rank: int, state: RankState) -> None:
         """A rank ``started``, ``finished`` or ``failed`` (feeds the live status)."""
         self.status.event(rank, state)
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
+from spark_torch.states import RankState
 
 __all__ = ["RunStatus", "interactive", "in_jupyter"]
 
@@ -147,20 +148,18 @@ class RunStatus:
             self.stall = "" if idle is None else f" | STALLED: no progress for {idle:.0f}s"
             self._render()
 
-    def event(self, rank: int, state: str) -> None:
-        """A rank ``started``, ``finished``, ``failed`` or ``stopped`` (by spark_torch: a timeout,
-        Ctrl-C, another rank's failure)."""
+    def event(self, rank: int, state: RankState) -> None:
+        """A rank started, finished, failed or was stopped (by spark_torch: a timeout, Ctrl-C,
+        another rank's failure)."""
         with self._lock:
-            if state == "started":
+            if state is RankState.STARTED:
                 self.started += 1
-            elif state == "finished":
+            elif state is RankState.FINISHED:
                 self.finished += 1
-            elif state == "failed":
+            elif state is RankState.FAILED:
                 self.failed += 1
-            elif state == "stopped":
-                self.stopped += 1
             else:
-                return
+                self.stopped += 1
             self._render()
 
     @contextmanager

@@ -6,33 +6,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_torch.driver.result import AttemptEnd
 from spark_torch.driver.run.flight_recorder import TraceDir
 from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.stall import StallWatch
 from spark_torch.lines import RankOutput
-from spark_torch.rank_files import ResultBytes
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.storage import RunStorage
 from spark_torch.spec import RunSpec
+from spark_torch.states import StopReason
 
-__all__ = ["Attempt", "AttemptOutcome"]
-
-
-@dataclass(frozen=True)
-class AttemptOutcome:
-    """How an attempt ended: a typed end, rank 0's pickled value on success, the error otherwise
-    (``detail`` says why it grows)."""
-
-    end: AttemptEnd
-    result: ResultBytes | None = None
-    error: BaseException | None = None
-    detail: str = ""
-
-    @classmethod
-    def succeeded(cls, result: ResultBytes | None) -> AttemptOutcome:
-        """The gang finished; ``result`` is rank 0's pickled value (None for scripts)."""
-        return cls(AttemptEnd.SUCCEEDED, result=result)
+__all__ = ["Attempt"]
 
 
 @dataclass(frozen=True)
@@ -61,13 +44,16 @@ class Attempt:
     #: where the ranks' Flight Recorder traces go when a stall is found
     trace_dir: TraceDir | None = None
 
-    def stall_watch(self, stop: Callable[[str], None]) -> StallWatch:
+    def stall_watch(
+        self, stop: Callable[[StopReason], None], request_traces: Callable[[], None] | None = None
+    ) -> StallWatch:
         """This attempt's stall detector (inactive with ``stall_timeout=0``); ``stop`` stops the
-        attempt when ``stall_action="fail"``."""
+        attempt when ``stall_action="fail"``, ``request_traces`` asks the nodes for the ranks'
+        Flight Recorder traces."""
         settings = self.spec.settings
         return StallWatch(
             self.spec.world_size, settings.stall_timeout, settings.stall_action,
-            stop=stop, on_status=self.on_stall, trace_dir=self.trace_dir,
+            stop=stop, on_status=self.on_stall, trace_dir=self.trace_dir, request_traces=request_traces,
         )  # fmt: skip
 
     def report_coordinator(

@@ -2,12 +2,14 @@
 
 Opens the run's channel, starts the stage (``mapInArrow(..., barrier=True)``, which also works
 under Spark Connect) in its own tagged job so it can be cancelled, waits for it within the
-attempt's time, and turns what came back into rank 0's result (rows and files:
-:mod:`spark_torch.node.result_transfer`) or the user's error (:mod:`spark_torch.driver.run.failures`).
+attempt's time, and returns how the attempt ended: rank 0's result (rows and files:
+:mod:`spark_torch.node.result_transfer`) or the typed cause of its end
+(:mod:`spark_torch.driver.run.outcome`; the controller makes the user's error of it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -15,23 +17,26 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from spark_torch.background import BackgroundCall
 from spark_torch.channel.driver_end import DriverChannel, new_secret
-from spark_torch.driver.result import AttemptEnd
-from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
+from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.endpoints import ChannelEndpoint
-from spark_torch.driver.run.failures import error_from_spark_failure, timeout_error
+from spark_torch.driver.run.failures import spark_failure_cause
 from spark_torch.driver.run.membership import GrowWatch
-from spark_torch.driver.run.stall import note_stacks
+from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRequested, Interrupted, RanksStopped
+from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
-from spark_torch.errors import ConfigurationError, LaunchError, RankFailure
+from spark_torch.errors import LaunchError, StoppedRank
 from spark_torch.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
+from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.spec import RunSpec
+from spark_torch.states import ProblemKind, StopReason
 
 __all__ = ["run_distributed", "completed_while_stopping"]
 
@@ -49,183 +54,228 @@ FAILURE_REPORTS_SECONDS = DRIVER_STOP_WAIT_SECONDS
 DRAIN_SECONDS = 10.0
 
 
-def _collect(df: Any, spark: Any, tag: str, box: dict[str, Any], done: threading.Event, wake: threading.Event) -> None:
-    try:
-        with tagged_job(spark, tag):
-            box["table"] = collect_arrow(df)
-    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-        box["error"] = exc
-    finally:
-        done.set()
-        wake.set()
+def _open_channel(
+    attempt: Attempt, endpoint: ChannelEndpoint, trusted_hosts: set[str] | None = None, **handlers: Any
+) -> DriverChannel:
+    """Bind the run's channel (raises OSError); ``trusted_hosts`` (the executors' addresses)
+    get handshake slots strangers cannot take, ``handlers`` are what it hands on."""
+    return DriverChannel(
+        attempt.on_lines,
+        nodes=attempt.spec.plan.num_nodes,
+        bind_host=endpoint.bind_host,
+        advertise_host=endpoint.advertise_host,
+        advertise_port=endpoint.advertise_port,
+        secret=new_secret(),
+        ports=endpoint.ports,
+        heartbeat=endpoint.heartbeat,
+        rendezvous_timeout=endpoint.rendezvous_timeout,
+        trusted_hosts=trusted_hosts or (),
+        **handlers,
+    )
 
 
-def _open_channel(attempt: Attempt, endpoint: ChannelEndpoint, trusted_hosts: set[str] | None = None) -> DriverChannel:
-    """Bind the run's channel, or say which address could not be bound and what to change;
-    ``trusted_hosts`` (the executors' addresses) get handshake slots strangers cannot take."""
-    try:
-        return DriverChannel(
-            attempt.on_lines,
-            nodes=attempt.spec.plan.num_nodes,
-            bind_host=endpoint.bind_host,
-            advertise_host=endpoint.advertise_host,
-            advertise_port=endpoint.advertise_port,
-            secret=new_secret(),
-            ports=endpoint.ports,
-            heartbeat=endpoint.heartbeat,
-            rendezvous_timeout=endpoint.rendezvous_timeout,
-            trusted_hosts=trusted_hosts or (),
-        )
-    except OSError as exc:
-        raise ConfigurationError(
-            f"spark_torch could not listen for its channel on {endpoint.bind_host}"
-            f"{f' (ports {endpoint.ports[0]}-{endpoint.ports[1]})' if endpoint.ports else ''}: {exc}. "
-            "The address comes from spark.driver.bindAddress, else spark.driver.host, else "
-            "SPARK_TORCH_CHANNEL_HOST; it must be an address of this machine. Free or widen the port "
-            "range (SPARK_TORCH_CHANNEL_PORTS / spark.torch.channel.ports) if one is set"
-        ) from exc
+def _bind_problem(endpoint: ChannelEndpoint, exc: OSError) -> str:
+    """Which address could not be bound, and what to change."""
+    return (
+        f"spark_torch could not listen for its channel on {endpoint.bind_host}"
+        f"{f' (ports {endpoint.ports[0]}-{endpoint.ports[1]})' if endpoint.ports else ''}: {exc}. "
+        "The address comes from spark.driver.bindAddress, else spark.driver.host, else "
+        "SPARK_TORCH_CHANNEL_HOST; it must be an address of this machine. Free or widen the port "
+        "range (SPARK_TORCH_CHANNEL_PORTS / spark.torch.channel.ports) if one is set"
+    )
 
 
 def run_distributed(
     spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None = None
 ) -> AttemptOutcome:
-    """Run the barrier stage: succeeded (rank 0's pickled result in function mode) or grow
-    requested; raises the run's errors (failure, timeout, interruption)."""
-    plan = attempt.spec.plan
-    if plan.local_mode:  # pragma: no cover - guarded by the caller
-        raise ConfigurationError("run_distributed called with a local-mode plan")
-    by_file = attempt.spec.payload is not None and attempt.spec.settings.result_transfer != "spark"
-    if attempt.spec.settings.ship_package:
+    """Run the barrier stage; every way the attempt ends is returned: succeeded (rank 0's
+    pickled result in function mode), grow requested, or the typed cause of its failure."""
+    spec = attempt.spec
+    by_file = spec.payload is not None and spec.settings.result_transfer != "spark"
+    if spec.settings.ship_package:
         try:
             ship_package(spark)
         except Exception as exc:  # noqa: BLE001 - the nodes still check that they run the driver's code
             logger.warning("spark_torch: could not ship spark_torch to the executors (%s); they use their own", exc)
-    channel = _open_channel(attempt, endpoint, executor_hosts(spark))
-    grow = None
-    if attempt.membership is not None and plan.num_nodes < attempt.membership.max_nodes:
-        grow = GrowWatch(spark, plan.num_nodes, attempt.membership, channel.stop_nodes)
-    coordinator = channel.reports = attempt.report_coordinator(
-        answer=channel.answer_reports, after_checkpoint=grow.checkpointed if grow is not None else None
-    )
-    streamed = None
-    try:
-        spec = replace(attempt.spec, channel=channel.spec)
-        if not by_file:
-            return _run_stage(spark, spec, attempt, channel, data, None, grow)
-        # node 0 moves rank 0's result in here when it shares this host (or filesystem), or
-        # streams it over the channel into a file here
-        with NodeWorkdir(spec.run_id, 0, role="driver") as result_dir:
-            streamed = channel.bulk_sink = result_transfer.StreamedResult(
-                os.path.join(result_dir.path, result_transfer.STREAMED_RESULT_FILE)
-            )
-            token = result_transfer.prepare_result_dir(result_dir.path)
-            spec = replace(spec, result_dir=result_dir.path, result_token=token)
-            return _run_stage(spark, spec, attempt, channel, data, streamed, grow)
-    finally:
-        if grow is not None:
-            grow.close()
-        channel.close()
-        coordinator.close()
-        if streamed is not None:
-            streamed.close()
+    with contextlib.ExitStack() as cleanup:
+        streamed = None
+        if by_file:
+            # node 0 moves rank 0's result in here when it shares this host (or filesystem), or
+            # streams it over the channel into a file here
+            result_dir = cleanup.enter_context(NodeWorkdir(spec.run_id, 0, role="driver"))
+            streamed = result_transfer.StreamedResult(os.path.join(result_dir.path, result_transfer.STREAMED_RESULT_FILE))
+            cleanup.callback(streamed.close)
+            spec = replace(spec, result_dir=result_dir.path, result_token=result_transfer.prepare_result_dir(result_dir.path))
+        stage = _BarrierStage(spark, spec, attempt, data, streamed)
+        cleanup.callback(stage.close)
+        problem = stage.open(endpoint)
+        if problem is not None:
+            return AttemptOutcome.ended(problem)
+        stage.start()
+        stopped = stage.wait()
+        return stopped if stopped is not None else stage.classify()
+    raise AssertionError("unreachable")  # pragma: no cover - for type checkers: the block returns
 
 
-def completed_while_stopping(box: dict[str, Any], num_nodes: int) -> bool:
+def completed_while_stopping(table: Any, num_nodes: int) -> bool:
     """Whether a job the driver was stopping (timeout, stall) had completed the run after all:
-    every node's rows say it finished. A node that was stopped returns normally, without that
-    row, so the job can end without an error before the cancel reaches Spark: that is the
-    stop's outcome, not a completed run (once read as "only 0 of 2 tasks reported back")."""
-    table = box.get("table")
+    every node's rows (``table``, None when the job did not return) say it finished. A node that
+    was stopped returns normally, without that row, so the job can end without an error before
+    the cancel reaches Spark: that is the stop's outcome, not a completed run (once read as
+    "only 0 of 2 ... reported back")."""
     return table is not None and len(result_transfer.read_stage(table).finished) >= num_nodes
 
 
-def _run_stage(
-    spark: Any,
-    spec: RunSpec,
-    attempt: Attempt,
-    channel: DriverChannel,
-    data: DataInput | None,
-    streamed: result_transfer.StreamedResult | None,
-    grow: GrowWatch | None = None,
-) -> AttemptOutcome:
-    plan = spec.plan
-    # one input partition per node: the node's share of the data, or one placeholder row
-    source = (
-        data.df.select(*data.columns).repartition(plan.num_nodes)
-        if data is not None
-        else spark.range(0, plan.num_nodes, 1, plan.num_nodes)
-    )
-    df = source.mapInArrow(functools.partial(run_barrier_task, spec), result_transfer.RESULT_SCHEMA, barrier=True)
-    tag = attempt.tag
-    box: dict[str, Any] = {}
-    done = threading.Event()  # the Spark job ended
-    wake = threading.Event()  # the job ended, or the stall watch stopped the attempt
-    stall = attempt.stall_watch(stop=lambda reason: wake.set())
-    channel.on_progress = stall.update
-    channel.on_trace = stall.trace
-    stall.request_traces = channel.request_traces
-    worker = threading.Thread(target=_collect, args=(df, spark, tag, box, done, wake), name=tag, daemon=True)
-    worker.start()
-    channel.start_rendezvous_clock()
+class _BarrierStage:
+    """One attempt's barrier stage, in three steps: :meth:`start` the job, :meth:`wait` for it
+    within the attempt's time (stopping it on a timeout, a stall or an interrupt), and
+    :meth:`classify` what came back. :meth:`close` releases what :meth:`open` made."""
 
-    def cancel(reason: str) -> None:
-        stall.freeze()  # where the ranks were, not where they are while stopping
+    def __init__(
+        self, spark: Any, spec: RunSpec, attempt: Attempt, data: DataInput | None, streamed: result_transfer.StreamedResult | None
+    ) -> None:
+        self.spark, self.spec, self.attempt, self.data, self.streamed = spark, spec, attempt, data, streamed
+        self.plan = spec.plan
+        #: the job ended, or the stall watch stopped the attempt
+        self.wake = threading.Event()
+        self.channel: DriverChannel | None = None
+        self.grow: GrowWatch | None = None
+        self.coordinator: ReportCoordinator | None = None
+        self.stall: StallWatch | None = None
+        self.stall_open = True  # closed once the wait is over (or by close())
+        self.job: BackgroundCall[Any] | None = None
+
+    def _channel(self) -> DriverChannel:
+        assert self.channel is not None, "the stage's channel is opened first"
+        return self.channel
+
+    def open(self, endpoint: ChannelEndpoint) -> DriverProblem | None:
+        """Open the run's channel with what it hands on (report() steps, rank 0's streamed
+        result, the ranks' progress); a problem when its address cannot be bound."""
+        attempt, plan = self.attempt, self.plan
+        self.stall = attempt.stall_watch(stop=lambda reason: self.wake.set(), request_traces=lambda: self._channel().request_traces())
+        membership = attempt.membership
+        if membership is not None and plan.num_nodes < membership.max_nodes:
+            self.grow = GrowWatch(self.spark, plan.num_nodes, membership, lambda reason: self._channel().stop_nodes(reason))
+        self.coordinator = attempt.report_coordinator(
+            answer=lambda step, error: self._channel().answer_reports(step, error),
+            after_checkpoint=self.grow.checkpointed if self.grow is not None else None,
+        )
+        try:
+            self.channel = _open_channel(
+                attempt, endpoint, executor_hosts(self.spark),
+                reports=self.coordinator, bulk_sink=self.streamed, on_progress=self.stall.update, on_trace=self.stall.trace,
+            )  # fmt: skip
+        except OSError as exc:
+            return DriverProblem(ProblemKind.CONFIGURATION, _bind_problem(endpoint, exc), cause=exc)  # close() ends the rest
+        self.spec = replace(self.spec, channel=self.channel.spec)
+        return None
+
+    def start(self) -> None:
+        """Start the barrier job (one task per node) and the channel's rendezvous clock."""
+        spark, spec, plan, data = self.spark, self.spec, self.plan, self.data
+        # one input partition per node: the node's share of the data, or one placeholder row
+        source = (
+            data.df.select(*data.columns).repartition(plan.num_nodes)
+            if data is not None
+            else spark.range(0, plan.num_nodes, 1, plan.num_nodes)
+        )
+        df = source.mapInArrow(functools.partial(run_barrier_task, spec), result_transfer.RESULT_SCHEMA, barrier=True)
+        tag = self.attempt.tag
+
+        def collect() -> Any:
+            with tagged_job(spark, tag):
+                return collect_arrow(df)
+
+        self.job = BackgroundCall(collect, name=tag, on_done=self.wake.set).start()
+        self._channel().start_rendezvous_clock()
+
+    def _cancel(self, reason: StopReason) -> None:
+        """Stop every node's ranks, then the Spark job."""
+        assert self.stall is not None and self.job is not None
+        self.stall.freeze()  # where the ranks were, not where they are while stopping
+        channel = self._channel()
         channel.stop_nodes(reason)
         try:
             # the nodes give their ranks SIGTERM and a grace period; cancelling the Spark job
             # first would kill the Python workers, and with them the ranks, at once
             channel.wait_for_nodes(timeout=STOP_GRACE_SECONDS)
         finally:
-            cancel_tagged_job(spark, tag)
-            done.wait(CANCEL_WAIT_SECONDS)
+            cancel_tagged_job(self.spark, self.attempt.tag)
+            self.job.wait(CANCEL_WAIT_SECONDS)
 
-    try:
+    def wait(self) -> AttemptOutcome | None:
+        """Until the job ended, the stall watch stopped the attempt, or the attempt's time is up:
+        the outcome of an attempt that was stopped, None when the job ended (or completed while
+        being stopped)."""
+        stall, job, attempt, plan = self.stall, self.job, self.attempt, self.plan
+        assert stall is not None and job is not None
         try:
-            wake.wait(attempt.timeout)
-        except BaseException as interrupt:  # KeyboardInterrupt: stop every node, then re-raise
-            stall.freeze()
-            note_stacks(interrupt, stall)
-            cancel("cancelled on the driver")
-            raise
-        finished = done.is_set()
-        if not finished and stall.failed.is_set():
-            cancel("the run stalled (stall_action='fail')")
-            if not completed_while_stopping(box, plan.num_nodes):
-                raise stall.error()
-            finished = True
-        if not finished:
-            cancel("timeout")
-        if not finished and not completed_while_stopping(box, plan.num_nodes):
-            running = [
-                RankFailure(rank=r, host="?", exc_type="still running", exc_message="stopped", last_lines=attempt.tail(r))
-                for r in range(plan.world_size)
-            ]
-            raise timeout_error(
-                attempt.run_timeout,
-                running,
-                f"the Spark job was cancelled and the ranks of all {plan.num_nodes} node(s) were stopped",
-                stall.stacks(),
+            try:
+                self.wake.wait(attempt.timeout)
+            except KeyboardInterrupt as interrupt:  # stop every node, then the run ends interrupted
+                note_stacks(interrupt, stall)
+                self._cancel(StopReason.CANCELLED)
+                return AttemptOutcome.ended(Interrupted(interrupt))
+            if job.done:
+                return None
+            if stall.failed.is_set():
+                verdict = stall.verdict()
+                self._cancel(verdict.reason)
+                return None if completed_while_stopping(job.value, plan.num_nodes) else AttemptOutcome.ended(verdict)
+            self._cancel(StopReason.TIMEOUT)
+            if completed_while_stopping(job.value, plan.num_nodes):
+                return None
+            running = tuple(StoppedRank(rank, None, attempt.tail(rank)) for rank in range(plan.world_size))
+            what = f"the Spark job was cancelled and the ranks of all {plan.num_nodes} node(s) were stopped"
+            return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, running, what, stall.stacks()))
+        finally:
+            self._close_stall()
+
+    def _close_stall(self) -> None:
+        stall, self.stall_open = self.stall, False
+        if stall is not None:
+            stall.close()
+
+    def classify(self) -> AttemptOutcome:
+        """What the ended job means: grow, the nodes' failure, too few tasks back, or rank 0's result."""
+        channel, job, spec, plan = self._channel(), self.job, self.spec, self.plan
+        assert job is not None
+        if self.grow is not None and self.grow.requested is not None:  # the nodes stopped after a checkpoint: restart larger
+            channel.wait_for_nodes(timeout=DRAIN_SECONDS)
+            return AttemptOutcome.ended(GrowRequested(self.grow.requested))
+        if job.error is not None:
+            channel.stop_nodes(StopReason.PEER_FAILED)  # the nodes Spark did not stop yet
+            channel.wait_for_nodes(timeout=FAILURE_REPORTS_SECONDS)  # other failed nodes' reports
+            assert spec.channel is not None
+            return AttemptOutcome.ended(spark_failure_cause(job.error, spec.channel.secret, list(channel.failures.values())))
+        channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # drain the last log lines
+        stage = result_transfer.read_stage(job.value)
+        channel.connect_errors(stage.channel_errors)
+        if len(stage.finished) < plan.num_nodes:
+            if self.data is not None and not stage.finished:
+                return AttemptOutcome.ended(DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on"))
+            return AttemptOutcome.ended(
+                DriverProblem(
+                    ProblemKind.LAUNCH,
+                    f"only {len(stage.finished)} of {plan.num_nodes} Spark barrier tasks reported back; check the executor logs",
+                )
             )
-    finally:
-        stall.close()
-    if grow is not None and grow.requested is not None:  # the nodes stopped after a checkpoint: restart larger
-        channel.wait_for_nodes(timeout=DRAIN_SECONDS)
-        return AttemptOutcome(AttemptEnd.GROW_REQUESTED, detail=grow.requested)
-    if "error" in box:
-        channel.stop_nodes("another node failed")  # the nodes Spark did not stop yet
-        channel.wait_for_nodes(timeout=FAILURE_REPORTS_SECONDS)  # other failed nodes' reports
-        assert spec.channel is not None
-        error = error_from_spark_failure(box["error"], spec.channel.secret, list(channel.failures.values()))
-        raise error from (error.__cause__ or box["error"])
-    channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # drain the last log lines
-    stage = result_transfer.read_stage(box["table"])
-    channel.connect_errors(stage.channel_errors)
-    if len(stage.finished) < plan.num_nodes:
-        if data is not None and not stage.finished:
-            raise ConfigurationError("the DataFrame is empty; there is nothing to train on")
-        raise LaunchError(
-            f"only {len(stage.finished)} of {plan.num_nodes} Spark barrier tasks reported back; check the executor logs"
-        )
-    if spec.payload is None:
-        return AttemptOutcome.succeeded(None)
-    return AttemptOutcome.succeeded(result_transfer.assemble(stage, spec.result_dir, streamed))
+        if spec.payload is None:
+            return AttemptOutcome.succeeded(None)
+        try:
+            return AttemptOutcome.succeeded(result_transfer.assemble(stage, spec.result_dir, self.streamed))
+        except LaunchError as exc:  # rank 0's result did not arrive whole
+            return AttemptOutcome.ended(DriverProblem(ProblemKind.LAUNCH, str(exc), cause=exc.__cause__))
+
+    def close(self) -> None:
+        """Stop the grow watch (and the stall watch if no wait closed it), close the channel and
+        the report coordinator."""
+        if self.stall_open:
+            self._close_stall()
+        if self.grow is not None:
+            self.grow.close()
+        if self.channel is not None:
+            self.channel.close()
+        if self.coordinator is not None:
+            self.coordinator.close()

@@ -17,11 +17,13 @@ from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.driver.console.status import RunStatus, interactive
 from spark_torch.driver.console.tracker import ReportTracker
 from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
-from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
+from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
+from spark_torch.driver.run.failures import attempt_error
 from spark_torch.driver.run.flight_recorder import trace_dir
 from spark_torch.driver.run.membership import Membership
+from spark_torch.driver.run.outcome import AttemptOutcome, GrowRequested, Interrupted
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.run.policy import Action, RestartPolicy
@@ -29,7 +31,7 @@ from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
 from spark_torch.driver.spark.quiet import quiet_spark_logs
-from spark_torch.errors import ConfigurationError, DistributedRunError, LaunchError, RunStalledError, RunTimeoutError
+from spark_torch.errors import ConfigurationError, DistributedRunError
 from spark_torch.rank_files import ResultBytes
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import Settings
@@ -170,8 +172,8 @@ def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage |
 
 
 def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> AttemptOutcome:
-    """One attempt, its end typed: every way an attempt ends (the run's errors, a launch that
-    failed, a setting that made it impossible, an interrupt) becomes an outcome the policy decides on."""
+    """One attempt; both modes return every way it ends as a typed outcome (an interrupt that
+    comes before the attempt's own wait, while it ships or stages, too)."""
     try:
         if endpoint is None:
             from spark_torch.driver.run.local import run_local
@@ -180,18 +182,8 @@ def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None,
         from spark_torch.driver.run.barrier import run_distributed
 
         return run_distributed(spark, attempt, endpoint, data)
-    except RunTimeoutError as exc:
-        return AttemptOutcome(AttemptEnd.TIMED_OUT, error=exc)
-    except RunStalledError as exc:
-        return AttemptOutcome(AttemptEnd.STALLED, error=exc)
-    except DistributedRunError as exc:
-        return AttemptOutcome(AttemptEnd.FAILED, error=exc)
-    except LaunchError as exc:
-        return AttemptOutcome(AttemptEnd.LAUNCH_FAILED, error=exc)
-    except ConfigurationError as exc:
-        return AttemptOutcome(AttemptEnd.MISCONFIGURED, error=exc)
-    except KeyboardInterrupt as exc:
-        return AttemptOutcome(AttemptEnd.INTERRUPTED, error=exc)
+    except KeyboardInterrupt as interrupt:
+        return AttemptOutcome.ended(Interrupted(interrupt))
 
 
 @dataclass
@@ -226,16 +218,18 @@ class RunController:
             record, attempt = self._next_attempt(len(self.result.attempts), reason, show)
             ended = _run_attempt(self.spark, attempt, self.endpoint, self.data)
             record.end = ended.end
-            if ended.error is not None:
-                record.detail = (str(ended.error).splitlines() or [type(ended.error).__name__])[0][:300]
-            elif ended.detail:
-                record.detail = ended.detail
+            # the edge: the attempt's typed end becomes the user's exception here, and only here
+            error = attempt_error(ended) if ended.end not in (AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED) else None
+            if error is not None:
+                record.detail = (str(error).splitlines() or [type(error).__name__])[0][:300]
+            elif isinstance(ended.cause, GrowRequested):
+                record.detail = ended.cause.detail
             decision = policy.decide(ended.end, failures)
             if decision.action is Action.FINISH:
                 return ended.result
             if decision.action is Action.RAISE:
-                assert ended.error is not None
-                raise ended.error
+                assert error is not None
+                raise error
             assert decision.reason is not None
             failures += decision.counts
             if decision.counts:

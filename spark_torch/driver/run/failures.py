@@ -1,15 +1,16 @@
-"""How a run's outcome becomes the exception the user sees: one place for both modes.
+"""How an attempt's end becomes the exception the user sees: the one place, for both modes.
 
-A node's failure arrives as a :class:`~spark_torch.failure_reports.FailureReport`: built in
-process (local mode), or received authenticated over the channel or inside Spark's task
-exception (distributed mode). :func:`error_from_report` turns it into the library's error, with
-the failing rank's own exception as ``__cause__`` when it could be rebuilt.
-:func:`error_from_spark_failure` does the same for a failed barrier job, and names what went
-wrong when no node could report (a missing module on the executors, an executor lost, too few
-slots, a result over ``spark.driver.maxResultSize``). Spark's own exception reaches the user
-only as the ``__cause__`` of that error, as a :class:`SparkJobError`: its Python text without the
-nodes' encoded reports and without JVM frames. :func:`timeout_error` is the
-:class:`~spark_torch.RunTimeoutError` of both modes.
+An attempt ends as an :class:`~spark_torch.driver.run.outcome.AttemptOutcome`; when the policy
+says raise, :func:`attempt_error` builds the error from its typed cause. A node's failure
+arrives as a :class:`~spark_torch.failure_reports.FailureReport` (built in process in local
+mode; received authenticated over the channel or inside Spark's task exception in distributed
+mode): :func:`error_from_report` turns it into the library's error, with the failing rank's own
+exception as ``__cause__`` when it could be rebuilt. :func:`spark_failure_cause` reads a failed
+barrier job as data: the nodes' authenticated reports, or what Spark's text says when no node
+could report (:func:`classify_spark_text`: a missing module on the executors, an executor lost,
+too few slots, a result over ``spark.driver.maxResultSize``). Spark's own exception reaches the
+user only as the ``__cause__`` of the error, as a :class:`SparkJobError`: its Python text
+without the nodes' encoded reports and without JVM frames.
 """
 
 from __future__ import annotations
@@ -17,19 +18,30 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from spark_torch.driver.run.outcome import (
+    AttemptOutcome,
+    DriverProblem,
+    Interrupted,
+    RanksFailed,
+    RanksStopped,
+    SparkFailureKind,
+    SparkJobFailed,
+    StallVerdict,
+)
 from spark_torch.driver.spark.slots import RANKS_PER_TASK_FIX
 from spark_torch.errors import (
     ConfigurationError,
     DistributedRunError,
     InsufficientSlotsError,
     LaunchError,
-    RankFailure,
+    RunStalledError,
     RunTimeoutError,
 )
 from spark_torch.failure_reports import MARKER, FailureReport, decode_report, merge_reports
 from spark_torch.rank_files import rebuild_exception
+from spark_torch.states import ProblemKind, StopReason
 
-__all__ = ["error_from_report", "error_from_spark_failure", "timeout_error", "SparkJobError", "without_reports"]
+__all__ = ["attempt_error", "error_from_report", "spark_failure_cause", "classify_spark_text", "SparkJobError", "without_reports"]
 
 #: a node runner that could not even start: an import failed in Spark's Python worker
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -70,9 +82,9 @@ def error_from_report(report: FailureReport) -> BaseException:
     authenticated or was built in this process; else rebuilt from text when it is a builtin).
     """
     failures = list(report.failures)
-    if report.kind == "LaunchError":
+    if report.kind is ProblemKind.LAUNCH:
         return LaunchError(failures[0].exc_message if failures else "the ranks could not be started")
-    if report.kind == "ConfigurationError":
+    if report.kind is ProblemKind.CONFIGURATION:
         return ConfigurationError(failures[0].exc_message if failures else "invalid input")
     error = DistributedRunError(failures, report.headline)
     if error.failures:
@@ -83,9 +95,9 @@ def error_from_report(report: FailureReport) -> BaseException:
     return error
 
 
-def error_from_spark_failure(exc: BaseException, secret: bytes, channel_reports: Sequence[FailureReport]) -> BaseException:
-    """Turn a failed barrier job into the library's error, from the nodes' authenticated
-    reports: those sent over the channel, and the one inside Spark's exception text.
+def spark_failure_cause(exc: BaseException, secret: bytes, channel_reports: Sequence[FailureReport]) -> RanksFailed | SparkJobFailed:
+    """Why a barrier job failed, as data: the nodes' authenticated reports (those sent over the
+    channel, and the one inside Spark's exception text), else what Spark's text says.
 
     The exception text also holds whatever the failing rank printed or raised, so only a report
     whose MAC verifies with this run's secret is used (and only then is an exception unpickled).
@@ -93,59 +105,95 @@ def error_from_spark_failure(exc: BaseException, secret: bytes, channel_reports:
     text = str(exc)
     from_text = decode_report(text, secret)
     report = merge_reports([*channel_reports, *([from_text] if from_text is not None else [])])
-    error = error_from_report(report) if report is not None else _from_spark_text(without_reports(text))
-    if error.__cause__ is None and report is not None:  # the report said it all; Spark's text adds Java
-        error.__cause__ = SparkJobError(
-            "Spark's barrier job ended because this node failed (Spark's own trace: the spark_logs setting)"
-        )
-    elif error.__cause__ is None:  # the user sees Spark's exception chained: never with a report in it
-        error.__cause__ = _visible(exc)
-    return error
+    if report is not None:
+        return RanksFailed(report, spark_error=exc)
+    kind, detail = classify_spark_text(without_reports(text))
+    return SparkJobFailed(kind, detail, spark_error=exc)
 
 
-def _from_spark_text(text: str) -> BaseException:
-    """The error for a failed barrier job from which no node reported."""
+def classify_spark_text(text: str) -> tuple[SparkFailureKind, str]:
+    """What a failed barrier job's text says went wrong, and the detail its message needs."""
     missing = _MISSING_MODULE.search(text)
     if missing is not None:
-        return LaunchError(
-            f"the executors' Python cannot import {missing.group(1)}, which spark_torch needs on every "
+        return SparkFailureKind.MISSING_MODULE, missing.group(1)
+    if "requires more slots than the total number of slots" in text:
+        return SparkFailureKind.TOO_FEW_SLOTS, ""
+    lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
+    if lost is not None:
+        return SparkFailureKind.EXECUTOR_LOST, lost[lost.index("ExecutorLostFailure"):][:500]
+    if "maxResultSize" in text:
+        return SparkFailureKind.RESULT_TOO_LARGE, ""
+    return SparkFailureKind.OTHER, next((line for line in text.splitlines() if line.strip()), text)[:2000]
+
+
+def _spark_job_error(failed: SparkJobFailed) -> BaseException:
+    """The error for a failed barrier job from which no node reported."""
+    kind, detail = failed.kind, failed.detail
+    if kind is SparkFailureKind.MISSING_MODULE:
+        error: BaseException = LaunchError(
+            f"the executors' Python cannot import {detail}, which spark_torch needs on every "
             "executor: install spark-torch's dependencies (torch, pyarrow, cloudpickle, psutil, cryptography) "
             "into the executors' Python, or point PYSPARK_PYTHON / spark.pyspark.python at an "
             "interpreter that has them (docs/spark-submit.md)"
         )
-    if "requires more slots than the total number of slots" in text:
-        return InsufficientSlotsError(
+    elif kind is SparkFailureKind.TOO_FEW_SLOTS:
+        error = InsufficientSlotsError(
             "the barrier stage needs more task slots than the cluster has free (Spark gave up "
             f"after retrying); use fewer processes, {RANKS_PER_TASK_FIX}, add executors/cores, or lower "
             "spark.task.cpus"
         )
-    lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
-    if lost is not None:
-        detail = lost[lost.index("ExecutorLostFailure"):][:500]
-        return DistributedRunError(
+    elif kind is SparkFailureKind.EXECUTOR_LOST:
+        error = DistributedRunError(
             [],
             headline=f"a node of the run was lost: {detail}. Every rank was stopped; check the "
             "executor's logs (memory limits, preemption) and retry, or use max_restarts",
         )
-    if "maxResultSize" in text:
-        return DistributedRunError(
+    elif kind is SparkFailureKind.RESULT_TOO_LARGE:
+        error = DistributedRunError(
             [],
             headline="rank 0's result is larger than spark.driver.maxResultSize; raise that Spark "
             "setting when creating the session (e.g. 4g) or return a smaller result "
             "(save large objects to a file and return its path)",
         )
-    first = next((line for line in text.splitlines() if line.strip()), text)
-    return LaunchError(f"the Spark barrier job failed before the ranks reported: {first[:2000]}")
+    else:
+        error = LaunchError(f"the Spark barrier job failed before the ranks reported: {detail}")
+    error.__cause__ = _visible(failed.spark_error)  # the user sees Spark's exception chained, never a report
+    return error
 
 
-def timeout_error(
-    run_timeout: float | None,
-    running: Sequence[RankFailure],
-    stopped: str,
-    stacks: tuple[dict[int, str], str | None] = ({}, None),
-) -> RunTimeoutError:
-    """The run exceeded ``timeout``: ``running`` are the ranks still running (with their last
-    lines), ``stopped`` says what was stopped, ``stacks`` where each rank was just before."""
-    return RunTimeoutError(
-        list(running), headline=f"the run exceeded timeout={run_timeout:g}s; {stopped}", stacks=stacks[0], stacks_text=stacks[1]
-    )
+def _ranks_failed_error(failed: RanksFailed) -> BaseException:
+    error = error_from_report(failed.report)
+    if error.__cause__ is None and failed.spark_error is not None:  # the report said it all; Spark's text adds Java
+        error.__cause__ = SparkJobError(
+            "Spark's barrier job ended because this node failed (Spark's own trace: the spark_logs setting)"
+        )
+    return error
+
+
+def attempt_error(outcome: AttemptOutcome) -> BaseException:
+    """The exception the user gets for an attempt that did not succeed: the one place where an
+    attempt's typed end becomes an exception (the controller raises it when the policy says so)."""
+    cause = outcome.cause
+    if isinstance(cause, RanksFailed):
+        return _ranks_failed_error(cause)
+    if isinstance(cause, SparkJobFailed):
+        return _spark_job_error(cause)
+    if isinstance(cause, DriverProblem):
+        problem: BaseException = (
+            ConfigurationError(cause.message) if cause.kind is ProblemKind.CONFIGURATION else LaunchError(cause.message)
+        )
+        problem.__cause__ = cause.cause
+        return problem
+    if isinstance(cause, RanksStopped):
+        return RunTimeoutError(
+            [], headline=f"the run exceeded timeout={cause.run_timeout:g}s; {cause.what}",
+            stacks=cause.stacks.by_rank, stacks_text=cause.stacks.text, stopped=cause.ranks,
+        )  # fmt: skip
+    if isinstance(cause, StallVerdict):
+        kind = RunStalledError if cause.reason is StopReason.STALLED else DistributedRunError
+        return kind([], headline=cause.headline, stacks=cause.stacks.by_rank, stacks_text=cause.stacks.text)
+    if isinstance(cause, Interrupted):
+        return cause.interrupt
+    raise AssertionError(f"an attempt that ended {outcome.end} has no error")  # succeeded, or asked to grow
+
+

@@ -11,20 +11,22 @@ import socket
 import threading
 from typing import Any
 
-from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
-from spark_torch.driver.run.failures import error_from_report, timeout_error
+from spark_torch.driver.run.attempt import Attempt
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
-from spark_torch.errors import RankFailure
+from spark_torch.errors import RankFailure, StoppedRank
 from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
-from spark_torch.node.lifecycle import NodeProblem, run_node
+from spark_torch.node.lifecycle import NodeProblem, NodeResult, run_node
 from spark_torch.node.progress import ProgressWatch
+from spark_torch.node.rank_group import GroupState
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.rank_files import map_file
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
+from spark_torch.states import StopReason
 
 __all__ = ["run_local", "LocalIO", "LOCAL_HOST"]
 
@@ -41,7 +43,9 @@ class LocalIO:
         self.attempt = attempt
         self.host = socket.gethostname()
         self.stop = threading.Event()
-        self.stall = attempt.stall_watch(stop=lambda reason: self.stop.set())
+        #: why the ranks were stopped (None: they ended by themselves)
+        self.stop_reason: StopReason | None = None
+        self.stall = attempt.stall_watch(stop=self.stop_ranks)
         #: this attempt's report() coordinator, once the ranks' pipes exist
         self.coordinator: ReportCoordinator | None = None
 
@@ -69,21 +73,27 @@ class LocalIO:
     def watching(self, watch: ProgressWatch) -> None:
         self.stall.request_traces = watch.request_traces
 
+    def stop_ranks(self, reason: StopReason) -> None:
+        """Stop this attempt's ranks (the first reason given is the one kept)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.stop.set()
+
     def time_is_up(self) -> None:
         """``timeout``: keep where the ranks are, then stop them."""
         self.stall.freeze()
-        self.stop.set()
+        self.stop_ranks(StopReason.TIMEOUT)
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         """Nothing to tell: the driver is right here."""
 
     def node_failed(self, report: FailureReport) -> None:
-        """Nothing to tell: :func:`run_local` raises it."""
+        """Nothing to tell: :func:`run_local` returns it."""
 
 
 def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome:
-    """Run all ranks here: succeeded with rank 0's pickled result (function mode) or None;
-    raises the run's errors (failure, timeout)."""
+    """Run all ranks here; every way the attempt ends is returned: succeeded with rank 0's
+    pickled result (function mode) or None, else the typed cause."""
     spec = attempt.spec
     io = LocalIO(attempt)
     # local mode: the driver reads the DataFrame and the ranks split its rows
@@ -97,29 +107,29 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             hosted = run_node(spec, io, workdir, batches)
         except KeyboardInterrupt as interrupt:
             note_stacks(interrupt, io.stall)
-            raise
+            return AttemptOutcome.ended(Interrupted(interrupt))
         except NodeProblem as problem:
-            failure = RankFailure(rank=0, host=io.host, exc_type=problem.kind, exc_message=problem.message)
-            raise error_from_report(FailureReport(failures=(failure,), kind=problem.kind)) from None
+            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem, 0, io.host)))
         finally:
             if timer is not None:
                 timer.cancel()
             if io.coordinator is not None:
                 io.coordinator.close()
             io.stall.close()
-        outcome = hosted.outcome
-        assert outcome is not None  # a local rendezvous is never stopped
-        if outcome.stopped and io.stall.failed.is_set():
-            raise io.stall.error()
-        if outcome.stopped:
-            running = outcome.running_at_stop
-            ranks = [str(f.rank) for f in running]
+        group = hosted.outcome
+        assert group is not None  # a local rendezvous is never stopped
+        if group.state is GroupState.STOPPED and io.stall.failed.is_set():
+            return AttemptOutcome.ended(io.stall.verdict())
+        if group.state is GroupState.STOPPED:
+            running = group.still_running()
+            ranks = [str(status.rank) for status in running]
             who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(ranks) or '(none)'} were"
-            raise timeout_error(attempt.run_timeout, running, f"{who} still running and stopped", io.stall.stacks())
-        if outcome.failures:
-            error = error_from_report(hosted.failure_report())
-            raise error from error.__cause__
-        if outcome.result_file is None:
+            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines) for s in running)
+            return AttemptOutcome.ended(
+                RanksStopped(attempt.run_timeout, stopped, f"{who} still running and stopped", io.stall.stacks())
+            )
+        if group.state is GroupState.FAILED:
+            return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
+        if group.result_file is None:
             return AttemptOutcome.succeeded(None)
-        return AttemptOutcome.succeeded(map_file(outcome.result_file))  # readable after the workdir is removed
-
+        return AttemptOutcome.succeeded(map_file(group.result_file))  # readable after the workdir is removed

@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from spark_torch.driver.spark.cluster import available_slots, master_of
 from spark_torch.driver.spark.slots import can_wait, check_slots, wait_for_slots
 from spark_torch.errors import InsufficientSlotsError
+from spark_torch.states import StopReason
 
 __all__ = ["Membership", "GrowWatch"]
 
@@ -84,7 +86,7 @@ class GrowWatch:
     ``wait`` seconds; :meth:`checkpointed` then stops the attempt (through ``stop``) right after a
     step with a checkpoint was persisted."""
 
-    def __init__(self, spark: Any, running: int, membership: Membership, stop: Any) -> None:
+    def __init__(self, spark: Any, running: int, membership: Membership, stop: Callable[[StopReason], None]) -> None:
         self._spark = spark
         self._running = running
         self._membership = membership
@@ -125,7 +127,7 @@ class GrowWatch:
                 f"{self._running} to {target} nodes after the checkpoint of step {step}"
             )
             logger.warning("spark_torch: %s", self.requested)
-            self._stop_nodes("the run grows: restarting with more nodes from the latest checkpoint")
+            self._stop_nodes(StopReason.GROW)
 
     def close(self) -> None:
         """Stop watching."""

@@ -9,8 +9,9 @@ deadlines are ``rendezvous_timeout`` and the run's ``timeout``). On a stall it l
 with every rank's stack, grouped; while the stall lasts, one short line per ``stall_timeout``
 (the stacks again only when one changed); one line when the run moves again (never when it is
 stopped: a timeout, an interruption, ``stall_action="fail"``), and the stall on the status line.
-With ``stall_action="fail"`` it stops the attempt (``stop``) and :meth:`StallWatch.error` is the
-:class:`~spark_torch.RunStalledError` the attempt ends with. Timeouts and interruptions take
+With ``stall_action="fail"`` it stops the attempt (``stop``) and :meth:`StallWatch.verdict` is the
+:class:`~spark_torch.driver.run.outcome.StallVerdict` the attempt ends with (the controller makes
+it a :class:`~spark_torch.RunStalledError`). Timeouts and interruptions take
 their stacks from here too (:meth:`StallWatch.stacks`), shown once, in their exception.
 """
 
@@ -23,9 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir
-from spark_torch.errors import DistributedRunError, RunStalledError
+from spark_torch.driver.run.outcome import Stacks, StallVerdict
 from spark_torch.reporting.api import NOT_EVERY_RANK
 from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, report_deadlock
+from spark_torch.states import StopReason
 
 __all__ = ["StallWatch", "note_stacks"]
 
@@ -50,15 +52,16 @@ class StallWatch:
         timeout: float,
         action: str = "warn",
         *,
-        stop: Callable[[str], None] | None = None,
+        stop: Callable[[StopReason], None] | None = None,
         on_status: Callable[[float | None], None] | None = None,
         trace_dir: TraceDir | None = None,
+        request_traces: Callable[[], None] | None = None,
     ) -> None:
         self.world_size = world_size
         #: the ranks' Flight Recorder traces, asked for when a stall is found
         self.recorder = FlightRecorder(world_size, trace_dir)
-        #: asks the nodes for those traces (set by the attempt once its nodes can be reached)
-        self.request_traces: Callable[[], None] | None = None
+        #: asks the nodes for those traces
+        self.request_traces = request_traces
         self.timeout = timeout
         self.action = action
         self._stop = stop
@@ -73,7 +76,7 @@ class StallWatch:
         self._shown: dict[int, tuple[str, StackState]] = {}
         #: set once ``stall_action="fail"`` stopped the attempt
         self.failed = threading.Event()
-        self._failure: DistributedRunError | None = None
+        self._verdict: StallVerdict | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         if timeout > 0:
@@ -132,15 +135,15 @@ class StallWatch:
                     )
         return stacks
 
-    def stacks(self) -> tuple[dict[int, str], str | None]:
-        """``({rank: stack text}, grouped text)`` of the latest snapshots; ``({}, None)`` when
-        stall detection is off or no node sent one."""
+    def stacks(self) -> Stacks:
+        """Where each rank was, from the latest snapshots; empty when stall detection is off or
+        no node sent one."""
         with self._lock:
             known = bool(self._latest)
         if not known:
-            return {}, None
+            return Stacks()
         current = self.current()
-        return {s.rank: s.text for s in current}, format_stacks(current)
+        return Stacks({s.rank: s.text for s in current}, format_stacks(current))
 
     def _message(self, idle: float, stacks: list[RankStack]) -> str:
         return (
@@ -188,19 +191,18 @@ class StallWatch:
             return
         message = self._message(idle, stacks)
         logger.warning("%s%s\nstall_action='fail': stopping the run", message, self._traces_note())
-        self._failure = RunStalledError(
-            [],
+        self._verdict = StallVerdict(
+            StopReason.STALLED,
             headline=f"the run stalled: no rank made progress for {idle:.0f}s (stall_timeout={self.timeout:g}s), "
             "so it was stopped (stall_action='fail'). Look at where each rank was, below: ranks waiting in "
             "different collectives, or one rank elsewhere while the others wait, is the usual cause "
             "(docs/troubleshooting.md, 'A run that hangs')",
-            stacks={s.rank: s.text for s in stacks},
-            stacks_text=format_stacks(stacks) + self._traces_note(),
+            stacks=Stacks({s.rank: s.text for s in stacks}, format_stacks(stacks) + self._traces_note()),
         )
         self.failed.set()
         self.freeze()
         if self._stop is not None:
-            self._stop(f"stalled: no rank made progress for {idle:.0f}s")
+            self._stop(StopReason.STALLED)
 
     def _fail_in_report(self, in_report: list[int], elsewhere: list[RankStack], stacks: list[RankStack]) -> None:
         """Some ranks wait in report() while the others wait in a collective: neither can go on,
@@ -213,13 +215,13 @@ class StallWatch:
             "only on the ranks that have files to save), not under `if rank == 0:`"
         )
         logger.warning("spark_torch: %s; stopping the run", headline)
-        self._failure = DistributedRunError(
-            [], headline=headline, stacks={s.rank: s.text for s in stacks}, stacks_text=format_stacks(stacks)
+        self._verdict = StallVerdict(
+            StopReason.REPORT_DEADLOCK, headline=headline, stacks=Stacks({s.rank: s.text for s in stacks}, format_stacks(stacks))
         )
         self.failed.set()
         self.freeze()
         if self._stop is not None:
-            self._stop("report() on some ranks only")
+            self._stop(StopReason.REPORT_DEADLOCK)
 
     def _warn(self, idle: float, stacks: list[RankStack], first: bool) -> None:
         """The stacks once per stall (again when one changed), else a short line per stall_timeout."""
@@ -239,10 +241,10 @@ class StallWatch:
             self._traces_note() if first else "",
         )
 
-    def error(self) -> DistributedRunError:
-        """The error of an attempt this watch stopped (RunStalledError for a stall)."""
-        assert self._failure is not None, "error() before the watch failed the attempt"
-        return self._failure
+    def verdict(self) -> StallVerdict:
+        """Why this watch stopped the attempt (after :attr:`failed` is set)."""
+        assert self._verdict is not None, "verdict() before the watch stopped the attempt"
+        return self._verdict
 
     def _loop(self) -> None:
         while not self._closed.wait(min(1.0, max(0.1, self.timeout / 10))):
@@ -281,7 +283,7 @@ def note_stacks(interrupt: BaseException, stall: StallWatch) -> None:
     """Where the ranks were when the run was interrupted (Ctrl-C, the notebook's stop button):
     on the exception (``stacks``, and a note under its traceback), not again in the log."""
     stall.freeze()
-    stacks, text = stall.stacks()
-    if text:  # in the exception only: its traceback shows it once
-        interrupt.stacks = stacks  # type: ignore[attr-defined]
-        interrupt.add_note(f"spark_torch: where each rank was when the run was interrupted:\n{text}")
+    stacks = stall.stacks()
+    if stacks.text:  # in the exception only: its traceback shows it once
+        interrupt.stacks = stacks.by_rank  # type: ignore[attr-defined]
+        interrupt.add_note(f"spark_torch: where each rank was when the run was interrupted:\n{stacks.text}")

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spark_torch.background import BackgroundCall
 from spark_torch.driver.spark.cluster import is_connect_session
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, tagged_job
 from spark_torch.errors import LaunchError
@@ -135,25 +136,19 @@ def _ask(
     probe = udf(functools.partial(_portable(_probe), tuple(imported), tuple(found)), "string", useArrow=False)
     df = spark.range(0, tasks, 1, tasks).select(probe("id").alias("facts"))
     tag = f"spark_torch-preflight-{uuid.uuid4().hex[:8]}"
-    box: dict[str, Any] = {}
 
-    def collect() -> None:
-        try:
-            with tagged_job(spark, tag):
-                box["rows"] = df.collect()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            box["error"] = exc
+    def collect() -> list[Any]:
+        with tagged_job(spark, tag):
+            return list(df.collect())
 
-    worker = threading.Thread(target=collect, name=tag, daemon=True)
-    worker.start()
-    worker.join(PROBE_SECONDS)
-    if worker.is_alive():
+    job = BackgroundCall(collect, name=tag).start()
+    if not job.wait(PROBE_SECONDS):
         cancel_tagged_job(spark, tag)
-        worker.join(5.0)
+        job.wait(5.0)
         return None
-    if "error" in box:
-        return box["error"]  # type: ignore[no-any-return]
-    found_rows = [json.loads(row["facts"]) for row in box["rows"]]
+    if job.error is not None:
+        return job.error
+    found_rows = [json.loads(row["facts"]) for row in job.value or ()]
     return [
         ExecutorPython(f["executable"], f["version"], f["host"], tuple((m, why) for m, why in f["missing"]))
         for f in found_rows

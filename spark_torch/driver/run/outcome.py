@@ -1,0 +1,187 @@
+"""How an attempt ended, as data: what both modes return and the controller decides on.
+
+Every way an attempt ends is an :class:`AttemptOutcome`: its :class:`AttemptEnd`, rank 0's
+pickled value when it succeeded, and otherwise one typed cause that carries what the user's
+error will need (the nodes' authenticated failure report, Spark's own exception, the ranks that
+were stopped and where they were, a stall's verdict, the user's interrupt). No exception is built
+on the way: :func:`spark_torch.driver.run.failures.attempt_error` turns a cause into the
+user's exception, in one place, at the controller's edge.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from spark_torch.driver.result import AttemptEnd
+from spark_torch.errors import StoppedRank
+from spark_torch.failure_reports import FailureReport
+from spark_torch.rank_files import ResultBytes
+from spark_torch.states import ProblemKind, StopReason
+
+__all__ = [
+    "AttemptOutcome",
+    "AttemptCause",
+    "RanksFailed",
+    "SparkJobFailed",
+    "SparkFailureKind",
+    "DriverProblem",
+    "RanksStopped",
+    "StallVerdict",
+    "Interrupted",
+    "GrowRequested",
+    "Stacks",
+]
+
+_PROBLEM_ENDS = {ProblemKind.LAUNCH: AttemptEnd.LAUNCH_FAILED, ProblemKind.CONFIGURATION: AttemptEnd.MISCONFIGURED}
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """Where each rank was when the attempt was stopped: ``{rank: text}`` and the grouped text."""
+
+    by_rank: dict[int, str] = field(default_factory=dict)
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class RanksFailed:
+    """Ranks failed, or a node could not start them (``report.kind``): the nodes' report,
+    authenticated with the run's secret or built in this process."""
+
+    report: FailureReport
+    #: distributed mode: the Spark job's own exception (the user's error names it as its cause)
+    spark_error: BaseException | None = None
+
+    @property
+    def end(self) -> AttemptEnd:
+        return _PROBLEM_ENDS[self.report.kind] if self.report.kind is not None else AttemptEnd.FAILED
+
+
+class SparkFailureKind(str, enum.Enum):
+    """What a failed barrier job's text says went wrong when no node could report."""
+
+    #: Spark's Python worker could not import a module spark_torch needs (``detail``: its name)
+    MISSING_MODULE = "missing module"
+    #: the barrier stage needs more slots than the cluster has
+    TOO_FEW_SLOTS = "too few slots"
+    #: an executor was lost (``detail``: Spark's line)
+    EXECUTOR_LOST = "executor lost"
+    #: rank 0's result is over ``spark.driver.maxResultSize``
+    RESULT_TOO_LARGE = "result too large"
+    #: anything else (``detail``: the first line of Spark's text)
+    OTHER = "other"
+
+
+_SPARK_ENDS = {
+    SparkFailureKind.MISSING_MODULE: AttemptEnd.LAUNCH_FAILED,
+    SparkFailureKind.TOO_FEW_SLOTS: AttemptEnd.MISCONFIGURED,
+    SparkFailureKind.EXECUTOR_LOST: AttemptEnd.FAILED,
+    SparkFailureKind.RESULT_TOO_LARGE: AttemptEnd.FAILED,
+    SparkFailureKind.OTHER: AttemptEnd.LAUNCH_FAILED,
+}
+
+
+@dataclass(frozen=True)
+class SparkJobFailed:
+    """The barrier job failed and no node reported: what Spark's text says, and its exception."""
+
+    kind: SparkFailureKind
+    detail: str
+    spark_error: BaseException
+
+    @property
+    def end(self) -> AttemptEnd:
+        return _SPARK_ENDS[self.kind]
+
+
+@dataclass(frozen=True)
+class DriverProblem:
+    """The driver found the attempt impossible (its channel's address, an empty DataFrame, tasks
+    that did not report back): the kind of error and what to tell the user."""
+
+    kind: ProblemKind
+    message: str
+    #: what the driver caught (an OSError binding the channel), kept as the error's cause
+    cause: BaseException | None = None
+
+    @property
+    def end(self) -> AttemptEnd:
+        return _PROBLEM_ENDS[self.kind]
+
+
+@dataclass(frozen=True)
+class RanksStopped:
+    """The run's ``timeout`` passed: the ranks that still ran were stopped."""
+
+    #: the user's ``timeout``, for the message
+    run_timeout: float | None
+    #: the ranks that were still running, with their last lines
+    ranks: tuple[StoppedRank, ...]
+    #: what was stopped, for the message ("ranks 0, 1 were still running and stopped")
+    what: str
+    stacks: Stacks = field(default_factory=Stacks)
+    reason: StopReason = StopReason.TIMEOUT
+
+    @property
+    def end(self) -> AttemptEnd:
+        return AttemptEnd.TIMED_OUT
+
+
+@dataclass(frozen=True)
+class StallVerdict:
+    """The stall watch stopped the attempt: a stall (``stall_action="fail"``) or report() on some
+    ranks only while the others wait in a collective (``REPORT_DEADLOCK``)."""
+
+    reason: StopReason
+    headline: str
+    stacks: Stacks = field(default_factory=Stacks)
+
+    @property
+    def end(self) -> AttemptEnd:
+        return AttemptEnd.STALLED if self.reason is StopReason.STALLED else AttemptEnd.FAILED
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The user interrupted the run; the interrupt (with where the ranks were) is re-raised."""
+
+    interrupt: BaseException
+
+    @property
+    def end(self) -> AttemptEnd:
+        return AttemptEnd.INTERRUPTED
+
+
+@dataclass(frozen=True)
+class GrowRequested:
+    """Free slots were found and the ranks stopped after a checkpoint: restart larger."""
+
+    detail: str
+
+    @property
+    def end(self) -> AttemptEnd:
+        return AttemptEnd.GROW_REQUESTED
+
+
+#: why an attempt did not succeed: one of these, each carrying what the user's error needs
+AttemptCause = RanksFailed | SparkJobFailed | DriverProblem | RanksStopped | StallVerdict | Interrupted | GrowRequested
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """How an attempt ended: its end, rank 0's pickled value when it succeeded, else its cause."""
+
+    end: AttemptEnd
+    result: ResultBytes | None = None
+    cause: AttemptCause | None = None
+
+    @classmethod
+    def succeeded(cls, result: ResultBytes | None) -> AttemptOutcome:
+        """The gang finished; ``result`` is rank 0's pickled value (None for scripts)."""
+        return cls(AttemptEnd.SUCCEEDED, result=result)
+
+    @classmethod
+    def ended(cls, cause: AttemptCause) -> AttemptOutcome:
+        """An attempt that did not succeed, its end read from its cause."""
+        return cls(cause.end, cause=cause)
