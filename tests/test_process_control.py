@@ -20,6 +20,7 @@ from spark_torch import DistributedRunError, Distributor
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.rank_group import GroupState, NodeSpec, run_ranks
 from spark_torch.node.reaper_main import parse_line
+from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.spec import LaunchPlan, RunSpec
 from spark_torch.states import RankState
 
@@ -182,7 +183,8 @@ def test_a_run_that_finished_at_its_deadline_is_not_a_timeout() -> None:
     )  # fmt: skip
     stop = threading.Event()
     node = NodeSpec(run=spec, node_rank=0, master_addr="127.0.0.1", master_port=1, cwd=os.getcwd())
-    outcome = run_ranks(node, _DeadlineAtTheLastExit(stop, 2), stop=stop)
+    with NodeWorkdir(spec.run_id, 0) as workdir:
+        outcome = run_ranks(node, _DeadlineAtTheLastExit(stop, 2), workdir, stop=stop)
     assert stop.is_set() and outcome.state is GroupState.SUCCEEDED and not outcome.failures
     assert [s.state for s in outcome.ranks] == [RankState.FINISHED, RankState.FINISHED]
 

@@ -90,16 +90,16 @@ class NodeIO(Protocol):
 
 @dataclass(frozen=True)
 class NodeResult:
-    """What a node produced: its ranks' result (None when the rendezvous was stopped, before
-    any rank started)."""
+    """What a node produced: its rank group's result (None when the rendezvous was stopped,
+    before any rank started)."""
 
-    outcome: GroupResult | None
+    group: GroupResult | None
 
     def failure_report(self) -> FailureReport:
         """The failed ranks as one report."""
-        if self.outcome is None:
+        if self.group is None:
             return FailureReport(failures=())
-        return FailureReport(failures=self.outcome.failures, pickled={r: p for r, p in self.outcome.pickled.items() if p})
+        return FailureReport(failures=self.group.failures, pickled={r: p for r, p in self.group.pickled.items() if p})
 
     @staticmethod
     def problem_report(problem: NodeProblem, rank: int, host: str) -> FailureReport:
@@ -257,7 +257,7 @@ def run_node(
         hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": rows}
         peers = io.rendezvous(hello)
         if peers is None:
-            return NodeResult(outcome=None)
+            return NodeResult(group=None)
         output = io.output()
         _check_peers(run, io, peers, output)
         node_env = _node_env(run, io, workdir, peers, data_path)
@@ -268,12 +268,12 @@ def run_node(
             run=run, node_rank=io.node_rank, master_addr=io.master_host, master_port=int(peers[0]["port"]),
             host=io.host, visible_devices=visible, node_env=node_env, cwd=cwd, agent_store=store is not None,
         )  # fmt: skip
-        outcome = run_ranks(
-            spec, output, stop=io.stop, workdir=workdir, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
+        group = run_ranks(
+            spec, output, workdir, stop=io.stop, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
             on_trace=io.trace, watching=io.watching,
         )
-        result = NodeResult(outcome=outcome)
-        if outcome.state is GroupState.FAILED:
+        result = NodeResult(group=group)
+        if group.state is GroupState.FAILED:
             # every failed node tells the driver, which then puts the earliest failure first,
             # whichever task Spark saw failing first
             io.node_failed(result.failure_report())

@@ -422,24 +422,17 @@ class RankGroup:
 def run_ranks(
     spec: NodeSpec,
     on_lines: RankOutput,
+    workdir: NodeWorkdir,
     *,
     stop: threading.Event | None = None,
-    workdir: NodeWorkdir | None = None,
     reports: NodeReports | None = None,
     on_failure: Callable[[RankFailure, str | None], None] | None = None,
     on_progress: Callable[[list[dict[str, object]]], None] | None = None,
     on_trace: Callable[[int, bytes], None] | None = None,
     watching: Callable[[ProgressWatch], None] | None = None,
 ) -> GroupResult:
-    """Run this node's ranks (a :class:`RankGroup`) to completion, first failure or ``stop``,
-    and clean up. Uses (and leaves to the caller) ``workdir`` when given, else makes and
-    removes its own."""
-    if workdir is None:
-        with NodeWorkdir(spec.run.run_id, spec.node_rank, spec.python) as own:
-            return run_ranks(
-                spec, on_lines, stop=stop, workdir=own, reports=reports, on_failure=on_failure,
-                on_progress=on_progress, on_trace=on_trace, watching=watching,
-            )  # fmt: skip
+    """Run this node's ranks (a :class:`RankGroup`) in ``workdir`` to completion, first failure
+    or ``stop``, and clean up."""
     with RankGroup(
         spec, on_lines, workdir, reports=reports, on_failure=on_failure, on_progress=on_progress, on_trace=on_trace,
         watching=watching,

@@ -92,12 +92,12 @@ class BarrierIO:
         """Every node's hello in node order, through the channel or Spark's allGather; None if stopped."""
         reason = "the run has no driver channel"
         if self.channel is not None:
-            outcome = self.channel.rendezvous(hello)
-            if outcome.stopped:
+            met = self.channel.rendezvous(hello)
+            if met.stopped:
                 return None
-            if outcome.peers is not None:
-                return outcome.peers
-            reason = outcome.reason
+            if met.peers is not None:
+                return met.peers
+            reason = met.reason
         return self._all_gather({**hello, "node": self.node_rank}, reason)
 
     def _all_gather(self, hello: dict[str, Any], reason: str) -> list[dict[str, Any]]:
@@ -199,20 +199,20 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
                 hosted = run_node(spec, io, workdir, batches)
             except NodeProblem as problem:
                 raise io.fail(problem) from None
-            outcome = hosted.outcome
+            group = hosted.group
             channel_error = io.channel_error()
-            if outcome is not None and outcome.state is GroupState.FAILED:
+            if group is not None and group.state is GroupState.FAILED:
                 raise io.failed(hosted.failure_report())
-            finished = outcome is not None and outcome.state is GroupState.SUCCEEDED
-            if finished and outcome is not None and outcome.result_file is not None:
-                delivered = result_transfer.deliver(spec, outcome.result_file, io.channel)
+            finished = group is not None and group.state is GroupState.SUCCEEDED
+            if finished and group is not None and group.result_file is not None:
+                delivered = result_transfer.deliver(spec, group.result_file, io.channel)
             io.close()  # sends the last lines (bounded) before the rows go back
             yield from result_transfer.node_rows(
                 io.node_rank,
                 finished=finished,
                 channel_error=channel_error,
                 delivered=delivered,
-                result_file=outcome.result_file if finished and outcome is not None else None,
+                result_file=group.result_file if finished and group is not None else None,
             )
     finally:
         io.close()

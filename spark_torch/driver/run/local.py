@@ -116,7 +116,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             if io.coordinator is not None:
                 io.coordinator.close()
             io.stall.close()
-        group = hosted.outcome
+        group = hosted.group
         assert group is not None  # a local rendezvous is never stopped
         if group.state is GroupState.STOPPED and io.stall.failed.is_set():
             return AttemptOutcome.ended(io.stall.verdict())

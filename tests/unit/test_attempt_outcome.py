@@ -1,0 +1,181 @@
+"""An attempt's end as typed data: each cause's end, and the one place it becomes an exception."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+
+from spark_torch.background import BackgroundCall
+from spark_torch.driver.result import AttemptEnd
+from spark_torch.driver.run.failures import SparkJobError, attempt_error, classify_spark_text
+from spark_torch.driver.run.outcome import (
+    AttemptOutcome,
+    DriverProblem,
+    GrowRequested,
+    Interrupted,
+    RanksFailed,
+    RanksStopped,
+    SparkFailureKind,
+    SparkJobFailed,
+    Stacks,
+    StallVerdict,
+)
+from spark_torch.errors import (
+    ConfigurationError,
+    DistributedRunError,
+    InsufficientSlotsError,
+    LaunchError,
+    RankFailure,
+    RunStalledError,
+    RunTimeoutError,
+    StoppedRank,
+)
+from spark_torch.failure_reports import FailureReport, report_from_dict, report_to_dict
+from spark_torch.node.rank_group import GroupResult, GroupState, RankStatus
+from spark_torch.states import ProblemKind, RankState, StopReason
+
+
+def _failure(rank: int = 1) -> RankFailure:
+    return RankFailure(rank=rank, host="h", exc_type="ValueError", exc_message="bad batch", failed_at=1.0)
+
+
+def test_each_cause_has_its_end_and_its_error() -> None:
+    cases: list[tuple[object, AttemptEnd, type[BaseException]]] = [
+        (RanksFailed(FailureReport(failures=(_failure(),))), AttemptEnd.FAILED, DistributedRunError),
+        (
+            RanksFailed(FailureReport(failures=(_failure(0),), kind=ProblemKind.LAUNCH)),
+            AttemptEnd.LAUNCH_FAILED,
+            LaunchError,
+        ),
+        (
+            RanksFailed(FailureReport(failures=(_failure(0),), kind=ProblemKind.CONFIGURATION)),
+            AttemptEnd.MISCONFIGURED,
+            ConfigurationError,
+        ),
+        (
+            SparkJobFailed(SparkFailureKind.MISSING_MODULE, "torch", RuntimeError("x")),
+            AttemptEnd.LAUNCH_FAILED,
+            LaunchError,
+        ),
+        (
+            SparkJobFailed(SparkFailureKind.TOO_FEW_SLOTS, "", RuntimeError("x")),
+            AttemptEnd.MISCONFIGURED,
+            InsufficientSlotsError,
+        ),
+        (
+            SparkJobFailed(SparkFailureKind.EXECUTOR_LOST, "lost", RuntimeError("x")),
+            AttemptEnd.FAILED,
+            DistributedRunError,
+        ),
+        (
+            SparkJobFailed(SparkFailureKind.RESULT_TOO_LARGE, "", RuntimeError("x")),
+            AttemptEnd.FAILED,
+            DistributedRunError,
+        ),
+        (SparkJobFailed(SparkFailureKind.OTHER, "boom", RuntimeError("x")), AttemptEnd.LAUNCH_FAILED, LaunchError),
+        (
+            DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty"),
+            AttemptEnd.MISCONFIGURED,
+            ConfigurationError,
+        ),
+        (DriverProblem(ProblemKind.LAUNCH, "only 1 of 2 tasks"), AttemptEnd.LAUNCH_FAILED, LaunchError),
+        (
+            RanksStopped(2.0, (StoppedRank(0, "h", ("last",)),), "rank 0 was still running and stopped"),
+            AttemptEnd.TIMED_OUT,
+            RunTimeoutError,
+        ),
+        (StallVerdict(StopReason.STALLED, "the run stalled"), AttemptEnd.STALLED, RunStalledError),
+        (StallVerdict(StopReason.REPORT_DEADLOCK, "report() on rank 0 only"), AttemptEnd.FAILED, DistributedRunError),
+        (Interrupted(KeyboardInterrupt()), AttemptEnd.INTERRUPTED, KeyboardInterrupt),
+    ]
+    for cause, end, kind in cases:
+        outcome = AttemptOutcome.ended(cause)  # type: ignore[arg-type]
+        assert outcome.end is end, cause
+        error = attempt_error(outcome)
+        assert type(error) is kind or (kind is DistributedRunError and type(error) is DistributedRunError), (
+            cause,
+            error,
+        )
+    assert AttemptOutcome.ended(GrowRequested("slots for 3 nodes")).end is AttemptEnd.GROW_REQUESTED
+    with pytest.raises(AssertionError):
+        attempt_error(AttemptOutcome.ended(GrowRequested("x")))
+    with pytest.raises(AssertionError):
+        attempt_error(AttemptOutcome.succeeded(None))
+
+
+def test_a_timeout_names_stopped_ranks_not_failures_and_pickles() -> None:
+    cause = RanksStopped(
+        5.0, (StoppedRank(1, "h", ("step 7",)), StoppedRank(0, "h", ())), "ranks 0, 1 were still running and stopped",
+        Stacks({0: "in all_reduce"}, "rank 0: in all_reduce"),
+    )  # fmt: skip
+    error = attempt_error(AttemptOutcome.ended(cause))
+    assert isinstance(error, RunTimeoutError) and isinstance(error, TimeoutError)
+    assert error.failures == () and [s.rank for s in error.stopped] == [0, 1]
+    text = str(error)
+    assert text.startswith("the run exceeded timeout=5s; ranks 0, 1 were still running and stopped")
+    assert "Last 1 lines of rank 1's output on h:" in text and "Stopped while still running: ranks 0, 1" in text
+    assert "still running: stopped" not in text and "rank 0: in all_reduce" in text
+    again = pickle.loads(pickle.dumps(error))
+    assert str(again) == text and again.stopped == error.stopped
+
+
+def test_spark_text_is_classified_and_chained_without_java() -> None:
+    assert classify_spark_text("ModuleNotFoundError: No module named 'torch'") == (
+        SparkFailureKind.MISSING_MODULE,
+        "torch",
+    )
+    assert (
+        classify_spark_text("x requires more slots than the total number of slots y")[0]
+        is SparkFailureKind.TOO_FEW_SLOTS
+    )
+    kind, detail = classify_spark_text("Job aborted\nExecutorLostFailure (executor 1 exited)")
+    assert kind is SparkFailureKind.EXECUTOR_LOST and detail.startswith("ExecutorLostFailure")
+    error = attempt_error(
+        AttemptOutcome.ended(SparkJobFailed(SparkFailureKind.OTHER, "boom", RuntimeError("boom\n\tat a.b(C.java:1)")))
+    )
+    assert isinstance(error.__cause__, SparkJobError) and "\tat " not in str(error.__cause__)
+
+
+def test_a_problem_kind_travels_as_its_value_and_an_unknown_one_is_malformed() -> None:
+    report = FailureReport(failures=(_failure(0),), kind=ProblemKind.CONFIGURATION)
+    data = report_to_dict(report)
+    assert data["kind"] == "ConfigurationError" and report_from_dict(data).kind is ProblemKind.CONFIGURATION
+    with pytest.raises(ValueError):
+        report_from_dict({**data, "kind": "SomethingElse"})
+    assert StopReason.parse("timeout") is StopReason.TIMEOUT and StopReason.parse("nonsense") is None
+    assert RankState("failed") is RankState.FAILED and str(RankState.STOPPED) == "stopped"
+
+
+def test_a_group_result_is_a_state_and_each_ranks_status() -> None:
+    failed = GroupResult(
+        GroupState.FAILED,
+        (RankStatus(0, RankState.STOPPED), RankStatus(1, RankState.FAILED, failure=_failure())),
+        pickled={1: "blob"},
+    )
+    assert failed.failures == (_failure(),) and failed.still_running() == ()
+    stopped = GroupResult(
+        GroupState.STOPPED, (RankStatus(0, RankState.FINISHED), RankStatus(1, RankState.STOPPED, ("x",)))
+    )
+    assert [s.rank for s in stopped.still_running()] == [1] and stopped.failures == ()
+
+
+def test_background_call_keeps_the_value_the_error_and_waits_with_a_deadline() -> None:
+    woke = threading.Event()
+    ok = BackgroundCall(lambda: 42, name="t-ok", on_done=woke.set).start()
+    assert ok.wait(5.0) and ok.value == 42 and ok.error is None and woke.is_set()
+
+    def fails() -> None:
+        raise KeyError("x")
+
+    bad = BackgroundCall(fails, name="t-bad").start()
+    assert bad.wait(5.0) and isinstance(bad.error, KeyError) and bad.value is None
+    release = threading.Event()
+    slow = BackgroundCall(lambda: release.wait(10.0), name="t-slow").start()
+    start = time.monotonic()
+    assert not slow.wait(0.2) and not slow.done and slow.value is None and slow.error is None
+    assert time.monotonic() - start < 5.0
+    release.set()
+    assert slow.wait(5.0) and slow.value is True
