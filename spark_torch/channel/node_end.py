@@ -38,7 +38,7 @@ class NodeChannel:
         self._nodes = nodes
         self._stop = stop
         self._decided = threading.Event()
-        self._outcome: RendezvousResult | None = None
+        self._decision: RendezvousResult | None = None
         self._detached = False
         self._closed = False
         #: the driver could not take this node's bulk data (its message); set under the client's cond
@@ -156,10 +156,10 @@ class NodeChannel:
                 error = answer.get("error")
                 self.reports.persisted(answer["step"], str(error) if error else None)
         elif "rendezvous" in message and not self._decided.is_set():
-            outcome = parse_decision(message["rendezvous"], self._nodes)
-            if outcome is not None:
+            decision = parse_decision(message["rendezvous"], self._nodes)
+            if decision is not None:
                 with self._client.cond:
-                    self._outcome = outcome
+                    self._decision = decision
                     self._decided.set()
                     self._client.cond.notify_all()
 
@@ -172,7 +172,7 @@ class NodeChannel:
     def rendezvous(self, hello: dict[str, Any]) -> RendezvousResult:
         """Say hello and wait for the driver's decision, bounded by the rendezvous deadline.
 
-        Returns every node's hello (in node order), or a fallback outcome (then the caller goes
+        Returns every node's hello (in node order), or a fallback result (then the caller goes
         through Spark's allGather), or ``stopped`` when the driver stopped the run meanwhile.
         """
         self._client.send({"hello": {**hello, "node": self._node}})
@@ -182,8 +182,8 @@ class NodeChannel:
                 self._wait_decision(GIVE_UP_SECONDS)
         if self._stop.is_set():
             return RendezvousResult(stopped=True)
-        if self._outcome is not None:
-            return self._outcome
+        if self._decision is not None:
+            return self._decision
         return RendezvousResult(reason=self.last_error or f"no answer from the driver's channel at {self._spec.address}")
 
     def detach_if_unreachable(self) -> bool:

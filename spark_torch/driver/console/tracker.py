@@ -158,8 +158,8 @@ def _mlflow_for(config: DistributorConfig, plan: LaunchPlan, run_id: str) -> _Ml
 class ReportTracker:
     """Receives the persisted rows of one run() (from coordinator threads)."""
 
-    def __init__(self, outcome: RunResult, sink: DriverLogSink, config: DistributorConfig, plan: LaunchPlan, run_id: str) -> None:
-        self._outcome = outcome
+    def __init__(self, result: RunResult, sink: DriverLogSink, config: DistributorConfig, plan: LaunchPlan, run_id: str) -> None:
+        self._result = result
         self._sink = sink
         self._lock = threading.Lock()
         self._mlflow = _mlflow_for(config, plan, run_id)
@@ -174,13 +174,13 @@ class ReportTracker:
     def resume_from(self, step: int) -> None:
         """An attempt starts from the checkpoint of ``step``: later rows will be reported again."""
         with self._lock:
-            self._outcome.rows[:] = [r for r in self._outcome.rows if r["step"] <= step]
+            self._result.rows[:] = [r for r in self._result.rows if r["step"] <= step]
 
     def row(self, row: dict[str, Any]) -> None:
         """A persisted report() step."""
         with self._lock:
-            self._outcome.rows.append(row)
-            rows = list(self._outcome.rows)
+            self._result.rows.append(row)
+            rows = list(self._result.rows)
         self._sink.status.metrics(row)
         if self._chart is not None:
             try:
@@ -196,14 +196,14 @@ class ReportTracker:
 
     def close(self) -> None:
         """The run ended: the final chart stays in the cell; the MLflow run is ended if ours."""
-        if self._chart is not None and self._outcome.rows:
+        if self._chart is not None and self._result.rows:
             try:
-                self._chart.draw(self._outcome.rows, force=True)
+                self._chart.draw(self._result.rows, force=True)
             except Exception:  # noqa: BLE001 - see row()
                 pass
         if self._mlflow is not None:
             try:
-                checkpoint = self._outcome.checkpoint
-                self._mlflow.close(checkpoint.path if checkpoint is not None else None, self._outcome.error)
+                checkpoint = self._result.checkpoint
+                self._mlflow.close(checkpoint.path if checkpoint is not None else None, self._result.error)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("spark_torch: could not finish the MLflow run (%s)", exc)
