@@ -72,7 +72,14 @@ def _reap(block: bool) -> tuple[int, int]:
 
 def _stop_leftovers(grace: float) -> None:
     """SIGTERM whatever the rank left (re-parented here), ``grace`` to exit, SIGKILL the rest;
-    every one reaped (bounded)."""
+    every one reaped (bounded). Usually the rank left nothing: then no child is left to wait
+    for, and no /proc scan is made."""
+    while True:
+        reaped, _ = _reap(block=False)
+        if reaped < 0:  # no child at all, live or exited: nothing was left
+            return
+        if reaped == 0:  # a live child: the rank left something running
+            break
     me = os.getpid()
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, _KILL_WAIT_SECONDS)):
         left = children_of(me)
