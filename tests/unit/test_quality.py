@@ -29,6 +29,7 @@ def test_exported_members() -> None:
         with pytest.raises(ValueError):
             spark_torch.load_run("/nowhere", "")  # one way to load a past run; the old name warns
     assert not hasattr(spark_torch.RunResult, "collect")  # no internal mutator on the public class
+    assert not hasattr(spark_torch.Distributor(), "config")  # the options are read through properties
 
 
 def test_a_rank_entry_module_loads_no_driver_or_node_module() -> None:

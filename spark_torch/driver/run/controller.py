@@ -50,7 +50,7 @@ def new_run_id() -> str:
 def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
     """The run's layout, and what the user should know about it (GPUs found or not used,
     traffic that Spark encrypts and torch does not)."""
-    host = host_facts(config, cluster, os.environ)
+    host = host_facts(config.local_mode, config.use_gpu, cluster, os.environ)
     plan = make_plan(config, cluster, host=host)
     if plan.use_gpu and host.gpus_found and config.use_gpu is None:
         logger.info(

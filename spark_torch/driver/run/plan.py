@@ -30,11 +30,12 @@ class HostFacts:
     gpus_found_by: str = ""
 
 
-def host_facts(config: DistributorConfig, cluster: ClusterInfo, environ: Mapping[str, str]) -> HostFacts:
-    """The driver machine's own facts; its GPUs are looked for only when local mode may use them."""
+def host_facts(local_mode: bool, use_gpu: bool | None, cluster: ClusterInfo, environ: Mapping[str, str]) -> HostFacts:
+    """The driver machine's own facts (for a run with these ``local_mode`` and ``use_gpu``
+    options); its GPUs are looked for only when local mode may use them."""
     found: tuple[tuple[str, ...], str] = ((), "")
     spark_gives_gpus = cluster.driver_gpu_amount > 0 and bool(cluster.driver_gpu_addresses)
-    if config.local_mode and config.use_gpu is not False and not spark_gives_gpus:
+    if local_mode and use_gpu is not False and not spark_gives_gpus:
         found = gpus.detect_local_gpus(environ)
     return HostFacts(
         omp_threads=environ.get(envnames.THREAD_VARS[0]),
