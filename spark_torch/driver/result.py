@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.reporting.checkpoint import Checkpoint
+from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_MARKER, RunStorage, run_ids, split_run_path
 
-__all__ = ["RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord"]
+__all__ = ["RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "fill_from_storage"]
 
 
 class AttemptEnd(str, enum.Enum):
@@ -140,19 +140,6 @@ class RunResult:
         ordered = [c for c in frame.columns if c not in RECORDED_KEYS] + [c for c in RECORDED_KEYS if c in frame.columns]
         return frame[ordered].sort_values("step", kind="stable").reset_index(drop=True)
 
-    def _collect(self, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
-        """Fill ``history``, ``checkpoint`` and ``best_checkpoints`` from the run's storage."""
-        if storage is None:
-            self.history = list(self.rows)
-            return
-        self.path = storage.url
-        self.history = storage.history() or list(self.rows)
-        complete, _ = storage.checkpoints()
-        self.checkpoint = Checkpoint._of(complete[-1], storage.options) if complete else None
-        self.best_checkpoints = [
-            (Checkpoint._of(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)
-        ]
-
     @classmethod
     def from_path(
         cls,
@@ -186,8 +173,24 @@ class RunResult:
             if not storage.exists():
                 raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         result = cls(run_id=run_id)
-        result._collect(storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
+        fill_from_storage(result, storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
         return result
+
+
+def fill_from_storage(result: RunResult, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
+    """Fill ``result``'s ``path``, ``history``, ``checkpoint`` and ``best_checkpoints`` from the
+    run's storage (ranked by ``score``/``order``); without storage, ``history`` is the call's own
+    ``rows``. The driver calls it when a run ends, :meth:`RunResult.from_path` for a past run."""
+    if storage is None:
+        result.history = list(result.rows)
+        return
+    result.path = storage.url
+    result.history = storage.history() or list(result.rows)
+    complete, _ = storage.checkpoints()
+    result.checkpoint = persisted_checkpoint(complete[-1], storage.options) if complete else None
+    result.best_checkpoints = [
+        (persisted_checkpoint(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)
+    ]
 
 
 def _not_a_run(path: str, options: dict[str, Any] | None) -> str:

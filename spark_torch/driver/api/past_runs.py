@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.reporting.checkpoint import Checkpoint
+from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, run_ids
 
@@ -76,8 +76,8 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str | Non
         world_size=world_size if isinstance(world_size, int) else None,
         steps=len(history),
         metrics=last,
-        checkpoint=Checkpoint._of(complete[-1], storage.options) if complete else None,
-        best_checkpoint=Checkpoint._of(ranked[0], storage.options) if ranked else None,
+        checkpoint=persisted_checkpoint(complete[-1], storage.options) if complete else None,
+        best_checkpoint=persisted_checkpoint(ranked[0], storage.options) if ranked else None,
         attempt_log=log,
         checkpoint_score_attribute=score,
         checkpoint_score_order=order,

@@ -16,7 +16,7 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.driver.console.status import RunStatus, interactive
 from spark_torch.driver.console.tracker import ReportTracker
-from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
+from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult, fill_from_storage
 from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
@@ -142,7 +142,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         raise
     finally:
         try:
-            run._collect(storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
+            fill_from_storage(run, storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
             logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
         tracker.close()
