@@ -17,6 +17,7 @@ def test_exported_members() -> None:
         "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "__version__",
         "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
         "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
+        "AttemptSize", "SizeReason", "AttemptError", "GrowRequest", "GpuFallback",
         "list_runs", "RunSummary", "init_process_group", "prepare_model", "prepare_data_loader",
         "get_context", "get_device", "RankContext",
     ])

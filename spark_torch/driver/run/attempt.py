@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_torch.driver.result import AttemptEnd
+from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.flight_recorder import TraceDir
 from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.stall import StallWatch
@@ -21,13 +21,13 @@ __all__ = ["Attempt", "AttemptOutcome"]
 
 @dataclass(frozen=True)
 class AttemptOutcome:
-    """How an attempt ended: a typed end, rank 0's pickled value on success, the error otherwise
-    (``detail`` says why it grows)."""
+    """How an attempt ended: a typed end, rank 0's pickled value on success, the error otherwise,
+    why it grows when it ended to grow."""
 
     end: AttemptEnd
     result: ResultBytes | None = None
     error: BaseException | None = None
-    detail: str = ""
+    grow: GrowRequest | None = None
 
     @classmethod
     def succeeded(cls, result: ResultBytes | None) -> AttemptOutcome:

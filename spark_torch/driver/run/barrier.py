@@ -210,7 +210,7 @@ def _run_stage(
         stall.close()
     if grow is not None and grow.requested is not None:  # the nodes stopped after a checkpoint: restart larger
         channel.wait_for_nodes(timeout=DRAIN_SECONDS)
-        return AttemptOutcome(AttemptEnd.GROW_REQUESTED, detail=grow.requested)
+        return AttemptOutcome(AttemptEnd.GROW_REQUESTED, grow=grow.requested)
     if "error" in box:
         channel.stop_nodes("another node failed")  # the nodes Spark did not stop yet
         channel.wait_for_nodes(timeout=FAILURE_REPORTS_SECONDS)  # other failed nodes' reports

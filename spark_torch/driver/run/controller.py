@@ -16,7 +16,14 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.driver.console.status import RunStatus, interactive
 from spark_torch.driver.console.tracker import ReportTracker
-from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult, fill_from_storage
+from spark_torch.driver.result import (
+    AttemptEnd,
+    AttemptError,
+    AttemptReason,
+    AttemptRecord,
+    RunResult,
+    fill_from_storage,
+)
 from spark_torch.driver.run.attempt import Attempt, AttemptOutcome
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
@@ -57,8 +64,8 @@ def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
             "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
             len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
         )
-    if plan.gpu_note:
-        logger.warning(plan.gpu_note)
+    if plan.gpu_fallback is not None:
+        logger.warning("%s", plan.gpu_fallback)
     if (cluster.ssl_enabled or cluster.crypto_enabled) and not plan.local_mode:
         logger.warning(
             "spark_torch: Spark encrypts its own traffic (%s); spark_torch's channel (logs, reports, results) "
@@ -226,10 +233,8 @@ class RunController:
             record, attempt = self._next_attempt(len(self.result.attempts), reason, show)
             ended = _run_attempt(self.spark, attempt, self.endpoint, self.data)
             record.end = ended.end
-            if ended.error is not None:
-                record.detail = (str(ended.error).splitlines() or [type(ended.error).__name__])[0][:300]
-            elif ended.detail:
-                record.detail = ended.detail
+            record.error = AttemptError.from_exception(ended.error) if ended.error is not None else None
+            record.grow = ended.grow
             decision = policy.decide(ended.end, failures)
             if decision.action is Action.FINISH:
                 return ended.result
@@ -252,12 +257,12 @@ class RunController:
         if storage is not None:
             storage.discard_incomplete_after(resume)
         self.tracker.resume_from(resume)  # steps after the checkpoint will be reported again
-        sized, note = self.plan, ""
+        sized, size = self.plan, None
         if self.membership is not None and self.spark is not None:
-            nodes, note = self.membership.nodes_for(self.spark, first=number == 0)
-            check_executors(self.spark, nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
-            sized = replace(self.plan, num_nodes=nodes)
-        record = AttemptRecord(attempt=self.first_attempt + number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size_note=note)
+            size = self.membership.nodes_for(self.spark, first=number == 0)
+            check_executors(self.spark, size.nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
+            sized = replace(self.plan, num_nodes=size.nodes)
+        record = AttemptRecord(attempt=self.first_attempt + number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
         self.result.attempts.append(record)
         self.result.restarts = number
         self.sink.status.close()
