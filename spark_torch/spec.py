@@ -132,6 +132,10 @@ class RunSpec:
 
     plan: LaunchPlan
     run_id: str
+    #: the restarts within this ``run()`` call before this attempt (0 for the call's first): the
+    #: ranks' ``TORCHELASTIC_RESTART_COUNT``/``SPARK_TORCH_RESTART_COUNT``. Not the attempt's index
+    #: in the run's history, which counts on across calls that resume a run_id
+    #: (``AttemptRecord.attempt``; the driver's ``Attempt.attempt``)
     restart_count: int = 0
     max_restarts: int = 0
     #: function mode: cloudpickled ``(fn, args, kwargs)``

@@ -35,8 +35,9 @@ class RunSummary:
         checkpoint: the latest complete checkpoint, or None.
         best_checkpoint: the best kept checkpoint by ``checkpoint_score_attribute`` (without
             one: the latest), or None.
-        attempt_log: one dict per attempt started, oldest first: ``attempt`` (0 for the first
-            of a ``run()`` call, then its restarts), ``world_size``, ``nodes``, ``time`` (and
+        attempt_log: one dict per attempt started, oldest first: ``attempt`` (its index in the
+            run's history: 0 for the run's first start, counting on across restarts and the
+            ``run()`` calls that resume the run), ``world_size``, ``nodes``, ``time`` (and
             ``checkpoint_score_attribute``/``checkpoint_score_order`` when it had one).
         checkpoint_score_attribute: the metric ``best_checkpoint`` is chosen by: the one given
             to :func:`list_runs`, else the one the run was configured with; None: the latest.
@@ -163,7 +164,7 @@ def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
         f"  best checkpoint  {f'{summary.best_checkpoint.path} ({_ranking(summary, short=True)})' if summary.best_checkpoint else '-'}",
     ]
     if summary.attempt_log:
-        lines.append("attempts (0: the start of a run() call, then its restarts):")
+        lines.append("attempts (0: the run's first start, counting on across restarts and resumed run() calls):")
         for row in summary.attempt_log:
             lines.append(
                 f"  {_when(row.get('time'))}  attempt {row.get('attempt')}: {row.get('world_size')} rank(s) on {row.get('nodes')} node(s)"

@@ -220,7 +220,8 @@ class RunController:
     deadline: float | None
     #: decides finish, restart or raise after each attempt (pure; see driver/run/policy.py)
     policy: RestartPolicy
-    #: the number of this call's first attempt: a resumed run_id numbers on from its history
+    #: the history index (``AttemptRecord.attempt``) of this call's first attempt: a resumed
+    #: run_id counts on from its history; an attempt's index is this plus its ``restart_count``
     first_attempt: int = 0
 
     def run(self) -> ResultBytes | None:
@@ -250,7 +251,9 @@ class RunController:
                 )
             reason = decision.reason
 
-    def _next_attempt(self, number: int, reason: AttemptReason, show: bool) -> tuple[AttemptRecord, Attempt]:
+    def _next_attempt(self, restart_count: int, reason: AttemptReason, show: bool) -> tuple[AttemptRecord, Attempt]:
+        """The record and the attempt after ``restart_count`` restarts within this call."""
+        index = self.first_attempt + restart_count  # in the run's history
         storage = self.storage
         latest = storage.latest() if storage is not None else None
         resume = latest.step if latest is not None else 0
@@ -259,24 +262,24 @@ class RunController:
         self.tracker.resume_from(resume)  # steps after the checkpoint will be reported again
         sized, size = self.plan, None
         if self.membership is not None and self.spark is not None:
-            size = self.membership.nodes_for(self.spark, first=number == 0)
+            size = self.membership.nodes_for(self.spark, first=restart_count == 0)
             check_executors(self.spark, size.nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
             sized = replace(self.plan, num_nodes=size.nodes)
-        record = AttemptRecord(attempt=self.first_attempt + number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
+        record = AttemptRecord(attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
         self.result.attempts.append(record)
-        self.result.restarts = number
+        self.result.restarts = restart_count
         self.sink.status.close()
         self.sink.status = RunStatus(sized.world_size, enabled=show)
         config = self.config
         attempt = Attempt(
             spec=replace(
-                self.base, plan=sized, restart_count=number, resume_step=resume,
+                self.base, plan=sized, restart_count=restart_count, resume_step=resume,
                 resume_url=latest.url if latest else None,
             ),  # fmt: skip
             timeout=None if self.deadline is None else max(0.001, self.deadline - time.monotonic()),
             run_timeout=config.timeout,
             on_lines=self.sink,
-            number=self.first_attempt + number,
+            attempt=index,
             tail=self.sink.tail,
             on_row=self.tracker.row,
             keep_checkpoints=config.keep_checkpoints,
@@ -284,7 +287,7 @@ class RunController:
             score_order=config.checkpoint_score_order,
             membership=self.membership if config.elastic_grow else None,
             on_stall=self.sink.status.stalled,
-            trace_dir=trace_dir(config.log_dir, self.result.run_id, self.first_attempt + number),
+            trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
         )
         return record, attempt
 
