@@ -63,6 +63,32 @@ def test_errors_pickle_and_subclass_builtins() -> None:
     assert issubclass(spark_torch.ConfigurationError, ValueError)
 
 
+def test_no_private_function_is_called_from_another_module() -> None:
+    """``obj._name(...)`` where ``_name`` is a function or method of spark_torch is called only
+    in the module that defines it (the stdlib's and PySpark's private names are theirs)."""
+    import ast
+
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted((ROOT / "spark_torch").rglob("*.py"))}
+    homes: dict[str, set[Path]] = {}
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("_") and not node.name.startswith("__"):
+                homes.setdefault(node.name, set()).add(path)
+    crossing = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver, name = node.func.value, node.func.attr
+            if isinstance(receiver, ast.Name) and (receiver.id in ("self", "cls") or receiver.id in sys.stdlib_module_names):
+                continue  # its own class, or the stdlib's (threading._shutdown)
+            if isinstance(receiver, ast.Call) and ast.unparse(receiver.func) == "super":
+                continue
+            if name in homes and path not in homes[name]:
+                crossing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not crossing, "private functions called from another module:\n" + "\n".join(crossing)
+
+
 def test_ruff() -> None:
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "spark_torch"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
