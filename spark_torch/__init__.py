@@ -15,7 +15,16 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from spark_torch.driver.api.distributor import Distributor
     from spark_torch.driver.api.past_runs import RunSummary, list_runs
     from spark_torch.driver.api.torch_distributor import TorchDistributor
-    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
+    from spark_torch.driver.result import (
+        AttemptEnd,
+        AttemptError,
+        AttemptReason,
+        AttemptRecord,
+        AttemptSize,
+        GrowRequest,
+        RunResult,
+        SizeReason,
+    )
     from spark_torch.errors import (
         ClusterConfigurationError,
         ConfigurationError,
@@ -39,7 +48,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     )
     from spark_torch.reporting.api import get_checkpoint, report
     from spark_torch.reporting.checkpoint import Checkpoint
-    from spark_torch.spec import LaunchPlan
+    from spark_torch.spec import GpuFallback, LaunchPlan
 
 #: where each public name lives; imported on first access (module ``__getattr__``, PEP 562)
 _HOMES = {
@@ -51,7 +60,12 @@ _HOMES = {
     "AttemptRecord": "spark_torch.driver.result",
     "AttemptEnd": "spark_torch.driver.result",
     "AttemptReason": "spark_torch.driver.result",
+    "AttemptSize": "spark_torch.driver.result",
+    "SizeReason": "spark_torch.driver.result",
+    "AttemptError": "spark_torch.driver.result",
+    "GrowRequest": "spark_torch.driver.result",
     "LaunchPlan": "spark_torch.spec",
+    "GpuFallback": "spark_torch.spec",
     "list_runs": "spark_torch.driver.api.past_runs",
     "RunSummary": "spark_torch.driver.api.past_runs",
     "init_process_group": "spark_torch.rank.prepare",
@@ -84,7 +98,12 @@ __all__ = [
     "AttemptRecord",
     "AttemptEnd",
     "AttemptReason",
+    "AttemptSize",
+    "SizeReason",
+    "AttemptError",
+    "GrowRequest",
     "LaunchPlan",
+    "GpuFallback",
     "list_runs",
     "RunSummary",
     "init_process_group",

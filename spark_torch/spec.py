@@ -15,7 +15,30 @@ from typing import Any
 
 from spark_torch.settings import Settings
 
-__all__ = ["LaunchPlan", "ChannelSpec", "DataSpec", "StorageSpec", "RunSpec", "FILE_ARGUMENT", "file_argument"]
+__all__ = ["LaunchPlan", "GpuFallback", "ChannelSpec", "DataSpec", "StorageSpec", "RunSpec", "FILE_ARGUMENT", "file_argument"]
+
+
+@dataclass(frozen=True)
+class GpuFallback:
+    """Why a run with ``use_gpu=None`` trains on CPU although the driver machine has GPUs: it has
+    fewer than the run has ranks (a one-GPU laptop running two ranks). ``str()`` is the driver's
+    warning.
+
+    Attributes:
+        ranks: the run's ranks (``num_processes``).
+        gpus: the GPUs of the machine (their ``CUDA_VISIBLE_DEVICES`` ids), fewer than ``ranks``.
+    """
+
+    ranks: int
+    gpus: tuple[str, ...]
+
+    def __str__(self) -> str:
+        found = len(self.gpus)
+        return (
+            f"spark_torch: {self.ranks} ranks but this machine has {found} GPU(s) ({', '.join(self.gpus)}): "
+            f"training on CPU. Pass num_processes<={found} to train on the GPUs, use_gpu=True to make this an "
+            "error, or use_gpu=False to silence this"
+        )
 
 
 @dataclass(frozen=True)
@@ -41,8 +64,9 @@ class LaunchPlan:
     #: OMP/MKL threads per rank (Spark sets OMP_NUM_THREADS=1 for Python tasks); None: leave the
     #: inherited value (the user or the cluster chose it)
     threads_per_rank: int | None = 1
-    #: why GPUs that exist are not used (``use_gpu=None`` with fewer GPUs than ranks), for the driver's log
-    gpu_note: str = ""
+    #: why GPUs that exist are not used (``use_gpu=None`` with fewer GPUs than ranks), for the
+    #: driver's log; None when they are used or there are none
+    gpu_fallback: GpuFallback | None = None
 
     @property
     def world_size(self) -> int:
@@ -108,6 +132,10 @@ class RunSpec:
 
     plan: LaunchPlan
     run_id: str
+    #: the restarts within this ``run()`` call before this attempt (0 for the call's first): the
+    #: ranks' ``TORCHELASTIC_RESTART_COUNT``/``SPARK_TORCH_RESTART_COUNT``. Not the attempt's index
+    #: in the run's history, which counts on across calls that resume a run_id
+    #: (``AttemptRecord.attempt``; the driver's ``Attempt.attempt``)
     restart_count: int = 0
     max_restarts: int = 0
     #: function mode: cloudpickled ``(fn, args, kwargs)``

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import AttemptEnd, AttemptReason, Distributor, InsufficientSlotsError
+from spark_torch import AttemptEnd, AttemptReason, AttemptSize, Distributor, InsufficientSlotsError, SizeReason
 
 from .elastic_programs import count_epochs, rows_per_epoch
 
@@ -29,6 +29,7 @@ def test_starts_with_the_nodes_there_are(spark_session: Any, tmp_path: Path, cap
     assert d.last_run is not None and [a.world_size for a in d.last_run.attempts] == [2]
     first = d.last_run.attempts[0]
     assert first.reason is AttemptReason.START and first.end is AttemptEnd.SUCCEEDED
+    assert first.size == AttemptSize(SizeReason.FEWER_SLOTS, nodes=2, max_nodes=3, procs_per_node=1), first
     assert first.size_note == "2 of 3 ranks: slots for 2 of 3 nodes", first
     assert set(d.last_run.metrics_dataframe["world_size"]) == {2}
 

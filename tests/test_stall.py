@@ -141,6 +141,7 @@ def test_a_stall_with_max_restarts_resumes_from_the_checkpoint(tmp_path: Path, c
     attempts = distributor.last_run.attempts
     assert [a.end for a in attempts] == [AttemptEnd.STALLED, AttemptEnd.SUCCEEDED], attempts
     assert [a.reason for a in attempts] == [AttemptReason.START, AttemptReason.RESTART_AFTER_STALL]
+    assert attempts[0].error is not None and attempts[0].error.type_name == "RunStalledError"
     assert "no rank made progress" in (attempts[0].detail or "")
     assert distributor.last_run.metrics_dataframe["epoch"].tolist() == [1, 2, 3]
 

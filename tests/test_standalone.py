@@ -225,6 +225,7 @@ def test_a_worker_leaves_and_comes_back(
     assert result is not None and [a.world_size for a in result.attempts] == [2, 1, 2], result.attempts
     assert [a.reason for a in result.attempts] == [AttemptReason.START, AttemptReason.RESTART_AFTER_FAILURE, AttemptReason.GROW]
     assert [a.end for a in result.attempts] == [AttemptEnd.FAILED, AttemptEnd.GROW_REQUESTED, AttemptEnd.SUCCEEDED]
+    assert result.attempts[1].grow is not None and (result.attempts[1].grow.running, result.attempts[1].grow.nodes) == (1, 2)
     assert result.attempts[1].detail.startswith("slots for 2 nodes were free for 3s"), result.attempts
     history = result.metrics_dataframe
     assert history["epoch"].tolist() == list(range(1, 41))

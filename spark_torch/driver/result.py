@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.reporting.checkpoint import Checkpoint
+from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_MARKER, RunStorage, run_ids, split_run_path
 
-__all__ = ["RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord"]
+__all__ = [
+    "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
+    "GrowRequest", "fill_from_storage",
+]
 
 
 class AttemptEnd(str, enum.Enum):
@@ -52,28 +55,136 @@ class AttemptReason(str, enum.Enum):
         return self.value
 
 
-@dataclass
-class AttemptRecord:
-    """One attempt of a ``run()`` call, in ``RunResult.attempts``.
+class SizeReason(str, enum.Enum):
+    """Why an attempt has the nodes it has (:class:`AttemptSize`, distributed mode)."""
+
+    #: the run's first attempt: every node
+    ALL_NODES = "all nodes"
+    #: a restart: every node again
+    ALL_NODES_AGAIN = "all nodes again"
+    #: the cluster does not say how many slots it has (dynamic allocation): every node, Spark decides
+    SLOTS_UNKNOWN = "slots unknown: all nodes"
+    #: slots for fewer nodes than ``num_processes`` needs, at least ``min_processes``: as many as fit
+    FEWER_SLOTS = "fewer slots"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class AttemptSize:
+    """The size of an attempt and why (distributed mode's elastic membership); ``str()`` says it
+    in words, e.g. ``"2 of 3 ranks: slots for 2 of 3 nodes"``.
 
     Attributes:
-        attempt: 0 for the run's first start, then 1, 2, ... (what ``report()`` rows call
-            ``attempt``), counting on across ``run()`` calls that resume the same ``run_id``.
+        reason: why this many nodes (:class:`SizeReason`).
+        nodes: the nodes (barrier tasks) of the attempt.
+        max_nodes: the nodes of the full size (``num_processes``).
+        procs_per_node: ranks per node.
+    """
+
+    reason: SizeReason
+    nodes: int
+    max_nodes: int
+    procs_per_node: int
+
+    @property
+    def ranks(self) -> int:
+        """The ranks of the attempt."""
+        return self.nodes * self.procs_per_node
+
+    @property
+    def max_ranks(self) -> int:
+        """The ranks of the full size (``num_processes``)."""
+        return self.max_nodes * self.procs_per_node
+
+    def __str__(self) -> str:
+        if self.reason is SizeReason.FEWER_SLOTS:
+            return f"{self.ranks} of {self.max_ranks} ranks: slots for {self.nodes} of {self.max_nodes} nodes"
+        return str(self.reason)
+
+
+@dataclass(frozen=True)
+class AttemptError:
+    """The error an attempt ended with, in short; ``str()`` is its first line (or its type's name).
+
+    Attributes:
+        type_name: the exception's class name (``"DistributedRunError"``, ``"RunStalledError"``...).
+        first_line: the first line of its message (at most 300 characters; ``""`` when it has none).
+    """
+
+    type_name: str
+    first_line: str = ""
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> AttemptError:
+        """The short form of ``error``."""
+        return cls(type(error).__name__, (str(error).splitlines() or [""])[0][:300])
+
+    def __str__(self) -> str:
+        return self.first_line or self.type_name
+
+
+@dataclass(frozen=True)
+class GrowRequest:
+    """Why an attempt ended to grow (``elastic_grow``): slots for more nodes stayed free while it ran.
+
+    Attributes:
+        running: the nodes the attempt ran on.
+        nodes: the nodes there were slots for (the next attempt's size, at most the full size).
+        waited: how long the slots had been free, in seconds (the ``elastic_wait`` setting).
+        step: the step whose checkpoint the attempt stopped after (the next one resumes from it).
+    """
+
+    running: int
+    nodes: int
+    waited: float
+    step: int
+
+    def __str__(self) -> str:
+        return (
+            f"slots for {self.nodes} nodes were free for {self.waited:g}s: growing from "
+            f"{self.running} to {self.nodes} nodes after the checkpoint of step {self.step}"
+        )
+
+
+@dataclass
+class AttemptRecord:
+    """One attempt of a ``run()`` call, in ``RunResult.attempts``; ``str()`` says it all in one line.
+
+    Attributes:
+        attempt: this attempt's index in the run's history: 0 for the run's first start, then
+            1, 2, ... (what ``report()`` rows call ``attempt``), counting on across ``run()``
+            calls that resume the same ``run_id``.
         world_size: the ranks of this attempt.
         nodes: the nodes (barrier tasks) of this attempt; 1 in local mode.
         reason: why it started (:class:`AttemptReason`).
-        size_note: why it had this size (elastic membership), e.g. ``"2 of 3 ranks: slots for 2 of 3 nodes"``.
+        size: why it had this size (:class:`AttemptSize`, distributed mode's elastic
+            membership); None in local mode.
         end: how it ended (:class:`AttemptEnd`); None only while it runs.
-        detail: the first line of the error it ended with, or why it asked to grow.
+        error: the error it ended with (:class:`AttemptError`: type name and first line), or None.
+        grow: why it ended to grow (:class:`GrowRequest`), or None.
     """
 
     attempt: int
     world_size: int
     nodes: int
     reason: AttemptReason
-    size_note: str = ""
+    size: AttemptSize | None = None
     end: AttemptEnd | None = None
-    detail: str | None = None
+    error: AttemptError | None = None
+    grow: GrowRequest | None = None
+
+    @property
+    def size_note(self) -> str:
+        """``size`` in words, e.g. ``"2 of 3 ranks: slots for 2 of 3 nodes"`` (``""`` without one)."""
+        return str(self.size) if self.size is not None else ""
+
+    @property
+    def detail(self) -> str | None:
+        """``error`` or ``grow`` in words (the error's first line, or why it grew), or None."""
+        why = self.error or self.grow
+        return str(why) if why is not None else None
 
     def __str__(self) -> str:
         text = f"attempt {self.attempt}: {self.world_size} rank(s) on {self.nodes} node(s), {self.reason}"
@@ -140,19 +251,6 @@ class RunResult:
         ordered = [c for c in frame.columns if c not in RECORDED_KEYS] + [c for c in RECORDED_KEYS if c in frame.columns]
         return frame[ordered].sort_values("step", kind="stable").reset_index(drop=True)
 
-    def _collect(self, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
-        """Fill ``history``, ``checkpoint`` and ``best_checkpoints`` from the run's storage."""
-        if storage is None:
-            self.history = list(self.rows)
-            return
-        self.path = storage.url
-        self.history = storage.history() or list(self.rows)
-        complete, _ = storage.checkpoints()
-        self.checkpoint = Checkpoint._of(complete[-1], storage.options) if complete else None
-        self.best_checkpoints = [
-            (Checkpoint._of(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)
-        ]
-
     @classmethod
     def from_path(
         cls,
@@ -186,8 +284,24 @@ class RunResult:
             if not storage.exists():
                 raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         result = cls(run_id=run_id)
-        result._collect(storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
+        fill_from_storage(result, storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
         return result
+
+
+def fill_from_storage(result: RunResult, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
+    """Fill ``result``'s ``path``, ``history``, ``checkpoint`` and ``best_checkpoints`` from the
+    run's storage (ranked by ``score``/``order``); without storage, ``history`` is the call's own
+    ``rows``. The driver calls it when a run ends, :meth:`RunResult.from_path` for a past run."""
+    if storage is None:
+        result.history = list(result.rows)
+        return
+    result.path = storage.url
+    result.history = storage.history() or list(result.rows)
+    complete, _ = storage.checkpoints()
+    result.checkpoint = persisted_checkpoint(complete[-1], storage.options) if complete else None
+    result.best_checkpoints = [
+        (persisted_checkpoint(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)
+    ]
 
 
 def _not_a_run(path: str, options: dict[str, Any] | None) -> str:

@@ -23,8 +23,8 @@ against a real rank):
 ``SPARK_TORCH_RUN_ID``                the run's id
 ``SPARK_TORCH_NODE_TOKEN``            a random token of this node's attempt: with the run id and
                                       ``NODE_RANK``, how a stop finds the node's processes
-``TORCHELASTIC_RESTART_COUNT``        restarts so far (0)
-``SPARK_TORCH_RESTART_COUNT``         restarts so far (0)
+``TORCHELASTIC_RESTART_COUNT``        restarts so far within this ``run()`` call (0)
+``SPARK_TORCH_RESTART_COUNT``         restarts so far within this ``run()`` call (0)
 ``TORCHELASTIC_MAX_RESTARTS``         the restart budget (``max_restarts``)
 ``TORCHELASTIC_USE_AGENT_STORE``      ``True`` on node 0's ranks when the rendezvous store was
                                       hosted before the ranks started (warm starts)

@@ -11,7 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.redaction import options_withheld
 
-__all__ = ["Checkpoint"]
+__all__ = ["Checkpoint", "persisted_checkpoint"]
 
 
 def _is_remote(path: str) -> bool:
@@ -116,6 +116,8 @@ class Checkpoint:
         finally:
             shutil.rmtree(target, ignore_errors=True)
 
-    @classmethod
-    def _of(cls, info: CheckpointInfo, options: dict[str, Any]) -> Checkpoint:
-        return cls(path=info.url, step=info.step, metrics=dict(info.metrics), storage_options=dict(options))
+
+def persisted_checkpoint(info: CheckpointInfo, options: Mapping[str, Any]) -> Checkpoint:
+    """The :class:`Checkpoint` of a run's persisted checkpoint ``info`` (read from its storage,
+    opened with ``options``)."""
+    return Checkpoint(path=info.url, step=info.step, metrics=dict(info.metrics), storage_options=dict(options))

@@ -384,9 +384,9 @@ class RunStorage:
 
     @_withholding_options
     def next_attempt(self) -> int:
-        """The number of the run's next attempt: one more than the last one started (its
-        attempt log) or that reported a step (0 for a new run), so a run resumed by a later
-        ``run()`` call numbers on."""
+        """The index of the run's next attempt in its history: one more than the last one
+        started (its attempt log) or that reported a step (0 for a new run), so a run resumed by
+        a later ``run()`` call counts on."""
         seen = [int(r.get("attempt") or 0) for r in (*self.attempts(), *self.history())]
         return max(seen, default=-1) + 1
 

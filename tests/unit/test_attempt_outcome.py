@@ -9,7 +9,7 @@ import time
 import pytest
 
 from spark_torch.background import BackgroundCall
-from spark_torch.driver.result import AttemptEnd
+from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, classify_spark_text
 from spark_torch.driver.run.outcome import (
     AttemptOutcome,
@@ -99,9 +99,9 @@ def test_each_cause_has_its_end_and_its_error() -> None:
             cause,
             error,
         )
-    assert AttemptOutcome.ended(GrowRequested("slots for 3 nodes")).end is AttemptEnd.GROW_REQUESTED
+    assert AttemptOutcome.ended(GrowRequested(GrowRequest(running=2, nodes=3, waited=5.0, step=4))).end is AttemptEnd.GROW_REQUESTED
     with pytest.raises(AssertionError):
-        attempt_error(AttemptOutcome.ended(GrowRequested("x")))
+        attempt_error(AttemptOutcome.ended(GrowRequested(GrowRequest(running=2, nodes=3, waited=5.0, step=4))))
     with pytest.raises(AssertionError):
         attempt_error(AttemptOutcome.succeeded(None))
 

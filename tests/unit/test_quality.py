@@ -17,6 +17,7 @@ def test_exported_members() -> None:
         "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "StoppedRank", "__version__",
         "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
         "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
+        "AttemptSize", "SizeReason", "AttemptError", "GrowRequest", "GpuFallback",
         "list_runs", "RunSummary", "init_process_group", "prepare_model", "prepare_data_loader",
         "get_context", "get_device", "RankContext",
     ])
@@ -29,6 +30,7 @@ def test_exported_members() -> None:
         with pytest.raises(ValueError):
             spark_torch.load_run("/nowhere", "")  # one way to load a past run; the old name warns
     assert not hasattr(spark_torch.RunResult, "collect")  # no internal mutator on the public class
+    assert not hasattr(spark_torch.Distributor(), "config")  # the options are read through properties
 
 
 def test_a_rank_entry_module_loads_no_driver_or_node_module() -> None:
@@ -59,6 +61,32 @@ def test_errors_pickle_and_subclass_builtins() -> None:
     again = pickle.loads(pickle.dumps(stalled))
     assert str(again) == str(stalled) and again.stacks == {0: "a"} and isinstance(again, spark_torch.SparkTorchError)
     assert issubclass(spark_torch.ConfigurationError, ValueError)
+
+
+def test_no_private_function_is_called_from_another_module() -> None:
+    """``obj._name(...)`` where ``_name`` is a function or method of spark_torch is called only
+    in the module that defines it (the stdlib's and PySpark's private names are theirs)."""
+    import ast
+
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in sorted((ROOT / "spark_torch").rglob("*.py"))}
+    homes: dict[str, set[Path]] = {}
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("_") and not node.name.startswith("__"):
+                homes.setdefault(node.name, set()).add(path)
+    crossing = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver, name = node.func.value, node.func.attr
+            if isinstance(receiver, ast.Name) and (receiver.id in ("self", "cls") or receiver.id in sys.stdlib_module_names):
+                continue  # its own class, or the stdlib's (threading._shutdown)
+            if isinstance(receiver, ast.Call) and ast.unparse(receiver.func) == "super":
+                continue
+            if name in homes and path not in homes[name]:
+                crossing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not crossing, "private functions called from another module:\n" + "\n".join(crossing)
 
 
 def test_ruff() -> None:

@@ -28,7 +28,7 @@ def test_every_setting_is_a_keyword_a_config_field_and_a_resolved_value() -> Non
     resolved = {f.name for f in dataclasses.fields(Settings)}
     for setting in SETTINGS:
         assert setting.name not in keywords and setting.name in fields and setting.name in resolved, setting.name
-        assert getattr(Distributor(**{setting.name: setting.default}).config, setting.name) is not None or setting.default is None
+        assert getattr(Distributor(**{setting.name: setting.default})._config, setting.name) is not None or setting.default is None
         assert setting.env.startswith("SPARK_TORCH_") and setting.conf.startswith("spark.torch."), setting
     assert resolved == {s.name for s in SETTINGS}
     assert len({s.env for s in SETTINGS}) == len({s.conf for s in SETTINGS}) == len(SETTINGS)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spark_torch import envnames
+from spark_torch.driver.api.distributor import run_entrypoint
 from spark_torch.driver.api.torch_distributor import TorchDistributor
 from spark_torch.driver.run.entrypoint import ScriptEntrypoint, make_entrypoint
 from spark_torch.driver.spark.cluster import DEEPSPEED_IGNORE_SSL_KEY
@@ -88,4 +89,4 @@ class DeepspeedTorchDistributor(TorchDistributor):
         if isinstance(entry, ScriptEntrypoint):
             extra, files = self._config_arguments()
             entry = ScriptEntrypoint(entry.path, (*entry.argv, *extra), files)
-        return self._distributor._run_entrypoint(entry)
+        return run_entrypoint(self._distributor, entry)

@@ -21,7 +21,7 @@ from spark_torch.spec import LaunchPlan
 if TYPE_CHECKING:
     from spark_torch.driver.spark.dataframe import DataInput
 
-__all__ = ["Distributor"]
+__all__ = ["Distributor", "run_entrypoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,8 @@ class Distributor:
         elastic_grow: bool = False,
         **settings: Any,
     ) -> None:
-        self.config = DistributorConfig(
+        #: the checked options (internal: read them through the properties below)
+        self._config = DistributorConfig(
             num_processes=num_processes,
             local_mode=local_mode,
             use_gpu=use_gpu,
@@ -181,15 +182,15 @@ class Distributor:
     @property
     def num_processes(self) -> int:
         """Total number of ranks."""
-        return self.config.num_processes
+        return self._config.num_processes
 
     @property
     def local_mode(self) -> bool:
         """Whether ranks run on the driver machine."""
-        return self.config.local_mode
+        return self._config.local_mode
 
     def _session(self) -> Any | None:
-        if not self.config.local_mode:
+        if not self._config.local_mode:
             from spark_torch.driver.spark.pyspark_shims import check_pyspark
 
             check_pyspark()  # before a session is started or used
@@ -197,13 +198,13 @@ class Distributor:
             return self._spark
         from spark_torch.driver.spark.session import active_session, get_or_create_session
 
-        return active_session() if self.config.local_mode else get_or_create_session()
+        return active_session() if self._config.local_mode else get_or_create_session()
 
     def plan(self) -> LaunchPlan:
         """How a run would be laid out on the current Spark session (raises on bad settings)."""
         spark = self._session()
         cluster = read_cluster(spark) if spark is not None else ClusterInfo()
-        return make_plan(self.config, cluster, host=host_facts(self.config, cluster, os.environ))
+        return make_plan(self._config, cluster, host=host_facts(self._config.local_mode, self._config.use_gpu, cluster, os.environ))
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank and return rank 0's result.
@@ -245,17 +246,22 @@ class Distributor:
         from spark_torch.driver.spark.dataframe import DataInput, check_columns
 
         chosen = check_columns(df.schema, columns)
-        if self._spark is None and not self.config.local_mode:
+        if self._spark is None and not self._config.local_mode:
             self._spark = df.sparkSession
         data = DataInput(df=df, columns=tuple(chosen), explicit=columns is not None)
         return self._run(main, args, kwargs, data)
 
     def _run(self, main: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: DataInput | None) -> Any:
-        return self._run_entrypoint(make_entrypoint(main, args, kwargs), data)
+        return run_entrypoint(self, make_entrypoint(main, args, kwargs), data)
 
-    def _run_entrypoint(self, entry: Entrypoint, data: DataInput | None = None) -> Any:
-        from spark_torch.driver.run.controller import execute, new_run_id
 
-        spark = self._session()
-        result = self._results.last = RunResult(run_id=self.config.run_id or new_run_id())
-        return execute(self.config, spark, entry, data, result)
+def run_entrypoint(distributor: Distributor, entry: Entrypoint, data: DataInput | None = None) -> Any:
+    """Run ``entry`` with ``distributor``'s options and session, recording it as its ``last_run``:
+    what :meth:`Distributor.run` does once it has made the entrypoint (the DeepSpeed distributor
+    builds its own, with DeepSpeed's arguments)."""
+    from spark_torch.driver.run.controller import execute, new_run_id
+
+    config = distributor._config
+    spark = distributor._session()
+    result = distributor._results.last = RunResult(run_id=config.run_id or new_run_id())
+    return execute(config, spark, entry, data, result)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.reporting.checkpoint import Checkpoint
+from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, run_ids
 
@@ -35,8 +35,9 @@ class RunSummary:
         checkpoint: the latest complete checkpoint, or None.
         best_checkpoint: the best kept checkpoint by ``checkpoint_score_attribute`` (without
             one: the latest), or None.
-        attempt_log: one dict per attempt started, oldest first: ``attempt`` (0 for the first
-            of a ``run()`` call, then its restarts), ``world_size``, ``nodes``, ``time`` (and
+        attempt_log: one dict per attempt started, oldest first: ``attempt`` (its index in the
+            run's history: 0 for the run's first start, counting on across restarts and the
+            ``run()`` calls that resume the run), ``world_size``, ``nodes``, ``time`` (and
             ``checkpoint_score_attribute``/``checkpoint_score_order`` when it had one).
         checkpoint_score_attribute: the metric ``best_checkpoint`` is chosen by: the one given
             to :func:`list_runs`, else the one the run was configured with; None: the latest.
@@ -76,8 +77,8 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str | Non
         world_size=world_size if isinstance(world_size, int) else None,
         steps=len(history),
         metrics=last,
-        checkpoint=Checkpoint._of(complete[-1], storage.options) if complete else None,
-        best_checkpoint=Checkpoint._of(ranked[0], storage.options) if ranked else None,
+        checkpoint=persisted_checkpoint(complete[-1], storage.options) if complete else None,
+        best_checkpoint=persisted_checkpoint(ranked[0], storage.options) if ranked else None,
         attempt_log=log,
         checkpoint_score_attribute=score,
         checkpoint_score_order=order,
@@ -163,7 +164,7 @@ def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
         f"  best checkpoint  {f'{summary.best_checkpoint.path} ({_ranking(summary, short=True)})' if summary.best_checkpoint else '-'}",
     ]
     if summary.attempt_log:
-        lines.append("attempts (0: the start of a run() call, then its restarts):")
+        lines.append("attempts (0: the run's first start, counting on across restarts and resumed run() calls):")
         for row in summary.attempt_log:
             lines.append(
                 f"  {_when(row.get('time'))}  attempt {row.get('attempt')}: {row.get('world_size')} rank(s) on {row.get('nodes')} node(s)"

@@ -77,8 +77,8 @@ class TorchDistributor:
         #: Connect client, whether its master runs every task in the driver
         self.logger = logging.getLogger(f"spark_torch.{type(self).__name__}")
         self.num_processes = int(num_processes)
-        self.local_mode = local_mode
-        self.use_gpu = use_gpu
+        self.local_mode: bool = local_mode
+        self.use_gpu: bool = use_gpu
         self.ssl_conf = _ssl_conf
         from spark_torch.driver.spark.session import active_session, get_or_create_session
 
@@ -109,7 +109,7 @@ class TorchDistributor:
         cluster = read_cluster(self.spark) if self.spark is not None else ClusterInfo()
         if cluster.driver_gpu_amount > 0 and cluster.driver_gpu_addresses:
             return len(cluster.driver_gpu_addresses)
-        return len(host_facts(self._distributor.config, cluster, os.environ).gpus_found)
+        return len(host_facts(self.local_mode, self.use_gpu, cluster, os.environ).gpus_found)
 
     def _input_params(self) -> dict[str, Any]:
         hidden = ("spark", "ssl_conf", "logger", "is_remote", "is_spark_local_master", "input_params")

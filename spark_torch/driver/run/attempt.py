@@ -20,13 +20,17 @@ __all__ = ["Attempt"]
 
 @dataclass(frozen=True)
 class Attempt:
-    """One (re)start of the whole gang. ``spec.run_id`` is stable across restarts."""
+    """One (re)start of the whole gang. ``spec.run_id`` is stable across restarts.
+
+    Two counts, each with one name: ``attempt`` is this attempt's index in the run's history
+    (``AttemptRecord.attempt``, the report() rows' ``attempt``; it counts on across ``run()``
+    calls that resume a run_id), ``spec.restart_count`` the restarts within this ``run()`` call
+    (``RunResult.restarts``; the ranks' ``SPARK_TORCH_RESTART_COUNT``)."""
 
     spec: RunSpec
     on_lines: RankOutput = field(repr=False)
-    #: the run's attempt number, what report() rows record: counts on across run() calls that
-    #: resume a run_id (``spec.restart_count`` counts the restarts of this call only)
-    number: int = 0
+    #: this attempt's index in the run's history (0 for the run's first start)
+    attempt: int = 0
     timeout: float | None = None  # what is left of the run's time for this attempt
     run_timeout: float | None = None  # the user's ``timeout``, for messages
     #: the last lines the driver received from a rank (for errors about ranks that did not report)
@@ -64,7 +68,7 @@ class Attempt:
         storage = RunStorage(store.base, self.spec.run_id, store.options) if store is not None else None
         return ReportCoordinator(
             nodes=self.spec.plan.num_nodes,
-            attempt=self.number,
+            attempt=self.attempt,
             storage=storage,
             on_row=self.on_row,
             answer=answer,
@@ -76,5 +80,5 @@ class Attempt:
 
     @property
     def tag(self) -> str:
-        """Spark job tag of this attempt (unique per run and restart)."""
-        return f"spark-torch-{self.spec.run_id}-{self.spec.restart_count}"
+        """Spark job tag of this attempt (unique per run and attempt)."""
+        return f"spark-torch-{self.spec.run_id}-{self.attempt}"

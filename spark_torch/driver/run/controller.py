@@ -16,7 +16,14 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.driver.console.status import RunStatus, interactive
 from spark_torch.driver.console.tracker import ReportTracker
-from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
+from spark_torch.driver.result import (
+    AttemptEnd,
+    AttemptError,
+    AttemptReason,
+    AttemptRecord,
+    RunResult,
+    fill_from_storage,
+)
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
@@ -52,15 +59,15 @@ def new_run_id() -> str:
 def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
     """The run's layout, and what the user should know about it (GPUs found or not used,
     traffic that Spark encrypts and torch does not)."""
-    host = host_facts(config, cluster, os.environ)
+    host = host_facts(config.local_mode, config.use_gpu, cluster, os.environ)
     plan = make_plan(config, cluster, host=host)
     if plan.use_gpu and host.gpus_found and config.use_gpu is None:
         logger.info(
             "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
             len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
         )
-    if plan.gpu_note:
-        logger.warning(plan.gpu_note)
+    if plan.gpu_fallback is not None:
+        logger.warning("%s", plan.gpu_fallback)
     if (cluster.ssl_enabled or cluster.crypto_enabled) and not plan.local_mode:
         logger.warning(
             "spark_torch: Spark encrypts its own traffic (%s); spark_torch's channel (logs, reports, results) "
@@ -144,7 +151,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         raise
     finally:
         try:
-            run._collect(storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
+            fill_from_storage(run, storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
             logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
         tracker.close()
@@ -205,7 +212,8 @@ class RunController:
     deadline: float | None
     #: decides finish, restart or raise after each attempt (pure; see driver/run/policy.py)
     policy: RestartPolicy
-    #: the number of this call's first attempt: a resumed run_id numbers on from its history
+    #: the history index (``AttemptRecord.attempt``) of this call's first attempt: a resumed
+    #: run_id counts on from its history; an attempt's index is this plus its ``restart_count``
     first_attempt: int = 0
 
     def run(self) -> ResultBytes | None:
@@ -220,10 +228,8 @@ class RunController:
             record.end = ended.end
             # the edge: the attempt's typed end becomes the user's exception here, and only here
             error = attempt_error(ended) if ended.end not in (AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED) else None
-            if error is not None:
-                record.detail = (str(error).splitlines() or [type(error).__name__])[0][:300]
-            elif isinstance(ended.cause, GrowRequested):
-                record.detail = ended.cause.detail
+            record.error = AttemptError.from_exception(error) if error is not None else None
+            record.grow = ended.cause.request if isinstance(ended.cause, GrowRequested) else None
             decision = policy.decide(ended.end, failures)
             if decision.action is Action.FINISH:
                 return ended.result
@@ -239,33 +245,35 @@ class RunController:
                 )
             reason = decision.reason
 
-    def _next_attempt(self, number: int, reason: AttemptReason, show: bool) -> tuple[AttemptRecord, Attempt]:
+    def _next_attempt(self, restart_count: int, reason: AttemptReason, show: bool) -> tuple[AttemptRecord, Attempt]:
+        """The record and the attempt after ``restart_count`` restarts within this call."""
+        index = self.first_attempt + restart_count  # in the run's history
         storage = self.storage
         latest = storage.latest() if storage is not None else None
         resume = latest.step if latest is not None else 0
         if storage is not None:
             storage.discard_incomplete_after(resume)
         self.tracker.resume_from(resume)  # steps after the checkpoint will be reported again
-        sized, note = self.plan, ""
+        sized, size = self.plan, None
         if self.membership is not None and self.spark is not None:
-            nodes, note = self.membership.nodes_for(self.spark, first=number == 0)
-            check_executors(self.spark, nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
-            sized = replace(self.plan, num_nodes=nodes)
-        record = AttemptRecord(attempt=self.first_attempt + number, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size_note=note)
+            size = self.membership.nodes_for(self.spark, first=restart_count == 0)
+            check_executors(self.spark, size.nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
+            sized = replace(self.plan, num_nodes=size.nodes)
+        record = AttemptRecord(attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
         self.result.attempts.append(record)
-        self.result.restarts = number
+        self.result.restarts = restart_count
         self.sink.status.close()
         self.sink.status = RunStatus(sized.world_size, enabled=show)
         config = self.config
         attempt = Attempt(
             spec=replace(
-                self.base, plan=sized, restart_count=number, resume_step=resume,
+                self.base, plan=sized, restart_count=restart_count, resume_step=resume,
                 resume_url=latest.url if latest else None,
             ),  # fmt: skip
             timeout=None if self.deadline is None else max(0.001, self.deadline - time.monotonic()),
             run_timeout=config.timeout,
             on_lines=self.sink,
-            number=self.first_attempt + number,
+            attempt=index,
             tail=self.sink.tail,
             on_row=self.tracker.row,
             keep_checkpoints=config.keep_checkpoints,
@@ -273,7 +281,7 @@ class RunController:
             score_order=config.checkpoint_score_order,
             membership=self.membership if config.elastic_grow else None,
             on_stall=self.sink.status.stalled,
-            trace_dir=trace_dir(config.log_dir, self.result.run_id, self.first_attempt + number),
+            trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
         )
         return record, attempt
 

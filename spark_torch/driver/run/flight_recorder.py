@@ -72,8 +72,8 @@ class TraceDir:
 
 def trace_dir(log_dir: str | None, run_id: str, attempt: int) -> TraceDir:
     """``log_dir/flight-recorder/attempt-N``, or without ``log_dir`` this user's
-    ``$TMPDIR/spark_torch_traces-UID/RUN_ID/attempt-N``; N is the attempt's number in
-    ``RunResult.attempts`` (it goes on across runs that resume from the same storage)."""
+    ``$TMPDIR/spark_torch_traces-UID/RUN_ID/attempt-N``; N is the attempt's index in the
+    run's history (``AttemptRecord.attempt``: it counts on across runs that resume from the same storage)."""
     if log_dir:
         return TraceDir(log_dir, ("flight-recorder", f"attempt-{attempt}"))
     return TraceDir(

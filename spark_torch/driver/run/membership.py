@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spark_torch.driver.result import AttemptSize, GrowRequest, SizeReason
 from spark_torch.driver.spark.cluster import available_slots, master_of
 from spark_torch.driver.spark.slots import can_wait, check_slots, wait_for_slots
 from spark_torch.errors import InsufficientSlotsError
@@ -49,22 +50,27 @@ class Membership:
         """Whether the size may change at all."""
         return self.min_nodes < self.max_nodes
 
-    def nodes_for(self, spark: Any, first: bool) -> tuple[int, str]:
-        """Nodes for the next attempt, and why that many (for the user); raises
+    def size(self, nodes: int, reason: SizeReason) -> AttemptSize:
+        """An attempt of ``nodes`` nodes, for ``reason``."""
+        return AttemptSize(reason, nodes, self.max_nodes, self.procs_per_node)
+
+    def nodes_for(self, spark: Any, first: bool) -> AttemptSize:
+        """The next attempt's nodes, and why that many (for the user); raises
         :class:`InsufficientSlotsError` below the minimum."""
+        every = SizeReason.ALL_NODES if first else SizeReason.ALL_NODES_AGAIN
         if not self.elastic:
             check_slots(spark, self.max_nodes, self.executor_wait)
-            return self.max_nodes, "all nodes" if first else "restart with all nodes"
+            return self.size(self.max_nodes, every)
         slots = available_slots(spark)
         if slots is None:  # unknown (dynamic allocation): ask for everything, Spark decides
-            return self.max_nodes, "slots unknown: all nodes"
+            return self.size(self.max_nodes, SizeReason.SLOTS_UNKNOWN)
         if can_wait(spark):
             if not first and slots < self.max_nodes:  # lost executors may come back (restarted)
                 slots = wait_for_slots(spark, self.max_nodes, self.elastic_wait)
             if slots is not None and slots < self.min_nodes:  # executors still registering
                 slots = wait_for_slots(spark, self.min_nodes, self.executor_wait)
         if slots is None or slots >= self.max_nodes:
-            return self.max_nodes, "all nodes" if first else "all nodes again"
+            return self.size(self.max_nodes, every)
         if slots < self.min_nodes:
             raise InsufficientSlotsError(
                 f"distributed mode needs at least {self.min_nodes * self.procs_per_node} ranks (min_processes; "
@@ -72,13 +78,12 @@ class Membership:
                 f"{self.procs_per_node} rank(s), but the cluster ({master_of(spark)}) has slots for {slots} "
                 "node(s). Lower min_processes, add executors/cores, lower spark.task.cpus, or use local_mode=True"
             )
-        ranks, wanted = slots * self.procs_per_node, self.max_nodes * self.procs_per_node
-        note = (
-            f"spark_torch: starting with {ranks} of {wanted} ranks (min_processes={self.min_nodes * self.procs_per_node}): "
-            f"the cluster has slots for {slots} of {self.max_nodes} nodes"
-        )
-        logger.warning(note)
-        return slots, f"{ranks} of {wanted} ranks: slots for {slots} of {self.max_nodes} nodes"
+        size = self.size(slots, SizeReason.FEWER_SLOTS)
+        logger.warning(
+            "spark_torch: starting with %d of %d ranks (min_processes=%d): the cluster has slots for %d of %d nodes",
+            size.ranks, size.max_ranks, self.min_nodes * self.procs_per_node, slots, self.max_nodes,
+        )  # fmt: skip
+        return size
 
 
 class GrowWatch:
@@ -94,8 +99,8 @@ class GrowWatch:
         self._since: float | None = None
         self._closed = threading.Event()
         self.ready = threading.Event()
-        #: set once the attempt was stopped to grow; the reason
-        self.requested: str | None = None
+        #: set once the attempt was stopped to grow: why
+        self.requested: GrowRequest | None = None
         self._thread = threading.Thread(target=self._watch, name="spark-torch-grow-watch", daemon=True)
         self._thread.start()
 
@@ -121,11 +126,7 @@ class GrowWatch:
     def checkpointed(self, step: int) -> None:
         """A step with a checkpoint is persisted (and answered): grow now if it is time."""
         if self.requested is None and self.ready.is_set():
-            target = self._target()
-            self.requested = (
-                f"slots for {target} nodes were free for {self._membership.elastic_wait:g}s: growing from "
-                f"{self._running} to {target} nodes after the checkpoint of step {step}"
-            )
+            self.requested = GrowRequest(self._running, self._target(), self._membership.elastic_wait, step)
             logger.warning("spark_torch: %s", self.requested)
             self._stop_nodes(StopReason.GROW)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from spark_torch.driver.result import AttemptEnd
+from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.errors import StoppedRank
 from spark_torch.failure_reports import FailureReport
 from spark_torch.rank_files import ResultBytes
@@ -157,7 +157,7 @@ class Interrupted:
 class GrowRequested:
     """Free slots were found and the ranks stopped after a checkpoint: restart larger."""
 
-    detail: str
+    request: GrowRequest
 
     @property
     def end(self) -> AttemptEnd:

@@ -12,7 +12,7 @@ from spark_torch.driver.spark.cluster import IGNORE_SSL_KEY, ClusterInfo, is_loc
 from spark_torch.envnames import CUDA_VISIBLE_DEVICES
 from spark_torch.errors import ClusterConfigurationError, ConfigurationError
 from spark_torch.node import gpus
-from spark_torch.spec import LaunchPlan
+from spark_torch.spec import GpuFallback, LaunchPlan
 
 __all__ = ["LaunchPlan", "HostFacts", "host_facts", "make_plan"]
 
@@ -30,11 +30,12 @@ class HostFacts:
     gpus_found_by: str = ""
 
 
-def host_facts(config: DistributorConfig, cluster: ClusterInfo, environ: Mapping[str, str]) -> HostFacts:
-    """The driver machine's own facts; its GPUs are looked for only when local mode may use them."""
+def host_facts(local_mode: bool, use_gpu: bool | None, cluster: ClusterInfo, environ: Mapping[str, str]) -> HostFacts:
+    """The driver machine's own facts (for a run with these ``local_mode`` and ``use_gpu``
+    options); its GPUs are looked for only when local mode may use them."""
     found: tuple[tuple[str, ...], str] = ((), "")
     spark_gives_gpus = cluster.driver_gpu_amount > 0 and bool(cluster.driver_gpu_addresses)
-    if config.local_mode and config.use_gpu is not False and not spark_gives_gpus:
+    if local_mode and use_gpu is not False and not spark_gives_gpus:
         found = gpus.detect_local_gpus(environ)
     return HostFacts(
         omp_threads=environ.get(envnames.THREAD_VARS[0]),
@@ -82,21 +83,17 @@ def _gpu_source(config: DistributorConfig, cluster: ClusterInfo, host: HostFacts
     )
 
 
-def _resolve_use_gpu(config: DistributorConfig, source: _GpuSource) -> tuple[bool, str]:
-    """Whether the run uses GPUs, and a note for the user when ``use_gpu=None`` chose CPU although
-    GPUs exist (fewer of this machine's GPUs than ranks: a one-GPU laptop running two ranks)."""
+def _resolve_use_gpu(config: DistributorConfig, source: _GpuSource) -> tuple[bool, GpuFallback | None]:
+    """Whether the run uses GPUs, and why not when ``use_gpu=None`` chose CPU although GPUs exist
+    (fewer of this machine's GPUs than ranks: a one-GPU laptop running two ranks)."""
     n = config.num_processes
     if config.use_gpu is None:
         if source.available and source.addresses and len(source.addresses) < n:
-            return False, (
-                f"spark_torch: {n} ranks but this machine has {len(source.addresses)} GPU(s) "
-                f"({', '.join(source.addresses)}): training on CPU. Pass num_processes<={len(source.addresses)} "
-                "to train on the GPUs, use_gpu=True to make this an error, or use_gpu=False to silence this"
-            )
-        return source.available, ""
+            return False, GpuFallback(ranks=n, gpus=tuple(source.addresses))
+        return source.available, None
     if config.use_gpu and not source.available:
         raise ClusterConfigurationError(f"use_gpu=True but {source.missing_fix}, or pass use_gpu=False to train on CPU")
-    return config.use_gpu, ""
+    return config.use_gpu, None
 
 
 def make_plan(
@@ -115,7 +112,7 @@ def make_plan(
             f"set {IGNORE_SSL_KEY}=true in the Spark conf to run anyway"
         )
     source = _gpu_source(config, cluster, host)
-    use_gpu, gpu_note = _resolve_use_gpu(config, source)
+    use_gpu, gpu_fallback = _resolve_use_gpu(config, source)
     n = config.num_processes
     if config.local_mode:
         cpus = cpu_count if cpu_count is not None else available_cpus()
@@ -127,7 +124,7 @@ def make_plan(
             local_gpus=gpus.local_gpu_addresses(source.addresses, n) if use_gpu else (),
             # a thread count the user exported on the driver is theirs
             threads_per_rank=None if host.omp_threads else max(1, cpus // n),
-            gpu_note=gpu_note,
+            gpu_fallback=gpu_fallback,
         )
     if use_gpu and source.addresses:  # a local master: one GPU per rank, nodes share the driver's
         per_task = config.ranks_per_task or 1
@@ -156,5 +153,5 @@ def make_plan(
         # Spark pins OMP_NUM_THREADS to spark.task.cpus for Python workers unless the cluster
         # set spark.executorEnv.OMP_NUM_THREADS; only Spark's own value is replaced
         threads_per_rank=None if cluster.executor_threads else max(1, cluster.task_cpus // per_task),
-        gpu_note=gpu_note,
+        gpu_fallback=gpu_fallback,
     )
