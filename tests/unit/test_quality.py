@@ -89,6 +89,16 @@ def test_no_private_function_is_called_from_another_module() -> None:
     assert not crossing, "private functions called from another module:\n" + "\n".join(crossing)
 
 
+#: the house's bound on a module (docs/architecture.md): past it, split the module by concern
+MODULE_LINES = 450
+
+
+def test_no_module_is_over_the_bound() -> None:
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in (ROOT / "spark_torch").rglob("*.py")}
+    over = {path: lines for path, lines in sizes.items() if lines > MODULE_LINES}
+    assert not over, f"modules over {MODULE_LINES} lines (split them by concern): {over}"
+
+
 def test_ruff() -> None:
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "spark_torch"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
