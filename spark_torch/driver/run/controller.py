@@ -117,8 +117,8 @@ def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings)
     )
 
 
-def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, run: RunResult) -> Any:
-    """Run ``entry`` (see :meth:`Distributor.run`); fills ``run`` (the call's result) as it goes."""
+def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, result: RunResult) -> Any:
+    """Run ``entry`` (see :meth:`Distributor.run`); fills ``result`` (the call's :class:`RunResult`) as it goes."""
     cluster = read_cluster(spark) if spark is not None else ClusterInfo()
     plan = _plan(config, cluster)
     settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
@@ -128,30 +128,30 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
     token = uuid.uuid4().hex
     sink = DriverLogSink(config, plan.world_size)  # raises before anything is created for a bad log_dir
     try:
-        storage = _storage(config, run.run_id, token)
+        storage = _storage(config, result.run_id, token)
     except BaseException:
         sink.close()
         raise
-    base = _run_spec(config, plan, entry, payload, data, run.run_id, storage, token, settings)
+    base = _run_spec(config, plan, entry, payload, data, result.run_id, storage, token, settings)
     deadline = time.monotonic() + config.timeout if config.timeout else None
-    tracker = ReportTracker(run, sink, config, plan, run.run_id)
+    tracker = ReportTracker(result, sink, config, plan, result.run_id)
     membership = _membership(config, plan, settings)
     controller = RunController(
-        spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=run,
+        spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=result,
         sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
         policy=RestartPolicy(config.max_restarts),
     )  # fmt: skip
     try:
         with quiet_spark_logs(None if plan.local_mode else spark, keep=settings.spark_logs):  # no Java wall
-            result = controller.run()
-        run.value = _unpickle_result(result)
-        return run.value
+            pickled = controller.run()
+        result.value = _unpickle_result(pickled)
+        return result.value
     except BaseException as exc:
-        run.error = exc
+        result.error = exc
         raise
     finally:
         try:
-            fill_from_storage(run, storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
+            fill_from_storage(result, storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
             logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
         tracker.close()
