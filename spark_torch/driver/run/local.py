@@ -118,9 +118,9 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             io.stall.close()
         group = hosted.group
         assert group is not None  # a local rendezvous is never stopped
-        if group.state is GroupState.STOPPED and io.stall.failed.is_set():
+        if group.state is GroupState.STOPPED and io.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
             return AttemptOutcome.ended(io.stall.verdict())
-        if group.state is GroupState.STOPPED:
+        if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
             running = group.still_running()
             ranks = [str(status.rank) for status in running]
             who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(ranks) or '(none)'} were"
