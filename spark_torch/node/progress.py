@@ -32,9 +32,8 @@ from spark_torch.stacks import (
     RankStack,
     StackState,
     strip_source_lines,
-    trace_path,
-    trace_request_path,
 )
+from spark_torch.workdir_files import WorkdirFiles, trace_path, trace_request_path
 
 __all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
 
@@ -241,5 +240,5 @@ class ProgressWatch:
 
 
 def stack_file(workdir: str, rank: int) -> str:
-    """Where a rank's sampler writes its stack."""
-    return os.path.join(workdir, f"stack-{rank}.json")
+    """:meth:`WorkdirFiles.stack <spark_torch.workdir_files.WorkdirFiles.stack>` of ``workdir``."""
+    return WorkdirFiles(workdir).stack(rank)
