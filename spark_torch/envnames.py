@@ -98,7 +98,8 @@ RESTART_COUNT = "SPARK_TORCH_RESTART_COUNT"
 PARENT_PID = "SPARK_TORCH_PARENT_PID"
 #: "W,R": the pipe ends a rank writes its reports to and reads the answers from
 REPORT_FDS = "SPARK_TORCH_REPORT_FDS"
-#: the run's storage base, run id and marker token ("BASE\nRUN_ID\nTOKEN"), for checkpoint uploads
+#: the path of the node's storage.json (:meth:`spark_torch.workdir_files.WorkdirFiles.storage`),
+#: the run's storage for checkpoint uploads (its schema: :class:`spark_torch.workdir_files.StorageFile`)
 STORAGE = "SPARK_TORCH_STORAGE"
 #: local directory of the checkpoint this attempt resumed from
 CHECKPOINT = "SPARK_TORCH_CHECKPOINT"

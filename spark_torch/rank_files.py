@@ -1,9 +1,10 @@
-"""The files between a node runner and its ranks: the payload in, the result or error out.
+"""What is inside the files between a node runner and its ranks: the payload in, the result or error out.
 
-The payload (``(fn, args, kwargs)``, cloudpickled once on the driver by
-:mod:`spark_torch.driver.run.payload`) is a file the node runner writes into its 0700 scratch
-directory; a rank writes its return value (rank 0) or its exception there, atomically
-(temp file + rename). Bytes are only ever unpickled when they came from a file this run wrote,
+Where each file is (and who writes and reads it) is :class:`spark_torch.workdir_files.WorkdirFiles`;
+this module is their formats and how they are written. The payload (``(fn, args, kwargs)``,
+cloudpickled once on the driver by :mod:`spark_torch.driver.run.payload`) is a file the node
+runner writes into its 0700 scratch directory; a rank writes its return value (rank 0) or its
+exception there, atomically (temp file + rename, mode 0600). Bytes are only ever unpickled when they came from a file this run wrote,
 from frames authenticated with the run's secret, or through Spark's own task/result channel.
 """
 
@@ -25,6 +26,7 @@ from typing import IO, Any
 import cloudpickle
 
 from spark_torch.errors import RankFailure
+from spark_torch.workdir_files import WorkdirFiles
 
 __all__ = [
     "load_function_payload",
@@ -32,12 +34,9 @@ __all__ = [
     "write_atomic",
     "map_file",
     "ResultBytes",
-    "result_path",
-    "error_path",
     "write_result",
     "write_error",
     "read_error",
-    "elastic_error_path",
     "read_elastic_error",
     "rebuild_exception",
 ]
@@ -95,23 +94,13 @@ def map_file(path: str) -> bytes | mmap.mmap:
         return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def result_path(result_dir: str, rank: int) -> str:
-    """Where a rank writes its pickled return value."""
-    return os.path.join(result_dir, f"rank-{rank}.result")
-
-
-def error_path(result_dir: str, rank: int) -> str:
-    """Where a rank writes its error report (JSON)."""
-    return os.path.join(result_dir, f"rank-{rank}.error.json")
-
-
 def write_result(result_dir: str, rank: int, value: Any) -> None:
     """Rank side: pickle the return value straight into its file and publish it atomically.
 
     Large buffers (bytes, arrays, tensors' storage) go from the object to the file without an
     intermediate copy of the whole pickle.
     """
-    with atomic_file(result_path(result_dir, rank)) as fh:
+    with atomic_file(WorkdirFiles(result_dir).result(rank)) as fh:
         cloudpickle.dump(value, fh)
 
 
@@ -132,22 +121,17 @@ def write_error(result_dir: str, rank: int, exc: BaseException) -> None:
         # caused on other ranks more precisely than when each node noticed a process exit
         "time": time.time(),
     }
-    write_atomic(error_path(result_dir, rank), json.dumps(report).encode("utf-8"))
+    write_atomic(WorkdirFiles(result_dir).error(rank), json.dumps(report).encode("utf-8"))
 
 
 def read_error(result_dir: str, rank: int) -> dict[str, Any] | None:
     """Node side: the error report a rank wrote, if any."""
     try:
-        with open(error_path(result_dir, rank), "rb") as fh:
+        with open(WorkdirFiles(result_dir).error(rank), "rb") as fh:
             data = json.loads(fh.read().decode("utf-8"))
     except (FileNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def elastic_error_path(result_dir: str, rank: int) -> str:
-    """A rank's ``TORCHELASTIC_ERROR_FILE`` (what torch's ``@record`` writes on an exception)."""
-    return os.path.join(result_dir, f"rank-{rank}.torchelastic-error.json")
 
 
 def read_elastic_error(path: str) -> dict[str, Any] | None:

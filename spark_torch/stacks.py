@@ -21,10 +21,6 @@ __all__ = [
     "rank_ranges",
     "format_stacks",
     "innermost_call",
-    "trace_path",
-    "trace_request_path",
-    "native_dump_path",
-    "child_stack_path",
     "strip_source_lines",
     "report_deadlock",
     "MAX_TRACE_BYTES",
@@ -33,25 +29,6 @@ __all__ = [
 
 #: a rank's Flight Recorder trace larger than this is not collected (it travels in one frame)
 MAX_TRACE_BYTES = 512 * 1024
-
-
-def trace_path(stack_file: str) -> str:
-    """Where a rank writes its Flight Recorder trace when its node asks (a stall)."""
-    return stack_file + ".trace"
-
-
-def trace_request_path(stack_file: str) -> str:
-    """The file a node touches to ask its rank for that trace."""
-    return stack_file + ".trace-request"
-
-def native_dump_path(stack_file: str) -> str:
-    """Where faulthandler writes a rank's stacks when its node sends the dump signal."""
-    return stack_file + ".native"
-
-
-def child_stack_path(stack_file: str, pid: int) -> str:
-    """Where a rank's forked child (a DataLoader worker) writes its stack."""
-    return f"{stack_file}.child-{pid}"
 
 
 #: a rank's faulthandler dumps its stacks on ``SIGRTMIN`` + this (a real-time signal no

@@ -34,6 +34,7 @@ from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
 from spark_torch.states import ProblemKind
 from spark_torch.version import package_identity
+from spark_torch.workdir_files import WorkdirFiles
 
 __all__ = ["NodeIO", "NodeProblem", "NodeResult", "run_node", "resume_env", "python_mismatch", "package_mismatch", "host_of"]
 
@@ -153,8 +154,8 @@ def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
     from spark_torch.reporting.ranking import CheckpointInfo
     from spark_torch.reporting.storage import RunStorage
 
-    local = RunStorage(run.storage.base, run.run_id, run.storage.options).download(
-        CheckpointInfo(step=run.resume_step, url=run.resume_url), os.path.join(workdir, "checkpoint")
+    local = RunStorage.from_spec(run.storage, run.run_id).download(
+        CheckpointInfo(step=run.resume_step, url=run.resume_url), WorkdirFiles(workdir).checkpoint()
     )
     return {envnames.CHECKPOINT: local}
 

@@ -32,10 +32,9 @@ from spark_torch.stacks import (
     RankStack,
     StackState,
     strip_source_lines,
-    trace_path,
-    trace_request_path,
 )
 from spark_torch.states import RankState
+from spark_torch.workdir_files import trace_path, trace_request_path
 
 __all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
 
@@ -240,7 +239,3 @@ class ProgressWatch:
             self._thread.join(self._interval + 2.0)
             self._report()
 
-
-def stack_file(workdir: str, rank: int) -> str:
-    """Where a rank's sampler writes its stack."""
-    return os.path.join(workdir, f"stack-{rank}.json")

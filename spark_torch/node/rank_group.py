@@ -8,7 +8,6 @@ by module name (``python -m spark_torch.rank.function_main`` / ``script_main``).
 from __future__ import annotations
 
 import enum
-import json
 import os
 import socket
 import sys
@@ -29,12 +28,13 @@ from spark_torch.node.processes import (
     spawn_rank,
     with_package_on_path,
 )
-from spark_torch.node.progress import ProgressWatch, sample_interval, stack_file
+from spark_torch.node.progress import ProgressWatch, sample_interval
 from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
 from spark_torch.states import RankState
+from spark_torch.workdir_files import StorageFile, WorkdirFiles
 
 __all__ = [
     "NodeSpec", "GroupState", "RankStatus", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE",
@@ -126,22 +126,15 @@ class GroupResult:
         return tuple(status for status in self.ranks if status.state is RankState.STOPPED)
 
 
-def _argv(spec: NodeSpec, payload_path: str | None, result_dir: str) -> list[str]:
+def _argv(spec: NodeSpec, files: WorkdirFiles) -> list[str]:
     if spec.run.script is not None:
-        files = os.path.join(result_dir, "files")
-        argv = [os.path.join(files, a[len(FILE_ARGUMENT):]) if a.startswith(FILE_ARGUMENT) else a for a in spec.run.script_argv]
+        argv = [files.file(a[len(FILE_ARGUMENT):]) if a.startswith(FILE_ARGUMENT) else a for a in spec.run.script_argv]
         return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.run.script, *argv]
-    assert payload_path is not None
-    return [spec.python, "-m", RANK_MAIN_MODULE, payload_path, result_dir]
+    return [spec.python, "-m", RANK_MAIN_MODULE, files.payload(), files.path]
 
 
 #: collectives the Flight Recorder keeps per process group (unless the user set a size)
 FLIGHT_RECORDER_ENTRIES = 2000
-
-
-def storage_file(workdir: str) -> str:
-    """Where a node describes the run's storage to its ranks (``SPARK_TORCH_STORAGE``)."""
-    return os.path.join(workdir, "storage.json")
 
 
 def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
@@ -168,9 +161,9 @@ def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
     )
     # like torchrun: torch's @record writes the rank's error there; it becomes the traceback
     if envnames.TORCHELASTIC_ERROR_FILE not in run.extra_env:
-        env[envnames.TORCHELASTIC_ERROR_FILE] = rank_files.elastic_error_path(workdir, identity.rank)
+        env[envnames.TORCHELASTIC_ERROR_FILE] = WorkdirFiles(workdir).elastic_error(identity.rank)
     if run.storage is not None:
-        env[envnames.STORAGE] = storage_file(workdir)
+        env[envnames.STORAGE] = WorkdirFiles(workdir).storage()
         env[envnames.START_STEP] = str(run.resume_step)
     if spec.agent_store:
         env[envnames.TORCHELASTIC_USE_AGENT_STORE] = "True"
@@ -181,7 +174,7 @@ def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: floa
     code = proc.popen.returncode
     report = (
         rank_files.read_error(result_dir, proc.rank)
-        or rank_files.read_elastic_error(rank_files.elastic_error_path(result_dir, proc.rank))
+        or rank_files.read_elastic_error(WorkdirFiles(result_dir).elastic_error(proc.rank))
         or {}
     )
     return RankFailure(
@@ -251,7 +244,7 @@ class RankGroup:
             return None
         ranks = [self.spec.global_rank(local) for local in range(self.spec.procs_per_node)]
         return ProgressWatch(
-            {rank: stack_file(self._workdir.path, rank) for rank in ranks},
+            {rank: WorkdirFiles(self._workdir.path).stack(rank) for rank in ranks},
             sample_interval(settings.stall_timeout),
             on_progress,
             send_trace=on_trace,
@@ -269,27 +262,23 @@ class RankGroup:
 
     # start
     def _write_inputs(self) -> list[str]:
-        spec, path = self.spec, self._workdir.path
+        spec, files = self.spec, WorkdirFiles(self._workdir.path)
         if spec.run.storage is not None:  # how ranks open the storage: a 0600 file, not their environment
-            storage = spec.run.storage
-            description = {"base": storage.base, "run_id": spec.run.run_id, "token": storage.token, "options": dict(storage.options)}
-            rank_files.write_atomic(storage_file(path), json.dumps(description).encode("utf-8"))
+            rank_files.write_atomic(files.storage(), StorageFile.of(spec.run.storage, spec.run.run_id).to_json())
         if spec.run.files:
-            os.makedirs(os.path.join(path, "files"), mode=0o700, exist_ok=True)
+            os.makedirs(files.files_dir(), mode=0o700, exist_ok=True)
             for name, content in spec.run.files.items():
-                rank_files.write_atomic(os.path.join(path, "files", os.path.basename(name)), content)
-        payload_path = None
+                rank_files.write_atomic(files.file(name), content)
         if spec.run.payload is not None:
-            payload_path = os.path.join(path, "payload.pkl")
-            rank_files.write_atomic(payload_path, spec.run.payload)
-        return _argv(spec, payload_path, path)
+            rank_files.write_atomic(files.payload(), spec.run.payload)
+        return _argv(spec, files)
 
     def _env(self, local_rank: int) -> dict[str, str]:
         spec, settings = self.spec, self.spec.run.settings
         env = _rank_env(spec, local_rank, self._workdir.path)
         env.update(self._workdir.marker)  # this attempt's: a stop finds its processes, no other
         if self._progress is not None:  # the rank's stack sampler (spark_torch.rank.sampler)
-            env[envnames.STACK_FILE] = stack_file(self._workdir.path, spec.global_rank(local_rank))
+            env[envnames.STACK_FILE] = WorkdirFiles(self._workdir.path).stack(spec.global_rank(local_rank))
             env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
             env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
             # torch's Flight Recorder: what each rank's collectives were, for a stall (its older
@@ -391,7 +380,7 @@ class RankGroup:
         none failed)."""
         spec, failure = self.spec, self._failure
         if failure is None and not self._stopped_from_outside and spec.run.payload is not None and spec.node_rank == 0:
-            path = rank_files.result_path(self._workdir.path, 0)
+            path = WorkdirFiles(self._workdir.path).result(0)
             if os.path.isfile(path):
                 return GroupResult(GroupState.SUCCEEDED, self._statuses(None), result_file=path)
             failure = RankFailure(

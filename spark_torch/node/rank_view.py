@@ -17,7 +17,8 @@ import re
 import signal
 import time
 
-from spark_torch.stacks import DUMP_SIGNAL_OFFSET, native_dump_path
+from spark_torch.stacks import DUMP_SIGNAL_OFFSET
+from spark_torch.workdir_files import child_stack_pattern, native_dump_path
 
 __all__ = ["RankView", "parse_dump", "with_source_lines"]
 
@@ -168,7 +169,7 @@ class RankView:
     def children_stacks(self, stack_file: str) -> str:
         """The stacks of the live processes this rank forked that sample themselves."""
         blocks = []
-        for path in sorted(glob.glob(glob.escape(stack_file) + ".child-*"))[:MAX_CHILDREN * 4]:
+        for path in sorted(glob.glob(child_stack_pattern(stack_file)))[:MAX_CHILDREN * 4]:
             try:
                 pid = int(path.rsplit("-", 1)[1])
             except ValueError:

@@ -1,7 +1,8 @@
 """A node's share of the DataFrame for ``run_on_dataframe``: staged to a file, checked, described.
 
 The node's Arrow record batches (from the barrier stage's input, or collected by the driver in
-local mode) are written to ``data.arrow`` in the node's scratch directory; after the rendezvous
+local mode) are written to the node's scratch directory
+(:meth:`~spark_torch.workdir_files.WorkdirFiles.data`); after the rendezvous
 every node knows every node's row count, checks that each rank gets rows, and tells its ranks
 where the file is (:mod:`spark_torch.rank.data` reads it).
 """
@@ -9,22 +10,20 @@ where the file is (:mod:`spark_torch.rank.data` reads it).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from spark_torch import envnames
+from spark_torch.workdir_files import WorkdirFiles
 
-__all__ = ["write_node_data", "data_env", "check_shards", "DATA_FILE_NAME"]
-
-DATA_FILE_NAME = "data.arrow"
+__all__ = ["write_node_data", "data_env", "check_shards"]
 
 
 def write_node_data(batches: Iterable[Any], directory: str) -> tuple[str, int]:
-    """Stream Arrow record batches into ``directory/data.arrow``; returns (path, rows)."""
+    """Stream Arrow record batches into the data file of the scratch ``directory``; returns (path, rows)."""
     import pyarrow as pa
 
-    path = os.path.join(directory, DATA_FILE_NAME)
+    path = WorkdirFiles(directory).data()
     rows = 0
     writer = None
     try:

@@ -38,11 +38,8 @@ from spark_torch.stacks import (
     DUMP_SIGNAL_OFFSET,
     MAX_STACK_CHARS,
     MAX_TRACE_BYTES,
-    child_stack_path,
-    native_dump_path,
-    trace_path,
-    trace_request_path,
 )
+from spark_torch.workdir_files import child_stack_path, native_dump_path, trace_path, trace_request_path
 
 __all__ = ["start_sampler"]
 

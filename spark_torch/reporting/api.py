@@ -37,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from spark_torch import envnames
 from spark_torch.stacks import note_progress
+from spark_torch.workdir_files import StorageFile
 
 if TYPE_CHECKING:
     from spark_torch.reporting.checkpoint import Checkpoint
@@ -148,11 +149,9 @@ class _Reporter:
                     "~/spark_torch_runs could not be created on the driver; see its warning): pass "
                     "storage_path= to the Distributor"
                 )
-            with open(path, encoding="utf-8") as fh:
-                spec = json.load(fh)
-            token = str(spec["token"])
-            self._storage = RunStorage(str(spec["base"]), str(spec["run_id"]), spec.get("options") or {})
-            if not self._storage.visible(token):
+            described = StorageFile.read(path)
+            self._storage = RunStorage.from_spec(described.spec(), described.run_id)
+            if not self._storage.visible(described.token):
                 host = os.uname().nodename
                 raise RuntimeError(
                     f"report(checkpoint=...): the run's storage {self._storage.url} is not visible from "

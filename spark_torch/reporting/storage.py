@@ -30,10 +30,13 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
+
+if TYPE_CHECKING:
+    from spark_torch.spec import StorageSpec
 
 __all__ = [
     "RunStorage", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "options_withheld", "run_ids",
@@ -156,6 +159,11 @@ class RunStorage:
         self.url = os.path.join(self.base, run_id) if self.local else f"{self.base}/{run_id}"
         self._fs: Any = None
         self._root = self.url
+
+    @classmethod
+    def from_spec(cls, spec: StorageSpec, run_id: str) -> RunStorage:
+        """The storage of run ``run_id`` that ``spec`` describes (every side that holds a spec opens it so)."""
+        return cls(spec.base, run_id, spec.options)
 
     # filesystem plumbing
     @property
