@@ -90,11 +90,14 @@ def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(
 
 
 @pytest.mark.parametrize("mode", ["local-warm", "distributed-cold"])
-def test_fail_stops_the_run_with_both_stacks(mode: str, spark_session: Any, no_leftovers: None) -> None:
-    start = time.monotonic()
-    with pytest.raises(RunStalledError) as info:
+def test_fail_stops_the_run_with_both_stacks(mode: str, spark_session: Any, caplog: Any, no_leftovers: None) -> None:
+    with caplog.at_level(logging.WARNING, logger="spark_torch"), pytest.raises(RunStalledError) as info:
         _distributor(mode, spark_session, stall_action="fail").run(one_rank_stuck, 3600)
-    took = time.monotonic() - start
+    # from the stall's warning to the error: the stop itself (a barrier stage's start on a loaded
+    # machine is no part of it)
+    found = [r.created for r in _stall_records(caplog) if "stall_action='fail': stopping the run" in r.getMessage()]
+    assert len(found) == 1, _stall_warnings(caplog)
+    took = time.time() - found[0]
     error = info.value
     message = str(error)
     assert "no rank made progress" in message and "stall_action='fail'" in message
