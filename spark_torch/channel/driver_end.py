@@ -254,6 +254,7 @@ class DriverChannel:
 
     def stop_nodes(self, reason: StopReason) -> None:
         """Tell every node to stop its ranks now, and why (nodes that reconnect are told again)."""
+        reason = StopReason(reason)  # a reason's value ("timeout") names it too
         with self._lock:
             self._stop_reason = reason
         self._server.broadcast({"stop": reason.value})

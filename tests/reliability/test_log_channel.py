@@ -17,6 +17,7 @@ from spark_torch.channel.log_stream import QUEUE_LINES
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.wire import MAX_FRAME
 from spark_torch.spec import ChannelSpec
+from spark_torch.states import StopReason
 
 from .channel_helpers import driver_channel as _driver
 from .channel_helpers import rendezvous_all
@@ -97,7 +98,7 @@ def test_rendezvous_stopped_before_every_node_said_hello() -> None:
     stop = threading.Event()
     client = _node(server.spec, 0, 2, stop)
     try:
-        threading.Timer(0.5, server.stop_nodes, args=("timeout",)).start()
+        threading.Timer(0.5, server.stop_nodes, args=(StopReason.TIMEOUT,)).start()
         start = time.monotonic()
         assert client.rendezvous({"port": 1}).stopped
         assert time.monotonic() - start < 5

@@ -151,6 +151,7 @@ class RunStatus:
     def event(self, rank: int, state: RankState) -> None:
         """A rank started, finished, failed or was stopped (by spark_torch: a timeout, Ctrl-C,
         another rank's failure)."""
+        state = RankState(state)  # a state's value ("started") names it too
         with self._lock:
             if state is RankState.STARTED:
                 self.started += 1
