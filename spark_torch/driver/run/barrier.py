@@ -213,10 +213,12 @@ class _BarrierStage:
         try:
             try:
                 self.wake.wait(attempt.timeout)
-            except KeyboardInterrupt as interrupt:  # stop every node, then the run ends interrupted
+            except BaseException as interrupt:  # Ctrl-C (or anything else): stop every node first
                 note_stacks(interrupt, stall)
                 self._cancel(StopReason.CANCELLED)
-                return AttemptOutcome.ended(Interrupted(interrupt))
+                if isinstance(interrupt, KeyboardInterrupt):
+                    return AttemptOutcome.ended(Interrupted(interrupt))
+                raise
             if job.done:
                 return None
             if stall.failed.is_set():
