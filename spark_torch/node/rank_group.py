@@ -224,6 +224,7 @@ class RankGroup:
         self._pickled: dict[int, str | None] = {}
         self._failure: RankFailure | None = None  # the first failure :meth:`wait` saw
         self._stopped_from_outside = False  # :meth:`wait` returned because ``stop`` was set
+        self._running_at_stop: set[int] = set()  # the ranks that stop found running (stopped, whatever their exit)
         #: each rank's state once its process exited
         self._states: dict[int, RankState] = {}
         self._procs: list[RankProcess] = []
@@ -357,9 +358,7 @@ class RankGroup:
                     self._pickled[proc.rank] = blob
                     break
             if self._stopped_from_outside:  # what still runs now is what the stop ends
-                for proc in self._procs:
-                    if proc.popen.poll() is None:
-                        self._states.setdefault(proc.rank, RankState.STOPPED)
+                self._running_at_stop = {proc.rank for proc in self._procs if proc.popen.poll() is None}
 
     # stop
     def stop(self, grace: float = GRACE_SECONDS) -> None:
@@ -396,7 +395,7 @@ class RankGroup:
 
     def _statuses(self, failure: RankFailure | None) -> tuple[RankStatus, ...]:
         with self._changed:
-            states = dict(self._states)
+            states = {**self._states, **dict.fromkeys(self._running_at_stop, RankState.STOPPED)}
         return tuple(
             RankStatus(
                 rank=proc.rank,
