@@ -280,3 +280,47 @@ def main_joins_a_stuck_thread(seconds: float) -> int:
     dist.all_reduce(t)
     dist.destroy_process_group()
     return int(t.item())
+
+
+def waits_between_collectives(seconds: float) -> int:
+    """Healthy loops whose main thread mostly waits (issue 38), each for about ``seconds``: a
+    step that sleeps 0.3 s, then one that sleeps 0.05 s, before its all_reduce; a main thread fed
+    by a loader thread (``queue.get()``, then all_reduce); a two-stage pipeline whose second
+    stage waits in ``recv`` for the first. Returns the number of steps."""
+    import queue
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    steps = 0
+    for pause in (0.3, 0.05):  # blocking sync on a GPU, a slow step: waiting, then a collective
+        for _ in range(int(seconds / pause)):
+            time.sleep(pause)
+            dist.all_reduce(t)
+            steps += 1
+    batches: queue.Queue[int] = queue.Queue()
+    count = int(seconds / 0.3)
+
+    def load() -> None:  # a prefetch thread that waits on its source (the network, a disk)
+        for i in range(count):
+            time.sleep(0.3)
+            batches.put(i)
+
+    threading.Thread(target=load, name="loader", daemon=True).start()
+    for _ in range(count):
+        batches.get()
+        dist.all_reduce(t)
+        steps += 1
+    for _ in range(count):  # stage 0 computes (sleeps) and sends, stage 1 waits in recv
+        if rank == 0:
+            time.sleep(0.3)
+            dist.send(t, 1)
+        else:
+            dist.recv(t, 0)
+        steps += 1
+    dist.destroy_process_group()
+    return steps

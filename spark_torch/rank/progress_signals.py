@@ -1,6 +1,9 @@
 """Whether a rank's main thread made progress since the last sample: the signals combined.
 
-A rank makes progress when its main thread
+A rank makes progress when its process groups start a collective or a point-to-point op (the
+sum of torch's per-group sequence numbers, :func:`collective_count`, moved: in a program that
+waits for each, the one before completed; a rank that waits 0.3 s for data or in ``recv`` between
+collectives is working), or when its main thread
 
 - calls ``report()`` (:func:`spark_torch.stacks.progress_count`),
 - reads or writes anything (its own read/write counters, ``/proc/self/task/<tid>/io``: the
@@ -15,9 +18,9 @@ A rank makes progress when its main thread
   (their CPU time, without the sampler's own, at least a tenth of the time since the last sample).
 
 A main thread that cycles through waits (a timed queue get, ``event.wait(1)`` in a loop, a
-DataLoader polling its workers, ``time.sleep`` in a loop) does none of these: it revisits the
-same few positions with next to no CPU time (microseconds a wake-up: a whole interval's worth
-takes hours) and no I/O. Without a CPU clock (not Linux), a move
+DataLoader polling its workers, ``time.sleep`` in a loop) and starts no collective meanwhile does
+none of these: it revisits the same few positions with next to no CPU time (microseconds a
+wake-up: a whole interval's worth takes hours) and no I/O. Without a CPU clock (not Linux), a move
 of the innermost frame's bytecode offset counts instead: a Python loop sampled from another
 thread sits at its backward jump, a blocked thread at its call.
 """
@@ -25,11 +28,12 @@ thread sits at its backward jump, a blocked thread at its call.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from spark_torch.stacks import progress_count
 
-__all__ = ["Progress", "in_collective"]
+__all__ = ["Progress", "in_collective", "collective_count"]
 
 #: frames that mean "waiting for a collective or the GPU": CPU time there is not progress
 _COLLECTIVE_FILES = (
@@ -49,6 +53,29 @@ def in_collective(frames: list[tuple[str, int, str]]) -> bool:
         if _CUDA_DIR in filename and name == "synchronize":
             return True
     return False
+
+
+def collective_count() -> int | None:
+    """How many collectives and point-to-point ops this process's process groups started: the
+    sum of torch's per-group sequence numbers (gloo counts both; NCCL's counts its collectives),
+    read from any thread without the main thread's help (a counter under the group's own lock,
+    never a wait); None while torch.distributed is not in use."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None) if c10d is not None else None
+    if world is None:
+        return None
+    try:
+        groups = list(world.pg_map)  # a copy under the GIL: the main thread may add or destroy one
+    except Exception:  # noqa: BLE001 - a torch without it, or torch shutting down
+        return None
+    total = 0
+    for group in groups:
+        try:
+            total += int(group._get_sequence_number_for_group())
+        except Exception:  # noqa: BLE001 - a group being destroyed, a backend without the counter
+            continue
+    del groups  # hold no process group past the sample
+    return total
 
 
 def _thread_clock(ident: int) -> int | None:
@@ -75,6 +102,7 @@ class Progress:
         self._cpu = self._cpu_time()
         self._io = self._io_counters()
         self._reports = progress_count()
+        self._collectives = collective_count()
         self._seen: set[object] = set()
 
     def _cpu_time(self) -> float | None:
@@ -108,6 +136,7 @@ class Progress:
         the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of
         them; ``waits_on_a_thread``: it waits on another thread of the process)."""
         cpu, io, reports, now = self._cpu_time(), self._io_counters(), progress_count(), time.monotonic()
+        collectives = collective_count()
         used = 0.0
         if cpu is not None and self._cpu is not None and not in_collective(frames):
             used = max(0.0, cpu - self._cpu)
@@ -125,12 +154,14 @@ class Progress:
             self._seen.add(key)
         progressed = (
             reports != self._reports
+            or collectives != self._collectives
             or (io is not None and self._io is not None and io != self._io)
             or busy
             or self._cpu_since >= self._busy
             or (new and len(self._seen) > 1)
         )
         self._cpu, self._io, self._reports, self._at = cpu, io, reports, now
+        self._collectives = collectives
         if progressed:
             self._cpu_since = 0.0
         return progressed
