@@ -203,7 +203,7 @@ def _label(state: StackState, age: float) -> str:
     if state is StackState.STOPPED:
         return " (its process is stopped: SIGSTOP or a debugger; its last stack)"
     if state is StackState.NOT_ANSWERING:
-        return f" (not answering for {age:.0f}s: a native call holds the GIL; its stack from faulthandler when it could dump, else its last)"
+        return f" (not answering for {age:.0f}s: a native call holds the GIL; its last sampled stack, or faulthandler's when the run is being stopped)"
     return ""
 
 

@@ -324,3 +324,22 @@ def waits_between_collectives(seconds: float) -> int:
         steps += 1
     dist.destroy_process_group()
     return steps
+
+
+def sleeps_holding_the_gil(seconds: int) -> int:
+    """Rank 1 sleeps ``seconds`` in libc's ``sleep`` holding the GIL while rank 0 waits in
+    all_reduce; returns what ``sleep`` returned (0: it slept the whole time, not interrupted)."""
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    left = 0
+    if dist.get_rank() == 1:
+        time.sleep(1.0)  # sampled here last
+        left = ctypes.PyDLL(None).sleep(seconds)  # PyDLL: the GIL stays held
+    t = torch.tensor([float(left)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())

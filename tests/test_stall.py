@@ -33,6 +33,7 @@ from tests.stall_programs import (
     one_rank_stops_itself,
     one_rank_stuck,
     silent_compute,
+    sleeps_holding_the_gil,
     stuck_once_after_a_checkpoint,
     waits_between_collectives,
     waits_in_a_loop,
@@ -162,15 +163,24 @@ def test_a_stall_with_max_restarts_resumes_from_the_checkpoint(tmp_path: Path, c
     assert distributor.last_run.metrics_dataframe["epoch"].tolist() == [1, 2, 3]
 
 
-def test_a_rank_holding_the_gil_is_not_answering(caplog: Any, no_leftovers: None) -> None:
+def test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped(no_leftovers: None) -> None:
+    # its sampler cannot run; the run is stopped (stall_action="fail"), so faulthandler is asked
+    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", log_ranks=[])
+    with pytest.raises(RunStalledError) as info:
+        distributor.run(one_rank_holds_the_gil, 60)
+    message = str(info.value)
+    assert "rank 1: in hold_the_gil (not answering for" in message and "ctypes.PyDLL(None).read(" in message, message
+    assert "rank 0: in all_reduce" in message
+
+
+def test_looking_at_a_rank_holding_the_gil_never_interrupts_it(caplog: Any, no_leftovers: None) -> None:
+    # warn mode: the run goes on, so no signal reaches the rank; libc's sleep returns 0 (a
+    # signal would have cut it short: it returns the seconds left)
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
-        assert Distributor(num_processes=2, stall_timeout=3, log_ranks=[]).run(one_rank_holds_the_gil, 14) == 2
+        assert Distributor(num_processes=2, stall_timeout=TIMEOUT, log_ranks=[]).run(sleeps_holding_the_gil, 3 * int(TIMEOUT)) == 0
     warnings = _stall_warnings(caplog)
-    assert warnings, "no stall warning"
-    # its sampler cannot run: its last stack, then (asked once stalled) faulthandler's, marked
-    assert "rank 1: in one_rank_holds_the_gil (not answering for" in warnings[0] or "time.sleep" in warnings[0], warnings
-    assert any("rank 1: in hold_the_gil (not answering for" in w and "ctypes.PyDLL(None).read(" in w for w in warnings), warnings
-    assert all("rank 0: in all_reduce" in w for w in warnings)
+    shown = [w for w in warnings if "rank 1: in sleeps_holding_the_gil (not answering for" in w]
+    assert shown and "its last sampled stack" in shown[0] and "rank 0: in all_reduce" in shown[0], warnings
 
 
 #: longer than a DataLoader's 5 s poll of its workers (the issue's case: found at 4, never at 8)

@@ -248,9 +248,11 @@ class DriverChannel:
         """Tell every node that report step ``step`` is persisted (or failed)."""
         self._server.broadcast({"reported": {"step": step, "error": error}})
 
-    def request_traces(self) -> None:
-        """Ask every node for its ranks' Flight Recorder traces (a stall)."""
-        self._server.broadcast({"traces": True})
+    def request_traces(self, stopping: bool = False) -> None:
+        """Ask every node for its ranks' Flight Recorder traces (a stall); with ``stopping``, the
+        ranks are about to be stopped: the nodes may signal those that do not answer for their
+        true stacks."""
+        self._server.broadcast({"traces": "stopping" if stopping else True})
 
     def stop_nodes(self, reason: StopReason) -> None:
         """Tell every node to stop its ranks now, and why (nodes that reconnect are told again)."""

@@ -32,8 +32,9 @@ class NodeChannel:
         self._spec = spec
         #: the node's report pipes (set by the node runner): answers from the driver go there
         self.reports: StepAnswers | None = None
-        #: called when the driver asks for the ranks' Flight Recorder traces (a stall)
-        self.on_trace_request: Callable[[], None] | None = None
+        #: called when the driver asks for the ranks' Flight Recorder traces (a stall); True: the
+        #: ranks are about to be stopped (a signal for a stack can no longer change what they do)
+        self.on_trace_request: Callable[[bool], None] | None = None
         self._node = node
         self._nodes = nodes
         self._stop = stop
@@ -149,7 +150,7 @@ class NodeChannel:
                 self._client.cond.notify_all()
         elif "traces" in message:
             if self.on_trace_request is not None:
-                self.on_trace_request()
+                self.on_trace_request(message["traces"] == "stopping")
         elif "reported" in message:
             answer = message["reported"]
             if self.reports is not None and isinstance(answer, dict) and isinstance(answer.get("step"), int):

@@ -8,8 +8,10 @@ its main thread computed, read or wrote, reported, or reached a new position) or
 Its output counts only while it is not sampled: a sampled rank's output is counted by the
 sampler when its main thread writes it (a heartbeat thread printing beside a hung main thread
 is no progress). A rank whose sampler stops answering is looked at from outside: a stopped
-process (state T) is marked stopped; otherwise faulthandler is asked for its true stack (a
-native call holding the GIL), and its main thread's CPU time still counts as computing. A rank
+process (state T) is marked stopped; otherwise it is in a native call holding the GIL: its main
+thread's CPU time still counts as computing, and only when the driver stops the ranks
+(``stall_action="fail"``) is faulthandler asked for its true stack (a signal: it would cut a
+sleeping system call short in a rank that goes on). A rank
 not sampled yet is starting (given ``start_grace`` seconds before its silence counts). Each
 rank's last output lines go with its stack, and, while it is idle, the stacks of the processes
 it forked (a DataLoader's workers, whose ``__getitem__`` is where a data-loader deadlock is).
@@ -105,7 +107,7 @@ class ProgressWatch:
         self._send_trace = send_trace
         self._start_grace = start_grace
         self._source_lines = source_lines
-        #: the driver saw a stall: ranks that do not answer are asked for their true stacks
+        #: the driver stops the ranks: those that do not answer are asked for their true stacks
         self._dump_wanted = False
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -139,12 +141,15 @@ class ProgressWatch:
         """Start watching (the ranks were started)."""
         self._thread.start()
 
-    def request_traces(self) -> None:
+    def request_traces(self, stopping: bool = False) -> None:
         """Ask every running rank for its Flight Recorder trace (the driver saw a stall); each
-        arrives through ``send_trace`` as its rank writes it. A rank that does not answer is
-        asked for its faulthandler stack from now on (a signal, only once the run is stalled: it
-        cuts a sleeping native call short)."""
-        self._dump_wanted = True
+        arrives through ``send_trace`` as its rank writes it. With ``stopping`` (the driver is
+        about to stop the ranks) a rank that does not answer is asked for its faulthandler stack
+        instead: a signal, which cuts a sleeping system call short, so never sent to a rank that
+        goes on (``stall_action="warn"``)."""
+        if stopping:
+            self._dump_wanted = True
+            return
         for state in self._ranks.values():
             if not state.exited:
                 try:

@@ -4,7 +4,8 @@ Linux's ``/proc`` says whether the process is stopped (state ``T``: SIGSTOP, a d
 much CPU time its main thread used (a native call that holds the GIL may still be computing);
 faulthandler, registered by the rank's sampler for ``SIGRTMIN`` +
 :data:`~spark_torch.stacks.DUMP_SIGNAL_OFFSET`, gives its true stack without the GIL (the signal
-is only sent when ``/proc`` shows the rank catches it: a process that does not would die of it).
+is only sent when ``/proc`` shows the rank catches it: a process that does not would die of it;
+and only to a rank about to be stopped: :meth:`RankView.native_stack` with ``ask``).
 The stacks of the processes a rank forked (a DataLoader's workers) are read here too.
 """
 

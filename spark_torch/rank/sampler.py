@@ -12,9 +12,10 @@ code objects and line numbers only (never ``f_locals``, which on Python 3.10-3.1
 dict of the frame's locals alive on the frame, nor ``__eq__``/``__hash__``/``__repr__`` of
 anything the user made), and reads source lines from the files itself.
 
-A native call that holds the GIL stops this thread; the node then asks faulthandler, registered
-here for :data:`spark_torch.stacks.DUMP_SIGNAL_OFFSET` above ``SIGRTMIN``, for the true stack
-(it dumps without the GIL). Forked children (a DataLoader's workers) sample themselves into
+A native call that holds the GIL stops this thread; only when the run is being stopped anyway
+(``stall_action="fail"``) does the node ask faulthandler, registered here for
+:data:`spark_torch.stacks.DUMP_SIGNAL_OFFSET` above ``SIGRTMIN``, for the true stack (it dumps
+without the GIL; the signal would cut a sleeping system call short in a rank that goes on). Forked children (a DataLoader's workers) sample themselves into
 ``<stack file>.child-<pid>``. When the node asks (a stall), the sampler also writes torch's
 Flight Recorder record of the collectives still in flight (:func:`trace_path`).
 """

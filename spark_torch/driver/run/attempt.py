@@ -49,11 +49,11 @@ class Attempt:
     trace_dir: TraceDir | None = None
 
     def stall_watch(
-        self, stop: Callable[[StopReason], None], request_traces: Callable[[], None] | None = None
+        self, stop: Callable[[StopReason], None], request_traces: Callable[[bool], None] | None = None
     ) -> StallWatch:
         """This attempt's stall detector (inactive with ``stall_timeout=0``); ``stop`` stops the
         attempt when ``stall_action="fail"``, ``request_traces`` asks the nodes for the ranks'
-        Flight Recorder traces."""
+        Flight Recorder traces (True: the ranks are about to be stopped)."""
         settings = self.spec.settings
         return StallWatch(
             self.spec.world_size, settings.stall_timeout, settings.stall_action,

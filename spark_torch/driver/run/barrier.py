@@ -153,7 +153,7 @@ class _BarrierStage:
         """Open the run's channel with what it hands on (report() steps, rank 0's streamed
         result, the ranks' progress); a problem when its address cannot be bound."""
         attempt, plan = self.attempt, self.plan
-        self.stall = attempt.stall_watch(stop=lambda reason: self.wake.set(), request_traces=lambda: self._channel().request_traces())
+        self.stall = attempt.stall_watch(stop=lambda reason: self.wake.set(), request_traces=lambda stopping: self._channel().request_traces(stopping))
         membership = attempt.membership
         if membership is not None and plan.num_nodes < membership.max_nodes:
             self.grow = GrowWatch(self.spark, plan.num_nodes, membership, lambda reason: self._channel().stop_nodes(reason))

@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 TRACE_WAIT_SECONDS = 3.0
 
 
+#: with stall_action="fail", how long the true stacks of the ranks that do not answer (a native
+#: call holding the GIL) may take to arrive once the attempt is to be stopped
+NATIVE_STACK_WAIT_SECONDS = 3.0
+
+
 #: ranks in report() while every other rank waits this long in a collective: a deadlock of report()
 #: under ``if rank == 0:`` (a collective of other ranks that just takes long is a few seconds at most)
 REPORT_DEADLOCK_SECONDS = 5.0
@@ -55,12 +60,13 @@ class StallWatch:
         stop: Callable[[StopReason], None] | None = None,
         on_status: Callable[[float | None], None] | None = None,
         trace_dir: TraceDir | None = None,
-        request_traces: Callable[[], None] | None = None,
+        request_traces: Callable[[bool], None] | None = None,
     ) -> None:
         self.world_size = world_size
         #: the ranks' Flight Recorder traces, asked for when a stall is found
         self.recorder = FlightRecorder(world_size, trace_dir)
-        #: asks the nodes for those traces
+        #: asks the nodes for those traces (True: the ranks are about to be stopped, and those that
+        #: do not answer may be signalled for their true stacks)
         self.request_traces = request_traces
         self.timeout = timeout
         self.action = action
@@ -107,7 +113,8 @@ class StallWatch:
     def _ask_for_traces(self, wait: float = 0.0) -> None:
         """Ask the nodes for the ranks' traces; wait up to ``wait`` seconds for every running rank's."""
         running = {s.rank for s in self.current() if s.state is not StackState.EXITED}
-        self.recorder.ask(self.request_traces, running, wait)
+        request = self.request_traces
+        self.recorder.ask(None if request is None else lambda: request(False), running, wait)
 
     def _traces_note(self) -> str:
         return self.recorder.note() if self.request_traces is not None else ""
@@ -189,6 +196,7 @@ class StallWatch:
         if idle < self.timeout:  # a rank moved meanwhile
             self._moved_again()
             return
+        stacks = self._native_stacks(stacks)
         message = self._message(idle, stacks)
         logger.warning("%s%s\nstall_action='fail': stopping the run", message, self._traces_note())
         self._verdict = StallVerdict(
@@ -203,6 +211,26 @@ class StallWatch:
         self.freeze()
         if self._stop is not None:
             self._stop(StopReason.STALLED)
+
+    def _native_stacks(self, stacks: list[RankStack]) -> list[RankStack]:
+        """The attempt is stopped now: the ranks that do not answer may be signalled for their
+        true stacks (faulthandler; the signal would cut a sleeping system call short, which no
+        longer matters). ``stacks`` again once every such rank's changed, or after a few seconds."""
+        silent = {s.rank: s.text for s in stacks if s.state is StackState.NOT_ANSWERING}
+        if not silent or self.request_traces is None:
+            return stacks
+        try:
+            self.request_traces(True)
+        except Exception:  # noqa: BLE001 - extra: the stop must go on
+            logger.debug("spark_torch: could not ask for the native stacks", exc_info=True)
+            return stacks
+        deadline = time.monotonic() + NATIVE_STACK_WAIT_SECONDS
+        while time.monotonic() < deadline and not self._closed.wait(0.1):
+            now = {s.rank: s for s in self.current()}
+            if all(now[rank].text != text for rank, text in silent.items()):
+                break
+        idle = {s.rank: s.idle for s in stacks}  # the verdict's idle times: the decision was made above
+        return [RankStack(s.rank, s.text, idle[s.rank], s.state, s.age, s.output) for s in self.current()]
 
     def _fail_in_report(self, in_report: list[int], elsewhere: list[RankStack], stacks: list[RankStack]) -> None:
         """Some ranks wait in report() while the others wait in a collective: neither can go on,
