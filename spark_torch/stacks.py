@@ -195,13 +195,15 @@ def strip_source_lines(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("    ") or line.strip().startswith("File "))
 
 
-def _label(state: StackState, age: float) -> str:
+def _label(state: StackState, age: float, text: str = "") -> str:
     if state is StackState.STARTING:
         return " (starting: not sampled yet)"
     if state is StackState.EXITED:
         return " (exited)"
     if state is StackState.STOPPED:
         return " (its process is stopped: SIGSTOP or a debugger; its last stack)"
+    if state is StackState.NOT_ANSWERING and not text.strip():
+        return f" (has not answered since it started {age:.0f}s ago: a native call may hold the GIL)"
     if state is StackState.NOT_ANSWERING:
         return f" (not answering for {age:.0f}s: a native call holds the GIL; its last sampled stack, or faulthandler's when the run is being stopped)"
     return ""
@@ -240,5 +242,5 @@ def format_stacks(stacks: Sequence[RankStack]) -> str:
         call = innermost_call(text)
         head = f"{who}: in {call}" if call else who
         body = text.rstrip() or "  (no Python frame)"
-        blocks.append(f"{head}{_label(state, max(s.age for s in members))}\n{body}\n{_output(members)}".rstrip("\n"))
+        blocks.append(f"{head}{_label(state, max(s.age for s in members), text)}\n{body}\n{_output(members)}".rstrip("\n"))
     return "\n".join(blocks)

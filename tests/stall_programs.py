@@ -343,3 +343,29 @@ def sleeps_holding_the_gil(seconds: int) -> int:
     dist.all_reduce(t)
     dist.destroy_process_group()
     return int(t.item())
+
+
+def holds_the_gil_from_its_first_step(seconds: int, note: str) -> int:
+    """Rank 1 sleeps ``seconds`` in libc's ``sleep`` holding the GIL as its first step (before
+    its sampler's first sample); rank 0 waits for it in init_process_group. Rank 1 writes to
+    ``note`` when it started the call and its sampler's record number then (0 or None: no sample yet)."""
+    import ctypes
+    import json
+
+    if os.environ["RANK"] == "1":
+        try:
+            with open(os.environ["SPARK_TORCH_STACK_FILE"]) as fh:
+                seq = json.load(fh)["seq"]
+        except FileNotFoundError:
+            seq = None  # no record at all yet
+        with open(note, "w") as fh:
+            json.dump({"time": time.time(), "seq": seq}, fh)
+        ctypes.PyDLL(None).sleep(seconds)  # PyDLL: the GIL stays held
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return int(t.item())

@@ -25,6 +25,7 @@ from tests.conftest import SCRIPTS
 from tests.stall_programs import (
     fails_once_after_a_checkpoint,
     heartbeat_beside_a_hang,
+    holds_the_gil_from_its_first_step,
     in_report,
     loader_stuck,
     main_joins_a_stuck_thread,
@@ -181,6 +182,21 @@ def test_looking_at_a_rank_holding_the_gil_never_interrupts_it(caplog: Any, no_l
     warnings = _stall_warnings(caplog)
     shown = [w for w in warnings if "rank 1: in sleeps_holding_the_gil (not answering for" in w]
     assert shown and "its last sampled stack" in shown[0] and "rank 0: in all_reduce" in shown[0], warnings
+
+
+def test_a_rank_holding_the_gil_from_its_first_step_is_shown(tmp_path: Path, caplog: Any, no_leftovers: None) -> None:
+    # its sampler started (record 0) and never sampled: not set-up, a stall within 2 x stall_timeout
+    note = tmp_path / "rank1.json"
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        assert Distributor(num_processes=2, stall_timeout=TIMEOUT, log_ranks=[]).run(
+            holds_the_gil_from_its_first_step, 3 * int(TIMEOUT), str(note)
+        ) == 2
+    entered = json.loads(note.read_text())
+    assert entered["seq"] in (0, None), f"rank 1 was sampled before its native call: not the case this test is about ({entered})"
+    shown = [r for r in _stall_records(caplog) if "rank 1 (has not answered since it started" in r.getMessage()]
+    assert shown, _stall_warnings(caplog)
+    assert "a native call may hold the GIL" in shown[0].getMessage()
+    assert shown[0].created - entered["time"] < 2 * TIMEOUT, shown[0].created - entered["time"]
 
 
 #: longer than a DataLoader's 5 s poll of its workers (the issue's case: found at 4, never at 8)

@@ -12,7 +12,9 @@ process (state T) is marked stopped; otherwise it is in a native call holding th
 thread's CPU time still counts as computing, and only when the driver stops the ranks
 (``stall_action="fail"``) is faulthandler asked for its true stack (a signal: it would cut a
 sleeping system call short in a rank that goes on). A rank
-not sampled yet is starting (given ``start_grace`` seconds before its silence counts). Each
+whose sampler has not started yet is starting (given ``start_grace`` seconds before its silence
+counts); once its sampler started (its record 0) it is running: a rank that never answers after
+that (a native call holding the GIL from its first step) is not answering, not starting. Each
 rank's last output lines go with its stack, and, while it is idle, the stacks of the processes
 it forked (a DataLoader's workers, whose ``__getitem__`` is where a data-loader deadlock is).
 """
@@ -184,6 +186,8 @@ class ProgressWatch:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # not written yet, or being replaced: the next round reads it
         if seq != state.seq:
+            if state.seq == -1:
+                state.progress = now  # its sampler started (record 0): the rank runs from now on
             state.seq, state.sampled_at, state.text = seq, now, text
             state.view.thread = thread
             state.view.adopt(pid)  # the rank under its keeper: looked at, and signalled, itself

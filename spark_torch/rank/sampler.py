@@ -3,7 +3,8 @@
 A daemon thread samples the main thread every ``SPARK_TORCH_SAMPLE_SECONDS`` and writes one
 record into ``SPARK_TORCH_STACK_FILE`` (a temporary file renamed over it, so the node never reads
 half a sample): ``seq`` grows with every sample (a node that sees it stand still knows the rank
-is not answering), ``moved`` with every sample in which the rank made progress
+is not answering; record 0, written when the sampler starts, before the rank's own code, has no
+stack: a rank whose first sample never comes holds the GIL from its first step), ``moved`` with every sample in which the rank made progress
 (:class:`Progress`), ``pid`` and ``thread`` name the process and its main thread, ``stack`` is
 the text.
 
@@ -193,6 +194,10 @@ class _Sampler:
             others = _other_threads(self.main_id, threading.get_ident(), self.sources)
             if others:
                 text += "\n" + others[:MAX_STACK_CHARS]
+        self.write(text)
+
+    def write(self, text: str) -> None:
+        """One record (seq 0, no stack: the sampler started, before the rank's own code runs)."""
         record = {
             "seq": self.seq, "moved": self.moved, "time": time.time(), "stack": text,
             "pid": os.getpid(), "thread": self.main_id,
@@ -250,6 +255,11 @@ def _register_dump(path: str) -> None:
 
 def _start(path: str, interval: float, all_threads: bool, child: bool) -> None:
     sampler = _Sampler(path, interval, all_threads, child)
+    if not child:
+        try:  # the node knows from now on that the rank runs: a silence from here is not set-up
+            sampler.write("")
+        except (OSError, ValueError):
+            pass
     threading.Thread(target=sampler.loop, name="spark-torch-stack-sampler", daemon=True).start()
 
 

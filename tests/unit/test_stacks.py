@@ -37,6 +37,12 @@ def test_ranks_with_the_same_stack_are_grouped_largest_first() -> None:
 def test_a_rank_not_answering_and_a_starting_rank_are_labelled() -> None:
     text = format_stacks([RankStack(0, REDUCE, 9.0, StackState.NOT_ANSWERING, age=12.0), RankStack(1, "", 0.0, StackState.STARTING)])
     assert "rank 0: in train (not answering for 12s" in text and "rank 1 (starting: not sampled yet)" in text
+    assert "its last sampled stack, or faulthandler's when the run is being stopped" in text
+
+
+def test_a_rank_never_sampled_since_its_sampler_started_has_not_answered() -> None:
+    text = format_stacks([RankStack(1, "", 9.0, StackState.NOT_ANSWERING, age=30.0)])
+    assert text.startswith("rank 1 (has not answered since it started 30s ago: a native call may hold the GIL)"), text
 
 
 def _snapshot(idle: float) -> list[dict[str, Any]]:
