@@ -2,15 +2,17 @@
 warning, a :class:`~spark_torch.RunStalledError` or a :class:`~spark_torch.RunTimeoutError`
 shows (ranks with the same stack together: "ranks 0, 2-7", "rank 1").
 
-Shared by the three sides: a rank counts its report() calls here (:func:`note_progress`), a node
+Shared by the three sides: a rank counts its report() calls here (:func:`note_progress`) and
+marks its upload (:func:`working`), a node
 sends :class:`RankStack` fields in its progress messages, the driver groups them. Plain data only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -18,6 +20,8 @@ __all__ = [
     "RankStack",
     "note_progress",
     "progress_count",
+    "working",
+    "is_working",
     "rank_ranges",
     "format_stacks",
     "innermost_call",
@@ -48,6 +52,27 @@ def note_progress() -> None:
 def progress_count() -> int:
     """How many times :func:`note_progress` was called in this process."""
     return _progress
+
+
+#: spark_torch's own work in progress in this process (report()'s upload)
+_working = 0
+
+
+@contextlib.contextmanager
+def working() -> Iterator[None]:
+    """spark_torch's own work in a rank (report()'s checkpoint upload): the rank makes progress
+    while it lasts, however long it waits (on the network, on fsspec's IO thread)."""
+    global _working
+    _working += 1
+    try:
+        yield
+    finally:
+        _working -= 1
+
+
+def is_working() -> bool:
+    """A :func:`working` block runs in this process."""
+    return _working > 0
 
 
 class StackState(str, enum.Enum):

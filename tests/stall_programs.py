@@ -369,3 +369,57 @@ def holds_the_gil_from_its_first_step(seconds: int, note: str) -> int:
     dist.all_reduce(t)
     dist.destroy_process_group()
     return int(t.item())
+
+
+def works_elsewhere(seconds: float) -> int:
+    """Rank 1 works outside its main thread while rank 0 waits in all_reduce, each shape for about
+    ``seconds``: a CPU-busy child (``subprocess.run``), a ``multiprocessing.Pool`` that computes;
+    then rank 0's report() upload waits on another thread (as s3fs does over a slow link) while
+    rank 1 waits in report(); then rank 1 returns leaving a process that ignores SIGTERM for
+    ``2 * seconds`` (its keeper stops it while rank 1 is finished: longer than a stall and the
+    driver's wait for the traces)."""
+    import hashlib
+    import multiprocessing
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    import spark_torch
+    from spark_torch.reporting.storage import RunStorage
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank = dist.get_rank()
+    t = torch.ones(1)
+    if rank == 1:
+        spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+        subprocess.run([sys.executable, "-c", spin], check=True)
+    dist.all_reduce(t)
+    if rank == 1:
+        start = time.process_time()
+        hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 20_000)
+        rate = 20_000 / max(1e-4, time.process_time() - start)  # iterations per CPU second
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            pool.apply(hashlib.pbkdf2_hmac, ("sha256", b"password", b"salt", int(rate * seconds)))
+    dist.all_reduce(t)
+    upload = RunStorage.upload
+
+    def slow_upload(self: RunStorage, directory: str, step: int) -> None:
+        done = threading.Event()  # the main thread waits while another thread waits on the network
+        threading.Thread(target=lambda: (time.sleep(seconds), done.set()), daemon=True).start()
+        done.wait()
+        upload(self, directory, step)
+
+    RunStorage.upload = slow_upload  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "state.txt"), "w") as fh:
+            fh.write("1")
+        spark_torch.report({"loss": 1.0}, checkpoint=tmp if rank == 0 else None)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    if rank == 1:  # left behind: it ignores SIGTERM, so the keeper waits before its SIGKILL
+        subprocess.Popen(["sh", "-c", f"trap '' TERM; sleep {2 * seconds}"])
+    return int(t.item())

@@ -38,6 +38,7 @@ from tests.stall_programs import (
     stuck_once_after_a_checkpoint,
     waits_between_collectives,
     waits_in_a_loop,
+    works_elsewhere,
 )
 
 TIMEOUT = 2.0
@@ -129,6 +130,17 @@ def test_ranks_whose_collectives_complete_are_never_stalled(mode: str, spark_ses
     distributor = _distributor(mode, spark_session, stall_timeout=timeout, stall_action="fail")
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
         assert distributor.run(waits_between_collectives, timeout + 1) > 0  # no RunStalledError
+    assert not _stall_warnings(caplog)
+
+
+def test_work_outside_the_main_thread_is_progress(tmp_path: Path, caplog: Any) -> None:
+    # a busy child, a computing pool, a slow report() upload, a rank that returned while its
+    # keeper still stops what it left: each longer than stall_timeout, with stall_action="fail"
+    distributor = Distributor(
+        num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", storage_path=tmp_path, log_ranks=[]
+    )
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        assert distributor.run(works_elsewhere, 2 * TIMEOUT) == 8  # no RunStalledError
     assert not _stall_warnings(caplog)
 
 

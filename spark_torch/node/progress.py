@@ -17,6 +17,9 @@ counts); once its sampler started (its record 0) it is running: a rank that neve
 that (a native call holding the GIL from its first step) is not answering, not starting. Each
 rank's last output lines go with its stack, and, while it is idle, the stacks of the processes
 it forked (a DataLoader's workers, whose ``__getitem__`` is where a data-loader deadlock is).
+While it is idle, its descendants' work counts too (a child, a pool or a DataLoader worker
+that computes or reads: :meth:`RankView.descendants_working`), and a rank that returned while
+its keeper still stops what it left is finished (:meth:`RankView.returned`).
 """
 
 from __future__ import annotations
@@ -207,6 +210,9 @@ class ProgressWatch:
             return RankStack(rank, "", idle, StackState.STARTING, output=state.output)
         age = now - state.sampled_at
         text, kind = state.text, StackState.SAMPLED
+        if age > 2 * self._interval and state.view.returned():  # its keeper stops what it left
+            state.exited, state.progress = True, now
+            return RankStack(rank, state.text, 0.0, StackState.EXITED, output=state.output)
         if age > max(NOT_ANSWERING_AFTER * self._interval, 2.0):
             if state.view.stopped():
                 kind = StackState.STOPPED
@@ -215,6 +221,8 @@ class ProgressWatch:
                 if state.view.computing(self._interval / 4) or state.output_at > state.progress:
                     state.progress = now  # a native call holding the GIL, computing or writing
                 text = state.view.native_stack(state.file, ask=self._dump_wanted) or text
+        if now - state.progress > 2 * self._interval and state.view.descendants_working(self._interval / 10):
+            state.progress = now  # its child, pool or DataLoader worker computes or reads
         idle = now - state.progress
         if idle > 2 * self._interval:
             text += state.view.children_stacks(state.file)

@@ -18,6 +18,8 @@ import re
 import signal
 import time
 
+import psutil
+
 from spark_torch.stacks import DUMP_SIGNAL_OFFSET
 from spark_torch.workdir_files import child_stack_pattern, native_dump_path
 
@@ -109,6 +111,10 @@ class RankView:
 
     def __init__(self, pid: int = 0) -> None:
         self.pid = pid
+        #: the process the node started (the rank's keeper, or the rank itself)
+        self.started = pid
+        #: the CPU seconds and bytes read of each descendant of the rank, at the last look
+        self._descendants: dict[int, tuple[float, int]] = {}
         #: the main thread's id as faulthandler prints it (from the sampler's record)
         self.thread = 0
         self._cpu: float | None = None
@@ -128,6 +134,38 @@ class RankView:
                 self.pid = pid
         except (ValueError, IndexError):
             pass
+
+    def returned(self) -> bool:
+        """The rank itself ended while its keeper (the process the node started) still runs,
+        stopping what the rank left: the rank is finished."""
+        if not self.pid or self.pid == self.started:
+            return False
+        fields = _stat(self.pid)
+        try:
+            return fields is None or fields[0] in ("Z", "X") or int(fields[1]) != self.started
+        except (ValueError, IndexError):
+            return False
+
+    def descendants_working(self, cpu_threshold: float) -> bool:
+        """The processes the rank started (a child, a pool, a DataLoader worker that loads)
+        used ``cpu_threshold`` CPU seconds, or one of them read anything, since the last call (a
+        new one: since it started). Their own samplers cost far less, and read nothing."""
+        try:
+            children = psutil.Process(self.pid).children(recursive=True) if self.pid else []
+        except psutil.Error:
+            children = []
+        now: dict[int, tuple[float, int]] = {}
+        for child in children:
+            try:
+                with child.oneshot():
+                    times = child.cpu_times()
+                    now[child.pid] = (times.user + times.system, int(getattr(child.io_counters(), "read_chars", 0)))
+            except (psutil.Error, AttributeError, OSError):
+                continue
+        before, self._descendants = self._descendants, now
+        used = sum(cpu - before.get(pid, (0.0, 0))[0] for pid, (cpu, _) in now.items())
+        reads = any(pid in before and chars != before[pid][1] for pid, (_, chars) in now.items())
+        return used >= cpu_threshold or reads
 
     def stopped(self) -> bool:
         """The process is stopped (SIGSTOP, a debugger)."""

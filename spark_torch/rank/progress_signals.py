@@ -5,7 +5,8 @@ sum of torch's per-group sequence numbers, :func:`collective_count`, moved: in a
 waits for each, the one before completed; a rank that waits 0.3 s for data or in ``recv`` between
 collectives is working), or when its main thread
 
-- calls ``report()`` (:func:`spark_torch.stacks.progress_count`),
+- calls ``report()`` (:func:`spark_torch.stacks.progress_count`), or waits in its checkpoint
+  upload (:func:`spark_torch.stacks.working`, however slow the link),
 - reads or writes anything (its own read/write counters, ``/proc/self/task/<tid>/io``: the
   sampler's own writes and another thread's output are not counted), or pages memory in (its
   page faults: a library being loaded by ``import torch`` on a loaded machine),
@@ -15,7 +16,9 @@ collectives is working), or when its main thread
   collective or a CUDA synchronize (which may spin at 100% CPU while NCCL hangs),
 - reaches a position (stack and bytecode offset) it was never seen at before,
 - waits on another thread (a join, an Event, a queue) while the process's other threads compute
-  (their CPU time, without the sampler's own, at least a tenth of the time since the last sample).
+  (their CPU time, without the sampler's own, at least a tenth of the time since the last sample)
+  or move data (their bytes read and written, without the sampler's own, at least
+  :data:`OTHERS_IO_BYTES` since the last sample: an upload on fsspec's IO thread).
 
 A main thread that cycles through waits (a timed queue get, ``event.wait(1)`` in a loop, a
 DataLoader polling its workers, ``time.sleep`` in a loop) and starts no collective meanwhile does
@@ -31,7 +34,7 @@ import os
 import sys
 import time
 
-from spark_torch.stacks import progress_count
+from spark_torch.stacks import is_working, progress_count
 
 __all__ = ["Progress", "in_collective", "collective_count"]
 
@@ -41,6 +44,9 @@ _COLLECTIVE_FILES = (
     os.path.join("torch", "distributed", "c10d_logger.py"),
 )
 _CUDA_DIR = os.path.join("torch", "cuda", "")
+#: bytes the other threads must read or write between two samples while the main thread waits on
+#: one of them (a store's polling, NCCL's heartbeat monitor, move far less)
+OTHERS_IO_BYTES = 16 * 1024
 #: distinct positions remembered; a rank that visits more is moving anyway
 _MAX_POSITIONS = 512
 
@@ -99,6 +105,7 @@ class Progress:
         self._cpu_since = 0.0
         self._at = time.monotonic()
         self._others = self._others_time()
+        self._others_bytes = self._process_bytes()
         self._cpu = self._cpu_time()
         self._io = self._io_counters()
         self._reports = progress_count()
@@ -117,6 +124,21 @@ class Progress:
     def _others_time() -> float:
         """CPU time of the process without the calling (sampler) thread's."""
         return time.process_time() - time.thread_time()
+
+    @staticmethod
+    def _bytes(path: str) -> int | None:
+        """rchar + wchar of a ``/proc`` io file."""
+        try:
+            with open(path, "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh.read(4096).splitlines() if b":" in line)
+            return int(fields[b"rchar"]) + int(fields[b"wchar"])
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def _process_bytes(self) -> int | None:
+        """Bytes the process read and wrote, without the calling (sampler) thread's."""
+        total, own = self._bytes("/proc/self/io"), self._bytes("/proc/thread-self/io")
+        return None if total is None or own is None else total - own
 
     def _io_counters(self) -> tuple[int, int, int, int] | None:
         """The thread's bytes read and written, and its page faults (a library being loaded,
@@ -144,8 +166,13 @@ class Progress:
         busy = used >= (now - self._at) / 10 and used > 0.001
         others, before = self._others_time(), self._others
         self._others = others
+        moved_bytes, bytes_before = self._process_bytes(), self._others_bytes
+        self._others_bytes = moved_bytes
         if waits_on_a_thread and not in_collective(frames):
             busy = busy or others - before - used >= max(0.001, (now - self._at) / 10)
+            if moved_bytes is not None and bytes_before is not None and io is not None and self._io is not None:
+                main_bytes = io[0] + io[1] - self._io[0] - self._io[1]
+                busy = busy or moved_bytes - bytes_before - main_bytes >= OTHERS_IO_BYTES
         key = (position, lasti) if self._clock is None else position
         new = key not in self._seen
         if new:
@@ -154,6 +181,7 @@ class Progress:
             self._seen.add(key)
         progressed = (
             reports != self._reports
+            or is_working()
             or collectives != self._collectives
             or (io is not None and self._io is not None and io != self._io)
             or busy

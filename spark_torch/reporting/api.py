@@ -36,7 +36,7 @@ import threading
 from typing import IO, TYPE_CHECKING, Any
 
 from spark_torch import envnames
-from spark_torch.stacks import note_progress
+from spark_torch.stacks import note_progress, working
 from spark_torch.workdir_files import StorageFile
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class _Reporter:
         with self._lock:
             step = self.step + 1
             if checkpoint is not None:
-                with _local_directory(checkpoint) as directory:
+                with _local_directory(checkpoint) as directory, working():  # stall detection: uploading is progress
                     self.storage().upload(directory, step)
             message = {"step": step, "metrics": metrics if self.rank == 0 else None, "checkpoint": checkpoint is not None}
             self._out.write(json.dumps(message) + "\n")
