@@ -146,22 +146,21 @@ class RankView:
         except (ValueError, IndexError):
             return False
 
-    def descendants_working(self, cpu_threshold: float) -> bool:
+    def descendants_working(self, stack_file: str, cpu_threshold: float) -> bool:
         """The processes the rank started (a child, a pool, a DataLoader worker that loads)
         used ``cpu_threshold`` CPU seconds, or one of them read anything, since the last call (a
-        new one: since it started). Their own samplers cost far less, and read nothing."""
+        new one: since it started). A forked child's own sampler thread (named in its stack
+        file) is left out: it reads ``/proc`` and writes its file every interval."""
         try:
             children = psutil.Process(self.pid).children(recursive=True) if self.pid else []
         except psutil.Error:
             children = []
+        samplers = _child_samplers(stack_file)
         now: dict[int, tuple[float, int]] = {}
         for child in children:
-            try:
-                with child.oneshot():
-                    times = child.cpu_times()
-                    now[child.pid] = (times.user + times.system, int(getattr(child.io_counters(), "read_chars", 0)))
-            except (psutil.Error, AttributeError, OSError):
-                continue
+            work = _work(child.pid, samplers.get(child.pid, 0))
+            if work is not None:
+                now[child.pid] = work
         before, self._descendants = self._descendants, now
         used = sum(cpu - before.get(pid, (0.0, 0))[0] for pid, (cpu, _) in now.items())
         reads = any(pid in before and chars != before[pid][1] for pid, (_, chars) in now.items())
@@ -226,6 +225,40 @@ class RankView:
             if len(blocks) == MAX_CHILDREN:
                 break
         return "".join("\n" + block for block in blocks)
+
+
+def _child_samplers(stack_file: str) -> dict[int, int]:
+    """{pid: its sampler thread's id} of the rank's forked children that sample themselves."""
+    found: dict[int, int] = {}
+    for path in glob.glob(child_stack_pattern(stack_file))[: MAX_CHILDREN * 4]:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                found[int(path.rsplit("-", 1)[1])] = int(json.load(fh).get("sampler", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return found
+
+
+def _task_work(path: str) -> tuple[float, int] | None:
+    """CPU seconds and bytes read of a process or thread (``/proc/<pid>`` or its ``task/<tid>``)."""
+    fields = _stat_fields(f"{path}/stat")
+    try:
+        with open(f"{path}/io", "rb") as fh:
+            io = dict(line.split(b":", 1) for line in fh.read(4096).splitlines() if b":" in line)
+        if fields is None:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(io[b"rchar"])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def _work(pid: int, sampler: int) -> tuple[float, int] | None:
+    """A descendant's CPU seconds and bytes read, without its sampler thread's."""
+    total = _task_work(f"/proc/{pid}")
+    own = _task_work(f"/proc/{pid}/task/{sampler}") if sampler else None
+    if total is None or own is None:
+        return total
+    return total[0] - own[0], total[1] - own[1]
 
 
 def _stat_of_task(pid: int) -> list[str] | None:

@@ -174,6 +174,8 @@ class _Sampler:
         self.moved = 0
         #: the trace request last served (its file's mtime)
         self.served: int | None = None
+        #: this sampler's own thread (its node leaves its CPU time and reads out of a child's work)
+        self.native_id = 0
 
     def sample(self) -> None:
         current = sys._current_frames()
@@ -200,7 +202,7 @@ class _Sampler:
         """One record (seq 0, no stack: the sampler started, before the rank's own code runs)."""
         record = {
             "seq": self.seq, "moved": self.moved, "time": time.time(), "stack": text,
-            "pid": os.getpid(), "thread": self.main_id,
+            "pid": os.getpid(), "thread": self.main_id, "sampler": self.native_id,
         }  # fmt: skip
         temporary = f"{self.path}.{os.getpid()}.tmp"
         with open(temporary, "w", encoding="utf-8") as fh:
@@ -230,6 +232,7 @@ class _Sampler:
         os.replace(temporary, trace_path(self.path))
 
     def loop(self) -> None:
+        self.native_id = threading.get_native_id()
         while True:
             time.sleep(self.interval)  # first after one interval: not inside start_sampler()
             for step in (self.sample, self.serve_trace_request):
