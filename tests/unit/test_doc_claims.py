@@ -153,3 +153,50 @@ def test_examples_tables_are_the_examples_arguments() -> None:
         assert sorted(documented) == sorted(_argparse_options(ROOT / "examples" / name)), name
     for name, options in functions.items():
         assert {"--num-processes", "--local-mode"} <= set(options), name
+
+
+#: each line of troubleshooting.md's progress list -> the tests that check it (end to end in
+#: tests/test_stall.py, unit in tests/unit/test_stacks.py)
+PROGRESS_LIST_TESTS = {
+    "Collectives": ["test_ranks_whose_collectives_complete_are_never_stalled", "test_a_rank_that_only_polls_is_stalled"],
+    "Computing": ["test_ranks_that_compute_silently_are_not_stalled", "test_a_native_call_that_computes_is_not_a_stall"],
+    "I/O": ["test_progress_is_computing_or_io_not_waiting"],
+    "New code": ["test_a_new_position_an_upload_and_another_threads_bytes_are_progress"],
+    "report()": ["test_a_new_position_an_upload_and_another_threads_bytes_are_progress", "test_work_outside_the_main_thread_is_progress"],
+    "Other threads it waits on": [
+        "test_a_new_position_an_upload_and_another_threads_bytes_are_progress",
+        "test_progress_is_computing_or_io_not_waiting",
+        "test_work_outside_the_main_thread_is_progress",
+    ],
+    "Its processes": ["test_work_outside_the_main_thread_is_progress", "test_a_rank_that_only_polls_is_stalled"],
+    "A native call holding the GIL": ["test_a_native_call_that_computes_is_not_a_stall"],
+    "Finishing": ["test_work_outside_the_main_thread_is_progress"],
+}
+#: each line of its "what the doctor does to a rank" list -> the tests that check it
+DOCTOR_LIST_TESTS = {
+    "Reads": ["test_the_sampler_keeps_no_local_alive"],
+    "From outside": ["test_a_stopped_rank_is_named_stopped", "test_work_outside_the_main_thread_is_progress"],
+    "Signals": ["test_looking_at_a_rank_holding_the_gil_never_interrupts_it", "test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped"],
+    "Flight Recorder": ["test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds"],
+}
+
+
+def _bold_items(page: str, marker: str) -> list[str]:
+    """The bold heads of the bullet list after ``<!-- marker -->``."""
+    block = page.split(f"<!-- {marker} -->", 1)[1].strip().split("\n\n", 1)[0]
+    return [line[4 : line.index("**", 4)] for line in block.splitlines() if line.startswith("- **")]
+
+
+def test_stall_lists_each_line_has_its_tests() -> None:
+    """docs/troubleshooting.md's lists of what counts as progress and what the doctor does to a
+    rank: every line is checked by a test that exists, and no line is left without one."""
+    import ast
+
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    defined = set()
+    for path in (ROOT / "tests" / "test_stall.py", ROOT / "tests" / "unit" / "test_stacks.py"):
+        defined |= {n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.FunctionDef)}
+    for marker, table in (("progress-list", PROGRESS_LIST_TESTS), ("doctor-list", DOCTOR_LIST_TESTS)):
+        assert _bold_items(page, marker) == list(table), marker
+        missing = {item: [t for t in tests if t not in defined] for item, tests in table.items()}
+        assert not any(missing.values()), missing

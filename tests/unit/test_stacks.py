@@ -257,6 +257,41 @@ def test_progress_is_computing_or_io_not_waiting() -> None:
         thread.join(30)
 
 
+def test_a_new_position_an_upload_and_another_threads_bytes_are_progress() -> None:
+    """The signals beside CPU time and the thread's own I/O, on an idle watched thread."""
+    import threading
+
+    from spark_torch.rank.progress_signals import OTHERS_IO_BYTES, Progress, collective_count
+    from spark_torch.stacks import working
+
+    idle = threading.Event()
+    thread = threading.Thread(target=idle.wait)
+    thread.start()
+    progress = Progress(thread.ident or 0, thread.native_id or 0, interval=0.2)
+    here, there = [("/job/train.py", 1, "train")], [("/job/train.py", 2, "train")]
+
+    def moves_bytes(size: int) -> None:
+        with open(os.devnull, "wb") as fh:
+            fh.write(b"x" * size)
+
+    try:
+        assert not progress.moved(tuple(here), 0, here)  # the first position is no progress
+        assert progress.moved(tuple(there), 0, there)  # a position never seen before is
+        assert not progress.moved(tuple(here), 0, here)  # one seen before is not
+        with working():  # report()'s upload, however long it waits
+            assert progress.moved(tuple(here), 0, here)
+        assert not progress.moved(tuple(here), 0, here)
+        for waits in (False, True):  # another thread moves data while the watched one waits on it
+            helper = threading.Thread(target=moves_bytes, args=(4 * OTHERS_IO_BYTES,))
+            helper.start()
+            helper.join()
+            assert progress.moved(tuple(here), 0, here, waits_on_a_thread=waits) is waits
+    finally:
+        idle.set()
+        thread.join(30)
+    assert collective_count() in (None, 0)  # no process group in this process
+
+
 def test_report_deadlock_needs_ranks_in_report_and_every_other_rank_waiting_in_a_collective() -> None:
     from spark_torch.stacks import report_deadlock
 
