@@ -46,6 +46,7 @@ __all__ = [
     "STACK_FILE",
     "SAMPLE_SECONDS",
     "STACK_ALL_THREADS",
+    "STACK_SOURCE_LINES",
     "FR_BUFFER_SIZE",
     "NCCL_TRACE_BUFFER_SIZE",
     "STORAGE_OPTIONS",
@@ -115,6 +116,8 @@ DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
 STACK_FILE = "SPARK_TORCH_STACK_FILE"
 SAMPLE_SECONDS = "SPARK_TORCH_SAMPLE_SECONDS"
 STACK_ALL_THREADS = "SPARK_TORCH_STACK_ALL_THREADS"
+#: "0": the rank's sampler reads no source line (``stall_source_lines=False``: none is ever in a stack it writes)
+STACK_SOURCE_LINES = "SPARK_TORCH_STACK_SOURCE_LINES"
 #: torch's Flight Recorder: how many collectives each process group remembers (the newer name
 #: covers gloo and NCCL, the older one NCCL in earlier torch releases)
 FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"

@@ -26,6 +26,8 @@ __all__ = [
     "format_stacks",
     "innermost_call",
     "strip_source_lines",
+    "cut_tail",
+    "cut_head",
     "report_deadlock",
     "MAX_TRACE_BYTES",
     "DUMP_SIGNAL_OFFSET",
@@ -114,7 +116,7 @@ class RankStack:
         state = str(data.get("state", StackState.SAMPLED.value))
         return cls(
             rank=int(str(data["rank"])),
-            text=str(data.get("text", ""))[:MAX_STACK_CHARS],
+            text=cut_head(str(data.get("text", "")), MAX_STACK_CHARS),
             idle=max(0.0, float(str(data.get("idle", 0.0)))),
             state=StackState(state) if state in StackState._value2member_map_ else StackState.SAMPLED,
             age=max(0.0, float(str(data.get("age", 0.0)))),
@@ -218,6 +220,45 @@ def strip_source_lines(text: str) -> str:
     """A stack text without its source lines (``stall_source_lines=False``): file, line and
     function only."""
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("    ") or line.strip().startswith("File "))
+
+
+def _chunks(text: str) -> list[str]:
+    """A stack text in pieces that are never cut: a frame with its source line, a header line."""
+    chunks: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if chunks and line.startswith("    ") and not line.strip().startswith("File "):
+            chunks[-1] += line  # a source line stays with its frame
+        else:
+            chunks.append(line)
+    return chunks
+
+
+def cut_tail(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters, its innermost frames kept whole: outer frames are
+    dropped (a line ``  ...`` in their place), never cut inside a line."""
+    if len(text) <= limit:
+        return text
+    kept: list[str] = []
+    size = len("  ...\n")
+    for chunk in reversed(_chunks(text)):
+        if size + len(chunk) > limit:
+            break
+        kept.append(chunk)
+        size += len(chunk)
+    return "  ...\n" + "".join(reversed(kept))
+
+
+def cut_head(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters, its first pieces kept whole (never cut inside a line)."""
+    if len(text) <= limit:
+        return text
+    kept, size = [], 0
+    for chunk in _chunks(text):
+        if size + len(chunk) > limit:
+            break
+        kept.append(chunk)
+        size += len(chunk)
+    return "".join(kept)
 
 
 def _label(state: StackState, age: float, text: str = "") -> str:

@@ -310,6 +310,55 @@ print(f"freed {sum(one_round() for _ in range(20))} of 20")
 """
 
 
+@pytest.mark.parametrize("source_lines", ["0", "1"])
+def test_a_deep_stack_is_cut_on_frame_boundaries_after_its_source_lines_are_left_out(tmp_path: Path, source_lines: str) -> None:
+    """A rank 300 frames deep whose lines hold a token: with stall_source_lines=False no part of
+    any source line is in what its sampler writes; with them, the cut keeps whole frames."""
+    script = tmp_path / "deep.py"
+    script.write_text(DEEP_PROBE)
+    stack = tmp_path / "stack.json"
+    env = {
+        **os.environ, "SPARK_TORCH_STACK_FILE": str(stack), "SPARK_TORCH_SAMPLE_SECONDS": "0.05",
+        "SPARK_TORCH_STACK_SOURCE_LINES": source_lines,
+    }  # fmt: skip
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = json.loads(stack.read_text())["stack"]
+    assert text.startswith('  ...\n  File "'), text[:200]  # cut: its outer frames dropped whole
+    assert text.count(", in deep\n") > 50
+    if source_lines == "0":
+        assert "TOKEN" not in text and "secret" not in text, text[:400]
+    else:
+        assert all(line.startswith(("  ...", '  File "', "    ")) for line in text.splitlines())
+        assert 'return deep(n - 1, token="TOKEN-secret")' in text
+
+
+DEEP_PROBE = """
+import json, os, sys, time
+from spark_torch.rank.sampler import start_sampler
+
+def deep(n, token=""):
+    if n:
+        return deep(n - 1, token="TOKEN-secret")  # a source line that must never leak, even in part
+    first = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # sampled at least twice down here
+        try:
+            with open(os.environ["SPARK_TORCH_STACK_FILE"]) as fh:
+                seq = json.load(fh)["seq"]
+        except (OSError, ValueError):
+            seq = 0
+        first = seq if first is None else first
+        if seq >= first + 2 and seq > 1:
+            return token
+    raise SystemExit("the sampler did not sample")
+
+sys.setrecursionlimit(2000)
+start_sampler()
+deep(300)
+"""
+
+
 def test_a_timeout_during_a_stall_shows_the_stacks_once(caplog: Any, no_leftovers: None) -> None:
     with caplog.at_level(logging.WARNING, logger="spark_torch"), pytest.raises(RunTimeoutError) as info:
         Distributor(num_processes=2, stall_timeout=TIMEOUT, timeout=4 * TIMEOUT, log_ranks=[]).run(one_rank_stuck, 3600)

@@ -282,6 +282,7 @@ class RankGroup:
             env[envnames.STACK_FILE] = WorkdirFiles(self._workdir.path).stack(spec.global_rank(local_rank))
             env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"
             env[envnames.STACK_ALL_THREADS] = "1" if settings.stall_all_threads else "0"
+            env[envnames.STACK_SOURCE_LINES] = "1" if settings.stall_source_lines else "0"
             # torch's Flight Recorder: what each rank's collectives were, for a stall (its older
             # name, TORCH_NCCL_TRACE_BUFFER_SIZE, makes torch warn: set only if the user did)
             if envnames.NCCL_TRACE_BUFFER_SIZE not in env:

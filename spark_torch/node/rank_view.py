@@ -20,7 +20,7 @@ import time
 
 import psutil
 
-from spark_torch.stacks import DUMP_SIGNAL_OFFSET
+from spark_torch.stacks import DUMP_SIGNAL_OFFSET, cut_tail
 from spark_torch.workdir_files import child_stack_pattern, native_dump_path
 
 __all__ = ["RankView", "parse_dump", "with_source_lines"]
@@ -221,7 +221,7 @@ class RankView:
                     stack = str(json.load(fh)["stack"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            blocks.append(f"  Process {pid} (forked by this rank: a DataLoader worker?):\n{stack[-MAX_CHILD_CHARS:]}")
+            blocks.append(f"  Process {pid} (forked by this rank: a DataLoader worker?):\n{cut_tail(stack, MAX_CHILD_CHARS)}")
             if len(blocks) == MAX_CHILDREN:
                 break
         return "".join("\n" + block for block in blocks)

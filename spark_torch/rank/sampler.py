@@ -40,6 +40,8 @@ from spark_torch.stacks import (
     DUMP_SIGNAL_OFFSET,
     MAX_STACK_CHARS,
     MAX_TRACE_BYTES,
+    cut_head,
+    cut_tail,
 )
 from spark_torch.workdir_files import child_stack_path, native_dump_path, trace_path, trace_request_path
 
@@ -137,8 +139,7 @@ def _text(frames: list[Frame], sources: _Sources) -> str:
         source = sources.line(filename, lineno)
         if source:
             parts.append(f"    {source}\n")
-    text = "".join(parts)
-    return text if len(text) <= MAX_STACK_CHARS else "  ...\n" + text[-MAX_STACK_CHARS:]
+    return cut_tail("".join(parts), MAX_STACK_CHARS)  # whole frames: a cut never leaves part of a line
 
 
 def _other_threads(main_id: int, own_id: int, sources: _Sources) -> str:
@@ -161,7 +162,7 @@ def _waits_on_a_thread(frames: list[Frame]) -> bool:
 
 
 class _Sampler:
-    def __init__(self, path: str, interval: float, all_threads: bool, child: bool = False) -> None:
+    def __init__(self, path: str, interval: float, all_threads: bool, child: bool = False, source_lines: bool = True) -> None:
         self.path = path
         self.interval = interval
         self.all_threads = all_threads
@@ -169,7 +170,8 @@ class _Sampler:
         main = threading.main_thread()
         self.main_id = main.ident or 0
         self.progress = Progress(self.main_id, main.native_id or os.getpid(), interval)
-        self.sources = _Sources(True)
+        #: without source lines (stall_source_lines=False) none is read: none can be in a stack's text
+        self.sources = _Sources(source_lines)
         self.seq = 0
         self.moved = 0
         #: the trace request last served (its file's mtime)
@@ -195,7 +197,7 @@ class _Sampler:
         if self.all_threads or waits:
             others = _other_threads(self.main_id, threading.get_ident(), self.sources)
             if others:
-                text += "\n" + others[:MAX_STACK_CHARS]
+                text += "\n" + cut_head(others, MAX_STACK_CHARS)
         self.write(text)
 
     def write(self, text: str) -> None:
@@ -256,8 +258,8 @@ def _register_dump(path: str) -> None:
         _dump_file = None  # no real-time signals here: a rank holding the GIL keeps its last stack
 
 
-def _start(path: str, interval: float, all_threads: bool, child: bool) -> None:
-    sampler = _Sampler(path, interval, all_threads, child)
+def _start(path: str, interval: float, all_threads: bool, child: bool, source_lines: bool) -> None:
+    sampler = _Sampler(path, interval, all_threads, child, source_lines)
     if not child:
         try:  # the node knows from now on that the rank runs: a silence from here is not set-up
             sampler.write("")
@@ -277,14 +279,15 @@ def start_sampler(environ: dict[str, str] | None = None) -> bool:
     except ValueError:
         interval = 1.0
     all_threads = env.get(envnames.STACK_ALL_THREADS) == "1"
+    source_lines = env.get(envnames.STACK_SOURCE_LINES, "1") != "0"
     _register_dump(path)
-    _start(path, interval, all_threads, child=False)
+    _start(path, interval, all_threads, child=False, source_lines=source_lines)
     rank_pid = os.getpid()
 
     def in_child() -> None:  # a forked child (a DataLoader worker): its own sampler, its own file
         if os.getppid() == rank_pid:
             try:
-                _start(child_stack_path(path, os.getpid()), interval, all_threads, child=True)
+                _start(child_stack_path(path, os.getpid()), interval, all_threads, child=True, source_lines=source_lines)
             except Exception:  # noqa: BLE001 - never disturb the child
                 pass
 

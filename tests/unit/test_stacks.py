@@ -15,7 +15,16 @@ from spark_torch.driver.run.failures import attempt_error
 from spark_torch.driver.run.outcome import AttemptOutcome
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.errors import ConfigurationError, RunStalledError
-from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, strip_source_lines
+from spark_torch.stacks import (
+    RankStack,
+    StackState,
+    cut_head,
+    cut_tail,
+    format_stacks,
+    innermost_call,
+    rank_ranges,
+    strip_source_lines,
+)
 
 REDUCE = '  File "train.py", line 12, in train\n    dist.all_reduce(t)\n'
 LOAD = '  File "train.py", line 30, in load_batch\n    item = queue.get()\n'
@@ -290,6 +299,19 @@ def test_a_new_position_an_upload_and_another_threads_bytes_are_progress() -> No
         idle.set()
         thread.join(30)
     assert collective_count() in (None, 0)  # no process group in this process
+
+
+def test_long_stacks_are_cut_on_frame_boundaries() -> None:
+    frames = "".join(f'  File "train.py", line {i}, in deep\n    token = "secret-{i}"  # a source line\n' for i in range(300))
+    tail = cut_tail(frames, 2_000)
+    assert len(tail) <= 2_000 and tail.startswith('  ...\n  File "train.py", line ') and tail.endswith('"secret-299"  # a source line\n')
+    assert all(line.startswith(("  ...", '  File "', '    token = "secret-')) for line in tail.splitlines()), tail
+    head = cut_head(frames, 2_000)
+    assert len(head) <= 2_000 and head.startswith('  File "train.py", line 0,') and head.endswith("# a source line\n")
+    assert cut_tail("short", 10) == "short" == cut_head("short", 10)
+    assert strip_source_lines(tail).count("secret") == 0  # whole lines: stripping leaves no fragment
+    # a node's text past the limit keeps whole lines too
+    assert RankStack.from_dict({"rank": 0, "text": "x" * 10 + "\n" + frames * 2}).text.endswith("# a source line\n")
 
 
 def test_report_deadlock_needs_ranks_in_report_and_every_other_rank_waiting_in_a_collective() -> None:
