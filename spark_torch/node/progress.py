@@ -221,7 +221,7 @@ class ProgressWatch:
                 if state.view.computing(self._interval / 4) or state.output_at > state.progress:
                     state.progress = now  # a native call holding the GIL, computing or writing
                 text = state.view.native_stack(state.file, ask=self._dump_wanted) or text
-        if now - state.progress > 2 * self._interval and state.view.descendants_working(state.file, self._interval / 10):
+        if now - state.progress > 2 * self._interval and state.view.descendants_working(state.file, self._interval):
             state.progress = now  # its child, pool or DataLoader worker computes or reads
         idle = now - state.progress
         if idle > 2 * self._interval:

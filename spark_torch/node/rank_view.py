@@ -27,6 +27,9 @@ __all__ = ["RankView", "parse_dump", "with_source_lines"]
 
 #: how often a rank that does not answer is asked again for its faulthandler stack
 DUMP_EVERY_SECONDS = 5.0
+#: a rank's descendants are looked for every this many rounds (a scan of every process in /proc,
+#: ~10 ms; half a stall_timeout, or 5 s); the work of those found is read every round
+DESCENDANTS_EVERY_ROUNDS = 5
 #: the forked children shown with a rank, and how much of each
 MAX_CHILDREN = 4
 MAX_CHILD_CHARS = 4_000
@@ -115,6 +118,9 @@ class RankView:
         self.started = pid
         #: the CPU seconds and bytes read of each descendant of the rank, at the last look
         self._descendants: dict[int, tuple[float, int]] = {}
+        #: the rank's descendants as last scanned ({pid: its start time}), and when
+        self._known: dict[int, str] = {}
+        self._scanned = float("-inf")
         #: the main thread's id as faulthandler prints it (from the sampler's record)
         self.thread = 0
         self._cpu: float | None = None
@@ -146,25 +152,39 @@ class RankView:
         except (ValueError, IndexError):
             return False
 
-    def descendants_working(self, stack_file: str, cpu_threshold: float) -> bool:
+    def descendants_working(self, stack_file: str, interval: float) -> bool:
         """The processes the rank started (a child, a pool, a DataLoader worker that loads)
-        used ``cpu_threshold`` CPU seconds, or one of them read anything, since the last call (a
-        new one: since it started). A forked child's own sampler thread (named in its stack
+        used a tenth of ``interval`` (the node's round) in CPU seconds, or one of them read
+        anything, since the last call (a new one: since it started). A forked child's own sampler thread (named in its stack
         file) is left out: it reads ``/proc`` and writes its file every interval."""
-        try:
-            children = psutil.Process(self.pid).children(recursive=True) if self.pid else []
-        except psutil.Error:
-            children = []
         samplers = _child_samplers(stack_file)
         now: dict[int, tuple[float, int]] = {}
-        for child in children:
-            work = _work(child.pid, samplers.get(child.pid, 0))
-            if work is not None:
-                now[child.pid] = work
+        for pid, started in self._descendant_pids(DESCENDANTS_EVERY_ROUNDS * interval).items():
+            fields = _stat(pid)
+            work = _work(pid, samplers.get(pid, 0)) if fields is not None and fields[19:20] == [started] else None
+            if work is not None:  # (a pid reused by another process since the scan is not the rank's)
+                now[pid] = work
         before, self._descendants = self._descendants, now
         used = sum(cpu - before.get(pid, (0.0, 0))[0] for pid, (cpu, _) in now.items())
         reads = any(pid in before and chars != before[pid][1] for pid, (_, chars) in now.items())
-        return used >= cpu_threshold or reads
+        return used >= interval / 10 or reads
+
+    def _descendant_pids(self, every: float) -> dict[int, str]:
+        """The rank's descendants ({pid: start time}), scanned for at most every ``every``
+        seconds (a new child's work counts from the next scan on)."""
+        now = time.monotonic()
+        if now - self._scanned >= every:
+            self._scanned = now
+            known: dict[int, str] = {}
+            try:
+                for child in psutil.Process(self.pid).children(recursive=True) if self.pid else []:
+                    fields = _stat(child.pid)
+                    if fields is not None and len(fields) > 19:
+                        known[child.pid] = fields[19]
+            except psutil.Error:
+                pass
+            self._known = known
+        return self._known
 
     def stopped(self) -> bool:
         """The process is stopped (SIGSTOP, a debugger)."""
