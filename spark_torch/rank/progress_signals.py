@@ -96,7 +96,7 @@ def _thread_clock(ident: int) -> int | None:
 class Progress:
     """The progress signals of one thread (the main thread: ``ident``, ``native_id``)."""
 
-    def __init__(self, ident: int, native_id: int, interval: float) -> None:
+    def __init__(self, ident: int, native_id: int, interval: float, collectives: bool = True) -> None:
         self._clock = _thread_clock(ident)
         self._io_path = f"/proc/self/task/{native_id}/io"
         self._stat_path = f"/proc/self/task/{native_id}/stat"
@@ -109,7 +109,10 @@ class Progress:
         self._cpu = self._cpu_time()
         self._io = self._io_counters()
         self._reports = progress_count()
-        self._collectives = collective_count()
+        #: a forked child (a DataLoader worker) never reads them: a process group's lock held by
+        #: another thread at the fork would stay held in the child, and its sampler holds the GIL
+        self._count_collectives = collectives
+        self._collectives = collective_count() if collectives else None
         self._seen: set[object] = set()
 
     def _cpu_time(self) -> float | None:
@@ -158,7 +161,7 @@ class Progress:
         the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of
         them; ``waits_on_a_thread``: it waits on another thread of the process)."""
         cpu, io, reports, now = self._cpu_time(), self._io_counters(), progress_count(), time.monotonic()
-        collectives = collective_count()
+        collectives = collective_count() if self._count_collectives else None
         used = 0.0
         if cpu is not None and self._cpu is not None and not in_collective(frames):
             used = max(0.0, cpu - self._cpu)

@@ -169,7 +169,7 @@ class _Sampler:
         self.child = child
         main = threading.main_thread()
         self.main_id = main.ident or 0
-        self.progress = Progress(self.main_id, main.native_id or os.getpid(), interval)
+        self.progress = Progress(self.main_id, main.native_id or os.getpid(), interval, collectives=not child)
         #: without source lines (stall_source_lines=False) none is read: none can be in a stack's text
         self.sources = _Sources(source_lines)
         self.seq = 0
