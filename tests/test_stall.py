@@ -176,9 +176,11 @@ def test_a_stall_with_max_restarts_resumes_from_the_checkpoint(tmp_path: Path, c
     assert distributor.last_run.metrics_dataframe["epoch"].tolist() == [1, 2, 3]
 
 
-def test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped(no_leftovers: None) -> None:
+@pytest.mark.parametrize("mode", ["local-warm", "distributed-warm"])
+def test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped(mode: str, spark_session: Any, no_leftovers: None) -> None:
     # its sampler cannot run; the run is stopped (stall_action="fail"), so faulthandler is asked
-    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", log_ranks=[])
+    # (in distributed mode through the channel's trace request marked "stopping")
+    distributor = _distributor(mode, spark_session, stall_action="fail")
     with pytest.raises(RunStalledError) as info:
         distributor.run(one_rank_holds_the_gil, 60)
     message = str(info.value)
