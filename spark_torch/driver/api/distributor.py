@@ -220,7 +220,9 @@ class Distributor:
 
         Raises:
             ValueError / TypeError (:class:`~spark_torch.ConfigurationError`,
-                :class:`~spark_torch.PicklingError`): bad arguments, before anything starts.
+                :class:`~spark_torch.PicklingError`, :class:`~spark_torch.errors.ArgumentError`
+                when ``args``/``kwargs`` do not fit ``main``'s signature): bad arguments, before
+                anything starts.
             FileNotFoundError: the script does not exist.
             spark_torch.DistributedRunError: a rank failed (a ``RuntimeError``; the message
                 leads with the failing rank, its host and the remote error).
