@@ -85,11 +85,15 @@ def _interrupt_after_first_line(args: list[str], lines: int = 1) -> tuple[int, f
 
 
 @pytest.mark.parametrize("mode", [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]], ids=["local", "distributed"])
-def test_ctrl_c_stops_every_rank(mode: list[str]) -> None:
+def test_ctrl_c_stops_every_rank(mode: list[str], tmp_path: Path) -> None:
     before = set(run_temp_dirs())
-    code, took = _interrupt_after_first_line(["run", "-n", "2", *mode, str(SCRIPTS / "hang.py")])
+    code, took = _interrupt_after_first_line(["run", "-n", "2", *mode, "--storage-path", str(tmp_path), str(SCRIPTS / "hang.py"), "--x", "1"])
     assert code == 130
     assert took < 15
+    listed = cli("runs", str(tmp_path)).stdout.splitlines()  # the run is kept, "stopped by Ctrl-C"
+    assert len(listed) == 2 and " stopped by Ctrl-C " in listed[1]
+    shown = cli("runs", "show", listed[1].split()[0], "--storage", str(tmp_path)).stdout
+    assert f"  entry            {SCRIPTS / 'hang.py'} --x 1\n" in shown and "  outcome          stopped by Ctrl-C\n" in shown
     deadline = time.monotonic() + 10
     while (rank_processes() or set(run_temp_dirs()) - before) and time.monotonic() < deadline:
         time.sleep(0.1)

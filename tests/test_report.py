@@ -146,13 +146,6 @@ def test_script_mode_reports_and_resumes(tmp_path: Path, no_leftovers: None) -> 
     assert [(r["step"], r["epoch"]) for r in d.last_run.rows] == [(4, 3), (5, 4)]
 
 
-def test_run_that_never_reports_leaves_no_directory(no_leftovers: None) -> None:
-    home = Path(os.path.expanduser("~/spark_torch_runs"))
-    d = Distributor(num_processes=1)
-    d.run(report_steps, 0)
-    assert d.last_run is not None and not (home / d.last_run.run_id).exists()
-
-
 def test_report_misuse(spark_session: Any, no_leftovers: None) -> None:
     with pytest.raises(RuntimeError, match="works inside ranks started by spark_torch"):
         report({"loss": 1.0})

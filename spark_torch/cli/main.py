@@ -158,9 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
         "runs",
         help="list the runs kept in a storage, or show one",
         description="runs [STORAGE]: one line per run kept in STORAGE (default ~/spark_torch_runs), newest "
-        "first: its id, start, attempts, world size, steps, last metrics and best checkpoint (by the run's "
-        "checkpoint score, else the latest). runs show RUN_ID [--storage STORAGE]: one run in full (every "
-        "attempt, every kept checkpoint, in that order).",
+        "first: its id, start, duration, outcome (succeeded, failed with the error's first line, stopped by "
+        "timeout, a stall or Ctrl-C), entry point (function, or script and arguments), attempts, world size, "
+        "steps, last metrics and best checkpoint (by the run's checkpoint score, else the latest); runs that "
+        "reported nothing too. runs show RUN_ID [--storage STORAGE]: one run in full (every run() call with "
+        "its attempts' ends and reasons, every kept checkpoint, in that order).",
     )
     runs.add_argument("words", nargs="*", metavar="STORAGE | show RUN_ID",
                       help="a storage directory or URL to list; or show and a run's id")
