@@ -77,6 +77,8 @@ def main(argv: list[str]) -> int:
             rank_files.write_error(result_dir, rank, exc)
             return exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
+        if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
+            exc.__traceback__ = exc.__traceback__.tb_next  # the traceback starts in the user's code, not here
         rank_files.write_error(result_dir, rank, exc)
         return 1
     destroy_process_group()

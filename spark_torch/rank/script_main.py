@@ -17,12 +17,21 @@ import os
 import runpy
 import sys
 import traceback
+from types import TracebackType
 
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
 
 __all__ = ["main"]
+
+
+def _from_script(tb: TracebackType | None, script: str) -> TracebackType | None:
+    """``tb`` from the script's own frame on, as ``python SCRIPT`` prints it (no runpy, no us)."""
+    path, start = os.path.abspath(script), tb
+    while start is not None and os.path.abspath(start.tb_frame.f_code.co_filename) != path:
+        start = start.tb_next
+    return start if start is not None else tb
 
 
 def main(argv: list[str]) -> int:
@@ -42,8 +51,8 @@ def main(argv: list[str]) -> int:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: BLE001 - reported like the interpreter would
-        traceback.print_exc()
+    except BaseException as exc:  # noqa: BLE001 - reported like the interpreter would
+        traceback.print_exception(exc.with_traceback(_from_script(exc.__traceback__, script)))
         code = 1
     destroy_process_group()
     return code
