@@ -144,7 +144,7 @@ def test_a_script_that_never_reports_is_kept_with_its_outcome_and_attempts(
     assert (past.outcome, past.entry, past.started, past.restarts) == (Outcome.FAILED, last.entry, last.started, 1)
     assert past.error_line == summary.error and past.duration is not None
     assert [(str(a.reason), str(a.end)) for a in past.attempts] == [("start", "failed"), ("restart after a failure", "failed")]
-    assert f"outcome='failed'" in repr(past) and "error='DistributedRunError: rank 1 on " in repr(past)
+    assert "outcome='failed'" in repr(past) and "error='DistributedRunError: rank 1 on " in repr(past)
     shown = cli("runs", "show", last.run_id)
     assert shown.returncode == 0, shown.stderr
     assert f"  entry            {script} 3 1\n" in shown.stdout

@@ -19,9 +19,11 @@ import sys
 import traceback
 from types import TracebackType
 
+from spark_torch import envnames
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
+from spark_torch.rank.title import rank_title, set_title
 
 __all__ = ["main"]
 
@@ -38,6 +40,9 @@ def main(argv: list[str]) -> int:
     """Run the script; return its exit status."""
     script, *args = argv
     sys.argv = [script, *args]
+    # ps, htop and pgrep -f show the script and its arguments, warm or cold
+    name = os.path.basename(script)
+    set_title(rank_title(os.environ.get(envnames.RANK, "0"), " ".join([name, *args])), name)
     start_sampler()  # stall detection, when the node asked for it
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
