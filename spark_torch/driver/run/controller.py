@@ -34,6 +34,7 @@ from spark_torch.driver.run.outcome import AttemptOutcome, GrowRequested, Interr
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.run.policy import Action, RestartPolicy
+from spark_torch.driver.spark.checks import Verdict, encryption_checks
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
@@ -69,12 +70,10 @@ def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
         )
     if plan.gpu_fallback is not None:
         logger.warning("%s", plan.gpu_fallback)
-    if (cluster.ssl_enabled or cluster.crypto_enabled) and not plan.local_mode:
-        logger.warning(
-            "spark_torch: Spark encrypts its own traffic (%s); spark_torch's channel (logs, reports, results) "
-            "is encrypted too, but torch's gloo/NCCL traffic between ranks is NOT encrypted",
-            "spark.ssl.enabled" if cluster.ssl_enabled else "spark.network.crypto.enabled",
-        )
+    if not plan.local_mode:  # the checks doctor shows too, one table (driver/spark/checks.py)
+        for check in encryption_checks(cluster):
+            if check.verdict is Verdict.WARN:
+                logger.warning("%s", check.message)
     return plan
 
 
