@@ -100,6 +100,19 @@ def test_ctrl_c_stops_every_rank(mode: list[str], tmp_path: Path) -> None:
     assert not rank_processes() and not set(run_temp_dirs()) - before
 
 
+def test_ctrl_c_prints_where_each_rank_was_once() -> None:
+    """The CLI's Ctrl-C shows the stacks the run attached to the interrupt (as the API's
+    traceback does), each note once."""
+    from spark_torch.cli.main import _interrupted
+
+    interrupt = KeyboardInterrupt()
+    assert _interrupted(interrupt) == "spark-torch: interrupted; every rank was stopped"
+    note = "spark_torch: where each rank was when the run was interrupted:\n  ranks 0-1:\n    time.sleep(600)"
+    interrupt.add_note(note)
+    interrupt.add_note(note)
+    assert _interrupted(interrupt) == f"spark-torch: interrupted; every rank was stopped\n{note}"
+
+
 def test_doctor_local() -> None:
     done = cli("doctor", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1")
     assert done.returncode == 0, done.stdout + done.stderr

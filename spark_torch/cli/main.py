@@ -203,6 +203,13 @@ def _paragraph(message: str) -> str:
     return "spark-torch: error: " + head + (("\n" + rest) if rest else "")
 
 
+def _interrupted(interrupt: KeyboardInterrupt) -> str:
+    """What Ctrl-C prints: that every rank was stopped, then where each was (the notes the run
+    added to the interrupt, as the Python API shows them), once."""
+    notes = [note for note in getattr(interrupt, "__notes__", []) if isinstance(note, str)]
+    return "\n".join(["spark-torch: interrupted; every rank was stopped", *dict.fromkeys(notes)])
+
+
 def _run(args: argparse.Namespace) -> int:
     from spark_torch.driver.api.distributor import Distributor
     from spark_torch.errors import ConfigurationError, DistributedRunError, LaunchError, PicklingError
@@ -248,8 +255,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"spark-torch: run {last.run_id}: {len(last.rows)} report(s), latest checkpoint "
                 f"{last.checkpoint.path if last.checkpoint else '(none)'}", file=sys.stderr,
             )
-    except KeyboardInterrupt:
-        print("spark-torch: interrupted; every rank was stopped", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        print(_interrupted(interrupt), file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ConfigurationError, PicklingError, FileNotFoundError, IsADirectoryError, PermissionError, TypeError, ValueError) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)
