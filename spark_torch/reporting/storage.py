@@ -425,7 +425,7 @@ class RunStorage:
     def attempts(self) -> list[dict[str, Any]]:
         """One row per attempt started, oldest first: ``attempt`` (numbered on across ``run()``
         calls with this run id), ``world_size``, ``nodes``, ``time`` (Unix seconds)."""
-        return self.read_log(ATTEMPTS)
+        return list(self.read_log(ATTEMPTS))
 
     @_withholding_options
     def history(self) -> list[dict[str, Any]]:
