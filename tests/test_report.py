@@ -63,7 +63,7 @@ def test_metrics_rows_and_result(tmp_path: Path, no_leftovers: None) -> None:
     assert result.checkpoint.path == str(tmp_path / result.run_id / "checkpoint_000006") == os.fspath(result.checkpoint)
     assert result.checkpoint.to_directory() == result.checkpoint.path and result.path == str(tmp_path / result.run_id)
     assert sorted(os.listdir(tmp_path / result.run_id)) == [
-        ".spark_torch_run", "attempts.jsonl", "checkpoint_000003", "checkpoint_000006", "metrics.jsonl"
+        ".spark_torch_run", "attempts.jsonl", "checkpoint_000003", "checkpoint_000006", "metrics.jsonl", "run.jsonl"
     ]  # fmt: skip
     manifest = json.loads((Path(result.checkpoint) / MANIFEST).read_text())
     assert manifest["step"] == 6 and manifest["ranks"] == [0]
