@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from spark_torch import ArgumentError
 from spark_torch.driver.run.entrypoint import check_arguments, make_entrypoint
-from spark_torch.errors import ArgumentError
 
 
 def train(lr: float, epochs: int = 3, *, batch_size: int = 32) -> None:
