@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_exported_members() -> None:
     assert sorted(spark_torch.__all__) == sorted([
         "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
-        "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "StoppedRank", "__version__",
+        "ArgumentError", "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "StoppedRank", "__version__",
         "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
         "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
         "AttemptSize", "SizeReason", "AttemptError", "GrowRequest", "GpuFallback",
