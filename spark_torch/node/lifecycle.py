@@ -24,6 +24,7 @@ from spark_torch.errors import ClusterConfigurationError, RankFailure
 from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
 from spark_torch.node.gpus import node_gpus, through_visible
+from spark_torch.column_files import NullValuesError
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.rank_group import GroupResult, GroupState, NodeSpec, run_ranks
@@ -179,9 +180,13 @@ def _usable_dir(path: str | None) -> str | None:
 
 
 def _stage_rows(run: RunSpec, workdir: NodeWorkdir, batches: Iterable[Any] | None) -> tuple[str | None, int]:
-    """The node's DataFrame rows to a file (``run_on_dataframe``); else drain the placeholder row."""
+    """The node's DataFrame rows to a file (``run_on_dataframe``); else drain the placeholder row.
+    Nulls in a numeric column are the user's to fix: refused here, before any rank starts."""
     if run.data is not None:
-        return write_node_data(batches or (), workdir.path)
+        try:
+            return write_node_data(batches or (), workdir.path)
+        except NullValuesError as exc:
+            raise NodeProblem(str(exc), kind=ProblemKind.CONFIGURATION) from None
     for _ in batches or ():  # one placeholder row per node
         pass
     return None, 0
