@@ -201,7 +201,6 @@ class ColumnWriter:
         self.rows += batch.num_rows
 
     def _write_vectors(self, index: int, column: dict[str, Any], array: Any) -> None:
-        import numpy as np
 
         kinds = _numpy(array.field("type"))
         sizes = array.field("size").fill_null(0).to_numpy(zero_copy_only=False)

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spark_torch import envnames
+from spark_torch.column_files import NullValuesError
 from spark_torch.errors import ClusterConfigurationError, RankFailure
 from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
 from spark_torch.node.gpus import node_gpus, through_visible
-from spark_torch.column_files import NullValuesError
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.rank_group import GroupResult, GroupState, NodeSpec, run_ranks

@@ -60,7 +60,7 @@ def dense_vectors(parts: Mapping[str, Any], dtype: Any = None) -> Any:
     import numpy as np
     import torch
 
-    kinds, sizes = parts["type"], parts["size"]
+    kinds = parts["type"]
     value_offsets, values = parts["value_offsets"], parts["values"]
     n, width = len(kinds), int(parts["width"])
     value_lengths = np.diff(value_offsets)
