@@ -4,10 +4,9 @@ A node's rows are staged the way ``run_on_dataframe`` stages them (``write_node_
 10,000-row Arrow record batches, Spark's ``maxRecordsPerBatch``), for 62.5k, 500k and 4M rows
 per rank, with one column of each supported kind: ``features`` array<float>[32], ``label``
 double, ``vec`` Spark ML vector (8 wide, dense and sparse rows), ``name`` string, ``blob``
-binary. For each size: milliseconds per batch of 1024 rows, shuffled and in order: the mean
-over one whole epoch of all columns (``.../all/epoch_mean``: what training pays, first
-touches of the memory-mapped pages included), then for each column alone and for all
-together the median of ``--batches`` batches of another epoch's order (pages mapped),
+binary. For each size: milliseconds per batch of 1024 rows, shuffled and in order, for all
+columns together and for each alone: the mean over one whole epoch (what training pays,
+first touches of the memory-mapped pages included),
 the rank's resident memory after the loop, and, with ``--old``, the loader this replaced
 (Arrow IPC file + ``Table.take``) and chunk-aware ``take`` (group the batch's rows by
 record batch, one ``take`` per chunk) on the array column.
@@ -72,18 +71,6 @@ def stage(directory: str, rows: int) -> str:
     return path
 
 
-def per_batch_ms(loader: Any, batches: int) -> float:
-    it = iter(loader)
-    for _ in range(5):
-        next(it)
-    times = []
-    for _ in range(batches):
-        start = time.perf_counter()
-        next(it)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
-
-
 def epoch_ms(loader: Any) -> float:
     """Mean milliseconds per batch over one whole epoch (first touches of the mapped pages included)."""
     start = time.perf_counter()
@@ -91,17 +78,15 @@ def epoch_ms(loader: Any) -> float:
     return (time.perf_counter() - start) * 1000 / count
 
 
-def measure_ours(path: str, batches: int) -> dict[str, Any]:
+def measure_ours(path: str) -> dict[str, Any]:
     from spark_torch.rank.data import RankDataset
 
+    next(iter(RankDataset(path, batch_size=2, columns=COLUMNS, local_rank=0, local_world_size=1)))  # imports
     out: dict[str, Any] = {}
     for shuffle in (True, False):
-        order = "shuffled" if shuffle else "in_order"
-        ds = RankDataset(path, batch_size=BATCH, columns=COLUMNS, shuffle=shuffle, seed=0, local_rank=0, local_world_size=1)
-        out[f"{order}/all/epoch_mean"] = round(epoch_ms(ds), 3)
-        for cols in [[c] for c in COLUMNS] + [COLUMNS]:
-            ds = RankDataset(path, batch_size=BATCH, columns=cols, shuffle=shuffle, seed=1, local_rank=0, local_world_size=1)
-            out[f"{order}/{cols[0] if len(cols) == 1 else 'all'}"] = round(per_batch_ms(ds, batches), 3)
+        for cols in [COLUMNS] + [[c] for c in COLUMNS]:
+            ds = RankDataset(path, batch_size=BATCH, columns=cols, shuffle=shuffle, seed=0, local_rank=0, local_world_size=1)
+            out[f"{'shuffled' if shuffle else 'in_order'}/{cols[0] if len(cols) == 1 else 'all'}"] = round(epoch_ms(ds), 3)
     return out
 
 
@@ -143,7 +128,7 @@ def measure_old(rows: int, directory: str, batches: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="62500,500000,4000000")
-    parser.add_argument("--batches", type=int, default=50)
+    parser.add_argument("--batches", type=int, default=20, help="batches timed for --old (median)")
     parser.add_argument("--old", action="store_true", help="also time the replaced loader and chunk-aware take")
     parser.add_argument("--dir", default=None, help="where to stage (default: a temp folder, removed after)")
     args = parser.parse_args()
@@ -159,10 +144,10 @@ def main() -> None:
             start = time.perf_counter()
             path = stage(os.path.join(directory, "data"), rows)
             entry: dict[str, Any] = {"stage_s": round(time.perf_counter() - start, 2)}
-            entry["ms_per_batch"] = measure_ours(path, args.batches)
+            entry["ms_per_batch"] = measure_ours(path)
             entry["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             if args.old:
-                entry["ms_per_batch"].update(measure_old(rows, directory, min(args.batches, 20)))
+                entry["ms_per_batch"].update(measure_old(rows, directory, args.batches))
             results["sizes"][str(rows)] = entry
             print(rows, json.dumps(entry), flush=True)
         finally:
