@@ -7,7 +7,8 @@ each. ``label`` is the row's id, so every rank counts the rows it trained on int
 ``rows`` counters that is all-reduced at the end: "exactly once" means every counter is 1.
 
 Both run the same DDP body (``Linear(width, 1)`` in float32, gloo, SGD, batch 1024, one pass)
-with 2 ranks, distributed mode on ``local[2]``, one method after the other, ``--reps`` times.
+with 2 ranks, distributed mode on ``local[2]``, one method after the other, ``--reps`` times,
+after one warm-up run of each on 20,000 rows.
 Reported per method and table: prep s (work before training, none for either here), train s
 (the run call, end to end), total s, loop rows/s (rows of both ranks / the slowest rank's
 time from the first batch to the last step), the count check, and the peak RSS of the
@@ -111,13 +112,14 @@ def write_tables(spark: Any, rows: int, where: str) -> dict[str, str]:
     return paths
 
 
-def run_once(spark: Any, method: str, table: str, path: str, rows: int) -> dict[str, Any]:
+def run_once(spark: Any, method: str, table: str, path: str, rows: int, limit: int | None = None) -> dict[str, Any]:
+    """One timed run; ``limit``: only that many rows (the warm-up)."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from spark_torch import Distributor
 
     start = time.perf_counter()
-    df = spark.read.parquet(path)
+    df = spark.read.parquet(path) if limit is None else spark.read.parquet(path).limit(limit)
     if method == "spark_torch":
         columns = ["features", "label"] if table == "array" else [*[f"f{i}" for i in range(SCALARS)], "label"]
         out = Distributor(num_processes=2, local_mode=False, spark=spark, log_ranks=[]).run_on_dataframe(
@@ -125,7 +127,7 @@ def run_once(spark: Any, method: str, table: str, path: str, rows: int) -> dict[
         )
     else:
         out = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)._train_on_dataframe(
-            pyspark_fn, df.repartition(2), rows, table, rows // 2
+            pyspark_fn, df.repartition(2), rows, table, (limit or rows) // 2
         )
     train = time.perf_counter() - start
     out.update({"prep_s": 0.0, "train_s": train, "total_s": train, "loop_rows_per_s": out["rows_trained"] / out["loop_s"]})
@@ -164,6 +166,8 @@ def main() -> None:
     results: dict[str, Any] = {}
     try:
         paths = write_tables(spark, args.rows, where)
+        for method in ("spark_torch", "pyspark"):  # warm-up: the JVM, Python workers, imports
+            run_once(spark, method, "scalar", paths["scalar"], args.rows, limit=20_000)
         for table in args.tables.split(","):
             runs: dict[str, list[dict[str, Any]]] = {"spark_torch": [], "pyspark": []}
             for _ in range(args.reps):

@@ -6,10 +6,10 @@ per rank, with one column of each supported kind: ``features`` array<float>[32],
 double, ``vec`` Spark ML vector (8 wide, dense and sparse rows), ``name`` string, ``blob``
 binary. For each size: milliseconds per batch of 1024 rows, shuffled and in order, for all
 columns together and for each alone: the mean over one whole epoch (what training pays,
-first touches of the memory-mapped pages included),
-the rank's resident memory after the loop, and, with ``--old``, the loader this replaced
-(Arrow IPC file + ``Table.take``) and chunk-aware ``take`` (group the batch's rows by
-record batch, one ``take`` per chunk) on the array column.
+first touches of the memory-mapped pages included); the process's peak resident memory; and,
+with ``--old``, the median of ``--batches`` shuffled batches of the loader this replaced (Arrow
+IPC file + ``Table.take``) and of chunk-aware ``take`` (the batch's rows grouped by record
+batch, one ``take`` per chunk), on the array column.
 
     .venv/bin/python benchmarks/bench_loader.py [--sizes 62500,500000,4000000] [--old] [--dir /tmp/x]
 
