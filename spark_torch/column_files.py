@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 __all__ = ["ColumnWriter", "StagedColumns", "NullValuesError", "MANIFEST", "column_kind"]
 
@@ -131,11 +131,15 @@ class ColumnWriter:
         self.directory = directory
         self.rows = 0
         self._columns: list[dict[str, Any]] = []
-        self._files: dict[tuple[int, str], BinaryIO] = {}
+        self._started = False
         self._ends: dict[tuple[int, str], int] = {}
         os.makedirs(directory, exist_ok=True)
 
+    def _path(self, index: int, part: str) -> str:
+        return os.path.join(self.directory, f"{index}.{part}")
+
     def _start(self, schema: Any) -> None:
+        self._started = True
         for index, field in enumerate(schema):
             kind = column_kind(field.type)
             self._columns.append({
@@ -143,7 +147,7 @@ class ColumnWriter:
                 "width": None, "uniform": True,
             })  # fmt: skip
             for part in _PARTS[kind]:
-                self._files[(index, part)] = open(os.path.join(self.directory, f"{index}.{part}"), "wb")
+                open(self._path(index, part), "wb").close()
                 if part.endswith("ends"):
                     self._ends[(index, part)] = 0
 
@@ -151,7 +155,10 @@ class ColumnWriter:
         import numpy as np
 
         values = np.ascontiguousarray(values, dtype=np.dtype(self._columns[index]["dtypes"][part]))
-        self._files[(index, part)].write(memoryview(values).cast("B"))
+        # opened per write, not held: a DataFrame of a thousand columns must not use a thousand
+        # descriptors here (a batch is thousands of rows, so an open per part and batch is cheap)
+        with open(self._path(index, part), "ab") as fh:
+            fh.write(memoryview(values).cast("B"))
 
     def _put_ends(self, index: int, part: str, lengths: Any) -> None:
         import numpy as np
@@ -173,7 +180,7 @@ class ColumnWriter:
         """Append one Arrow record batch (the first one fixes the columns)."""
         import numpy as np
 
-        if not self._columns and not self._files:
+        if not self._started:
             self._start(batch.schema)
         if not batch.num_rows:
             return
@@ -225,10 +232,7 @@ class ColumnWriter:
         column["uniform"] = bool(column["uniform"] and (lengths == first).all())
 
     def close(self) -> int:
-        """Close the part files and write the manifest; returns the rows written."""
-        for handle in self._files.values():
-            handle.close()
-        self._files.clear()
+        """Write the manifest (the folder is complete); returns the rows written."""
         manifest = {"rows": self.rows, "columns": self._columns}
         temp = os.path.join(self.directory, MANIFEST + ".tmp")
         with open(temp, "w") as fh:

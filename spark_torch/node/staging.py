@@ -26,12 +26,9 @@ def write_node_data(batches: Iterable[Any], directory: str) -> tuple[str, int]:
     column that holds nulls (before any rank starts)."""
     path = WorkdirFiles(directory).data()
     writer = ColumnWriter(path)
-    try:
-        for batch in batches:
-            writer.write(batch)
-    finally:
-        rows = writer.close()
-    return path, rows
+    for batch in batches:
+        writer.write(batch)
+    return path, writer.close()  # no manifest after an error: the folder is not staged
 
 
 def data_env(path: str, columns: Sequence[str], explicit: bool, *, rows_per_node: Sequence[int] = ()) -> dict[str, str]:

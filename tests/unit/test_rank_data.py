@@ -130,6 +130,8 @@ def test_nulls_refused_while_staging_naming_the_column(tmp_path: Path, column: s
     table = table.set_column(table.schema.get_field_index(column), table.schema.field(column), pa.array(values, table.schema.field(column).type))
     with pytest.raises(NullValuesError, match=rf"column '{column}' \(.*\) has 1 null value\(s\).*df.na.drop\(subset=\['{column}'\]\)"):
         write_node_data(table.to_batches(), str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is not a folder staged by run_on_dataframe"):
+        StagedColumns(str(tmp_path / "data"))  # no manifest: nothing half-written looks staged
 
 
 def test_null_items_inside_arrays_refused(tmp_path: Path) -> None:
