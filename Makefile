@@ -1,6 +1,7 @@
 # Two commands on a fresh machine with Python 3.10+ and Java 17+:
 #   make demo   - create .venv, install what the demo needs, run a 2-rank DDP training on an embedded Spark
-#   make test   - create .venv, install the test toolchain, run the whole test suite
+#   make test   - create .venv, install the test toolchain, run the whole test suite (parallel workers)
+#   make test-fast - the unit tests and a smoke run in each mode (the development loop, minutes)
 # and
 #   make dist   - build the wheel and sdist into dist/ (pip install dist/spark_torch-*.whl on the driver and executors)
 #   make lock   - refresh constraints.txt, the versions `make test`/`make demo` install, from today's releases
@@ -8,6 +9,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# the suite runs in TEST_WORKERS pytest-xdist workers; tests/conftest.py groups the tests by the
+# Spark session they need (--dist loadgroup) and each worker runs them in the order of the sessions
+# (--no-loadscope-reorder). Most of a test's time is spent waiting on JVMs, ranks and deadlines, so
+# more workers than cores pays (tests/README.md has the measurements). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 4
+XDIST_ARGS := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 # torch: on Linux without an NVIDIA driver (no /proc/driver/nvidia/version), the CPU build from
 # PyTorch's CPU index (about 200 MB) instead of PyPI's CUDA build (several GB); with a driver,
 # PyPI's CUDA build. Override either way: TORCH_INDEX= (PyPI only) or TORCH_INDEX=<an index URL>.
@@ -19,7 +26,7 @@ LOCK ?= constraints.txt
 LOCK_ARGS := --constraint $(LOCK) --build-constraint $(LOCK)
 JAVA_MIN ?= 17
 
-.PHONY: demo test bootstrap check-java bench dist clean lock
+.PHONY: demo test test-fast bootstrap check-java bench dist clean lock
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java not found: install Java $(JAVA_MIN) or newer (e.g. 'apt-get install openjdk-17-jre-headless') and retry."; exit 1; }
@@ -50,7 +57,12 @@ demo: check-java $(VENV)/.demo
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) examples/ddp_digits.py --num-processes 2
 
 test: bootstrap
-	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
+
+# the development loop: tests/unit and the smoke runs (a success and a failure in local mode and on
+# local[2]); mypy keeps its cache in .mypy_cache, so it is quick from the second run on
+test-fast: bootstrap
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "unit or smoke" $(PYTEST_ARGS)
 
 bench: bootstrap
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) benchmarks/run.py

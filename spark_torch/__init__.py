@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         SizeReason,
     )
     from spark_torch.errors import (
+        ArgumentError,
         ClusterConfigurationError,
         ConfigurationError,
         DistributedRunError,
@@ -81,6 +82,7 @@ _HOMES = {
     "ClusterConfigurationError": "spark_torch.errors",
     "InsufficientSlotsError": "spark_torch.errors",
     "PicklingError": "spark_torch.errors",
+    "ArgumentError": "spark_torch.errors",
     "LaunchError": "spark_torch.errors",
     "DistributedRunError": "spark_torch.errors",
     "RunTimeoutError": "spark_torch.errors",
@@ -119,6 +121,7 @@ __all__ = [
     "ClusterConfigurationError",
     "InsufficientSlotsError",
     "PicklingError",
+    "ArgumentError",
     "LaunchError",
     "DistributedRunError",
     "RunTimeoutError",

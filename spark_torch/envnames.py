@@ -8,6 +8,7 @@ environment.
 from __future__ import annotations
 
 __all__ = [
+    "FULL_TRACEBACK",
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
@@ -152,3 +153,7 @@ SCRUBBED = frozenset(
         TORCHELASTIC_USE_AGENT_STORE,
     }
 )
+
+#: read on the driver: set to 1 for spark_torch's errors with every internal frame and their whole
+#: chain (by default they leave ``run()`` with the user's frames and the message only)
+FULL_TRACEBACK = "SPARK_TORCH_FULL_TRACEBACK"

@@ -9,6 +9,7 @@ TorchDistributor keep working::
     │   ├── InsufficientSlotsError            the cluster cannot run all tasks at once
     │   └── ClusterConfigurationError (+ RuntimeError)  GPU resources / encryption settings
     ├── PicklingError (TypeError)             the function or its arguments do not pickle
+    ├── ArgumentError (TypeError)             the arguments do not fit the function's signature
     ├── LaunchError (RuntimeError)            ranks could not be started
     └── DistributedRunError (RuntimeError)    a rank failed; names the rank, host, cause
         └── RunTimeoutError (+ TimeoutError)  the run exceeded ``timeout``
@@ -27,6 +28,7 @@ __all__ = [
     "InsufficientSlotsError",
     "ClusterConfigurationError",
     "PicklingError",
+    "ArgumentError",
     "LaunchError",
     "DistributedRunError",
     "RunTimeoutError",
@@ -56,6 +58,11 @@ class ClusterConfigurationError(ConfigurationError, RuntimeError):
 
 class PicklingError(SparkTorchError, TypeError):
     """The training function or one of its arguments cannot be sent to the ranks."""
+
+
+class ArgumentError(SparkTorchError, TypeError):
+    """The arguments given to ``run()`` do not fit the training function's signature (found on
+    the driver, before any rank starts)."""
 
 
 class LaunchError(SparkTorchError, RuntimeError):

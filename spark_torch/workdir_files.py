@@ -71,9 +71,10 @@ class WorkdirFiles:
         return os.path.join(self.files_dir(), os.path.basename(name))
 
     def data(self) -> str:
-        """This node's DataFrame rows, an Arrow file (``run_on_dataframe``). Node writes
-        (:mod:`spark_torch.node.staging`), :mod:`spark_torch.rank.data` reads (``SPARK_TORCH_DATA_FILE``)."""
-        return os.path.join(self.path, "data.arrow")
+        """This node's DataFrame rows, a folder of column files (``run_on_dataframe``,
+        :mod:`spark_torch.column_files`). Node writes (:mod:`spark_torch.node.staging`),
+        :mod:`spark_torch.rank.data` reads (``SPARK_TORCH_DATA_FILE``)."""
+        return os.path.join(self.path, "data")
 
     def checkpoint(self) -> str:
         """The folder a checkpoint on remote storage is downloaded into, when the attempt

@@ -62,14 +62,59 @@ _ORDER = {
 }
 
 
-def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """Run tests grouped by the Spark session they need, so each session starts once."""
+#: sessions of which a machine runs one at a time (fixed resources: namespaces, a Connect server, daemons)
+_ONE_WORKER = {"standalone_spark", "two_host_spark", "connect_spark"}
 
-    def weight(item: Any) -> int:
-        names = getattr(item, "fixturenames", ())
-        return max([_ORDER.get(n, 0) for n in names] or [0])
+
+def _session_kind(item: Any) -> str | None:
+    """The session fixture with the highest order among those ``item`` uses (None: no Spark, or pytest-spark's)."""
+    names = [n for n in getattr(item, "fixturenames", ()) if n in _ORDER]
+    return max(names, key=_ORDER.__getitem__) if names else None
+
+
+def _xdist_group(item: Any) -> str | None:
+    """The pytest-xdist group of ``item`` under ``--dist loadgroup`` (tests of a group run in one worker).
+
+    A worker runs the tests it is sent in the order of this sorted collection (``--no-loadscope-reorder``),
+    so each worker switches sessions in ``_ORDER`` too. Tests of a session other than pytest-spark's
+    ``local[2]`` share a worker per test file (one start of that session for the file), the sessions of
+    ``_ONE_WORKER`` one worker in all, and a file's module-scoped fixtures stay in one worker."""
+    kind = _session_kind(item)
+    path = Path(str(item.fspath)).name
+    if kind in _ONE_WORKER:
+        return kind
+    if kind is not None and kind != "spark_session":
+        return f"{kind}-{path}"
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope == "module" for fixture_defs in defs.values() for d in fixture_defs):
+        return f"module-{path}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker hook reads the groups
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Run tests grouped by the Spark session they need, so each session starts once (per worker)."""
+
+    def weight(item: Any) -> float:
+        kind = _session_kind(item)
+        return _ORDER[kind] if kind else 0
 
     items.sort(key=weight)
+    for item in items:
+        if Path(str(item.fspath)).parent == TESTS / "unit":
+            item.add_marker(pytest.mark.unit)
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    """With ``SPARK_TORCH_TEST_FAILURES=FILE``, each failure is appended to FILE as it happens (a
+    long parallel run can be read, or stopped, before its summary)."""
+    path = os.environ.get("SPARK_TORCH_TEST_FAILURES")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"===== {report.nodeid} ({report.when}, {report.duration:.1f}s)\n{report.longreprtext[-4000:]}\n")
 
 
 def _stop_active() -> None:

@@ -85,15 +85,32 @@ def _interrupt_after_first_line(args: list[str], lines: int = 1) -> tuple[int, f
 
 
 @pytest.mark.parametrize("mode", [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]], ids=["local", "distributed"])
-def test_ctrl_c_stops_every_rank(mode: list[str]) -> None:
+def test_ctrl_c_stops_every_rank(mode: list[str], tmp_path: Path) -> None:
     before = set(run_temp_dirs())
-    code, took = _interrupt_after_first_line(["run", "-n", "2", *mode, str(SCRIPTS / "hang.py")])
+    code, took = _interrupt_after_first_line(["run", "-n", "2", *mode, "--storage-path", str(tmp_path), str(SCRIPTS / "hang.py"), "--x", "1"])
     assert code == 130
     assert took < 15
+    listed = cli("runs", str(tmp_path)).stdout.splitlines()  # the run is kept, "stopped by Ctrl-C"
+    assert len(listed) == 2 and " stopped by Ctrl-C " in listed[1]
+    shown = cli("runs", "show", listed[1].split()[0], "--storage", str(tmp_path)).stdout
+    assert f"  entry            {SCRIPTS / 'hang.py'} --x 1\n" in shown and "  outcome          stopped by Ctrl-C\n" in shown
     deadline = time.monotonic() + 10
     while (rank_processes() or set(run_temp_dirs()) - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not rank_processes() and not set(run_temp_dirs()) - before
+
+
+def test_ctrl_c_prints_where_each_rank_was_once() -> None:
+    """The CLI's Ctrl-C shows the stacks the run attached to the interrupt (as the API's
+    traceback does), each note once."""
+    from spark_torch.cli.main import _interrupted
+
+    interrupt = KeyboardInterrupt()
+    assert _interrupted(interrupt) == "spark-torch: interrupted; every rank was stopped"
+    note = "spark_torch: where each rank was when the run was interrupted:\n  ranks 0-1:\n    time.sleep(600)"
+    interrupt.add_note(note)
+    interrupt.add_note(note)
+    assert _interrupted(interrupt) == f"spark-torch: interrupted; every rank was stopped\n{note}"
 
 
 def test_doctor_local() -> None:

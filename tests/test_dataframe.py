@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -46,16 +47,16 @@ def train_on_rows(epochs: int, seed: int) -> dict[str, Any]:
     from spark_torch.data import rank_loader
 
     dist.init_process_group("gloo", init_method="env://")
-    model = torch.nn.Linear(3 + 4 + 1, 1).double()
+    model = torch.nn.Linear(3 + 4 + 1, 1)  # float32, as vectors and float arrays arrive by default
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = rank_loader(batch_size=8, shuffle=True, seed=seed)
+    loader = rank_loader(batch_size=8, shuffle=True, seed=seed, dtype={"x": torch.float32, "label": torch.float32})
     orders: list[list[int]] = []
     checks: dict[str, Any] = {}
     for _ in range(epochs):
         seen: list[int] = []
         for batch in loader:
             seen += batch["id"].tolist()
-            feats = torch.cat([batch["vec"], batch["arr"].double(), batch["x"].unsqueeze(1)], dim=1)
+            feats = torch.cat([batch["vec"], batch["arr"], batch["x"].unsqueeze(1)], dim=1)
             loss = torch.nn.functional.mse_loss(model(feats).squeeze(1), batch["label"])
             opt.zero_grad()
             loss.backward()
@@ -63,6 +64,7 @@ def train_on_rows(epochs: int, seed: int) -> dict[str, Any]:
             checks = {
                 "vec_shape": list(batch["vec"].shape), "arr_shape": list(batch["arr"].shape),
                 "flag_dtype": str(batch["flag"].dtype), "name": batch["name"][0][:3], "blob_type": type(batch["blob"][0]).__name__,
+                "float_dtypes": sorted({str(batch[c].dtype) for c in ("vec", "arr", "x", "label")}),
             }
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, seen)
@@ -79,7 +81,7 @@ def _check(out: dict[str, Any], rows: int) -> None:
     assert out["orders"][0] != out["orders"][1]  # reshuffled per epoch
     assert out["checks"]["vec_shape"][1] == 3 and out["checks"]["arr_shape"][1] == 4
     assert out["checks"]["flag_dtype"] == "torch.bool" and out["checks"]["name"] == "row"
-    assert out["checks"]["blob_type"] == "bytes"
+    assert out["checks"]["blob_type"] == "bytes" and out["checks"]["float_dtypes"] == ["torch.float32"]
 
 
 def test_distributed_local2(spark_session: Any, no_leftovers: None) -> None:
@@ -133,3 +135,17 @@ def test_unsupported_type_named(spark_session: Any) -> None:
         Distributor(num_processes=1, spark=spark_session).run_on_dataframe(train_on_rows, df, 1, 0)
     with pytest.raises(ConfigurationError, match=r"columns \['nope'\] are not in the DataFrame"):
         Distributor(num_processes=1, spark=spark_session).run_on_dataframe(train_on_rows, df, 1, 0, columns=["nope"])
+
+
+def _never_starts(marker: str) -> None:
+    open(marker, "w").close()
+
+
+@pytest.mark.parametrize("local_mode", [True, False])
+def test_null_numbers_named_before_any_rank_starts(spark_session: Any, no_leftovers: None, tmp_path: Any, local_mode: bool) -> None:
+    """A null in a numeric column fails while the node stages its rows, naming the column."""
+    df = make_df(spark_session, rows=30, partitions=3).selectExpr("id", "IF(id = 17, NULL, x) AS x", "label")
+    marker = str(tmp_path / "started")
+    with pytest.raises(ConfigurationError, match=r"column 'x' \(double\) has 1 null value\(s\).*df\.na\.drop\(subset=\['x'\]\)"):
+        Distributor(num_processes=2, local_mode=local_mode, spark=spark_session).run_on_dataframe(_never_starts, df, marker)
+    assert not os.path.exists(marker)

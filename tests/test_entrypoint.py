@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from spark_torch import Distributor, PicklingError
 from spark_torch.driver.run.entrypoint import FunctionEntrypoint, ScriptEntrypoint, make_entrypoint
 from spark_torch.driver.run.payload import dump_function_payload
+from spark_torch.errors import ArgumentError
 from spark_torch.rank_files import load_function_payload
 
 from .conftest import run_temp_dirs
@@ -78,3 +80,37 @@ def test_payload_round_trip() -> None:
     data = dump_function_payload(FunctionEntrypoint(divmod, (7, 2), {}))
     fn, args, kwargs = load_function_payload(data)
     assert fn(*args, **kwargs) == (3, 1)
+
+
+def takes_epochs(lr: float, epochs: int = 1) -> float:
+    return lr * epochs
+
+
+def test_a_misspelt_keyword_fails_before_launch_in_local_mode() -> None:
+    """``epoch=3`` for ``epochs``: an ArgumentError on the driver, before any rank or session."""
+    distributor = Distributor(num_processes=2, local_mode=True)
+    with pytest.raises(ArgumentError, match=r"unexpected keyword argument 'epoch' \(did you mean 'epochs'\?\)"):
+        distributor.run(takes_epochs, 0.1, epoch=3)
+    assert distributor.last_run is None  # the run never began: no rank, no run directory
+    assert run_temp_dirs() == []
+
+
+def test_a_misspelt_keyword_fails_before_any_spark_job(spark_session: Any, no_leftovers: None) -> None:
+    """Distributed mode: no Spark job between two probe jobs, so neither preflight nor the barrier stage ran."""
+    sc = spark_session.sparkContext
+
+    def probe(group: str) -> list[int]:
+        sc.setJobGroup(group, group)
+        try:
+            spark_session.range(1).count()
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        return sorted(sc.statusTracker().getJobIdsForGroup(group))
+
+    before = probe("before-argument-check")
+    distributor = Distributor(num_processes=2, local_mode=False, spark=spark_session)
+    with pytest.raises(ArgumentError, match=r"'epoch' \(did you mean 'epochs'\?\).*no rank was started"):
+        distributor.run(takes_epochs, 0.1, epoch=3)
+    after = probe("after-argument-check")
+    assert after[0] == before[-1] + 1, "a Spark job ran between the probes"
+    assert distributor.last_run is None

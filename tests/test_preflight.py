@@ -183,14 +183,14 @@ def test_executors_need_no_pandas_and_no_fsspec(hiding_python: str) -> None:
 
 
 def test_readme_names_what_the_check_asks_for() -> None:
-    """Both of the README's lists of what executors need name every module the check imports or
+    """The README's one list of what executors need names every module the check imports or
     looks up there, fsspec only for a storage URL, and not pandas."""
     imported, found = preflight.node_modules(ship_package=True)
     needed = {name.split(".")[0] for name in imported + found}
     readme = (REPO / "README.md").read_text()
     paragraphs = [p for p in readme.split("\n\n") if "Executors** need" in p or p.startswith("Executors need")]
     paragraphs = [p.split("- **Executors**", 1)[-1].split("\n- ", 1)[0] for p in paragraphs]
-    assert len(paragraphs) == 2, paragraphs
+    assert len(paragraphs) == 1, paragraphs  # one place
     for text in paragraphs:
         named = set(re.findall(r"[a-z_]+", text.replace("`", "")))
         assert needed <= named, (needed - named, text)

@@ -63,7 +63,7 @@ def test_metrics_rows_and_result(tmp_path: Path, no_leftovers: None) -> None:
     assert result.checkpoint.path == str(tmp_path / result.run_id / "checkpoint_000006") == os.fspath(result.checkpoint)
     assert result.checkpoint.to_directory() == result.checkpoint.path and result.path == str(tmp_path / result.run_id)
     assert sorted(os.listdir(tmp_path / result.run_id)) == [
-        ".spark_torch_run", "attempts.jsonl", "checkpoint_000003", "checkpoint_000006", "metrics.jsonl"
+        ".spark_torch_run", "attempts.jsonl", "checkpoint_000003", "checkpoint_000006", "metrics.jsonl", "run.jsonl"
     ]  # fmt: skip
     manifest = json.loads((Path(result.checkpoint) / MANIFEST).read_text())
     assert manifest["step"] == 6 and manifest["ranks"] == [0]
@@ -144,13 +144,6 @@ def test_script_mode_reports_and_resumes(tmp_path: Path, no_leftovers: None) -> 
     os.environ["EPOCHS"] = "5"  # train further: resumes after epoch 2
     d.run(str(SCRIPTS / "report_script.py"))
     assert [(r["step"], r["epoch"]) for r in d.last_run.rows] == [(4, 3), (5, 4)]
-
-
-def test_run_that_never_reports_leaves_no_directory(no_leftovers: None) -> None:
-    home = Path(os.path.expanduser("~/spark_torch_runs"))
-    d = Distributor(num_processes=1)
-    d.run(report_steps, 0)
-    assert d.last_run is not None and not (home / d.last_run.run_id).exists()
 
 
 def test_report_misuse(spark_session: Any, no_leftovers: None) -> None:

@@ -43,6 +43,7 @@ def check_world(out: dict[str, Any]) -> None:
     assert all(r["OMP_NUM_THREADS"] == "1" for r in ranks)
 
 
+@pytest.mark.smoke
 def test_function_local2(spark_session: Any, no_leftovers: None) -> None:
     environ_before = dict(os.environ)
     out = Distributor(num_processes=2, local_mode=False, spark=spark_session).run(world_info, "x")
@@ -65,6 +66,7 @@ def _script_run(spark: Any, tmp_path: Path) -> None:
     assert all(i["EXTRA_VAR"] == "y" and i["argv"] == ["--batch_size=16"] for i in infos)
 
 
+@pytest.mark.smoke
 def test_script_local2(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
     _script_run(spark_session, tmp_path)
 
@@ -126,6 +128,7 @@ def _assert_fails_fast(spark: Any, fn: Any, pattern: str, cause: type[BaseExcept
     assert "Traceback from rank 1" in str(info.value)
 
 
+@pytest.mark.smoke
 def test_rank_failure_local2(spark_session: Any, no_leftovers: None) -> None:
     _assert_fails_fast(spark_session, raise_on_rank1, r"^rank 1 on 127\.0\.0\.1 failed: ValueError: bad learning rate", ValueError)
 

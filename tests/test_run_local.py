@@ -39,6 +39,7 @@ def slow_on_rank0(seconds: float) -> int:
     return rank
 
 
+@pytest.mark.smoke
 def test_function_returns_rank0_result(no_leftovers: None, capsys: pytest.CaptureFixture[str]) -> None:
     environ_before = dict(os.environ)
     out = Distributor(num_processes=3).run(env_and_allreduce, "t", scale=2)
@@ -67,6 +68,7 @@ def test_script_env_and_args(tmp_path: Path, no_leftovers: None) -> None:
     assert infos[0]["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
 
 
+@pytest.mark.smoke
 def test_script_exit_code_is_failure(no_leftovers: None) -> None:
     start = time.monotonic()
     with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: exited with code 2") as info:
@@ -93,6 +95,7 @@ def fails_in_collective() -> None:
     dist.barrier()
 
 
+@pytest.mark.smoke
 def test_function_raises_while_others_wait(no_leftovers: None) -> None:
     start = time.monotonic()
     with pytest.raises(DistributedRunError, match=r"^rank 1 on .* failed: KeyError: 'bad shard 7'") as info:

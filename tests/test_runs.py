@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import spark_torch
-from spark_torch import Distributor
+from spark_torch import DistributedRunError, Distributor, RunTimeoutError
+from spark_torch.reporting.run_log import Outcome
 
+from .conftest import SCRIPTS
 from .ray_train_programs import report_losses
 
 CLI = [sys.executable, "-m", "spark_torch"]
@@ -59,10 +62,11 @@ def test_cli_runs_lists_the_runs(storage: Path) -> None:
     done = cli("runs", str(storage), "--checkpoint-score", "loss:min")
     assert done.returncode == 0, done.stderr
     header, first, second = done.stdout.splitlines()
-    assert header.split()[:5] == ["RUN", "ID", "STARTED", "ATTEMPTS", "WORLD"] and header.endswith("CHECKPOINT (BEST BY SCORE, ELSE LATEST)")
-    assert first.split()[0] == "restarted" and first.split()[3:6] == ["2", "1", "2"]  # attempts, world, steps
+    assert header.split()[:8] == ["RUN", "ID", "STARTED", "DURATION", "OUTCOME", "ENTRY", "ATTEMPTS", "WORLD"]
+    assert header.endswith("CHECKPOINT (BEST BY SCORE, ELSE LATEST)")
+    assert first.split()[0] == "restarted" and first.split()[4:9] == ["succeeded", "tests.ray_train_programs.report_losses", "2", "1", "2"]  # attempts, world, steps
     assert "loss=0.3" in first and first.endswith(f"{storage / 'restarted' / 'checkpoint_000002'} (best: lowest loss)")
-    assert second.split()[0] == "steady" and second.split()[3:6] == ["2", "2", "4"]
+    assert second.split()[0] == "steady" and second.split()[6:9] == ["2", "2", "4"]
     assert second.endswith(f"{storage / 'steady' / 'checkpoint_000002'} (best: lowest loss)")
     unscored = cli("runs", str(storage)).stdout.splitlines()  # these runs had no score: their latest
     assert unscored[2].endswith(f"{storage / 'steady' / 'checkpoint_000004'} (latest)")
@@ -75,7 +79,9 @@ def test_cli_runs_show(storage: Path) -> None:
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert text.startswith("run restarted\n") and f"path             {storage / 'restarted'}" in text
-    assert "attempt 0: 1 rank(s) on 1 node(s)" in text and "attempt 1: 1 rank(s) on 1 node(s)" in text
+    assert "  outcome          succeeded\n" in text and "  entry            tests.ray_train_programs.report_losses\n" in text
+    assert "attempt 0: 1 rank(s) on 1 node(s), start; failed: rank 0 on " in text
+    assert "attempt 1: 1 rank(s) on 1 node(s), restart after a failure; succeeded" in text
     assert "checkpoints (2, latest first):" in text and "step 2  " + str(storage / "restarted" / "checkpoint_000002") in text
     assert f"  best checkpoint  {storage / 'restarted' / 'checkpoint_000002'} (latest)" in text
     scored = cli("runs", "show", "steady", "--storage", str(storage), "--checkpoint-score", "loss:min").stdout
@@ -111,6 +117,54 @@ def test_a_past_run_orders_its_checkpoints_as_last_run_did(order: str, tmp_path:
     latest = spark_torch.RunResult.from_path(tmp_path / "scored", checkpoint_score_attribute="loss",
                                              checkpoint_score_order="max" if order == "min" else "min")  # fmt: skip
     assert [c.step for c, _ in latest.best_checkpoints] == then[::-1]
+
+
+def test_a_script_that_never_reports_is_kept_with_its_outcome_and_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+) -> None:
+    """An unchanged torchrun-style script (no report()) in the default storage, restarted once
+    and failing twice: its directory stays (``last_run.path``), and list_runs, ``runs``, ``runs
+    show`` and RunResult.from_path say what it ran, how it ended, each attempt's end and reason."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # the default storage, ~/spark_torch_runs, in tmp_path
+    script = str(SCRIPTS / "exit_code.py")
+    d = Distributor(num_processes=2, max_restarts=1, log_ranks=[])
+    with pytest.raises(DistributedRunError):
+        d.run(script, 3, 1)
+    last = d.last_run
+    assert last is not None and last.path == str(tmp_path / "spark_torch_runs" / last.run_id) and os.path.isdir(last.path)
+    assert last.outcome is Outcome.FAILED and last.entry == f"{script} 3 1"
+    assert last.duration is not None and last.duration > 0 and last.started is not None
+    (summary,) = spark_torch.list_runs()
+    assert (summary.run_id, summary.outcome, summary.entry, summary.attempts) == (last.run_id, Outcome.FAILED, f"{script} 3 1", 2)
+    assert summary.error is not None and summary.error.startswith("DistributedRunError: rank 1 on ")
+    (call,) = summary.calls
+    assert [(a.attempt, a.reason, a.end) for a in call.attempts] == [(0, "start", "failed"), (1, "restart after a failure", "failed")]
+    assert all(a.error is not None and "exited with code 3" in a.error for a in call.attempts)
+    past = spark_torch.RunResult.from_path(last.path)
+    assert (past.outcome, past.entry, past.started, past.restarts) == (Outcome.FAILED, last.entry, last.started, 1)
+    assert past.error_line == summary.error and past.duration is not None
+    assert [(str(a.reason), str(a.end)) for a in past.attempts] == [("start", "failed"), ("restart after a failure", "failed")]
+    assert "outcome='failed'" in repr(past) and "error='DistributedRunError: rank 1 on " in repr(past)
+    shown = cli("runs", "show", last.run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"  entry            {script} 3 1\n" in shown.stdout
+    assert "  outcome          failed: DistributedRunError: rank 1 on " in shown.stdout
+    assert "attempt 1: 2 rank(s) on 1 node(s), restart after a failure; failed: rank 1 on " in shown.stdout
+    listed = cli("runs").stdout.splitlines()
+    assert len(listed) == 2 and listed[1].startswith(last.run_id) and " failed: DistributedRunError: rank 1" in listed[1]
+
+
+def test_a_distributed_run_stopped_by_its_timeout_is_listed_so(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
+    """Distributed mode: a hanging script stopped by ``timeout`` is kept, "stopped by timeout"."""
+    d = Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=5, storage_path=tmp_path, log_ranks=[])
+    with pytest.raises(RunTimeoutError):
+        d.run(str(SCRIPTS / "hang.py"))
+    assert d.last_run is not None and d.last_run.outcome is Outcome.TIMED_OUT and os.path.isdir(str(d.last_run.path))
+    (summary,) = spark_torch.list_runs(tmp_path)
+    assert summary.outcome is Outcome.TIMED_OUT and summary.entry == str(SCRIPTS / "hang.py")
+    assert summary.error is not None and summary.error.startswith("RunTimeoutError: ")
+    assert [a.end for a in summary.calls[0].attempts] == ["timed out"]
+    assert " stopped by timeout " in cli("runs", str(tmp_path)).stdout.splitlines()[1]
 
 
 def test_the_cli_page_says_what_runs_prints() -> None:
@@ -155,9 +209,10 @@ def test_a_run_without_an_attempt_log(storage: Path, tmp_path: Path) -> None:
 
     shutil.copytree(storage / "restarted", tmp_path / "old")
     (tmp_path / "old" / "attempts.jsonl").unlink()
+    (tmp_path / "old" / "run.jsonl").unlink()  # nor its calls
     (old,) = spark_torch.list_runs(tmp_path)
     first_row = json.loads((tmp_path / "old" / "metrics.jsonl").read_text().splitlines()[0])
     assert old.attempts is None and old.attempt_log == [] and old.started == first_row["time"]
     assert old.world_size == 1 and old.steps == 2
     line = cli("runs", str(tmp_path)).stdout.splitlines()[1]
-    assert line.split()[0] == "old" and line.split()[3:6] == ["-", "1", "2"]
+    assert line.split()[0] == "old" and line.split()[3:9] == ["-", "-", "-", "-", "1", "2"]  # duration, outcome, entry, attempts

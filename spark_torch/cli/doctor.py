@@ -3,8 +3,9 @@
 It checks what ``run()`` checks, the way ``run()`` does it: the driver's spark_torch is shipped
 to the executors (:mod:`spark_torch.driver.spark.shipping`, unless ``ship_package`` is off) and
 the executors' Python is probed by :func:`spark_torch.driver.spark.preflight.check_executors`
-(the same message and fix as a run); then the versions there, GPUs, TLS and a real 2-rank gloo
-``all_reduce``. Every row is printed: a check that cannot run says why. Exit 0 when a run
+(the same message and fix as a run); then the versions there, GPUs, TLS and RPC encryption
+(from the table of checks a run makes too, :mod:`spark_torch.driver.spark.checks`: what a run
+warns about is ``warn``, what it refuses ``FAIL``) and a real 2-rank gloo ``all_reduce``. Every row is printed: a check that cannot run says why. Exit 0 when a run
 would work."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from spark_torch.driver.spark.cluster import IGNORE_SSL_KEY, is_connect_session, read_cluster
+from spark_torch.driver.spark.checks import Verdict, encryption_checks
+from spark_torch.driver.spark.cluster import ClusterInfo, is_connect_session, read_cluster
 from spark_torch.version import __version__
 
 __all__ = ["run_doctor", "Check"]
@@ -32,6 +34,8 @@ class Check:
     fix: str = ""
     #: False for a check that could not run (its value says why)
     ran: bool = True
+    #: a run goes on, with a warning (the fix says what to change)
+    warn: bool = False
 
 
 def _local_versions() -> dict[str, str]:
@@ -194,6 +198,16 @@ def _allreduce_row(spark: Any, slots: int | None, failed: list[Check]) -> Check:
     return Check(name, f"ok ({value:g})", value == ranks, fix)
 
 
+def shared_rows(cluster: ClusterInfo) -> list[Check]:
+    """The rows of the checks a run makes too, from the one table both read
+    (:mod:`spark_torch.driver.spark.checks`): what a run warns about is ``warn`` here, what it
+    refuses ``FAIL``."""
+    return [
+        Check(c.name, c.value, c.verdict is not Verdict.FAIL, c.fix, warn=c.verdict is Verdict.WARN)
+        for c in encryption_checks(cluster)
+    ]
+
+
 def collect_checks(spark: Any) -> list[Check]:
     """Run every check against ``spark``: the driver, what ``run()`` checks before its barrier
     stage (the package shipped, the executors' Python), the executors' versions, GPUs, TLS, and
@@ -213,11 +227,7 @@ def collect_checks(spark: Any) -> list[Check]:
     checks += _preflight_rows(spark, tasks, ship)
     checks += _executor_rows(spark, tasks, driver)
     checks.append(Check("GPUs per executor / per task", f"{cluster.executor_gpu_amount:g} / {cluster.task_gpu_amount:g}"))
-    checks.append(Check("TLS (spark.ssl.enabled)", "on" if cluster.ssl_enabled else "off",
-                        not cluster.ssl_enabled or cluster.ignore_ssl,
-                        f"torch traffic is not encrypted; set {IGNORE_SSL_KEY}=true to run anyway"))  # fmt: skip
-    crypto = "on (spark_torch's channel is encrypted; gloo/NCCL traffic is not)" if cluster.crypto_enabled else "off"
-    checks.append(Check("RPC encryption (spark.network.crypto.enabled)", crypto))
+    checks += shared_rows(cluster)
     checks.append(_allreduce_row(spark, slots, [c for c in checks if not c.ok]))
     return checks
 
@@ -227,9 +237,9 @@ def format_table(checks: list[Check]) -> str:
     width = max(len(c.name) for c in checks)
     lines = []
     for check in checks:
-        mark = "FAIL" if not check.ok else "ok  " if check.ran else "skip"
+        mark = "FAIL" if not check.ok else "skip" if not check.ran else "warn" if check.warn else "ok  "
         lines.append(f"{mark}  {check.name.ljust(width)}  {check.value}")
-        if not check.ok and check.fix:
+        if (not check.ok or check.warn) and check.fix:
             lines.append(f"      {' ' * width}  fix: {check.fix}")
     return "\n".join(lines)
 
@@ -246,8 +256,10 @@ def run_doctor(spark: Any) -> int:
     print(format_table(checks))
     failed = [c for c in checks if not c.ok]
     skipped = [c for c in checks if c.ok and not c.ran]
+    warned = [c for c in checks if c.ok and c.ran and c.warn]
     print(
-        f"\n{len(checks) - len(failed) - len(skipped)} checks passed, {len(failed)} failed"
+        f"\n{len(checks) - len(failed) - len(skipped) - len(warned)} checks passed, {len(failed)} failed"
+        + (f", {len(warned)} with a warning a run would print too" if warned else "")
         + (f", {len(skipped)} not run" if skipped else ""),
         file=sys.stdout,
     )

@@ -158,9 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
         "runs",
         help="list the runs kept in a storage, or show one",
         description="runs [STORAGE]: one line per run kept in STORAGE (default ~/spark_torch_runs), newest "
-        "first: its id, start, attempts, world size, steps, last metrics and best checkpoint (by the run's "
-        "checkpoint score, else the latest). runs show RUN_ID [--storage STORAGE]: one run in full (every "
-        "attempt, every kept checkpoint, in that order).",
+        "first: its id, start, duration, outcome (succeeded, failed with the error's first line, stopped by "
+        "timeout, a stall or Ctrl-C), entry point (function, or script and arguments), attempts, world size, "
+        "steps, last metrics and best checkpoint (by the run's checkpoint score, else the latest); runs that "
+        "reported nothing too. runs show RUN_ID [--storage STORAGE]: one run in full (every run() call with "
+        "its attempts' ends and reasons, every kept checkpoint, in that order).",
     )
     runs.add_argument("words", nargs="*", metavar="STORAGE | show RUN_ID",
                       help="a storage directory or URL to list; or show and a run's id")
@@ -199,6 +201,13 @@ def _session(args: argparse.Namespace, needed: bool) -> Any | None:
 def _paragraph(message: str) -> str:
     head, _, rest = message.partition("\n")
     return "spark-torch: error: " + head + (("\n" + rest) if rest else "")
+
+
+def _interrupted(interrupt: KeyboardInterrupt) -> str:
+    """What Ctrl-C prints: that every rank was stopped, then where each was (the notes the run
+    added to the interrupt, as the Python API shows them), once."""
+    notes = [note for note in getattr(interrupt, "__notes__", []) if isinstance(note, str)]
+    return "\n".join(["spark-torch: interrupted; every rank was stopped", *dict.fromkeys(notes)])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -246,8 +255,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"spark-torch: run {last.run_id}: {len(last.rows)} report(s), latest checkpoint "
                 f"{last.checkpoint.path if last.checkpoint else '(none)'}", file=sys.stderr,
             )
-    except KeyboardInterrupt:
-        print("spark-torch: interrupted; every rank was stopped", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        print(_interrupted(interrupt), file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ConfigurationError, PicklingError, FileNotFoundError, IsADirectoryError, PermissionError, TypeError, ValueError) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)

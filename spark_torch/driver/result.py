@@ -17,7 +17,8 @@ from typing import Any
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_MARKER, RunStorage, run_ids, split_run_path
+from spark_torch.reporting.run_log import AttemptEndRow, Outcome, read_calls
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
 
 __all__ = [
     "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
@@ -197,7 +198,29 @@ class AttemptRecord:
         return text
 
 
-@dataclass
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _value_note(value: Any) -> str:
+    """A value's type and size, never its contents: ``dict, 42 items``, ``Tensor, shape (3, 4)``."""
+    kind = type(value).__name__
+    shape = getattr(value, "shape", None)
+    if shape is not None and not callable(shape):
+        try:
+            return f"{kind}, shape {tuple(shape)}"
+        except TypeError:
+            return kind
+    if isinstance(value, (str, bytes, bytearray)):
+        return f"{kind}, {len(value)} {'characters' if isinstance(value, str) else 'bytes'}"
+    try:
+        size = len(value)
+    except Exception:  # noqa: BLE001 - any object: no len() is no size
+        return kind
+    return f"{kind}, {size} item{'s' if size != 1 else ''}"
+
+
+@dataclass(repr=False)
 class RunResult:
     """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :meth:`RunResult.from_path`).
 
@@ -217,7 +240,15 @@ class RunResult:
         attempts: one :class:`AttemptRecord` per attempt of this call: its size, why it started
             (:class:`AttemptReason`) and how it ended (:class:`AttemptEnd`).
         error: the exception when the run failed (``run()`` raised it too).
-        path: where the run's checkpoints and metrics are (None: no storage).
+        path: the run's directory: its log, checkpoints and metrics (None: no storage could be
+            created). Every run keeps one (``spark-torch runs`` lists it), even one that reported nothing.
+        outcome: how the call ended (:class:`~spark_torch.reporting.run_log.Outcome`: succeeded,
+            failed, stopped by timeout, by a stall or by Ctrl-C); None while it runs.
+        entry: what it ran: the function's name, or the script and its arguments.
+        started: when the call started (Unix seconds).
+        duration: how long it took, in seconds.
+        error_line: for a past run (:meth:`from_path`), its error's type and first line (``error``
+            itself stays None there); for this call, the same from ``error``.
     """
 
     run_id: str
@@ -230,6 +261,36 @@ class RunResult:
     error: BaseException | None = None
     path: str | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
+    outcome: Outcome | None = None
+    entry: str | None = None
+    started: float | None = None
+    duration: float | None = None
+    past_error: str | None = field(default=None, repr=False)
+
+    @property
+    def error_line(self) -> str | None:
+        """The error's type and first line (a past run's, as its log kept it), or None."""
+        if self.error is not None:
+            first = (str(self.error).splitlines() or [""])[0]
+            return f"{type(self.error).__name__}: {first}" if first else type(self.error).__name__
+        return self.past_error
+
+    def __repr__(self) -> str:
+        """Short, whatever the value: its type and size, not its contents (a notebook that shows
+        ``last_run`` prints one line, not a state_dict)."""
+        parts = [f"run_id={self.run_id!r}"]
+        if self.outcome is not None:
+            parts.append(f"outcome={str(self.outcome)!r}")
+        parts.append("value=None" if self.value is None else f"value=<{_value_note(self.value)}>")
+        parts.append(f"steps={len(self.history or self.rows)}")
+        if self.checkpoint is not None:
+            parts.append(f"checkpoint={self.checkpoint.path!r}")
+        parts.append(f"restarts={self.restarts}")
+        if self.error_line is not None:
+            parts.append(f"error={_short(self.error_line)!r}")
+        if self.path is not None:
+            parts.append(f"path={self.path!r}")
+        return f"RunResult({', '.join(parts)})"
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -285,7 +346,30 @@ class RunResult:
                 raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         result = cls(run_id=run_id)
         fill_from_storage(result, storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
+        calls = read_calls(storage.read_log(RUN_LOG))
+        if calls:  # the latest call: what it ran and how it ended; every call's attempts
+            last = calls[-1]
+            result.outcome, result.entry, result.started, result.duration = last.outcome, last.entry, last.started, last.duration
+            result.past_error = last.error
+            result.attempts = [_attempt_record(row) for call in calls for row in call.attempts]
+            result.restarts = max(0, len(last.attempts) - 1)
         return result
+
+
+def _attempt_record(row: AttemptEndRow) -> AttemptRecord:
+    """An attempt of a past run, from its row in the run's log."""
+
+    def member(kind: type[enum.Enum], value: str) -> Any:
+        try:
+            return kind(value)
+        except ValueError:  # a newer writer's word: kept as text
+            return value
+
+    error = AttemptError(row.error_type, row.error or "") if row.error_type else None
+    return AttemptRecord(
+        attempt=row.attempt, world_size=row.world_size, nodes=row.nodes, reason=member(AttemptReason, row.reason),
+        end=member(AttemptEnd, row.end), error=error,
+    )  # fmt: skip
 
 
 def fill_from_storage(result: RunResult, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spark_torch import envnames
+from spark_torch.column_files import NullValuesError
 from spark_torch.errors import ClusterConfigurationError, RankFailure
 from spark_torch.failure_reports import FailureReport
 from spark_torch.lines import RankOutput
@@ -179,9 +180,13 @@ def _usable_dir(path: str | None) -> str | None:
 
 
 def _stage_rows(run: RunSpec, workdir: NodeWorkdir, batches: Iterable[Any] | None) -> tuple[str | None, int]:
-    """The node's DataFrame rows to a file (``run_on_dataframe``); else drain the placeholder row."""
+    """The node's DataFrame rows to a file (``run_on_dataframe``); else drain the placeholder row.
+    Nulls in a numeric column are the user's to fix: refused here, before any rank starts."""
     if run.data is not None:
-        return write_node_data(batches or (), workdir.path)
+        try:
+            return write_node_data(batches or (), workdir.path)
+        except NullValuesError as exc:
+            raise NodeProblem(str(exc), kind=ProblemKind.CONFIGURATION) from None
     for _ in batches or ():  # one placeholder row per node
         pass
     return None, 0

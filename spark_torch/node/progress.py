@@ -127,7 +127,7 @@ class ProgressWatch:
         state = self._ranks.get(rank)
         if state is not None:
             state.output_at = time.monotonic()
-            state.output = (state.output + block)[-MAX_OUTPUT_CHARS:]
+            state.output = (state.output + block + "\n")[-MAX_OUTPUT_CHARS:]  # a block has no trailing newline
 
     def started(self, rank: int, pid: int) -> None:
         """The rank's process is ``pid`` (looked at from outside when its sampler is silent)."""

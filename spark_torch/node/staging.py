@@ -1,7 +1,7 @@
 """A node's share of the DataFrame for ``run_on_dataframe``: staged to a file, checked, described.
 
 The node's Arrow record batches (from the barrier stage's input, or collected by the driver in
-local mode) are written to the node's scratch directory
+local mode) are written as column files (:mod:`spark_torch.column_files`) to the node's scratch directory
 (:meth:`~spark_torch.workdir_files.WorkdirFiles.data`); after the rendezvous
 every node knows every node's row count, checks that each rank gets rows, and tells its ranks
 where the file is (:mod:`spark_torch.rank.data` reads it).
@@ -14,31 +14,21 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from spark_torch import envnames
+from spark_torch.column_files import ColumnWriter
 from spark_torch.workdir_files import WorkdirFiles
 
 __all__ = ["write_node_data", "data_env", "check_shards"]
 
 
 def write_node_data(batches: Iterable[Any], directory: str) -> tuple[str, int]:
-    """Stream Arrow record batches into the data file of the scratch ``directory``; returns (path, rows)."""
-    import pyarrow as pa
-
+    """Stream Arrow record batches into the data folder of the scratch ``directory``; returns
+    (path, rows). Raises :class:`~spark_torch.column_files.NullValuesError` naming a numeric
+    column that holds nulls (before any rank starts)."""
     path = WorkdirFiles(directory).data()
-    rows = 0
-    writer = None
-    try:
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_file(path, batch.schema)
-            if batch.num_rows:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:  # no batch at all: an empty file the ranks can still open
-        return path, 0
-    return path, rows
+    writer = ColumnWriter(path)
+    for batch in batches:
+        writer.write(batch)
+    return path, writer.close()  # no manifest after an error: the folder is not staged
 
 
 def data_env(path: str, columns: Sequence[str], explicit: bool, *, rows_per_node: Sequence[int] = ()) -> dict[str, str]:

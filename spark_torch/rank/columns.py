@@ -1,107 +1,129 @@
-"""Arrow columns as tensors (inside a rank): scalars, arrays, Spark ML vectors, strings, binary.
+"""Gathered column rows as tensors (inside a rank): scalars, arrays, Spark ML vectors, strings, binary.
 
-Numeric columns become tensors without copies where Arrow allows; Spark ML vectors (dense or
-sparse, Arrow structs of ``type, size, indices, values``) become dense float64 matrices.
+The rows come from :meth:`spark_torch.column_files.StagedColumns.gather` as numpy parts in
+this rank's memory (never views of the memory-mapped file), so tensors share them without a
+copy. Floating-point arrays and Spark ML vectors (dense or sparse) become ``float32`` tensors
+unless a dtype says otherwise (:func:`column_dtypes`): that is what a ``torch.nn`` module
+holds by default, and a float64 batch would fail in its first layer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["column_kind", "to_tensor"]
+from spark_torch.column_files import column_kind
 
-#: Arrow struct layout of Spark ML's VectorUDT
-_VECTOR_FIELDS = {"type", "size", "indices", "values"}
+__all__ = ["column_kind", "column_dtypes", "to_tensor", "dense_vectors"]
 
-
-def column_kind(arrow_type: Any) -> str:
-    """How a column converts: 'scalar', 'array', 'vector', 'string', 'binary'; else TypeError."""
-    import pyarrow.types as t
-
-    if t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type):
-        return "scalar"
-    if (t.is_list(arrow_type) or t.is_large_list(arrow_type) or t.is_fixed_size_list(arrow_type)) and (
-        t.is_integer(arrow_type.value_type) or t.is_floating(arrow_type.value_type) or t.is_boolean(arrow_type.value_type)
-    ):
-        return "array"
-    if t.is_struct(arrow_type) and {arrow_type.field(i).name for i in range(arrow_type.num_fields)} == _VECTOR_FIELDS:
-        return "vector"
-    if t.is_string(arrow_type) or t.is_large_string(arrow_type):
-        return "string"
-    if t.is_binary(arrow_type) or t.is_large_binary(arrow_type):
-        return "binary"
-    raise TypeError(f"unsupported column type {arrow_type}")
+#: kinds a dtype applies to (strings and bytes stay Python objects)
+_NUMERIC = ("scalar", "array", "vector")
 
 
-def _vectors_to_dense(column: Any) -> Any:
-    """Spark ML vectors (struct<type, size, indices, values>) -> a dense float64 matrix, vectorised."""
-    import numpy as np
-    import pyarrow as pa
+def column_dtypes(kinds: Mapping[str, str], floats: Mapping[str, bool], dtype: Any) -> dict[str, Any]:
+    """The torch dtype each numeric column becomes (None: keep the column's own type).
+
+    ``dtype``: None (floating arrays and vectors -> float32, the rest as stored), one torch
+    dtype (every floating-point column, scalars included, and every vector), or a mapping of
+    column name -> torch dtype (those columns, any numeric kind; the others as with None).
+    ``floats``: whether a column's numbers are floating point. Raises ``ValueError`` naming
+    a column that is not there, not numeric, or a value that is not a torch dtype.
+    """
     import torch
 
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    n = len(column)
-    kinds = column.field("type").to_numpy(zero_copy_only=False)
-    values = column.field("values")
-    value_offsets = values.offsets.to_numpy()
-    value_flat = values.flatten().to_numpy(zero_copy_only=False)
+    def default(name: str) -> Any:
+        kind = kinds[name]
+        return torch.float32 if kind == "vector" or (kind == "array" and floats[name]) else None
+
+    def check(value: Any, what: str) -> Any:
+        if not isinstance(value, torch.dtype):
+            raise ValueError(f"{what} must be a torch dtype such as torch.float32, got {value!r}")
+        return value
+
+    if dtype is None:
+        return {name: default(name) for name in kinds}
+    if isinstance(dtype, Mapping):
+        unknown = [name for name in dtype if name not in kinds]
+        if unknown:
+            raise ValueError(f"dtype names columns {unknown} that the batches do not have (they have {list(kinds)})")
+        textual = [name for name in dtype if kinds[name] not in _NUMERIC]
+        if textual:
+            raise ValueError(f"dtype names {textual}, which are strings or bytes, not numbers: leave them out of dtype")
+        return {name: check(dtype[name], f"dtype[{name!r}]") if name in dtype else default(name) for name in kinds}
+    check(dtype, "dtype")
+    return {name: dtype if kinds[name] == "vector" or (kinds[name] in _NUMERIC and floats[name]) else None for name in kinds}
+
+
+def dense_vectors(parts: Mapping[str, Any], dtype: Any = None) -> Any:
+    """Spark ML vectors (gathered parts, see :class:`~spark_torch.column_files.StagedColumns`) ->
+    a dense (rows, width) tensor, vectorised; width is the widest vector of the whole column."""
+    import numpy as np
+    import torch
+
+    kinds = parts["type"]
+    value_offsets, values = parts["value_offsets"], parts["values"]
+    n, width = len(kinds), int(parts["width"])
     value_lengths = np.diff(value_offsets)
-    sizes = column.field("size").fill_null(0).to_numpy(zero_copy_only=False)
     dense = kinds == 1
-    width = int(max(value_lengths[dense].max(initial=0), sizes[~dense].max(initial=0)))
+    target = np.float32 if dtype is None or dtype == torch.float32 else np.float64
     if dense.all() and n and (value_lengths == width).all():
-        return torch.from_numpy(np.ascontiguousarray(value_flat)).reshape(n, width)
-    out = np.zeros((n, width), dtype=np.float64)
-    rows = np.repeat(np.arange(n), value_lengths)
-    dense_items = np.repeat(dense, value_lengths)
-    # dense rows: position inside the row; sparse rows: the stored index
-    positions = np.arange(len(value_flat)) - np.repeat(value_offsets[:-1], value_lengths)
-    indices = column.field("indices")
-    index_flat = indices.flatten().to_numpy(zero_copy_only=False) if indices.null_count < n else np.array([], dtype=np.int64)
-    cols = positions.copy()
-    if len(index_flat):
-        # dense rows have null indices, so the flattened indices are exactly the sparse rows'
-        # and line up one-to-one with their values
-        cols[~dense_items] = index_flat
-    out[rows, cols] = value_flat
-    return torch.from_numpy(out)
+        out = values.reshape(n, width).astype(target, copy=False)
+    else:
+        out = np.zeros((n, width), dtype=target)
+        rows = np.repeat(np.arange(n), value_lengths)
+        # dense rows: the position inside the row; sparse rows: the stored index
+        cols = np.arange(len(values)) - np.repeat(value_offsets[:-1], value_lengths)
+        sparse_items = ~np.repeat(dense, value_lengths)
+        if sparse_items.any():
+            # dense rows store no indices, so the gathered indices are exactly the sparse rows',
+            # one for each of their values
+            cols[sparse_items] = parts["indices"]
+        out[rows, cols] = values
+    tensor = torch.from_numpy(out)
+    return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
 
-def to_tensor(column: Any, kind: str) -> Any:
-    # The arrays come from Arrow buffers that ``take`` just produced (private heap memory, not
-    # the memory-mapped file), so sharing them with torch without a copy is safe; torch warns
-    # about every read-only numpy array, which is noise here.
-    import warnings
+def _text(parts: Mapping[str, Any], binary: bool) -> list[Any]:
+    import pyarrow as pa
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return _to_tensor_unchecked(column, kind)
+    valid = parts["valid"]
+    validity = None if valid.all() else pa.array(valid).buffers()[1]
+    kind = pa.large_binary() if binary else pa.large_string()
+    array = pa.Array.from_buffers(kind, len(valid), [validity, pa.py_buffer(parts["offsets"]), pa.py_buffer(parts["items"])])
+    return list(array.to_pylist())
 
 
-def _to_tensor_unchecked(column: Any, kind: str) -> Any:
+def to_tensor(parts: Mapping[str, Any], kind: str, dtype: Any = None) -> Any:
+    """One column's gathered rows as a batch value: a tensor (``dtype`` if given), a list of
+    1-D tensors (ragged arrays), or a list of ``str`` / ``bytes`` (None for a null)."""
     import numpy as np
     import torch
+
+    def cast(tensor: Any) -> Any:
+        return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
     if kind == "scalar":
-        if column.null_count:
-            raise ValueError(f"column has {column.null_count} null value(s); fill or drop them first")
-        array = column.to_numpy(zero_copy_only=False)
-        return torch.from_numpy(np.ascontiguousarray(array))
+        return cast(torch.from_numpy(parts["values"]))
     if kind == "array":
-        import pyarrow as pa
-
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        offsets = column.offsets.to_numpy() if hasattr(column, "offsets") else None
-        values = column.flatten().to_numpy(zero_copy_only=False)
-        if offsets is None:  # fixed size list
-            width = column.type.list_size
-            return torch.from_numpy(np.ascontiguousarray(values)).reshape(len(column), width)
+        if "offsets" not in parts:
+            return cast(torch.from_numpy(parts["items"]))
+        offsets, items = parts["offsets"], parts["items"]
         lengths = np.diff(offsets)
         if len(lengths) and (lengths == lengths[0]).all():
-            return torch.from_numpy(np.ascontiguousarray(values)).reshape(len(column), int(lengths[0]))
-        return [torch.from_numpy(np.ascontiguousarray(values[a:b])) for a, b in zip(offsets[:-1], offsets[1:])]
+            return cast(torch.from_numpy(items).reshape(len(lengths), int(lengths[0])))
+        return [cast(torch.from_numpy(items[a:b])) for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
     if kind == "vector":
-        return _vectors_to_dense(column)  # float64 matrix
-    return column.to_pylist()  # string / binary
+        return dense_vectors(parts, dtype)
+    return _text(parts, binary=kind == "binary")
+
+
+def float_columns(columns: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> dict[str, bool]:
+    """Whether each column's numbers are floating point (from the staged folder's manifest)."""
+    import numpy as np
+
+    out = {}
+    for name in names:
+        part = "values" if columns[name]["kind"] in ("scalar", "vector") else "items"
+        code = columns[name]["dtypes"][part]
+        out[name] = columns[name]["kind"] == "vector" or np.dtype(code).kind == "f"
+    return out

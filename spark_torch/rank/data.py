@@ -1,10 +1,10 @@
 """Inside a rank started by :meth:`Distributor.run_on_dataframe`: this rank's rows as tensors.
 
-The node runner writes the node's share of the DataFrame to an Arrow IPC file
-(``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node owns every
-``LOCAL_WORLD_SIZE``-th row of it, so each row belongs to exactly one rank. The file is
-memory-mapped and gathered batch by batch: a rank never holds its whole shard in memory, and
-numeric columns become tensors without copies where Arrow allows.
+The node runner writes the node's share of the DataFrame to a folder of column files
+(:mod:`spark_torch.column_files`, ``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node
+owns every ``LOCAL_WORLD_SIZE``-th row of it, so each row belongs to exactly one rank. The
+files are memory-mapped and each batch's rows are gathered from them: a rank never holds its
+whole shard in memory, and a batch costs the same whatever the number of rows.
 
 **Every rank gets the same number of rows, and so the same number of batches**, with
 ``torch.utils.data.DistributedSampler``'s semantics (DDP waits in every all-reduce for every
@@ -20,7 +20,8 @@ over nodes unevenly (by up to the number of input partitions), so from every nod
 
 Column types (:mod:`spark_torch.rank.columns`): integer/float/bool scalars -> 1-D tensors;
 arrays of numbers -> 2-D tensors (fixed length) or lists of 1-D tensors (ragged); Spark ML
-vectors (dense or sparse) -> 2-D float64 tensors; strings -> lists of str; binary -> lists of bytes.
+vectors (dense or sparse) -> 2-D tensors; strings -> lists of str; binary -> lists of bytes.
+Floating-point arrays and vectors are float32 unless ``dtype`` says otherwise (:func:`rank_loader`).
 
 Example::
 
@@ -40,7 +41,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from spark_torch import envnames
-from spark_torch.rank.columns import column_kind, to_tensor
+from spark_torch.column_files import StagedColumns
+from spark_torch.rank.columns import column_dtypes, column_kind, float_columns, to_tensor
 
 __all__ = [
     "rank_dataset",
@@ -50,23 +52,47 @@ __all__ = [
     "rank_positions",
 ]
 
+def _shares(rows_per_node: Sequence[int], local_world_size: int) -> list[int]:
+    return [len(range(j, rows, local_world_size)) for rows in rows_per_node for j in range(local_world_size)]
+
+
 def rank_positions(
     node_rows: int, local_rank: int, local_world_size: int, rows_per_node: Sequence[int] | None, drop_last: bool
 ) -> list[int]:
-    """The row positions (in this node's file) one rank iterates per epoch (pure).
+    """The row positions (in this node's file) one rank iterates per epoch (pure; a list, for
+    tests and readers: :class:`RankDataset` computes the same positions batch by batch).
 
     Its own rows are ``local_rank, local_rank + local_world_size, ...``; with ``rows_per_node``
     (every node's row count) they are padded by wrapping around (``drop_last=False``) or cut
     (``drop_last=True``) to the count every rank of the world gets.
     """
-    own = list(range(local_rank, node_rows, local_world_size))
-    if not rows_per_node:
-        return own
-    shares = [len(range(j, rows, local_world_size)) for rows in rows_per_node for j in range(local_world_size)]
-    target = min(shares) if drop_last else max(shares)
-    if len(own) >= target or not own:
-        return own[:target]
-    return [own[i % len(own)] for i in range(target)]
+    sharding = _Sharding(node_rows, local_rank, local_world_size, rows_per_node, drop_last)
+    return [int(p) for p in sharding.positions(range(sharding.count))]
+
+
+class _Sharding:
+    """One rank's rows as arithmetic: the j-th row of its epoch (0 <= j < count) is at file
+    position ``local_rank + (j mod own) * local_world_size`` (see :func:`rank_positions`)."""
+
+    def __init__(
+        self, node_rows: int, local_rank: int, local_world_size: int, rows_per_node: Sequence[int] | None, drop_last: bool
+    ) -> None:
+        self.first = local_rank
+        self.step = local_world_size
+        self.own = len(range(local_rank, node_rows, local_world_size))
+        if not rows_per_node or not self.own:
+            self.count = self.own
+        else:
+            shares = _shares(rows_per_node, local_world_size)
+            self.count = min(self.own, min(shares)) if drop_last else max(shares)
+
+    def positions(self, js: Any) -> Any:
+        import numpy as np
+
+        js = np.asarray(js, dtype=np.int64)
+        if self.count > self.own:
+            js = js % self.own
+        return self.first + js * self.step
 
 
 class RankDataset:
@@ -75,6 +101,9 @@ class RankDataset:
     Each iteration is one epoch (or ``epochs`` epochs back to back); with ``shuffle``, the
     order is a permutation seeded by ``seed`` and the epoch number, so it differs per epoch
     and is reproducible. With DataLoader workers, each worker yields a disjoint set of batches.
+    ``path`` is a folder staged by :class:`~spark_torch.column_files.ColumnWriter`; ``dtype``:
+    see :func:`rank_loader`. A batch costs the same whatever the number of rows: its rows'
+    positions are computed, then gathered from the memory-mapped column files.
     """
 
     def __init__(
@@ -91,6 +120,7 @@ class RankDataset:
         local_rank: int | None = None,
         local_world_size: int | None = None,
         rows_per_node: Sequence[int] | None = None,
+        dtype: Any = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -110,24 +140,17 @@ class RankDataset:
         if rows_per_node is None and os.environ.get(envnames.DATA_ROWS):
             rows_per_node = [int(r) for r in json.loads(os.environ[envnames.DATA_ROWS])]
         self.rows_per_node = list(rows_per_node) if rows_per_node is not None else None
-        schema = self._reader().schema
-        names = list(columns) if columns is not None else list(schema.names)
-        missing = [c for c in names if c not in schema.names]
+        staged = StagedColumns(path)
+        names = list(columns) if columns is not None else staged.names
+        missing = [c for c in names if c not in staged.columns]
         if missing:
-            raise KeyError(f"columns {missing} are not in the data (available: {schema.names})")
+            raise KeyError(f"columns {missing} are not in the data (available: {staged.names})")
         self.columns = names
         self.as_tuple = as_tuple
-        self.kinds: dict[str, str] = {}
-        for name in names:
-            try:
-                self.kinds[name] = column_kind(schema.field(name).type)
-            except TypeError as exc:
-                raise TypeError(f"column {name!r}: {exc}") from None
-
-    def _reader(self) -> Any:
-        import pyarrow as pa
-
-        return pa.ipc.open_file(pa.memory_map(self.path, "r"))
+        self.kinds: dict[str, str] = {name: staged.columns[name]["kind"] for name in names}
+        self.dtypes = column_dtypes(self.kinds, float_columns(staged.columns, names), dtype)
+        self._sharding = _Sharding(staged.rows, self.local_rank, self.local_world_size, self.rows_per_node, drop_last)
+        self._staged: StagedColumns | None = None  # opened in the process that iterates (workers)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (before splitting among DataLoader workers)."""
@@ -136,36 +159,36 @@ class RankDataset:
 
     def num_rows(self) -> int:
         """Rows this rank iterates per epoch (the same on every rank: see the module docstring)."""
-        return len(self._positions())
-
-    def _positions(self) -> list[int]:
-        reader = self._reader()
-        total = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-        return rank_positions(total, self.local_rank, self.local_world_size, self.rows_per_node, self.drop_last)
+        return int(self._sharding.count)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle order the next iteration uses."""
         self.epoch = epoch
 
-    def _convert(self, table: Any) -> Any:
-        values = [to_tensor(table.column(name), self.kinds[name]) for name in self.columns]
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader workers map the files themselves
+        return {**self.__dict__, "_staged": None}
+
+    def _batch(self, positions: Any) -> Any:
+        if self._staged is None:
+            self._staged = StagedColumns(self.path)
+        staged = self._staged
+        values = [to_tensor(staged.gather(name, positions), self.kinds[name], self.dtypes[name]) for name in self.columns]
         if self.as_tuple:
             return tuple(values)
         return dict(zip(self.columns, values))
 
     def _epoch_batches(self, epoch: int, worker: int, workers: int) -> Iterator[Any]:
         import numpy as np
-        import pyarrow as pa
 
-        # the file is memory-mapped: read_all maps it, take() gathers one batch at a time
-        table = self._reader().read_all().select(self.columns)
-        order = np.asarray(self._positions(), dtype=np.int64)
-        if self.shuffle:
-            order = order[np.random.default_rng([self.seed, epoch]).permutation(len(order))]
-        stop = len(order) - (len(order) % self.batch_size if self.drop_last else 0)
+        count = self._sharding.count
+        order = np.random.default_rng([self.seed, epoch]).permutation(count) if self.shuffle else None
+        stop = count - (count % self.batch_size if self.drop_last else 0)
         for index, start in enumerate(range(0, stop, self.batch_size)):
             if index % workers == worker:
-                yield self._convert(table.take(pa.array(order[start : start + self.batch_size])))
+                end = min(start + self.batch_size, stop)
+                js = order[start:end] if order is not None else np.arange(start, end)
+                yield self._batch(self._sharding.positions(js))
 
     def __iter__(self) -> Iterator[Any]:
         from torch.utils.data import get_worker_info
@@ -220,16 +243,17 @@ def rank_dataset(
     seed: int = 0,
     drop_last: bool = False,
     epochs: int = 1,
+    dtype: Any = None,
 ) -> Any:
     """This rank's rows as a ``torch.utils.data.IterableDataset`` that yields whole batches.
 
     Batches are dicts of column name -> tensor (or list), or tuples in ``columns`` order when
-    columns were given here or to ``run_on_dataframe``.
+    columns were given here or to ``run_on_dataframe``. ``dtype``: see :func:`rank_loader`.
     """
     cols, as_tuple = _default_columns(columns)
     inner = RankDataset(
         _data_file(), batch_size=batch_size, columns=cols, as_tuple=as_tuple, shuffle=shuffle,
-        seed=seed, drop_last=drop_last, epochs=epochs,
+        seed=seed, drop_last=drop_last, epochs=epochs, dtype=dtype,
     )
     return _make_iterable_dataset(inner)
 
@@ -243,15 +267,24 @@ def rank_loader(
     drop_last: bool = False,
     num_workers: int = 0,
     epochs: int = 1,
+    dtype: Any = None,
 ) -> Any:
     """A ``DataLoader`` over this rank's rows; each ``iter()`` is the next epoch.
 
     ``shuffle`` reorders rows per epoch from ``seed`` (reproducible); ``num_workers`` > 0
     splits the batches of an epoch among worker processes (disjoint).
+
+    ``dtype``: by default floating-point arrays and Spark ML vectors arrive as ``float32``
+    (what ``torch.nn`` modules hold) and other columns as their Spark type (double ->
+    float64, long -> int64, boolean -> bool). One torch dtype (``dtype=torch.float64``)
+    applies to every floating-point column and every vector; a dict
+    (``dtype={"label": torch.float32}``) sets the columns it names, numeric ones only.
     """
     from torch.utils.data import DataLoader
 
-    dataset = rank_dataset(batch_size, columns=columns, shuffle=shuffle, seed=seed, drop_last=drop_last, epochs=epochs)
+    dataset = rank_dataset(
+        batch_size, columns=columns, shuffle=shuffle, seed=seed, drop_last=drop_last, epochs=epochs, dtype=dtype
+    )
 
     class _EpochLoader(DataLoader):  # type: ignore[type-arg]
         _next_epoch = 0

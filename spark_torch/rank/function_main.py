@@ -57,6 +57,7 @@ from spark_torch import envnames, rank_files
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
+from spark_torch.rank.title import rank_title, set_title
 
 __all__ = ["main"]
 
@@ -69,6 +70,8 @@ def main(argv: list[str]) -> int:
     try:
         with open(payload_path, "rb") as fh:
             fn, args, kwargs = rank_files.load_function_payload(fh.read())
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        set_title(rank_title(rank, f"{name}()"), name)  # ps, htop and pgrep show the function, warm or cold
         value = fn(*args, **kwargs)
     except SystemExit as exc:
         if exc.code in (None, 0):
@@ -77,6 +80,8 @@ def main(argv: list[str]) -> int:
             rank_files.write_error(result_dir, rank, exc)
             return exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the driver
+        if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
+            exc.__traceback__ = exc.__traceback__.tb_next  # the traceback starts in the user's code, not here
         rank_files.write_error(result_dir, rank, exc)
         return 1
     destroy_process_group()

@@ -17,18 +17,32 @@ import os
 import runpy
 import sys
 import traceback
+from types import TracebackType
 
+from spark_torch import envnames
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
+from spark_torch.rank.title import rank_title, set_title
 
 __all__ = ["main"]
+
+
+def _from_script(tb: TracebackType | None, script: str) -> TracebackType | None:
+    """``tb`` from the script's own frame on, as ``python SCRIPT`` prints it (no runpy, no us)."""
+    path, start = os.path.abspath(script), tb
+    while start is not None and os.path.abspath(start.tb_frame.f_code.co_filename) != path:
+        start = start.tb_next
+    return start if start is not None else tb
 
 
 def main(argv: list[str]) -> int:
     """Run the script; return its exit status."""
     script, *args = argv
     sys.argv = [script, *args]
+    # ps, htop and pgrep -f show the script and its arguments, warm or cold
+    name = os.path.basename(script)
+    set_title(rank_title(os.environ.get(envnames.RANK, "0"), " ".join([name, *args])), name)
     start_sampler()  # stall detection, when the node asked for it
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
@@ -42,8 +56,8 @@ def main(argv: list[str]) -> int:
         else:
             print(exc.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: BLE001 - reported like the interpreter would
-        traceback.print_exc()
+    except BaseException as exc:  # noqa: BLE001 - reported like the interpreter would
+        traceback.print_exception(exc.with_traceback(_from_script(exc.__traceback__, script)))
         code = 1
     destroy_process_group()
     return code

@@ -10,6 +10,7 @@ Layout of one run::
     STORAGE/RUN_ID/metrics.jsonl                    one JSON row per report() of rank 0
     STORAGE/RUN_ID/attempts.jsonl                   one JSON row per attempt started (its
                                                     number, world size, nodes, time)
+    STORAGE/RUN_ID/run.jsonl                        each run() call's start and end, each attempt's end
     STORAGE/RUN_ID/.spark_torch_run                 the marker of a run's directory
 
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
@@ -22,6 +23,7 @@ best is :mod:`spark_torch.reporting.ranking`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -38,14 +40,12 @@ from spark_torch.reporting.redaction import options_withheld
 if TYPE_CHECKING:
     from spark_torch.spec import StorageSpec
 
-__all__ = [
-    "RunStorage", "MANIFEST", "DEFAULT_STORAGE", "local_base", "storage_error", "options_withheld", "run_ids",
-    "split_run_path",
-]
+__all__ = ["RunStorage", "MANIFEST", "DEFAULT_STORAGE", "RUN_LOG", "local_base", "storage_error", "options_withheld", "run_ids", "split_run_path"]
 
 MANIFEST = ".spark_torch"
 METRICS = "metrics.jsonl"
 ATTEMPTS = "attempts.jsonl"
+RUN_LOG = "run.jsonl"
 #: written by the driver when a run() starts: ranks check they see the same storage
 RUN_MARKER = ".spark_torch_run"
 #: where runs go when ``storage_path`` is not given
@@ -62,10 +62,9 @@ def _is_local(url: str) -> bool:
 
 
 def local_base(base: str) -> str:
-    """``dbfs:/path`` as ``/dbfs/path`` where Databricks mounts DBFS (the mount needs nothing);
-    elsewhere as ``dbfs://path`` for fsspec's Databricks filesystem (which needs
-    ``storage_options={"instance": ..., "token": ...}``; fsspec would take ``dbfs:/path`` for a
-    local directory named ``dbfs:``). Other storage unchanged."""
+    """``dbfs:/path`` as ``/dbfs/path`` where Databricks mounts DBFS (the mount needs nothing); elsewhere as
+    ``dbfs://path`` for fsspec's Databricks filesystem (which needs ``storage_options={"instance": ..., "token":
+    ...}``; fsspec would take ``dbfs:/path`` for a local directory named ``dbfs:``). Other storage unchanged."""
     if base.startswith("dbfs:"):
         path = base[len("dbfs:"):].lstrip("/")
         return os.path.join(DBFS_MOUNT, path) if os.path.isdir(DBFS_MOUNT) else f"dbfs://{path}"
@@ -224,16 +223,14 @@ class RunStorage:
 
     @_withholding_options
     def remove_if_unused(self) -> bool:
-        """Remove the run's directory if nothing but its marker is in it (a run that reported nothing)."""
-        if set(self._names()) - {RUN_MARKER, ATTEMPTS}:
+        """Remove the run's directory if nothing but its marker and logs are in it (a run that reported nothing)."""
+        if set(self._names()) - {RUN_MARKER, ATTEMPTS, RUN_LOG}:
             return False
         if self.local:
             shutil.rmtree(self.url, ignore_errors=True)
         else:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self._path(), recursive=True)
-            except FileNotFoundError:
-                pass
         return True
 
     # ranks
@@ -370,7 +367,8 @@ class RunStorage:
             self.remove_checkpoint(step)
         return old
 
-    def _jsonl(self, name: str) -> list[dict[str, Any]]:
+    @_withholding_options
+    def read_log(self, name: str) -> list[dict[str, Any]]:
         """The rows of one of the run's JSON-lines logs (a line cut short by a crash: skipped)."""
         try:
             if self.local:
@@ -398,7 +396,9 @@ class RunStorage:
         seen = [int(r.get("attempt") or 0) for r in (*self.attempts(), *self.history())]
         return max(seen, default=-1) + 1
 
-    def _append(self, name: str, row: Mapping[str, Any]) -> None:
+    @_withholding_options
+    def append_log(self, name: str, row: Mapping[str, Any]) -> None:
+        """Append one row to one of the run's JSON-lines logs."""
         line = json.dumps(row, default=str) + "\n"
         if self.local:
             with open(os.path.join(self.url, name), "a", encoding="utf-8") as fh:
@@ -419,25 +419,25 @@ class RunStorage:
         row: dict[str, Any] = {"attempt": attempt, "world_size": world_size, "nodes": nodes, "time": time.time()}
         if score:
             row.update(checkpoint_score_attribute=score, checkpoint_score_order=order)
-        self._append(ATTEMPTS, row)
+        self.append_log(ATTEMPTS, row)
 
     @_withholding_options
     def attempts(self) -> list[dict[str, Any]]:
         """One row per attempt started, oldest first: ``attempt`` (numbered on across ``run()``
         calls with this run id), ``world_size``, ``nodes``, ``time`` (Unix seconds)."""
-        return self._jsonl(ATTEMPTS)
+        return list(self.read_log(ATTEMPTS))
 
     @_withholding_options
     def history(self) -> list[dict[str, Any]]:
         """Every reported step of the run, across attempts and ``run()`` calls with this run id:
         one row per step (a step reported again after a restart: the newest row)."""
-        rows = {row["step"]: row for row in self._jsonl(METRICS) if isinstance(row.get("step"), int)}
+        rows = {row["step"]: row for row in self.read_log(METRICS) if isinstance(row.get("step"), int)}
         return [rows[step] for step in sorted(rows)]
 
     @_withholding_options
     def append_metrics(self, row: dict[str, Any]) -> None:
         """Append one row to the run's metrics log."""
-        self._append(METRICS, row)
+        self.append_log(METRICS, row)
 
     # nodes
     @_withholding_options

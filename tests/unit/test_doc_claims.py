@@ -200,3 +200,30 @@ def test_stall_lists_each_line_has_its_tests() -> None:
         assert _bold_items(page, marker) == list(table), marker
         missing = {item: [t for t in tests if t not in defined] for item, tests in table.items()}
         assert not any(missing.values()), missing
+
+
+def test_dataframe_numbers_are_the_measured_ones() -> None:
+    """docs/dataframe.md's measured table, its loader costs and every "x the rows/s" claim about
+    the DataFrame path (README too) are the numbers in benchmarks/results/ (dataframe.json from
+    bench_dataframe.py, loader.json from bench_loader.py)."""
+    import json
+
+    results = json.loads((ROOT / "benchmarks" / "results" / "dataframe.json").read_text(encoding="utf-8"))
+    loader = json.loads((ROOT / "benchmarks" / "results" / "loader.json").read_text(encoding="utf-8"))
+    page = (ROOT / "docs" / "dataframe.md").read_text(encoding="utf-8")
+    for table in ("array", "scalar"):
+        (row,) = [line for line in page.splitlines() if line.startswith(f"| {table} |")]
+        ratios = results[table]["ratios"]
+        assert f"{ratios['loop_rows_per_s']:.2f}x" in row and f"{ratios['total_speedup']:.2f}x" in row, row
+        assert f"{ratios['peak_rss']:.2f}x" in row, row
+        ours, theirs = results[table]["spark_torch"], results[table]["pyspark"]
+        assert f"{ours['loop_rows_per_s']:,} vs {theirs['loop_rows_per_s']:,}" in row, row
+    for text in (page, README):
+        for claim in re.findall(r"(\d+(?:\.\d+)?)x the (?:loop )?rows/s", " ".join(text.split())):
+            assert claim == f"{results['array']['ratios']['loop_rows_per_s']:.2f}", claim
+    (row,) = [line for line in page.splitlines() if line.startswith("| ms per batch, shuffled |")]
+    sizes = loader["sizes"]
+    assert row.split("|")[2:5] == [f" {sizes[n]['ms_per_batch']['shuffled/all']:.1f} " for n in ("62500", "500000", "4000000")], row
+    (row,) = [line for line in page.splitlines() if line.startswith("| replaced loader, array column |")]
+    cells = [f" {sizes[n]['ms_per_batch']['shuffled/features/arrow_table_take']:.1f} " for n in ("62500", "500000", "4000000")]
+    assert row.split("|")[2:5] == cells, row

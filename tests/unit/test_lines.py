@@ -50,3 +50,14 @@ def test_interrupts_deferred_until_the_block_ends() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ranks_last_output_keeps_one_line_per_line() -> None:
+    """Blocks arrive without a trailing newline: the last output a stalled rank's stack shows
+    keeps them apart ("starting at step 0", "step 20 loss 0.1"; not "starting at step 0step 20 ...")."""
+    from spark_torch.node.progress import ProgressWatch
+
+    watch = ProgressWatch({0: "/nonexistent/stack-0"}, interval=60.0, send=lambda snapshot: None)
+    watch.wrote(0, "starting at step 0")
+    watch.wrote(0, "step 20 loss 0.1\nstep 40 loss 0.05")
+    assert watch._ranks[0].output.splitlines() == ["starting at step 0", "step 20 loss 0.1", "step 40 loss 0.05"]

@@ -321,3 +321,52 @@ def test_a_cluster_without_rpc_encryption_is_warned(cluster: ClusterInfo, warns:
     warning = unencrypted_rpc_warning(cluster)
     assert (warning is not None) == warns, (cluster.master, warning)
     assert warning is None or "spark.network.crypto.enabled=true" in warning
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        ClusterInfo(master="local[2]"),
+        ClusterInfo(master="spark://h:7077"),  # RPC in clear: both warn
+        ClusterInfo(master="spark://h:7077", crypto_enabled=True),
+        ClusterInfo(master="k8s://h", rpc_ssl_enabled=True),
+        ClusterInfo(master="spark://h:7077", ssl_enabled=True),  # refused by both
+        ClusterInfo(master="spark://h:7077", ssl_enabled=True, ignore_ssl=True, crypto_enabled=True),
+    ],
+    ids=["local", "rpc-off", "rpc-on", "rpc-ssl", "tls", "tls-ignored"],
+)
+def test_doctor_and_run_agree_on_the_checks_they_share(cluster: ClusterInfo, caplog: pytest.LogCaptureFixture) -> None:
+    """One table (driver/spark/checks.py): what a distributed run logs as a warning is a ``warn``
+    row of doctor with the fix, what it refuses a ``FAIL`` row, and doctor's ``ok`` rows are
+    silent in a run (doctor once showed "RPC encryption off" as ok while every run warned)."""
+    import logging
+
+    from spark_torch.cli.doctor import format_table, shared_rows
+    from spark_torch.driver.run.controller import _plan
+    from spark_torch.errors import ClusterConfigurationError
+
+    rows = shared_rows(cluster)
+    config = DistributorConfig(num_processes=2, local_mode=False, use_gpu=False)
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        try:
+            _plan(config, cluster)
+            refused = None
+        except ClusterConfigurationError as exc:
+            refused = str(exc)
+    warned = [r.getMessage() for r in caplog.records]
+    failed = [row for row in rows if not row.ok]
+    assert (refused is not None) == bool(failed), (refused, rows)
+    if refused is None:
+        assert len(warned) == len([row for row in rows if row.warn]), (warned, rows)
+    table = format_table(rows).splitlines()
+    marks = [line[:4] for line in table if not line.startswith(" ")]
+    assert marks == ["FAIL" if not row.ok else "warn" if row.warn else "ok  " for row in rows]
+    assert all(any(line.strip() == f"fix: {row.fix}" for line in table) for row in rows if row.warn or not row.ok)
+
+
+def test_rpc_encryption_off_on_a_cluster_is_a_warning_in_doctor() -> None:
+    from spark_torch.cli.doctor import shared_rows
+
+    rpc = next(row for row in shared_rows(ClusterInfo(master="spark://h:7077")) if row.name.startswith("RPC encryption"))
+    assert (rpc.value, rpc.ok, rpc.warn) == ("off", True, True)
+    assert rpc.fix == "set spark.authenticate=true and spark.network.crypto.enabled=true"

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import spark_torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_exported_members() -> None:
     assert sorted(spark_torch.__all__) == sorted([
         "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
-        "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "StoppedRank", "__version__",
+        "ArgumentError", "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "StoppedRank", "__version__",
         "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
         "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
         "AttemptSize", "SizeReason", "AttemptError", "GrowRequest", "GpuFallback",
@@ -104,6 +106,7 @@ def test_ruff() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.timeout(900)  # about 110 s without mypy's cache (.mypy_cache) on a quiet 2-core machine, seconds with it
 def test_mypy_strict() -> None:
     done = subprocess.run([sys.executable, "-m", "mypy", "spark_torch"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

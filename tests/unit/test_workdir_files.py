@@ -64,7 +64,7 @@ def test_the_names_on_disk_are_unchanged(tmp_path: Path) -> None:
         "storage": "storage.json",
         "files_dir": "files",
         "file": os.path.join("files", "conf.yaml"),
-        "data": "data.arrow",
+        "data": "data",
         "checkpoint": "checkpoint",
         "result": "rank-2.result",
         "error": "rank-2.error.json",

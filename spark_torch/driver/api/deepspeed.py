@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spark_torch import envnames
-from spark_torch.driver.api.distributor import run_entrypoint
+from spark_torch.driver.api.distributor import run_entrypoint, without_internal_frames
 from spark_torch.driver.api.torch_distributor import TorchDistributor
 from spark_torch.driver.run.entrypoint import ScriptEntrypoint, make_entrypoint
 from spark_torch.driver.spark.cluster import DEEPSPEED_IGNORE_SSL_KEY
@@ -85,8 +85,12 @@ class DeepspeedTorchDistributor(TorchDistributor):
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank: a function (rank 0's result), or the path of a
         script, given ``--deepspeed [--deepspeed_config PATH]`` after ``args``."""
-        entry = make_entrypoint(main, args, kwargs)
-        if isinstance(entry, ScriptEntrypoint):
-            extra, files = self._config_arguments()
-            entry = ScriptEntrypoint(entry.path, (*entry.argv, *extra), files)
-        return run_entrypoint(self._distributor, entry)
+        try:
+            entry = make_entrypoint(main, args, kwargs)
+            if isinstance(entry, ScriptEntrypoint):
+                extra, files = self._config_arguments()
+                entry = ScriptEntrypoint(entry.path, (*entry.argv, *extra), files)
+            return run_entrypoint(self._distributor, entry)
+        except BaseException as error:  # every error leaves without spark_torch's frames
+            without_internal_frames(error)
+            raise

@@ -6,7 +6,9 @@ import difflib
 import inspect
 import logging
 import os
+import sysconfig
 import threading
+import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,15 +17,56 @@ from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.run.plan import host_facts, make_plan
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
+from spark_torch.envnames import FULL_TRACEBACK
 from spark_torch.settings import SETTINGS
 from spark_torch.spec import LaunchPlan
 
 if TYPE_CHECKING:
     from spark_torch.driver.spark.dataframe import DataInput
 
-__all__ = ["Distributor", "run_entrypoint"]
+__all__ = ["Distributor", "run_entrypoint", "without_internal_frames"]
 
 logger = logging.getLogger(__name__)
+
+def _not_users() -> tuple[str, ...]:
+    """The folders whose frames are not the user's: spark_torch's own, the standard library's and
+    the installed packages' (fsspec, cloudpickle, pyspark...): nothing the user can change."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = sysconfig.get_paths()
+    folders = {package, *(paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)}
+    return tuple(os.path.join(os.path.abspath(folder), "") for folder in folders)
+
+
+def _users_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` with the user's frames only (the script's or notebook's, their own modules')."""
+    not_users, kept = _not_users(), []
+    while tb is not None:
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(not_users):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
+
+
+def without_internal_frames(error: BaseException) -> None:
+    """Make ``error`` what the user should see leave a public entry point (it is re-raised): the
+    user's own frames only (none of spark_torch's, the standard library's or an installed
+    package's, in its traceback and its causes': the message says what happened and what to do),
+    without the exceptions spark_torch happened to be handling (``__context__``; an explicit cause
+    stays, as its one line). With ``SPARK_TORCH_FULL_TRACEBACK=1`` (docs/troubleshooting.md) it
+    is left whole."""
+    if os.environ.get(FULL_TRACEBACK, "").strip().lower() in ("1", "true", "yes", "on"):
+        return
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = _users_frames(current.__traceback__)
+        if current.__cause__ is None:
+            current.__suppress_context__ = True
+        current = current.__cause__
 
 
 def _parameters() -> list[str]:
@@ -220,13 +263,19 @@ class Distributor:
 
         Raises:
             ValueError / TypeError (:class:`~spark_torch.ConfigurationError`,
-                :class:`~spark_torch.PicklingError`): bad arguments, before anything starts.
+                :class:`~spark_torch.PicklingError`, :class:`~spark_torch.errors.ArgumentError`
+                when ``args``/``kwargs`` do not fit ``main``'s signature): bad arguments, before
+                anything starts.
             FileNotFoundError: the script does not exist.
             spark_torch.DistributedRunError: a rank failed (a ``RuntimeError``; the message
                 leads with the failing rank, its host and the remote error).
             spark_torch.RunTimeoutError: ``timeout`` expired (also a ``TimeoutError``).
         """
-        return self._run(main, args, kwargs, None)
+        try:
+            return self._run(main, args, kwargs, None)
+        except BaseException as error:  # every error leaves without spark_torch's frames
+            without_internal_frames(error)
+            raise
 
     def run_on_dataframe(
         self, main: Any, df: Any, *args: Any, columns: Sequence[str] | None = None, **kwargs: Any
@@ -245,11 +294,15 @@ class Distributor:
         """
         from spark_torch.driver.spark.dataframe import DataInput, check_columns
 
-        chosen = check_columns(df.schema, columns)
-        if self._spark is None and not self._config.local_mode:
-            self._spark = df.sparkSession
-        data = DataInput(df=df, columns=tuple(chosen), explicit=columns is not None)
-        return self._run(main, args, kwargs, data)
+        try:
+            chosen = check_columns(df.schema, columns)
+            if self._spark is None and not self._config.local_mode:
+                self._spark = df.sparkSession
+            data = DataInput(df=df, columns=tuple(chosen), explicit=columns is not None)
+            return self._run(main, args, kwargs, data)
+        except BaseException as error:  # every error leaves without spark_torch's frames
+            without_internal_frames(error)
+            raise
 
     def _run(self, main: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: DataInput | None) -> Any:
         return run_entrypoint(self, make_entrypoint(main, args, kwargs), data)

@@ -13,7 +13,8 @@ from typing import Any
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, run_ids
+from spark_torch.reporting.run_log import CallRecord, Outcome, read_calls
+from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RunStorage, run_ids
 
 __all__ = ["RunSummary", "list_runs", "read_summary", "runs_table", "run_details", "summary_json"]
 
@@ -42,6 +43,15 @@ class RunSummary:
         checkpoint_score_attribute: the metric ``best_checkpoint`` is chosen by: the one given
             to :func:`list_runs`, else the one the run was configured with; None: the latest.
         checkpoint_score_order: ``"max"`` (highest is best) or ``"min"``.
+        outcome: how its latest ``run()`` call ended (:class:`~spark_torch.reporting.run_log.Outcome`:
+            succeeded, failed, stopped by timeout, by a stall or by Ctrl-C; "no end recorded"
+            while it runs or when its driver died); None for a run without a run log (older
+            versions).
+        error: the latest call's error, its type and first line (None when it succeeded).
+        entry: what the latest call ran: the function's name, or the script and its arguments.
+        duration: how long the latest call took, in seconds (None without an end).
+        calls: every ``run()`` call with this ``run_id``, oldest first, each with its attempts'
+            ends and reasons (:class:`~spark_torch.reporting.run_log.CallRecord`).
     """
 
     run_id: str
@@ -56,6 +66,11 @@ class RunSummary:
     attempt_log: list[dict[str, Any]] = field(default_factory=list)
     checkpoint_score_attribute: str | None = None
     checkpoint_score_order: str = "max"
+    outcome: Outcome | None = None
+    error: str | None = None
+    entry: str | None = None
+    duration: float | None = None
+    calls: list[CallRecord] = field(default_factory=list)
 
 
 def read_summary(storage: RunStorage, score: str | None = None, order: str | None = None) -> RunSummary:
@@ -67,7 +82,9 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str | Non
     complete, _ = storage.checkpoints()
     ranked = best(complete, score, order)
     last = dict(history[-1]) if history else {}
-    started = log[0].get("time") if log else (history[0].get("time") if history else None)
+    calls = read_calls(storage.read_log(RUN_LOG))
+    started = calls[0].started if calls else log[0].get("time") if log else (history[0].get("time") if history else None)
+    last_call = calls[-1] if calls else None
     world_size = log[-1].get("world_size") if log else last.get("world_size")
     return RunSummary(
         run_id=storage.run_id,
@@ -82,6 +99,11 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str | Non
         attempt_log=log,
         checkpoint_score_attribute=score,
         checkpoint_score_order=order,
+        outcome=last_call.outcome if last_call else None,
+        error=last_call.error if last_call else None,
+        entry=last_call.entry if last_call else None,
+        duration=last_call.duration if last_call else None,
+        calls=calls,
     )
 
 
@@ -121,6 +143,28 @@ def _metrics_text(metrics: dict[str, Any], limit: int | None = None) -> str:
     return " ".join(parts) or "-"
 
 
+def _duration(seconds: float | None) -> str:
+    """``42.0s``, ``4m05s``, ``2h03m``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _outcome_text(outcome: Outcome | None, error: str | None, limit: int | None = None) -> str:
+    """``succeeded``, ``failed: ValueError: bad lr``, ``stopped by timeout``..."""
+    if outcome is None:
+        return "-"
+    text = f"{outcome}: {error}" if error and outcome is Outcome.FAILED else str(outcome)
+    return _cut(text, limit) if limit is not None else text
+
+
 def _unknown(value: Any) -> str:
     return "-" if value is None else str(value)
 
@@ -136,11 +180,14 @@ def _ranking(summary: RunSummary, short: bool = False) -> str:
 
 def runs_table(summaries: list[RunSummary]) -> str:
     """The table ``spark-torch runs`` prints: one line per run."""
-    header = ("RUN ID", "STARTED", "ATTEMPTS", "WORLD", "STEPS", "LAST METRICS", "CHECKPOINT (BEST BY SCORE, ELSE LATEST)")
+    header = (
+        "RUN ID", "STARTED", "DURATION", "OUTCOME", "ENTRY", "ATTEMPTS", "WORLD", "STEPS", "LAST METRICS",
+        "CHECKPOINT (BEST BY SCORE, ELSE LATEST)",
+    )  # fmt: skip
     rows = [
         (
-            s.run_id, _when(s.started), _unknown(s.attempts), _unknown(s.world_size), str(s.steps),
-            _metrics_text(s.metrics, limit=3),
+            s.run_id, _when(s.started), _duration(s.duration), _outcome_text(s.outcome, s.error, limit=60),
+            _cut(s.entry or "-", 40), _unknown(s.attempts), _unknown(s.world_size), str(s.steps), _metrics_text(s.metrics, limit=3),
             f"{s.best_checkpoint.path} ({_ranking(s, short=True)})" if s.best_checkpoint else "-",
         )
         for s in summaries
@@ -156,14 +203,24 @@ def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
     lines = [
         f"run {summary.run_id}",
         f"  path             {summary.path}",
+        f"  entry            {summary.entry or '-'}",
         f"  started          {_when(summary.started)}",
+        f"  duration         {_duration(summary.duration)}",
+        f"  outcome          {_outcome_text(summary.outcome, summary.error)}",
         f"  attempts         {_unknown(summary.attempts)}",
         f"  world size       {_unknown(summary.world_size)} (latest attempt)",
         f"  steps            {summary.steps}",
         f"  last metrics     {_metrics_text(summary.metrics)}",
         f"  best checkpoint  {f'{summary.best_checkpoint.path} ({_ranking(summary, short=True)})' if summary.best_checkpoint else '-'}",
     ]
-    if summary.attempt_log:
+    if summary.calls:
+        lines.append("calls (each run() call, oldest first, and its attempts: 0 is the run's first start):")
+        for call in summary.calls:
+            lines.append(f"  {_when(call.started)}  {call.entry}  {_duration(call.duration)}  {call.outcome}")
+            if call.error and call.outcome is not Outcome.SUCCEEDED:
+                lines.append(f"    error: {call.error}")
+            lines.extend(f"    {_when(row.time)}  {row}" for row in call.attempts)
+    elif summary.attempt_log:
         lines.append("attempts (0: the run's first start, counting on across restarts and resumed run() calls):")
         for row in summary.attempt_log:
             lines.append(

@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from spark_torch.driver.api.distributor import Distributor
+from spark_torch.driver.api.distributor import Distributor, without_internal_frames
 from spark_torch.driver.run.plan import host_facts
 from spark_torch.driver.spark.cluster import (
     DEEPSPEED_IGNORE_SSL_KEY,
@@ -117,4 +117,8 @@ class TorchDistributor:
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` (a function, or the path of a script) on every rank; rank 0's result."""
-        return self._distributor.run(main, *args, **kwargs)
+        try:
+            return self._distributor.run(main, *args, **kwargs)
+        except BaseException as error:  # every error leaves without spark_torch's frames
+            without_internal_frames(error)
+            raise

@@ -34,12 +34,14 @@ from spark_torch.driver.run.outcome import AttemptOutcome, GrowRequested, Interr
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.run.policy import Action, RestartPolicy
+from spark_torch.driver.spark.checks import Verdict, encryption_checks
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
 from spark_torch.driver.spark.quiet import quiet_spark_logs
-from spark_torch.errors import ConfigurationError, DistributedRunError
+from spark_torch.errors import ConfigurationError, DistributedRunError, RunStalledError, RunTimeoutError
 from spark_torch.rank_files import ResultBytes
+from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, record
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import Settings
 from spark_torch.settings import resolve as resolve_settings
@@ -68,12 +70,10 @@ def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
         )
     if plan.gpu_fallback is not None:
         logger.warning("%s", plan.gpu_fallback)
-    if (cluster.ssl_enabled or cluster.crypto_enabled) and not plan.local_mode:
-        logger.warning(
-            "spark_torch: Spark encrypts its own traffic (%s); spark_torch's channel (logs, reports, results) "
-            "is encrypted too, but torch's gloo/NCCL traffic between ranks is NOT encrypted",
-            "spark.ssl.enabled" if cluster.ssl_enabled else "spark.network.crypto.enabled",
-        )
+    if not plan.local_mode:  # the checks doctor shows too, one table (driver/spark/checks.py)
+        for check in encryption_checks(cluster):
+            if check.verdict is Verdict.WARN:
+                logger.warning("%s", check.message)
     return plan
 
 
@@ -132,6 +132,11 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
     except BaseException:
         sink.close()
         raise
+    result.path = storage.url if storage is not None else None
+    result.started, script = time.time(), entry if isinstance(entry, ScriptEntrypoint) else None
+    call = call_row(entry.description, "script" if script else "function", script.argv if script else (), started=result.started)
+    result.entry = call["entry"]
+    record(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
     base = _run_spec(config, plan, entry, payload, data, result.run_id, storage, token, settings)
     deadline = time.monotonic() + config.timeout if config.timeout else None
     tracker = ReportTracker(result, sink, config, plan, result.run_id)
@@ -150,6 +155,9 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         result.error = exc
         raise
     finally:
+        ended = time.time()
+        result.outcome, result.duration = run_outcome(result), ended - result.started
+        record(storage, end_row(result.outcome, result.error, ended))
         try:
             fill_from_storage(result, storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
@@ -158,7 +166,29 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         sink.status.close()
         sink.close()
         if storage is not None and config.run_id is None and config.storage_path is None:
-            storage.remove_if_unused()  # a run that reported nothing leaves no empty directory
+            _prune(storage)  # the default storage keeps the newest runs that reported nothing, not all
+
+
+def _prune(storage: RunStorage) -> None:
+    """Retention of the default storage (:data:`~spark_torch.reporting.run_log.KEEP_UNREPORTED_RUNS`)."""
+    try:
+        prune_unreported(storage.base, spare=storage.run_id)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more than old runs
+        logger.warning("spark_torch: could not remove old runs that reported nothing from %s: %s", storage.base, exc)
+
+
+def run_outcome(result: RunResult) -> Outcome:
+    """How the call ended: from its error, and its last attempt's end (a stop names its cause)."""
+    error, last = result.error, result.attempts[-1].end if result.attempts else None
+    if error is None:
+        return Outcome.SUCCEEDED
+    if isinstance(error, KeyboardInterrupt) or last is AttemptEnd.INTERRUPTED:
+        return Outcome.INTERRUPTED
+    if isinstance(error, RunTimeoutError) or last is AttemptEnd.TIMED_OUT:
+        return Outcome.TIMED_OUT
+    if isinstance(error, RunStalledError) or last is AttemptEnd.STALLED:
+        return Outcome.STALLED
+    return Outcome.FAILED
 
 def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage | None:
     """The run's storage, created and marked now; without an explicit ``storage_path`` a
@@ -230,6 +260,7 @@ class RunController:
             error = attempt_error(ended) if ended.end not in (AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED) else None
             record.error = AttemptError.from_exception(error) if error is not None else None
             record.grow = ended.cause.request if isinstance(ended.cause, GrowRequested) else None
+            _record_end(self.storage, record)
             decision = policy.decide(ended.end, failures)
             if decision.action is Action.FINISH:
                 return ended.result
@@ -284,6 +315,14 @@ class RunController:
             trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
         )
         return record, attempt
+
+
+def _record_end(storage: RunStorage | None, attempt: AttemptRecord) -> None:
+    """Add the attempt's end to the run's log (``spark-torch runs show``)."""
+    error = (attempt.error.type_name, attempt.error.first_line) if attempt.error is not None else None
+    end = str(attempt.end) if attempt.end is not None else "?"
+    row = attempt_row(attempt.attempt, attempt.world_size, attempt.nodes, str(attempt.reason), end, error, attempt.size_note, time.time())
+    record(storage, {**row, "detail": str(attempt.grow)} if attempt.grow is not None else row)
 
 
 def _unpickle_result(result: ResultBytes | None) -> Any:

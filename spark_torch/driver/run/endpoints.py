@@ -12,8 +12,8 @@ and Spark Connect sessions:
   advertised host;
 - ports (``channel_ports``), rendezvous deadline and heartbeat: from the settings.
 
-The channel's secret reaches the nodes through Spark: resolving the endpoint warns once when
-Spark's RPC is not encrypted on a cluster (:func:`~spark_torch.driver.spark.cluster.unencrypted_rpc_warning`).
+The channel's secret reaches the nodes through Spark: a run warns once when Spark's RPC is not
+encrypted on a cluster (:func:`~spark_torch.driver.spark.checks.encryption_checks`, when it is planned).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 import socket
 from dataclasses import dataclass
 
-from spark_torch.driver.spark.cluster import ClusterInfo, unencrypted_rpc_warning
+from spark_torch.driver.spark.cluster import ClusterInfo
 from spark_torch.settings import Settings
 
 __all__ = ["ChannelEndpoint", "resolve_endpoint", "route_address"]
@@ -61,11 +61,7 @@ def route_address(remote_host: str) -> str:
 
 def resolve_endpoint(cluster: ClusterInfo, settings: Settings) -> ChannelEndpoint:
     """Bind address, advertised address, port range and deadlines of the channel (once per
-    distributed run: also where a run on a cluster without Spark's RPC encryption is warned that
-    its channel's secret crosses the network in clear, :func:`unencrypted_rpc_warning`)."""
-    warning = unencrypted_rpc_warning(cluster)
-    if warning:
-        logger.warning(warning)
+    distributed run)."""
     port: int | None = None
     if settings.channel_host is not None:
         host, port = settings.channel_host

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from spark_torch import envnames
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.run.cpus import available_cpus
-from spark_torch.driver.spark.cluster import IGNORE_SSL_KEY, ClusterInfo, is_local_master
+from spark_torch.driver.spark.checks import Verdict, tls_check
+from spark_torch.driver.spark.cluster import ClusterInfo, is_local_master
 from spark_torch.envnames import CUDA_VISIBLE_DEVICES
 from spark_torch.errors import ClusterConfigurationError, ConfigurationError
 from spark_torch.node import gpus
@@ -105,12 +106,9 @@ def make_plan(
 ) -> LaunchPlan:
     """Plan a run, or raise :class:`ConfigurationError` saying what to change."""
     host = host or HostFacts()
-    if cluster.ssl_enabled and not cluster.ignore_ssl and not config.local_mode:
-        raise ClusterConfigurationError(
-            "this Spark cluster requires encryption (spark.ssl.enabled), but torch's gloo/NCCL "
-            f"traffic between ranks is not encrypted. If the network between executors is trusted, "
-            f"set {IGNORE_SSL_KEY}=true in the Spark conf to run anyway"
-        )
+    tls = tls_check(cluster)  # the check doctor shows too (driver/spark/checks.py)
+    if tls.verdict is Verdict.FAIL and not config.local_mode:
+        raise ClusterConfigurationError(tls.message)
     source = _gpu_source(config, cluster, host)
     use_gpu, gpu_fallback = _resolve_use_gpu(config, source)
     n = config.num_processes

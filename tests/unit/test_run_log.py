@@ -1,0 +1,100 @@
+"""The run's log (what each run() call ran and how it and its attempts ended), the retention of
+runs that reported nothing, a RunResult's short repr, and a call's outcome from its end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
+from spark_torch.driver.run.controller import run_outcome
+from spark_torch.errors import DistributedRunError, RunStalledError, RunTimeoutError
+from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, read_calls
+from spark_torch.reporting.storage import RUN_LOG, RunStorage
+
+
+def test_a_call_its_attempts_and_its_end_read_back() -> None:
+    rows = [
+        call_row("train.py", "script", ["--lr", "0.1"], started=100.0),
+        attempt_row(0, 2, 1, "start", "failed", ("DistributedRunError", "rank 1 on h failed"), "", 101.0),
+        attempt_row(1, 2, 1, "restart after a failure", "succeeded", None, "", 103.0),
+        end_row(Outcome.SUCCEEDED, None, 104.5),
+        call_row("train", "function", started=200.0),  # a later call: its driver died, no end
+        {"event": "a newer kind", "time": 201.0},
+    ]
+    first, second = read_calls(rows)
+    assert (first.entry, first.kind, first.outcome, first.duration, first.error) == ("train.py --lr 0.1", "script", Outcome.SUCCEEDED, 4.5, None)
+    assert [str(a) for a in first.attempts] == [
+        "attempt 0: 2 rank(s) on 1 node(s), start; failed: rank 1 on h failed",
+        "attempt 1: 2 rank(s) on 1 node(s), restart after a failure; succeeded",
+    ]
+    assert (second.outcome, second.ended, second.duration, second.attempts) == (Outcome.NO_END, None, None, ())
+
+
+def test_an_end_names_the_error_by_its_first_line() -> None:
+    row = end_row(Outcome.FAILED, ValueError("bad lr\nmore detail"), 1.0)
+    assert row["error"] == "ValueError: bad lr" and row["outcome"] == "failed"
+    assert read_calls([call_row("f", "function", started=0.0), row])[0].error == "ValueError: bad lr"
+    assert "error" not in end_row(Outcome.SUCCEEDED, None, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("error", "last", "outcome"),
+    [
+        (None, AttemptEnd.SUCCEEDED, Outcome.SUCCEEDED),
+        (DistributedRunError([], headline="rank 0 failed"), AttemptEnd.FAILED, Outcome.FAILED),
+        (RunTimeoutError([], headline="timeout"), AttemptEnd.TIMED_OUT, Outcome.TIMED_OUT),
+        (RunStalledError([], headline="stalled"), AttemptEnd.STALLED, Outcome.STALLED),
+        (KeyboardInterrupt(), AttemptEnd.INTERRUPTED, Outcome.INTERRUPTED),
+        (KeyboardInterrupt(), None, Outcome.INTERRUPTED),  # Ctrl-C before the first attempt
+        (DistributedRunError([], headline="stopped"), AttemptEnd.TIMED_OUT, Outcome.TIMED_OUT),
+    ],
+)
+def test_a_calls_outcome(error: BaseException | None, last: AttemptEnd | None, outcome: Outcome) -> None:
+    result = RunResult(run_id="r", error=error)
+    if last is not None:
+        result.attempts.append(AttemptRecord(attempt=0, world_size=1, nodes=1, reason=AttemptReason.START, end=last))
+    assert run_outcome(result) is outcome
+
+
+def _run(base: Path, run_id: str, started: float, *, ended: bool = True, reported: bool = False) -> None:
+    storage = RunStorage(str(base), run_id)
+    storage.create("token")
+    storage.append_log(RUN_LOG, call_row("train", "function", started=started))
+    if ended:
+        storage.append_log(RUN_LOG, end_row(Outcome.SUCCEEDED, None, started + 1))
+    if reported:
+        storage.append_metrics({"step": 1, "loss": 0.5})
+
+
+def test_retention_keeps_the_newest_runs_that_reported_nothing(tmp_path: Path) -> None:
+    for index in range(6):
+        _run(tmp_path, f"quiet{index}", float(index))
+    _run(tmp_path, "reported", 0.0, reported=True)  # reported: kept, whatever its age
+    _run(tmp_path, "running", -1.0, ended=False)  # no end yet (or its driver died): kept
+    removed = prune_unreported(str(tmp_path), keep=3, spare="quiet0")  # quiet0: the run that just ended
+    assert sorted(removed) == ["quiet1", "quiet2", "quiet3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quiet0", "quiet4", "quiet5", "reported", "running"]
+
+
+def test_a_results_repr_is_short_whatever_its_value() -> None:
+    state = {f"layer{i}.weight": list(range(100)) for i in range(40)}
+    text = repr(RunResult(run_id="abc", value=state, outcome=Outcome.SUCCEEDED, path="/runs/abc"))
+    assert text == "RunResult(run_id='abc', outcome='succeeded', value=<dict, 40 items>, steps=0, restarts=0, path='/runs/abc')"
+    assert "value=<str, 5 characters>" in repr(RunResult(run_id="a", value="hello"))
+    assert "value=<int>" in repr(RunResult(run_id="a", value=7))
+    failed = repr(RunResult(run_id="a", error=ValueError("x" * 500 + "\nsecond")))
+    assert "error='ValueError: xxx" in failed and "second" not in failed and len(failed) < 200
+
+
+def test_a_tensor_value_shows_its_shape() -> None:
+    torch = pytest.importorskip("torch")
+    assert "value=<Tensor, shape (3, 4)>" in repr(RunResult(run_id="a", value=torch.zeros(3, 4)))
+
+
+def test_the_docs_state_the_retention_bound() -> None:
+    from spark_torch.reporting.run_log import KEEP_UNREPORTED_RUNS
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8").split())
+    assert f"nothing (no metrics, no checkpoint) are bounded: the newest {KEEP_UNREPORTED_RUNS} are kept" in text
