@@ -213,7 +213,9 @@ class ProgressWatch:
         if age > 2 * self._interval and state.view.returned():  # its keeper stops what it left
             state.exited, state.progress = True, now
             return RankStack(rank, state.text, 0.0, StackState.EXITED, output=state.output)
-        if age > max(NOT_ANSWERING_AFTER * self._interval, 2.0):
+        # a rank that never sampled after its record 0 could not run its sampler from the start
+        silent = max(NOT_ANSWERING_AFTER * self._interval, 2.0) if state.seq > 0 else max(3 * self._interval, 1.0)
+        if age > silent:
             if state.view.stopped():
                 kind = StackState.STOPPED
             else:
