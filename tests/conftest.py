@@ -25,7 +25,10 @@ import pytest
 # test session starts, so leftover checks never confuse them with another test session's.
 SESSION_MARK = uuid.uuid4().hex
 os.environ["SPARK_TORCH_TEST_SESSION"] = SESSION_MARK
-_SESSION_TMP = tempfile.mkdtemp(prefix="spark-torch-tests-")
+# pytest-xdist workers inherit the controller's TMPDIR: each makes its own beside it, not inside it
+# (a nested one lengthens the warm-start templates' socket paths past AF_UNIX's 108 bytes)
+_TMP_BASE = os.environ.setdefault("SPARK_TORCH_TEST_TMP_BASE", tempfile.gettempdir())
+_SESSION_TMP = tempfile.mkdtemp(prefix="spark-torch-tests-", dir=_TMP_BASE)
 os.environ["TMPDIR"] = _SESSION_TMP
 # Spark's local dirs (where executors' Python workers, and so the node runners, keep scratch files)
 os.environ["SPARK_LOCAL_DIRS"] = _SESSION_TMP
@@ -112,7 +115,7 @@ def pytest_runtest_logreport(report: Any) -> None:
     """With ``SPARK_TORCH_TEST_FAILURES=FILE``, each failure is appended to FILE as it happens (a
     long parallel run can be read, or stopped, before its summary)."""
     path = os.environ.get("SPARK_TORCH_TEST_FAILURES")
-    if path and report.failed:
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:  # once: the controller sees all
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(f"===== {report.nodeid} ({report.when}, {report.duration:.1f}s)\n{report.longreprtext[-4000:]}\n")
 
