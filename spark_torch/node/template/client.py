@@ -137,7 +137,8 @@ def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) 
     """Where the template for a rank of ``python`` with environment ``env`` listens: one per
     interpreter, torch installation, owner (its pid and start time: a reused pid is another
     owner), interpreter-start settings of ``env``, hard resource limits (a child can lower
-    them, never raise them), nice value and ``oom_score_adj`` (likewise)."""
+    them, never raise them), nice value, ``oom_score_adj``, scheduling policy and I/O class
+    (likewise: :func:`~spark_torch.node.template.protocol.runner_priority`)."""
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
