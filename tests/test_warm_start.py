@@ -5,8 +5,11 @@ rebuilt."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -109,6 +112,42 @@ def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
     out = Distributor(num_processes=2).run(what_a_rank_sees, "y")
     (rebuilt,) = [t for t in _templates() if t.pid == out["ppid"]]
     assert rebuilt.pid != template.pid and "spark_torch.node.template.server" in out["ppid_cmd"]
+
+
+@pytest.mark.parametrize("planted", ["another-user", "readable-by-others"])
+def test_a_refused_template_folder_costs_no_warm_start(
+    planted: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
+    """``$TMPDIR/spark_torch_templates-UID`` made first by another user (or open to others) is
+    never used: ranks still start warm, from a template in a private folder of this process,
+    and one WARNING names the refused folder."""
+    if planted == "another-user" and os.getuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    tmp_path = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))  # a socket's path has at most 107 bytes
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("spark_torch.owned_files._fallbacks", {})
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    folder = tmp_path / f"spark_torch_templates-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    if planted == "another-user":
+        os.chown(folder, 4242, 4242)
+    else:
+        folder.chmod(0o755)
+    before = set(_templates())
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch"):
+            first = Distributor(num_processes=1).run(what_a_rank_sees, "a")
+            second = Distributor(num_processes=1).run(what_a_rank_sees, "b")
+        assert "spark_torch.node.template.server" in first["ppid_cmd"] and first["ppid"] == second["ppid"]
+        refused = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(refused) == 1 and f"refused the folder {folder} (" in refused[0], refused
+        socket_path = first["ppid_cmd"].split()[3]  # python -m MODULE SOCKET OWNER IDLE
+        assert not socket_path.startswith(str(folder) + os.sep) and list(folder.iterdir()) == []
+        assert f"private folder {os.path.dirname(socket_path)} instead" in refused[0]
+    finally:
+        for template in set(_templates()) - before:
+            template.kill()
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
