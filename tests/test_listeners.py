@@ -1,0 +1,73 @@
+"""Every listener a run opens binds the node's own address (loopback in local mode and in a
+loopback session), never every interface: the rendezvous store (torch's ``TCPStore``, no
+authentication), hosted warm or cold, gloo's pairs, the driver's channel. Checked during a run
+from inside a rank, in both modes, against the listening sockets of this test's whole process
+tree (``psutil.net_connections``, what ``ss -ltnp`` shows)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psutil
+import pytest
+
+from spark_torch import Distributor
+
+
+def _tree_listeners(root: int) -> list[tuple[str, int, int, str]]:
+    """(address, port, pid, command line) of every TCP socket listening in ``root``'s tree."""
+    pids = {root} | {p.pid for p in psutil.Process(root).children(recursive=True)}
+    found = []
+    for conn in psutil.net_connections("inet"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+            try:
+                cmd = " ".join(psutil.Process(conn.pid).cmdline())
+            except psutil.Error:
+                cmd = ""
+            found.append((conn.laddr.ip, conn.laddr.port, conn.pid, cmd))
+    return found
+
+
+def listeners_during_a_run(root: int) -> dict[str, Any]:
+    """In a rank, once the process group is up: what listens in the test's process tree."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    seen = {"listeners": _tree_listeners(root), "master_port": int(os.environ["MASTER_PORT"]), "pid": os.getpid()}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, seen)
+    dist.destroy_process_group()
+    return {"ranks": gathered}
+
+
+def _spark_jvm(cmd: str) -> bool:
+    """Spark's own JVM (its RPC, block manager, barrier coordinator): Spark's listeners, not the run's."""
+    return "org.apache.spark" in cmd and os.path.basename(cmd.split(" ", 1)[0]) == "java"
+
+
+def _check(out: dict[str, Any], before: set[tuple[str, int]]) -> list[tuple[str, int, int, str]]:
+    opened = [e for e in out["ranks"][0]["listeners"] if e[:2] not in before and not _spark_jvm(e[3])]
+    assert opened, "the run opened no listener (the store at least)"
+    everywhere = [entry for entry in opened if entry[0] != "127.0.0.1"]
+    assert everywhere == [], f"listeners not on the node's own address: {everywhere}"
+    (store,) = [entry for entry in opened if entry[1] == out["ranks"][0]["master_port"]]
+    assert "spark_torch.node.store_host_main" in store[3] or "spark_torch.node.template.server" in store[3], store
+    assert store[2] not in {r["pid"] for r in out["ranks"]}  # no rank hosts it (torch's server listens on "::")
+    return opened
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_local_mode_listens_on_loopback_only(warm: bool, no_leftovers: None) -> None:
+    before = {entry[:2] for entry in _tree_listeners(os.getpid())}
+    out = Distributor(num_processes=2, warm_start=warm).run(listeners_during_a_run, os.getpid())
+    _check(out, before)
+
+
+def test_a_loopback_session_listens_on_loopback_only(spark_session: Any, no_leftovers: None) -> None:
+    """Distributed: the store on node 0's executor address (127.0.0.1 here) and the driver's
+    channel on ``spark.driver.bindAddress``."""
+    before = {entry[:2] for entry in _tree_listeners(os.getpid())}
+    out = Distributor(num_processes=2, local_mode=False).run(listeners_during_a_run, os.getpid())
+    opened = _check(out, before)
+    assert any(entry[2] == os.getpid() for entry in opened), f"the driver's channel is not among {opened}"
