@@ -1,12 +1,17 @@
-"""Every listener a run opens binds the node's own address (loopback in local mode and in a
-loopback session), never every interface: the rendezvous store (torch's ``TCPStore``, no
-authentication), hosted warm or cold, gloo's pairs, the driver's channel. Checked during a run
-from inside a rank, in both modes, against the listening sockets of this test's whole process
-tree (``psutil.net_connections``, what ``ss -ltnp`` shows)."""
+"""What a run exposes to others on its host. Every listener a run opens binds the node's own
+address (loopback in local mode and in a loopback session), never every interface: the
+rendezvous store (torch's ``TCPStore``, no authentication), hosted warm or cold, gloo's pairs,
+the driver's channel. Checked during a run from inside a rank, in both modes, against the
+listening sockets of this test's whole process tree (``psutil.net_connections``, what ``ss
+-ltnp`` shows). And the run's storage is private (0700 folders, 0600 files) whatever the
+umask, or shared with a team folder's group (a set-group-ID storage folder: 2770, 0660)."""
 
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -71,3 +76,39 @@ def test_a_loopback_session_listens_on_loopback_only(spark_session: Any, no_left
     out = Distributor(num_processes=2, local_mode=False).run(listeners_during_a_run, os.getpid())
     opened = _check(out, before)
     assert any(entry[2] == os.getpid() for entry in opened), f"the driver's channel is not among {opened}"
+
+
+def checkpoint_and_metrics() -> None:
+    """Rank: one report() with metrics and a checkpoint file written 0644 (the umask's)."""
+    import spark_torch
+
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "weights.bin"), "wb") as fh:
+        fh.write(b"w")
+    os.chmod(folder, 0o755)
+    os.chmod(os.path.join(folder, "weights.bin"), 0o644)
+    spark_torch.report({"loss": 1.0}, checkpoint=folder)
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.parametrize("team", [False, True], ids=["private", "team-folder"])
+def test_the_runs_storage_is_private_or_the_team_folders(team: bool, tmp_path: Path, no_leftovers: None) -> None:
+    base = tmp_path / "runs"
+    base.mkdir()
+    if team:
+        base.chmod(0o2770)  # a team's folder: its group shares the runs
+    mask = os.umask(0o022)
+    try:
+        Distributor(num_processes=1, storage_path=str(base)).run(checkpoint_and_metrics)
+    finally:
+        os.umask(mask)
+    (run_dir,) = list(base.iterdir())
+    modes = _modes(run_dir)
+    folders = {name for name in modes if (run_dir / name).is_dir()}
+    assert any(name.endswith("weights.bin") for name in modes) and any(name.endswith("metrics.jsonl") for name in modes)
+    folder_mode, file_mode = (0o2770, 0o660) if team else (0o700, 0o600)
+    wrong = {name: oct(mode) for name, mode in modes.items() if mode != (folder_mode if name in folders else file_mode)}
+    assert wrong == {}, f"expected folders {oct(folder_mode)} and files {oct(file_mode)}: {wrong}"
