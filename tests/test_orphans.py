@@ -124,7 +124,11 @@ def test_a_whole_tree_the_rank_leaves_is_stopped_within_the_grace(chain: str, wa
 
 def signal_own_group() -> list[str]:
     """Handle SIGUSR1 and SIGHUP ("checkpoint now", "reload") and send each to this
-    process's own group, as a rank tells its workers; what was handled."""
+    process's own group, as a rank tells its workers; what was handled. The rank starts with
+    the handlers a rank without a keeper has (the keeper ignores what it can)."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    defaults = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, signal.SIGTSTP)
+    assert all(signal.getsignal(sig) == signal.SIG_DFL for sig in defaults), {s.name: signal.getsignal(s) for s in defaults}
     handled: list[str] = []
     for sig in (signal.SIGUSR1, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: handled.append(signal.Signals(signum).name))
