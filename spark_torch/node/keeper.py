@@ -25,7 +25,7 @@ import resource
 import signal
 import sys
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from spark_torch import envnames
 from spark_torch.grace import RANK_GRACE_SECONDS
@@ -183,9 +183,9 @@ def ignored_signals() -> list[int]:
 _NOT_IGNORED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
 
 
-def _ignore_signals() -> dict[int, object]:
+def _ignore_signals() -> dict[int, Any]:
     """Ignore :func:`ignored_signals` here; the handlers they had (for the rank to get back)."""
-    previous = {}
+    previous: dict[int, Any] = {}
     for sig in ignored_signals():
         try:
             previous[int(sig)] = signal.signal(sig, signal.SIG_IGN)
@@ -203,7 +203,7 @@ def keep(module: str, args: list[str], grace: float = RANK_GRACE_SECONDS) -> NoR
     if pid == 0:
         for sig, handler in previous.items():  # the rank handles its signals as it would without a keeper
             with contextlib.suppress(OSError, ValueError, TypeError):
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         _run_module(module, args)
     while True:
         reaped, status = _reap(block=True)

@@ -103,7 +103,7 @@ def _stopped(proc: psutil.Process) -> bool:
 def _live(proc: psutil.Process) -> bool:
     """Running and not a zombie (one waits for its parent, which is being stopped or reaps it)."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 
