@@ -1,10 +1,10 @@
 """Node 0's side of the hosted rendezvous store (:mod:`spark_torch.node.store_host_main`).
 
 With warm starts the store host is a fork of the template (torch already imported, about
-20 ms); without a template (warm starts off or unavailable) it is started cold (an interpreter
-that imports torch, waited for before the ranks start). Either way it listens on the node's own
-address only, never on every interface (torch's own server, in rank 0, would). Only when it
-cannot be hosted (it did not say "ready" in time) rank 0 hosts the store itself, as torch does;
+20 ms); when the template cannot be used it is started cold (an interpreter that imports torch,
+waited for before the ranks start). Either way it listens on the node's own address only, never
+on every interface (torch's own server, in rank 0, would). With warm starts off, or when it
+cannot be hosted (it did not say "ready" in time), rank 0 hosts the store itself, as torch does;
 the ranks of other nodes are clients either way, so only node 0's ranks are told
 (``TORCHELASTIC_USE_AGENT_STORE``).
 """
@@ -108,9 +108,12 @@ def host_store(
 
 
 def hosts_store(run: RunSpec) -> bool:
-    """Whether node 0 hosts the run's store before the ranks start: always (on the node's own
-    address; a rank that calls ``init_process_group`` then never opens a listener of its own)."""
-    return run.world_size >= 1
+    """Whether node 0 hosts the run's store before the ranks start (on the node's own address; a
+    rank that calls ``init_process_group`` then opens no store of its own): with warm starts,
+    whatever the world size (a fork, about 20 ms). Cold, a store host would import torch before
+    any rank could start (measured 4-5 s on a busy 2-core host, against 0.4-0.6 s for a whole
+    cold run of a function that does not import torch), so rank 0 hosts it, as torch does."""
+    return run.world_size >= 1 and run.settings.warm_start
 
 
 def start_store_host(
@@ -118,7 +121,7 @@ def start_store_host(
 ) -> StoreHost | None:
     """Node 0: host the run's rendezvous store on ``host:port`` before any rank starts (None:
     not hosted; rank 0 hosts it as usual). Its environment has the ranks' import path, so it is
-    forked from the same warm-start template; without warm starts it is started cold."""
+    forked from the same warm-start template (started cold when that template cannot be used)."""
     if not hosts_store(run):
         return None
     # the interpreter-start settings the ranks get (rank_env: PYTHONUNBUFFERED=1 unless the

@@ -27,7 +27,7 @@ against a real rank):
 ``SPARK_TORCH_RESTART_COUNT``         restarts so far within this ``run()`` call (0)
 ``TORCHELASTIC_MAX_RESTARTS``         the restart budget (``max_restarts``)
 ``TORCHELASTIC_USE_AGENT_STORE``      ``True`` on node 0's ranks when the rendezvous store was
-                                      hosted before the ranks started (unless it could not be)
+                                      hosted before the ranks started (warm starts)
 ``TORCHELASTIC_ERROR_FILE``           a file per rank where torch's ``@record`` writes an error
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING``   ``1`` unless set: a failed NCCL collective raises
 ``PYTHONUNBUFFERED``                  ``1``
