@@ -126,7 +126,7 @@ def _stop_leftovers(grace: float, kill_wait: float = _KILL_WAIT_SECONDS) -> None
                 break
             if not _reap_ready():
                 continue
-            time.sleep(0.01)
+            time.sleep(0.02)
         if not left:
             break
     _reap_ready()
