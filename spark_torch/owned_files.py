@@ -1,5 +1,6 @@
 """Files and folders that only this user's process may have made: the one set of checks behind
-``log_dir``'s rank logs, the Flight Recorder trace files and the warm-start template's sockets.
+``log_dir``'s rank logs, the Flight Recorder trace files and the warm-start template's sockets,
+and the per-user folders of the last two (:func:`private_folder`).
 
 A path in a shared place (a ``log_dir`` others can write to, the temporary directory) can hold
 something planted there: a symbolic link or a hard link to a victim's file (writing would change
@@ -11,10 +12,15 @@ was found.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+import tempfile
+import threading
 
-__all__ = ["UnsafePathError", "open_own_file", "own_directory"]
+__all__ = ["UnsafePathError", "open_own_file", "own_directory", "private_folder"]
+
+logger = logging.getLogger(__name__)
 
 
 class UnsafePathError(OSError):
@@ -83,3 +89,49 @@ def own_directory(path: str, *, private: bool, dir_fd: int | None = None) -> int
             f"(owner uid {info.st_uid}, mode {oct(stat.S_IMODE(info.st_mode))})",
         )
     return fd
+
+
+#: per-user folders refused in this process: name -> the private folder used instead
+_fallbacks: dict[str, str] = {}
+_fallback_lock = threading.Lock()
+
+
+def private_folder(name: str) -> str:
+    """This user's private folder ``$TMPDIR/NAME-UID`` (created 0700), checked. Its name is
+    predictable, so another local user may have made it first, or it may have lost its
+    permissions: then it is never used, and this process takes a private folder of its own
+    instead (``$XDG_RUNTIME_DIR/NAME`` when that is this user's private folder, else a new
+    ``mkdtemp``), with one WARNING naming the refused path. Raises :class:`UnsafePathError`
+    only when no private folder can be had at all."""
+    path = os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid()}")
+    with _fallback_lock:
+        if name in _fallbacks:
+            return _fallbacks[name]
+        try:
+            os.close(own_directory(path, private=True))
+            return path
+        except UnsafePathError as exc:
+            refused = exc
+        instead = _fallback(name)
+        _fallbacks[name] = instead
+    logger.warning(
+        "spark_torch: refused the folder %s (%s: another user's, or readable or writable by others); "
+        "using the private folder %s instead. Remove the refused folder (or set TMPDIR) to get it back.",
+        refused.path, refused.reason, instead,
+    )  # fmt: skip
+    return instead
+
+
+def _fallback(name: str) -> str:
+    """``$XDG_RUNTIME_DIR/NAME`` when that is this user's own private folder, else a new one."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        try:
+            info = os.stat(runtime)
+            if info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode) and not info.st_mode & 0o077:
+                path = os.path.join(runtime, name)
+                os.close(own_directory(path, private=True))
+                return path
+        except OSError:  # UnsafePathError too: on to a folder of our own
+            pass
+    return tempfile.mkdtemp(prefix=f"{name}-{os.getuid()}-")

@@ -247,7 +247,9 @@ SETTINGS: tuple[Setting, ...] = (
         "spark_logs", "SPARK_TORCH_SPARK_LOGS", "spark.torch.sparkLogs.enabled", False, _switch, "true or false",
         "Keep Spark's own task-failure logs on the console while a run's Spark jobs are active (a Java "
         "trace per failed or killed task: `Executor`, `TaskSetManager`...). Off: those loggers are quiet "
-        "for the run and restored after it; the run's error says what failed.",
+        "for the run and restored after it (exactly as they were, also after a Ctrl-C); the run's error says "
+        "what failed. They are the driver's loggers, for every job: a Spark job of your own that fails in "
+        "another thread during a run prints no Java trace either (its exception still reaches your code).",
     ),
 )
 

@@ -225,18 +225,49 @@ def test_without_log_dir_a_private_folder_of_this_user(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("spark_torch.owned_files._fallbacks", {})
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     where = trace_dir(None, "run-1", 3)
     mine = tmp_path / f"spark_torch_traces-{os.getuid()}"
-    assert where.path == str(mine / "run-1" / "attempt-3")
+    assert where is not None and where.path == str(mine / "run-1" / "attempt-3")
     assert _store(tmp_path, where, caplog) == []
     assert (mine / "run-1" / "attempt-3" / "rank_0.json").read_bytes() == b'{"entries": []}'
     assert mine.stat().st_mode & 0o777 == 0o700
     mine.chmod(0o755)  # readable by others: a shared folder, not this user's own
-    warnings = _store(tmp_path, trace_dir(None, "run-2", 0), caplog)
-    assert (
-        len(warnings) == 1
-        and f"spark_torch_traces-{os.getuid()} is not a folder of this user that only it may use" in warnings[0]
-    )
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        where = trace_dir(None, "run-2", 0)
+        assert trace_dir(None, "run-3", 0) is not None  # one warning per process
+    refused = [r.getMessage() for r in caplog.records if "refused the folder" in r.getMessage()]
+    assert len(refused) == 1 and f"{mine} (is not a folder of this user that only it may use" in refused[0], refused
+    assert where is not None and not where.path.startswith(str(mine) + os.sep)
+    assert _store(tmp_path, where, caplog) == []  # written to the private folder instead
+    assert os.path.isfile(os.path.join(where.path, "rank_0.json")) and list((mine / "run-1").iterdir())
+    folder = Path(where.root) / where.parts[0]
+    assert folder.stat().st_uid == os.getuid() and folder.stat().st_mode & 0o777 == 0o700
+    assert f"private folder {folder} instead" in refused[0]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder of another user needs root")
+def test_a_per_user_folder_of_another_user_is_never_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another user made ``spark_torch_traces-UID`` first: traces go to
+    ``$XDG_RUNTIME_DIR/spark_torch_traces`` when that is this user's, with one WARNING."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("spark_torch.owned_files._fallbacks", {})
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    planted = tmp_path / f"spark_torch_traces-{os.getuid()}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 4242, 4242)
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        where = trace_dir(None, "run", 0)
+    refused = [r.getMessage() for r in caplog.records if "refused the folder" in r.getMessage()]
+    assert len(refused) == 1 and str(planted) in refused[0] and "owner uid 4242" in refused[0], refused
+    assert where is not None and where.path == str(runtime / "spark_torch_traces" / "run" / "attempt-0")
+    assert _store(tmp_path, where, caplog) == []
+    assert list(planted.iterdir()) == []
 
 
 def test_a_stall_watch_never_raises_on_a_trace(tmp_path: Path) -> None:

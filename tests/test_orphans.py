@@ -2,14 +2,18 @@
 (:mod:`spark_torch.node.keeper`), a child subreaper, so a descendant that double-forks and
 execs with an empty environment (no node marker to find it by, no session or group of the
 rank's) is re-parented to the keeper and stopped, warm and cold, whether the run succeeds or
-fails, while the user's process stays no subreaper."""
+fails, while the user's process stays no subreaper. A tree at any depth (shells that wait on
+shells, a shell that ignores SIGTERM) is stopped whole within the grace, and a rank may send
+any signal to its own process group (the keeper's too) and still finish."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import signal
 import subprocess
+import time
 import uuid
 from typing import Any
 
@@ -17,6 +21,7 @@ import psutil
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
+from spark_torch.grace import RANK_GRACE_SECONDS, STOP_MARGIN_SECONDS
 
 
 def double_fork_a_sleep(seconds: str, fail: bool) -> dict[str, Any]:
@@ -69,3 +74,75 @@ def test_the_users_process_is_no_subreaper(no_leftovers: None) -> None:
     assert libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0  # PR_GET_CHILD_SUBREAPER
     assert flag.value == 0
     assert os.getpid() == psutil.Process().pid
+
+
+#: trees a rank leaves running when it returns, each ending in ``sleep SECONDS``
+CHAINS = {
+    # rank -> sh (wait) -> sh (wait) -> sleep: each shell dies on SIGTERM and hands its child on
+    "nested-shells": "sh -c 'sleep {seconds} & wait' & wait",
+    # rank -> sh (SIGTERM ignored, and so by its sleep too) -> sleep: only SIGKILL ends them
+    "sigterm-ignored": "trap '' TERM; sleep {seconds} & wait",
+}
+
+
+def leave_a_tree_running(chain: str, seconds: str) -> dict[str, Any]:
+    """Start ``chain`` through /bin/sh with an empty environment and return at once, leaving
+    it running: what the sleep's ancestry was, and when the rank returned."""
+    subprocess.Popen(
+        ["/bin/sh", "-c", CHAINS[chain].format(seconds=seconds)], env={},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30.0
+    while not (sleepers := _sleepers(seconds)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the chain's sleep {seconds} did not start within 30 s")
+        time.sleep(0.01)
+    ancestry, proc = [], sleepers[0]
+    while proc.pid != os.getpid():
+        proc = proc.parent()
+        ancestry.append(proc.name())
+    return {"ancestry": ancestry, "returned": time.time()}
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_whole_tree_the_rank_leaves_is_stopped_within_the_grace(chain: str, warm: bool, no_leftovers: None) -> None:
+    """The keeper stops every descendant at any depth, including what is re-parented to it
+    while it stops the rest, and the run ends within the grace (plus the node's margin)."""
+    seconds = f"{2000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+    try:
+        seen = Distributor(num_processes=1, warm_start=warm).run(leave_a_tree_running, chain, seconds)
+        took = time.time() - seen["returned"]
+        assert seen["ancestry"][:-1] == (["sh", "sh"] if chain == "nested-shells" else ["sh"])
+        assert _sleepers(seconds) == [], f"the {chain} tree's sleep outlived the run"
+        assert took < RANK_GRACE_SECONDS + STOP_MARGIN_SECONDS, f"the run ended {took:.1f} s after the rank returned"
+    finally:
+        for proc in _sleepers(seconds):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+def signal_own_group() -> list[str]:
+    """Handle SIGUSR1 and SIGHUP ("checkpoint now", "reload") and send each to this
+    process's own group, as a rank tells its workers; what was handled. The rank starts with
+    the handlers a rank without a keeper has (the keeper ignores what it can)."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    defaults = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, signal.SIGTSTP)
+    assert all(signal.getsignal(sig) == signal.SIG_DFL for sig in defaults), {s.name: signal.getsignal(s) for s in defaults}
+    handled: list[str] = []
+    for sig in (signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: handled.append(signal.Signals(signum).name))
+    for sig in (signal.SIGUSR1, signal.SIGHUP):
+        os.killpg(0, sig)
+        deadline = time.monotonic() + 30.0
+        while sig.name not in handled:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sig.name} sent to the group was not handled within 30 s")
+            time.sleep(0.01)
+    return handled
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_rank_may_signal_its_own_process_group(warm: bool, no_leftovers: None) -> None:
+    """The keeper shares the rank's group and ignores what the rank sends it."""
+    assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group) == ["SIGUSR1", "SIGHUP"]

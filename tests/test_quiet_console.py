@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -169,6 +170,47 @@ def test_quiet_periods_nest_and_restore_what_was_there(spark_session: Any) -> No
         assert not _configured(spark_session, executor) and _level(spark_session, executor) == root
         with quiet.quiet_spark_logs(spark_session, keep=True):  # the spark_logs setting
             assert _level(spark_session, tasks) == "INFO"
+    finally:
+        log4j.LogManager.getContext(False).getConfiguration().removeLogger(tasks)
+        log4j.LogManager.getContext(False).updateLoggers()
+
+
+def _interrupting(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """``quiet.NAME`` first sends this process Ctrl-C (SIGINT), then does its work: a Ctrl-C
+    that lands inside that step."""
+    original = getattr(quiet, name)
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(quiet, name, interrupted)
+
+
+@pytest.mark.parametrize("window", ["_hide_progress_bar", "_restore"], ids=["while-silencing", "while-restoring"])
+def test_ctrl_c_in_either_window_leaves_the_levels_as_they_were(
+    window: str, spark_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after the levels went OFF but before the quiet period is set up, or in the middle
+    of the restore: the KeyboardInterrupt reaches the user, and the levels are the user's, now
+    and after the next quiet period."""
+    log4j = spark_session.sparkContext._jvm.org.apache.logging.log4j
+    executor, tasks = "org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"
+    log4j.core.config.Configurator.setLevel(tasks, log4j.Level.INFO)
+    root = _level(spark_session, executor)
+    try:
+        with monkeypatch.context() as patch:
+            _interrupting(patch, window)
+            with pytest.raises(KeyboardInterrupt):
+                with quiet.quiet_spark_logs(spark_session):
+                    assert _level(spark_session, tasks) == "OFF"
+        assert quiet.wait_restored(30)
+        assert _level(spark_session, tasks) == "INFO" and _level(spark_session, executor) == root
+        assert not _configured(spark_session, executor)
+        with quiet.quiet_spark_logs(spark_session):  # the next run saves the user's levels, not OFF
+            assert _level(spark_session, tasks) == "OFF"
+        assert quiet.wait_restored(30)
+        assert _level(spark_session, tasks) == "INFO" and not _configured(spark_session, executor)
     finally:
         log4j.LogManager.getContext(False).getConfiguration().removeLogger(tasks)
         log4j.LogManager.getContext(False).updateLoggers()

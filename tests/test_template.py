@@ -245,9 +245,9 @@ def test_a_rank_exit_and_its_runner_leaving_in_one_batch(template: Template, no_
 
 
 def test_a_killed_template_takes_its_children_along(template: Template, no_leftovers: None) -> None:
-    """A store host arms no parent-death signal of its own (ranks do): the template arms it
-    in every child, so nothing it forked outlives it, reparented to init."""
-    request = Request(_runner_connect(template), "0", "2", module="spark_torch.node.store_host_main")
+    """The template arms a parent-death signal in every child (a store host, a rank's keeper),
+    so nothing it forked outlives it, reparented to init."""
+    request = Request(_runner_connect(template), "0", "2", "127.0.0.1", module="spark_torch.node.store_host_main")
     pid = None
     try:
         pid = request.answer()["pid"]

@@ -5,8 +5,11 @@ rebuilt."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -111,6 +114,42 @@ def test_a_killed_template_is_rebuilt(no_leftovers: None) -> None:
     assert rebuilt.pid != template.pid and "spark_torch.node.template.server" in out["ppid_cmd"]
 
 
+@pytest.mark.parametrize("planted", ["another-user", "readable-by-others"])
+def test_a_refused_template_folder_costs_no_warm_start(
+    planted: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
+    """``$TMPDIR/spark_torch_templates-UID`` made first by another user (or open to others) is
+    never used: ranks still start warm, from a template in a private folder of this process,
+    and one WARNING names the refused folder."""
+    if planted == "another-user" and os.getuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    tmp_path = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))  # a socket's path has at most 107 bytes
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("spark_torch.owned_files._fallbacks", {})
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    folder = tmp_path / f"spark_torch_templates-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    if planted == "another-user":
+        os.chown(folder, 4242, 4242)
+    else:
+        folder.chmod(0o755)
+    before = set(_templates())
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch"):
+            first = Distributor(num_processes=1).run(what_a_rank_sees, "a")
+            second = Distributor(num_processes=1).run(what_a_rank_sees, "b")
+        assert "spark_torch.node.template.server" in first["ppid_cmd"] and first["ppid"] == second["ppid"]
+        refused = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(refused) == 1 and f"refused the folder {folder} (" in refused[0], refused
+        socket_path = first["ppid_cmd"].split()[3]  # python -m MODULE SOCKET OWNER IDLE
+        assert not socket_path.startswith(str(folder) + os.sep) and list(folder.iterdir()) == []
+        assert f"private folder {os.path.dirname(socket_path)} instead" in refused[0]
+    finally:
+        for template in set(_templates()) - before:
+            template.kill()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
     import json
 
@@ -162,6 +201,8 @@ def what_starts_with_the_interpreter() -> dict[str, Any]:
         "affinity": sorted(os.sched_getaffinity(0)),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "oom_score_adj": int(open("/proc/self/oom_score_adj").read()),
+        "sched_policy": os.sched_getscheduler(0),
+        "io_class": int(psutil.Process().ionice().ioclass),
     }
 
 
@@ -189,8 +230,9 @@ def _lower_soft_limits() -> dict[int, tuple[int, int]]:
 def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path, no_leftovers: None) -> None:
     """Interpreter-start settings of env= (hash seed, warnings, bytecode, PYTHONSAFEPATH, HOME
     and so the user site directory), and the node runner's umask, resource limits (all of
-    them), CPU affinity, nice value and oom_score_adj as they are when the rank starts (changed
-    after its template started): warm ranks get them as cold ranks do."""
+    them), CPU affinity, nice value, oom_score_adj, scheduling policy and I/O class as they are
+    when the rank starts (changed after its template started): warm ranks get them as cold
+    ranks do."""
     import resource
 
     env = {
@@ -212,6 +254,7 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
         scheduling = _change_priority()
         Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)  # a template for them
         scheduling["affinity"] = _change_affinity()  # after that template started
+        scheduling.update(_change_policy())  # likewise
         warm = Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)
         cold = Distributor(num_processes=1, env=env, warm_start=False).run(what_starts_with_the_interpreter)
         lowered = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
@@ -235,7 +278,7 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
     assert cold["path"] == warm["path"] and warm["cwd"] not in warm["path"]  # PYTHONSAFEPATH: no cwd first
     assert cold["user_site"] == warm["user_site"] and warm["user_site"].startswith(str(tmp_path / "home"))
     assert cold["user_base"] == warm["user_base"]
-    for key in ("affinity", "nice", "oom_score_adj"):  # the runner's, changed after the template started
+    for key in ("affinity", "nice", "oom_score_adj", "sched_policy", "io_class"):  # the runner's, changed after the template started
         assert cold[key] == warm[key] == scheduling[key], (key, cold[key], warm[key], scheduling[key])
 
 
@@ -243,17 +286,27 @@ _SCHEDULING_BEFORE: dict[str, Any] = {}
 
 
 def _change_priority() -> dict[str, Any]:
-    """Give this process (the node runner in local mode) a higher nice value and a higher
-    oom_score_adj (undone by :func:`_restore_scheduling`: lowering them needs root); what
-    they are now."""
+    """Give this process (the node runner in local mode) a higher nice value, a higher
+    oom_score_adj, SCHED_BATCH and the idle I/O class (undone by :func:`_restore_scheduling`:
+    lowering the first two needs root); what they are now."""
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     with open("/proc/self/oom_score_adj") as fh:
         oom = int(fh.read())
-    _SCHEDULING_BEFORE.update(affinity=sorted(os.sched_getaffinity(0)), nice=nice, oom_score_adj=oom)
+    _SCHEDULING_BEFORE.update(
+        affinity=sorted(os.sched_getaffinity(0)), nice=nice, oom_score_adj=oom,
+        sched=(os.sched_getscheduler(0), os.sched_getparam(0)), ionice=psutil.Process().ionice(),
+    )  # fmt: skip
     os.setpriority(os.PRIO_PROCESS, 0, nice + 1)
     with open("/proc/self/oom_score_adj", "w") as fh:
         fh.write(str(oom + 100))
     return {"nice": nice + 1, "oom_score_adj": oom + 100}
+
+
+def _change_policy() -> dict[str, int]:
+    """SCHED_BATCH and the idle I/O class for this thread (undone by :func:`_restore_scheduling`)."""
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    psutil.Process().ionice(psutil.IOPRIO_CLASS_IDLE)
+    return {"sched_policy": os.SCHED_BATCH, "io_class": int(psutil.IOPRIO_CLASS_IDLE)}
 
 
 def _change_affinity() -> list[int]:
@@ -268,6 +321,9 @@ def _restore_scheduling() -> None:
     if not _SCHEDULING_BEFORE:
         return
     os.sched_setaffinity(0, _SCHEDULING_BEFORE["affinity"])
+    os.sched_setscheduler(0, *_SCHEDULING_BEFORE["sched"])
+    ionice = _SCHEDULING_BEFORE["ionice"]
+    psutil.Process().ionice(ionice.ioclass, ionice.value if ionice.ioclass in (1, 2) else None)
     with contextlib.suppress(PermissionError):  # root only: a test run by another user stays nicer
         os.setpriority(os.PRIO_PROCESS, 0, _SCHEDULING_BEFORE["nice"])
         with open("/proc/self/oom_score_adj", "w") as fh:
@@ -395,7 +451,7 @@ def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
     assert all("spark_torch.node.template.server" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
     assert all(r["host_parent"] == r["parent"] for r in out)  # the ranks' template: same start-up settings
     assert out[0]["agent"] == "True"
-    os.environ["SPARK_TORCH_WARM_START"] = "0"  # no template to fork it from: rank 0 hosts it, as before
+    os.environ["SPARK_TORCH_WARM_START"] = "0"  # warm starts off: rank 0 hosts it, as before
     cold = Distributor(num_processes=2).run(who_hosts_the_store)
     assert [r["listens"] for r in cold] == [True, False] and cold[0]["agent"] is None
 

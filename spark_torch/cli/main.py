@@ -343,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from spark_torch.cli.doctor import run_doctor
         from spark_torch.errors import LaunchError
 
+        os.environ.pop(envnames.STORAGE_OPTIONS, None)  # doctor reads no storage: the JVM must not inherit it
         try:
             return run_doctor(_session(args, needed=True))
         except KeyboardInterrupt:

@@ -7,11 +7,13 @@ forks, and the child runs ``MODULE`` as ``python -m MODULE ARGS...`` would: the 
 descendant of the rank that loses its parent (a double fork, a daemon, whatever its environment
 or session) is re-parented to the keeper instead of init, so the node's stop finds it among the
 keeper's descendants (:mod:`spark_torch.node.process_tree`) and the keeper reaps it. When the
-rank exits, the keeper stops whatever the rank left (SIGTERM, a grace, SIGKILL), reaps it and
+rank exits, the keeper stops the whole tree the rank left, at any depth (SIGTERM to each
+descendant, a grace, SIGKILL until none is left; what is re-parented to it meanwhile too), reaps it and
 exits as the rank did: the same code, or killed by the same signal. The keeper is a dedicated
-process, never the user's (a subreaper inherits zombies), ignores SIGTERM and SIGINT (the
-rank's to handle; a stop's SIGKILL ends it), dies with its parent (``PR_SET_PDEATHSIG``) and
-tells the rank to die with it (``SPARK_TORCH_PARENT_PID``). Standard library only.
+process, never the user's (a subreaper inherits zombies), ignores every signal it can (the
+rank's to handle, and the rank may send any of them to its own process group, which the keeper
+shares; a stop's SIGKILL ends it), dies with its parent (``PR_SET_PDEATHSIG``) and tells the
+rank to die with it (``SPARK_TORCH_PARENT_PID``). Standard library only.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import resource
 import signal
 import sys
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from spark_torch import envnames
 from spark_torch.grace import RANK_GRACE_SECONDS
 
-__all__ = ["keep", "main", "children_of", "KEEPER_MODULE"]
+__all__ = ["keep", "main", "descendants_of", "ignored_signals", "KEEPER_MODULE"]
 
 KEEPER_MODULE = "spark_torch.node.keeper"
 _PR_SET_PDEATHSIG = 1
@@ -44,9 +46,10 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-def children_of(pid: int) -> list[int]:
-    """The live children of ``pid`` (from /proc: no psutil in a rank's ancestor)."""
-    found = []
+def _process_table() -> dict[int, tuple[int, bool]]:
+    """Every process now: pid -> (its parent, whether it is a zombie), from /proc (no psutil in
+    a rank's ancestor)."""
+    table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -55,8 +58,23 @@ def children_of(pid: int) -> list[int]:
                 fields = fh.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != b"Z":  # fields[1]: ppid; Z: a zombie to reap, not to stop
-            found.append(int(name))
+        table[int(name)] = (int(fields[1]), fields[0] == b"Z")  # fields[1]: ppid; Z: a zombie
+    return table
+
+
+def descendants_of(pid: int) -> list[int]:
+    """The live descendants of ``pid`` at any depth, whatever their session, group or
+    environment (a zombie is left out, its children are not)."""
+    by_parent: dict[int, list[int]] = {}
+    table = _process_table()
+    for child, (parent, _) in table.items():
+        by_parent.setdefault(parent, []).append(child)
+    found, todo = [], list(by_parent.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if not table[child][1]:
+            found.append(child)
+        todo.extend(by_parent.get(child, []))
     return found
 
 
@@ -70,30 +88,48 @@ def _reap(block: bool) -> tuple[int, int]:
         return 0, 0
 
 
-def _stop_leftovers(grace: float) -> None:
-    """SIGTERM whatever the rank left (re-parented here), ``grace`` to exit, SIGKILL the rest;
-    every one reaped (bounded). Usually the rank left nothing: then no child is left to wait
-    for, and no /proc scan is made."""
+def _reap_ready() -> bool:
+    """Reap every child that has exited; whether any child (live or not yet reaped) is left."""
     while True:
         reaped, _ = _reap(block=False)
-        if reaped < 0:  # no child at all, live or exited: nothing was left
-            return
-        if reaped == 0:  # a live child: the rank left something running
-            break
+        if reaped < 0:
+            return False
+        if reaped == 0:
+            return True
+
+
+def _stop_leftovers(grace: float, kill_wait: float = _KILL_WAIT_SECONDS) -> None:
+    """Stop the whole tree the rank left, at every depth: SIGTERM to every descendant (and to
+    each one that appears later: re-parented here as its parent dies, or forked meanwhile) for
+    up to ``grace``, then SIGKILL to every descendant, again and again, until none is left (up
+    to ``kill_wait`` more: a process stuck in the kernel). Every child reaped. Usually the rank
+    left nothing: then no child is left to wait for, and no /proc scan is made."""
+    if not _reap_ready():
+        return
     me = os.getpid()
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, _KILL_WAIT_SECONDS)):
-        left = children_of(me)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        deadline = time.monotonic() + wait
+        signalled: set[int] = set()
+        while True:
+            left = descendants_of(me)
+            if not left:
+                break
+            for pid in left:
+                # the SIGTERM once per process (a handler may be running); SIGKILL every round
+                if sig == signal.SIGKILL or pid not in signalled:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, sig)
+                        if sig == signal.SIGTERM:
+                            os.kill(pid, signal.SIGCONT)  # a stopped process acts on it too
+                    signalled.add(pid)
+            if time.monotonic() >= deadline:
+                break
+            if not _reap_ready():
+                continue
+            time.sleep(0.02)
         if not left:
             break
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while children_of(me) and time.monotonic() < deadline:
-            if _reap(block=False)[0] == 0:
-                time.sleep(0.02)
-    while _reap(block=False)[0] > 0:
-        pass
+    _reap_ready()
 
 
 def _exit_as(status: int) -> NoReturn:
@@ -135,15 +171,39 @@ def _run_module(module: str, args: list[str]) -> NoReturn:
     os._exit(code)
 
 
+def ignored_signals() -> list[int]:
+    """What the keeper ignores: every signal a process can catch, but SIGCHLD (its reaping).
+    A rank may signal its own process group (``os.killpg(0, SIGUSR1)``: "checkpoint now" to
+    its workers, SIGHUP, SIGTERM); the keeper is in that group and must outlive it. A stop's
+    SIGKILL still ends it, and the parent-death signal too (SIGKILL)."""
+    return sorted(int(sig) for sig in signal.valid_signals() if sig not in _NOT_IGNORED)
+
+
+#: a signal the keeper cannot or must not ignore
+_NOT_IGNORED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+
+
+def _ignore_signals() -> dict[int, Any]:
+    """Ignore :func:`ignored_signals` here; the handlers they had (for the rank to get back)."""
+    previous: dict[int, Any] = {}
+    for sig in ignored_signals():
+        try:
+            previous[int(sig)] = signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):  # one the interpreter may not touch (glibc's own): left as is
+            continue
+    return previous
+
+
 def keep(module: str, args: list[str], grace: float = RANK_GRACE_SECONDS) -> NoReturn:
     """Become the rank's keeper (this process) and run ``module`` with ``args`` in a child."""
     if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):  # not Linux: no keeper, the rank runs here
         _run_module_here(module, args)
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = _ignore_signals()
     pid = os.fork()
     if pid == 0:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # the rank handles its signals as it would without a keeper
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         _run_module(module, args)
     while True:
         reaped, status = _reap(block=True)

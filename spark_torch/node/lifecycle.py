@@ -225,14 +225,14 @@ def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, peers: list[dict[s
 
 
 def _master_port(run: RunSpec, io: NodeIO, cwd: str | None) -> tuple[socket.socket | None, StoreHost | None]:
-    """Node 0: a reserved port for the ranks' master and, with warm starts, the rendezvous store
-    already listening on it (a store host that did not say "ready" in time may still take its
+    """Node 0: a reserved port for the ranks' master and the rendezvous store already listening
+    on it, on the node's own address (a store host that did not say "ready" in time may still take its
     port under load: rank 0 then hosts the store on a freshly reserved one)."""
     if io.node_rank != 0:
         return None, None
     reservation = reserve_port(io.master_host)
     try:
-        store = start_store_host(run, reservation.getsockname()[1], cwd)
+        store = start_store_host(run, reservation.getsockname()[1], cwd, host=io.master_host)
     except BaseException:
         reservation.close()
         raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable, Mapping
 
 import psutil
@@ -99,6 +100,14 @@ def _stopped(proc: psutil.Process) -> bool:
         return False
 
 
+def _live(proc: psutil.Process) -> bool:
+    """Running and not a zombie (one waits for its parent, which is being stopped or reaps it)."""
+    try:
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -110,8 +119,10 @@ def terminate_trees(
     refs: Iterable[GroupRef], grace: float, kill_wait: float = 5.0, marker: Mapping[str, str] | None = None
 ) -> list[psutil.Process]:
     """SIGTERM everything of the node (processes and safe groups), wait up to ``grace``
-    seconds, look again (a dying rank may have started something), SIGKILL what is left, wait
-    up to ``kill_wait``. Returns what is still alive then (e.g. stuck in the kernel)."""
+    seconds, look again (a dying rank may have started something), SIGKILL what is below the
+    ranks (each a keeper: a child subreaper) again and again until nothing is left there, then
+    the ranks and their groups; all within ``kill_wait``. A keeper killed first would hand what
+    its tree forks meanwhile to init. Returns what is still alive then (e.g. stuck in the kernel)."""
     refs = list(refs)
     procs, groups = snapshot(refs, marker)
     if not procs and not groups:  # the usual end of a run: everything already exited
@@ -121,11 +132,19 @@ def terminate_trees(
     _signal(procs, signal.SIGTERM)
     _signal([p for p in procs if _stopped(p)], signal.SIGKILL)  # it cannot act on SIGTERM: no grace to wait out
     _, alive = psutil.wait_procs(procs, timeout=max(0.0, grace))
-    later, groups = snapshot(refs, marker)
+    leaders = {ref[0] for ref in refs}
+    deadline = time.monotonic() + kill_wait
+    while True:  # SIGKILL below the ranks (their keepers) until nothing is left there, then them
+        later, groups = snapshot(refs, marker)
+        below = [p for p in later if p.pid not in leaders and _live(p)]
+        if not below or time.monotonic() >= deadline:
+            break
+        _signal(below, signal.SIGKILL)
+        psutil.wait_procs(below, timeout=0.05)
     known = {p.pid for p in alive}
     alive += [p for p in later if p.pid not in known and p.is_running()]
     for pgid in groups:
         _killpg(pgid, signal.SIGKILL)
     _signal(alive, signal.SIGKILL)
-    _, still = psutil.wait_procs(alive, timeout=kill_wait)
+    _, still = psutil.wait_procs(alive, timeout=max(1.0, deadline - time.monotonic()))
     return list(still)

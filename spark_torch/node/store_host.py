@@ -1,9 +1,12 @@
 """Node 0's side of the hosted rendezvous store (:mod:`spark_torch.node.store_host_main`).
 
-Only with warm starts: the store host is a fork of the template (torch already imported, about
-20 ms). Without a template (warm starts off or unavailable) nothing is hosted and rank 0 hosts
-the store itself, as before; the ranks of other nodes are clients either way, so only node 0's
-ranks are told (``TORCHELASTIC_USE_AGENT_STORE``).
+With warm starts the store host is a fork of the template (torch already imported, about
+20 ms); when the template cannot be used it is started cold (an interpreter that imports torch,
+waited for before the ranks start). Either way it listens on the node's own address only, never
+on every interface (torch's own server, in rank 0, would). With warm starts off, or when it
+cannot be hosted (it did not say "ready" in time), rank 0 hosts the store itself, as torch does;
+the ranks of other nodes are clients either way, so only node 0's ranks are told
+(``TORCHELASTIC_USE_AGENT_STORE``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from spark_torch.envnames import SCRUBBED, TORCHELASTIC_USE_AGENT_STORE
+from spark_torch.envnames import PARENT_PID, SCRUBBED, TORCHELASTIC_USE_AGENT_STORE
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.processes import with_package_on_path
 from spark_torch.node.template.client import WarmProcess, warm_spawn
@@ -29,6 +32,8 @@ AGENT_STORE_ENV = TORCHELASTIC_USE_AGENT_STORE
 STORE_MODULE = "spark_torch.node.store_host_main"
 #: a fork of the template is listening within milliseconds; this only bounds a broken one
 READY_SECONDS = 10.0
+#: a cold store host imports torch first
+COLD_READY_SECONDS = 60.0
 #: the store holds no user state: it gets little time to exit on SIGTERM
 STOP_GRACE_SECONDS = 2.0
 
@@ -36,7 +41,7 @@ STOP_GRACE_SECONDS = 2.0
 class StoreHost:
     """A running store host; :meth:`close` stops it (idempotent)."""
 
-    def __init__(self, process: WarmProcess) -> None:
+    def __init__(self, process: WarmProcess | subprocess.Popen[bytes]) -> None:
         self.process = process
         self.created = create_time(process.pid)  # its identity: a reused pid is never signalled
 
@@ -59,49 +64,69 @@ class StoreHost:
 
 
 def host_store(
-    python: str, port: int, world_size: int, env: Mapping[str, str], cwd: str | None, idle: float | None = None
+    python: str, port: int, world_size: int, env: Mapping[str, str], cwd: str | None, idle: float | None = None,
+    *, host: str = "127.0.0.1", warm: bool = True,
 ) -> StoreHost | None:
-    """Start the store for ``world_size`` ranks on ``port``; None when it cannot be hosted here
-    (the ranks then fall back to rank 0 hosting it). ``idle``: see :func:`warm_spawn`."""
+    """Start the store for ``world_size`` ranks on ``host:port``, forked from the template when
+    ``warm`` and it can be, else cold; None when it cannot be hosted here (the ranks then fall
+    back to rank 0 hosting it). ``idle``: see :func:`warm_spawn`."""
     out_r, out_w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
     clean_env = {k: v for k, v in env.items() if k not in SCRUBBED}
+    argv = [python, "-m", STORE_MODULE, str(port), str(world_size), host]
+    process: WarmProcess | subprocess.Popen[bytes] | None = None
     try:
-        process = warm_spawn(
-            python, [python, "-m", STORE_MODULE, str(port), str(world_size)], clean_env, cwd, [null, out_w, null], idle=idle
-        )
+        if warm:
+            process = warm_spawn(python, argv, clean_env, cwd, [null, out_w, null], idle=idle)
+        seconds = READY_SECONDS
+        if process is None:
+            seconds = COLD_READY_SECONDS
+            process = subprocess.Popen(
+                argv, env={**clean_env, PARENT_PID: str(os.getpid())}, cwd=cwd, stdin=null, stdout=out_w,
+                stderr=null, start_new_session=True, close_fds=True,
+            )  # fmt: skip
+    except BaseException:
+        os.close(out_r)
+        raise
     finally:
         os.close(out_w)
         os.close(null)
-    if process is None:
-        os.close(out_r)
-        return None
-    host = StoreHost(process)
+    store = StoreHost(process)
     try:
-        ready, _, _ = select.select([out_r], [], [], READY_SECONDS)
+        ready, _, _ = select.select([out_r], [], [], seconds)
         line = os.read(out_r, 64) if ready else b""
     finally:
         os.close(out_r)
     if line.strip() != b"ready":
-        host.close()
-        logger.warning("spark_torch: the rendezvous store could not be hosted on port %d; rank 0 hosts it", port)
+        store.close()
+        logger.warning(
+            "spark_torch: the rendezvous store could not be hosted on %s:%d; rank 0 hosts it (torch's server "
+            "listens on every interface)", host, port,
+        )  # fmt: skip
         return None
-    return host
+    return store
 
 
 def hosts_store(run: RunSpec) -> bool:
-    """Whether node 0 hosts the run's store before the ranks start: with warm starts and
-    several ranks (nobody to race with otherwise, and no template to fork it from)."""
-    return run.world_size >= 2 and run.settings.warm_start
+    """Whether node 0 hosts the run's store before the ranks start (on the node's own address; a
+    rank that calls ``init_process_group`` then opens no store of its own): with warm starts,
+    whatever the world size (a fork, about 20 ms). Cold, a store host would import torch before
+    any rank could start (measured 4-5 s on a busy 2-core host, against 0.4-0.6 s for a whole
+    cold run of a function that does not import torch), so rank 0 hosts it, as torch does."""
+    return run.world_size >= 1 and run.settings.warm_start
 
 
-def start_store_host(run: RunSpec, port: int, cwd: str | None, python: str = sys.executable) -> StoreHost | None:
-    """Node 0: host the run's rendezvous store on ``port`` before any rank starts (None: not
-    hosted; rank 0 hosts it as usual). Its environment has the ranks' import path, so it is
-    forked from the same warm-start template; without warm starts nothing is hosted."""
+def start_store_host(
+    run: RunSpec, port: int, cwd: str | None, python: str = sys.executable, host: str = "127.0.0.1"
+) -> StoreHost | None:
+    """Node 0: host the run's rendezvous store on ``host:port`` before any rank starts (None:
+    not hosted; rank 0 hosts it as usual). Its environment has the ranks' import path, so it is
+    forked from the same warm-start template (started cold when that template cannot be used)."""
     if not hosts_store(run):
         return None
     # the interpreter-start settings the ranks get (rank_env: PYTHONUNBUFFERED=1 unless the
     # user's env says otherwise), so that the store host forks from the ranks' template
     env = with_package_on_path({**os.environ, "PYTHONUNBUFFERED": "1", **run.extra_env})
-    return host_store(python, port, run.world_size, env, cwd, run.settings.warm_start_idle)
+    return host_store(
+        python, port, run.world_size, env, cwd, run.settings.warm_start_idle, host=host, warm=run.settings.warm_start
+    )

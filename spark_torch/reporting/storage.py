@@ -15,7 +15,8 @@ Layout of one run::
 
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
 half-written "latest" checkpoint. On a local (or mounted) filesystem the ranks' files and the
-manifest are fsynced before report() returns; an object store has them once its write returns. Used by ranks (upload), node runners (download) and the driver
+manifest are fsynced before report() returns, and the run's folder and files are private
+(:mod:`~spark_torch.reporting.local_files`); an object store has them once its write returns. Used by ranks (upload), node runners (download) and the driver
 (manifests, metrics, pruning); imports neither torch nor pyspark. One class over one layout,
 kept whole so that every path of the layout is written in one place; which checkpoints are
 best is :mod:`spark_torch.reporting.ranking`.
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from spark_torch.reporting.local_files import fsync_copy, fsync_path, make_dir, open_file, restrict_tree
 from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
 
@@ -90,25 +92,6 @@ def _withholding_options(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, *args, **kwargs)
 
     return call
-
-
-def _fsync(path: str, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_copy(source: str, target: str) -> None:
-    """Flush to disk what was copied from ``source`` into ``target`` (its files and their
-    directories): a checkpoint is durable before report() returns, not only in the page cache."""
-    for dirpath, _dirs, files in os.walk(source):
-        copied = os.path.join(target, os.path.relpath(dirpath, source))
-        for name in files:
-            _fsync(os.path.join(copied, name))
-        _fsync(copied, directory=True)
-    _fsync(os.path.dirname(target), directory=True)
 
 
 def split_run_path(path: str) -> tuple[str, str]:
@@ -189,8 +172,8 @@ class RunStorage:
     def create(self, token: str) -> None:
         """Make the run's directory and mark it with ``token`` (the driver, before ranks start)."""
         if self.local:
-            os.makedirs(self.url, exist_ok=True)
-            with open(os.path.join(self.url, RUN_MARKER), "w", encoding="utf-8") as fh:
+            make_dir(self.base, self.url)  # private (0700) unless the storage is a team's
+            with open_file(self.base, os.path.join(self.url, RUN_MARKER), "w") as fh:
                 fh.write(token)
         else:
             self.fs.makedirs(self._path(), exist_ok=True)
@@ -242,7 +225,8 @@ class RunStorage:
         target = self.checkpoint_url(step)
         if self.local:
             shutil.copytree(local_dir, target, dirs_exist_ok=True)
-            _fsync_copy(local_dir, target)
+            restrict_tree(self.base, target)
+            fsync_copy(local_dir, target)
             return
         name = posixpath.basename(target)
         for root, _dirs, files in os.walk(local_dir):
@@ -262,15 +246,15 @@ class RunStorage:
         )
         name = f"checkpoint_{step:06d}"
         if self.local:
-            os.makedirs(os.path.join(self.url, name), exist_ok=True)
+            make_dir(self.base, os.path.join(self.url, name))
             path = os.path.join(self.url, name, MANIFEST)
             tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
+            with open_file(self.base, tmp, "w") as fh:
                 fh.write(manifest)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
-            _fsync(os.path.dirname(path), directory=True)  # the rename itself is durable
+            fsync_path(os.path.dirname(path), directory=True)  # the rename itself is durable
         else:
             self.fs.makedirs(self._path(name), exist_ok=True)
             self.fs.pipe_file(self._path(name, MANIFEST), manifest.encode("utf-8"))
@@ -401,7 +385,7 @@ class RunStorage:
         """Append one row to one of the run's JSON-lines logs."""
         line = json.dumps(row, default=str) + "\n"
         if self.local:
-            with open(os.path.join(self.url, name), "a", encoding="utf-8") as fh:
+            with open_file(self.base, os.path.join(self.url, name), "a") as fh:
                 fh.write(line)
             return
         path = self._path(name)

@@ -14,14 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from spark_torch.fr_dumps import Dump, read_dump, summary
-from spark_torch.owned_files import UnsafePathError, open_own_file, own_directory
+from spark_torch.owned_files import UnsafePathError, open_own_file, own_directory, private_folder
 from spark_torch.stacks import MAX_TRACE_BYTES
 
 __all__ = ["FlightRecorder", "TraceDir", "trace_dir", "TRACE_FILE"]
@@ -70,15 +69,20 @@ class TraceDir:
         return fd
 
 
-def trace_dir(log_dir: str | None, run_id: str, attempt: int) -> TraceDir:
+def trace_dir(log_dir: str | None, run_id: str, attempt: int) -> TraceDir | None:
     """``log_dir/flight-recorder/attempt-N``, or without ``log_dir`` this user's
-    ``$TMPDIR/spark_torch_traces-UID/RUN_ID/attempt-N``; N is the attempt's index in the
-    run's history (``AttemptRecord.attempt``: it counts on across runs that resume from the same storage)."""
+    ``$TMPDIR/spark_torch_traces-UID/RUN_ID/attempt-N`` (if that folder is another user's or
+    others may use it: a private folder of this process, :func:`~spark_torch.owned_files.private_folder`);
+    N is the attempt's index in the run's history (``AttemptRecord.attempt``: it counts on
+    across runs that resume from the same storage). None: no private folder could be had."""
     if log_dir:
         return TraceDir(log_dir, ("flight-recorder", f"attempt-{attempt}"))
-    return TraceDir(
-        tempfile.gettempdir(), (f"spark_torch_traces-{os.getuid()}", run_id, f"attempt-{attempt}"), private=True
-    )
+    try:
+        folder = private_folder("spark_torch_traces")
+    except OSError as exc:
+        logger.warning("spark_torch: no private folder for Flight Recorder traces (%s); none are written", exc)
+        return None
+    return TraceDir(os.path.dirname(folder), (os.path.basename(folder), run_id, f"attempt-{attempt}"), private=True)
 
 
 def _write_trace(folder: int, rank: int, data: bytes) -> None:

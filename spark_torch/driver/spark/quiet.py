@@ -11,7 +11,13 @@ session has. Spark's console progress bar (``[Stage 3:>  (0 + 2) / 2]``, drawn o
 the ranks print, and left half-erased above the error when a stage fails) is set aside the same
 way, by the SparkContext's own field (no public switch exists once the context runs), and a new
 one is put back afterwards. Runs in several threads share one quiet period (the last one out
-restores).
+restores). The levels are saved before any is changed and restored with Ctrl-C held back; the
+saved levels are dropped only once they are back, so an interrupt in either moment cannot leave
+Spark's loggers off, nor make the next run save OFF as the level to restore.
+
+The loggers are the driver JVM's, for every job: while a run is quiet, a Spark job of your own
+that fails in another thread of the same driver prints no ``ERROR Executor`` or ``Lost task``
+lines either (its exception still reaches your code); set ``spark_logs`` to keep them.
 
 A killed task is reported a moment after its job failed, so the levels come back once no task
 is running any more (at most :data:`RESTORE_WAIT_SECONDS` later, in a daemon thread when it is
@@ -23,9 +29,10 @@ worker's log files), never to the driver's console: nothing changes there.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -103,15 +110,22 @@ def _show_progress_bar(spark: Any) -> None:
         field.set(jsc, jvm.scala.Option.apply(jvm.org.apache.spark.ui.ConsoleProgressBar(jsc)))
 
 
-def _silence(spark: Any, log4j: Any) -> tuple[Any, dict[str, Any], bool]:
+def _snapshot(log4j: Any) -> tuple[Any, dict[str, Any]]:
+    """The log4j context and the level each noisy logger has configured now (None: not configured)."""
     context = log4j.LogManager.getContext(False)
     configured = context.getConfiguration().getLoggers()
     saved = {}
     for name in NOISY_LOGGERS:
         existing = configured.get(name)
         saved[name] = existing.getLevel() if existing is not None else None
+    return context, saved
+
+
+def _silence(spark: Any, log4j: Any) -> bool:
+    """Every noisy logger OFF, the progress bar set aside (True when there was one)."""
+    for name in NOISY_LOGGERS:
         log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
-    return context, saved, _hide_progress_bar(spark)
+    return _hide_progress_bar(spark)
 
 
 def _restore(spark: Any, context: Any, saved: dict[str, Any], progress_bar: bool) -> None:
@@ -126,6 +140,26 @@ def _restore(spark: Any, context: Any, saved: dict[str, Any], progress_bar: bool
     context.updateLoggers()
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back until the block is done, then hand it to the handler that was
+    there (Python's, or PySpark's, which cancels the jobs and raises KeyboardInterrupt). Only in
+    the main thread and under a Python handler; otherwise the block runs as is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    handler: Callable[[int, Any], Any] = previous
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if received:
+        handler(signal.SIGINT, None)
+
+
 def _running_tasks(spark: Any) -> int:
     infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
     return sum(int(info.numRunningTasks()) for info in infos)
@@ -133,7 +167,6 @@ def _running_tasks(spark: Any) -> int:
 
 def _restore_when_idle(spark: Any, deadline: float) -> None:
     """Put the levels back once no task runs (or at ``deadline``) unless a new run came in."""
-    global _saved
     try:
         while time.monotonic() < deadline and _running_tasks(spark) > 0:
             if _holders > 0:
@@ -144,13 +177,22 @@ def _restore_when_idle(spark: Any, deadline: float) -> None:
     with _lock:
         if _holders > 0 or _saved is None:
             return
-        saved, _saved = _saved, None
+        _restore_saved()
+
+
+def _restore_saved() -> None:
+    """Put back what :data:`_saved` holds (with ``_lock`` held), Ctrl-C held back meanwhile;
+    the snapshot is cleared only once it is restored: an interrupt that still lands here (a
+    thread without Python's default handler) leaves it for the next quiet period to restore."""
+    global _saved
+    assert _saved is not None
+    with _interrupts_held():  # a Ctrl-C held back is raised once the snapshot is cleared
         try:
-            _restore(*saved)
-        except Exception as exc:  # noqa: BLE001 - never fail a run over logging
+            _restore(*_saved)
+        except Exception as exc:  # noqa: BLE001 - never fail a run over logging (a stopped session)
             logger.debug("spark_torch: could not restore Spark's log levels: %s", exc)
-        finally:
-            _restored.set()
+        _saved = None
+        _restored.set()
 
 
 def wait_restored(timeout: float) -> bool:
@@ -159,15 +201,28 @@ def wait_restored(timeout: float) -> bool:
 
 
 def _enter(spark: Any, log4j: Any) -> bool:
+    """Join the quiet period (the first one in takes the snapshot, then silences): the levels
+    are saved before any is changed, so whatever interrupts the change, what was there is known
+    and put back. A snapshot an interrupted restore left is kept: it holds the user's levels."""
     global _holders, _saved
     with _lock:
-        if _saved is None:
+        if _holders == 0:
+            if _saved is None or _saved[0] is not spark:
+                try:
+                    _saved = (spark, *_snapshot(log4j), False)
+                except Exception as exc:  # noqa: BLE001 - another logging backend: Spark prints as it likes
+                    logger.debug("spark_torch: could not quiet Spark's task-failure logs: %s", exc)
+                    return False
+            _restored.clear()
             try:
-                _saved = (spark, *_silence(spark, log4j))
-            except Exception as exc:  # noqa: BLE001 - another logging backend: Spark prints as it likes
+                bar = _silence(spark, log4j)
+            except BaseException as exc:
+                _restore_saved()  # what was changed goes back before this propagates
+                if not isinstance(exc, Exception):
+                    raise
                 logger.debug("spark_torch: could not quiet Spark's task-failure logs: %s", exc)
                 return False
-            _restored.clear()
+            _saved = (*_saved[:3], _saved[3] or bar)
         _holders += 1
         return True
 
@@ -198,10 +253,14 @@ def quiet_spark_logs(spark: Any, keep: bool = False) -> Iterator[None]:
     ``spark_logs`` setting), without a classic session, or with a logging backend other than
     log4j2."""
     log4j = None if keep else _log4j(spark)
-    if log4j is None or not _enter(spark, log4j):
+    if log4j is None:
         yield
         return
+    entered = False
     try:
+        with _interrupts_held():  # Ctrl-C waits until the levels are saved and changed
+            entered = _enter(spark, log4j)
         yield
     finally:
-        _leave(spark)
+        if entered:
+            _leave(spark)

@@ -3,7 +3,8 @@ interpreter, torch installation, owner, interpreter-start settings and hard reso
 started on first use and reused by later runs. The owner is the driver process in local mode and
 the executor JVM in a Spark task, so all Python workers of an executor share one template (Spark
 starts new Python workers as it likes; each would otherwise start its own). Templates listen in
-a private directory, ``$TMPDIR/spark_torch_templates-<uid>``; the first process to need one
+a private directory, ``$TMPDIR/spark_torch_templates-<uid>`` (if that is another user's or
+others may use it: a private folder of this process, with one WARNING); the first process to need one
 starts it under a file lock, the others connect to it (a burst of connections queues, with a
 deadline). A template ends with its owner, or after the run's ``warm_start_idle`` seconds
 with no rank running; this process reaps the templates it started.
@@ -30,7 +31,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,7 +48,7 @@ from spark_torch.node.template.protocol import (
     runner_umask,
     startup_env,
 )
-from spark_torch.owned_files import own_directory
+from spark_torch.owned_files import private_folder
 
 __all__ = [
     "WarmProcess",
@@ -126,18 +126,17 @@ def _owner() -> psutil.Process:
 
 
 def _socket_dir() -> str:
-    """This user's private directory of template sockets (created 0700; refused if another
-    user owns it or others may write to it)."""
-    path = os.path.join(tempfile.gettempdir(), f"spark_torch_templates-{os.getuid()}")
-    os.close(own_directory(path, private=True))
-    return path
+    """This user's private directory of template sockets (created 0700; another user's, or one
+    others may use, is refused for a private folder of this process: a WARNING names it)."""
+    return private_folder("spark_torch_templates")
 
 
 def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) -> str:
     """Where the template for a rank of ``python`` with environment ``env`` listens: one per
     interpreter, torch installation, owner (its pid and start time: a reused pid is another
     owner), interpreter-start settings of ``env``, hard resource limits (a child can lower
-    them, never raise them), nice value and ``oom_score_adj`` (likewise)."""
+    them, never raise them), nice value, ``oom_score_adj``, scheduling policy and I/O class
+    (likewise: :func:`~spark_torch.node.template.protocol.runner_priority`)."""
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:

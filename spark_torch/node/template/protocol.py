@@ -8,7 +8,10 @@ spark_torch's leaf modules only.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import platform
 import resource
 from collections.abc import Mapping
 from typing import Any
@@ -126,16 +129,40 @@ def runner_affinity() -> list[int] | None:
 
 
 def runner_priority() -> dict[str, int]:
-    """This process's nice value and ``oom_score_adj``, as a cold rank would inherit them.
-    Templates are keyed by them (a template starts with its runner's): a child could raise
-    them, but lowering either takes a privilege the template may not have."""
+    """This thread's nice value, ``oom_score_adj``, scheduling policy (and its static priority)
+    and I/O class and level, as a cold rank would inherit them. Templates are keyed by them (a
+    template starts with its runner's, and forks from its only thread): a child could raise
+    some of them, but lowering a nice value or leaving SCHED_IDLE takes a privilege the template
+    may not have."""
     found = {"nice": os.getpriority(os.PRIO_PROCESS, 0)}
     try:
         with open("/proc/self/oom_score_adj") as fh:
             found["oom_score_adj"] = int(fh.read().strip())
     except (OSError, ValueError):
         pass
+    with contextlib.suppress(AttributeError, OSError):
+        found["sched_policy"] = os.sched_getscheduler(0)
+        found["sched_priority"] = os.sched_getparam(0).sched_priority
+    ioprio = _ioprio()
+    if ioprio is not None:
+        found["ioprio"] = ioprio
     return found
+
+
+#: ioprio_get(2)'s system call number, per machine (no wrapper in glibc or Python)
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "ppc64le": 274, "s390x": 283}
+
+
+def _ioprio() -> int | None:
+    """This thread's I/O class and level (ioprio_get(IOPRIO_WHO_PROCESS, 0)); None: unknown."""
+    number = _IOPRIO_GET.get(platform.machine())
+    if number is None:
+        return None
+    try:
+        value = int(ctypes.CDLL(None, use_errno=True).syscall(number, 1, 0))
+    except (OSError, AttributeError):
+        return None
+    return value if value >= 0 else None
 
 
 def check_request(request: Any, fds: list[int]) -> dict[str, Any]:
