@@ -36,6 +36,7 @@ against a real rank):
                                       sampler writes its main thread's stack
 ``SPARK_TORCH_SAMPLE_SECONDS``        how often it samples (a tenth of ``stall_timeout``, 0.2-1 s)
 ``SPARK_TORCH_STACK_ALL_THREADS``     ``1`` when stall messages show every thread (``stall_all_threads``)
+``SPARK_TORCH_STACK_SOURCE_LINES``    ``0`` when the sampler reads no source line (``stall_source_lines=False``)
 ``TORCH_FR_BUFFER_SIZE``              ``2000`` unless it or ``TORCH_NCCL_TRACE_BUFFER_SIZE`` is set
                                       (stall detection on): torch's Flight Recorder keeps the last
                                       collectives, read on a stall
