@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,30 +166,83 @@ def make_session(master: str, conf: dict[str, str] | None = None, **underscored:
     return builder.getOrCreate()
 
 
-@pytest.fixture(scope="session")
-def plain_local_spark() -> Iterator[Any]:
+#: the session each fixture kind made in this process, while it is still the active one
+_MADE: dict[str, Any] = {}
+
+
+def _ensure(kind: str, start: Callable[[], Any]) -> Any:
+    """The session (or value holding it first) of fixture ``kind``: the one made earlier while it is
+    still the process's SparkContext, else a new one from ``start`` (which stops any other first:
+    one SparkContext per process). Workers run the kinds in ``_ORDER``, so a kind starts once per
+    worker; a group that mixes kinds (a file's module fixtures) still gets the session it asks for."""
+    from pyspark import SparkContext
+
+    made = _MADE.get(kind)
+    session = made[0] if isinstance(made, tuple) else made
+    if session is not None and SparkContext._active_spark_context is session.sparkContext:
+        return made
+    _MADE.clear()
+    made = start()
+    _MADE[kind] = made
+    return made
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_sessions_at_the_end() -> Iterator[None]:
+    """The last session of this process is stopped when the tests end."""
+    yield
+    _MADE.clear()
+    _stop_active()
+
+
+@pytest.fixture
+def spark_session() -> Any:
+    """``local[2]`` with the ``spark_options`` of pyproject.toml (replaces pytest-spark's session-scoped
+    fixture of that name, so that it is there again after another session ran in this process)."""
+
+    def start() -> Any:
+        from pytest_spark.util import reduce_logging
+
+        spark = make_session("local[2]", {"spark.executor.instances": "1"})
+        reduce_logging(spark.sparkContext)
+        return spark
+
+    return _ensure("spark_session", start)
+
+
+@pytest.fixture
+def plain_local_spark() -> Any:
     """A ``local`` (one slot, no brackets) session."""
-    spark = make_session("local")
-    yield spark
-    spark.stop()
+
+    def start() -> Any:
+        spark = make_session("local")
+        return spark
+
+    return _ensure("plain_local_spark", start)
 
 
-@pytest.fixture(scope="session")
-def cluster_spark() -> Iterator[Any]:
+@pytest.fixture
+def cluster_spark() -> Any:
     """A ``local-cluster[2,1,1024]`` session: two executor JVMs with one core each (64m max result)."""
-    spark = make_session(CLUSTER_MASTER, **{"spark_driver_maxResultSize": "64m"})
-    wait_for_slots(spark, 2)
-    yield spark
-    spark.stop()
+
+    def start() -> Any:
+        spark = make_session(CLUSTER_MASTER, **{"spark_driver_maxResultSize": "64m"})
+        wait_for_slots(spark, 2)
+        return spark
+
+    return _ensure("cluster_spark", start)
 
 
-@pytest.fixture(scope="session")
-def cluster3_spark() -> Iterator[Any]:
+@pytest.fixture
+def cluster3_spark() -> Any:
     """A ``local-cluster[3,1,1024]`` session: three 1-core executor JVMs (elastic runs lose one)."""
-    spark = make_session("local-cluster[3,1,1024]")
-    wait_for_slots(spark, 3)
-    yield spark
-    spark.stop()
+
+    def start() -> Any:
+        spark = make_session("local-cluster[3,1,1024]")
+        wait_for_slots(spark, 3)
+        return spark
+
+    return _ensure("cluster3_spark", start)
 
 
 @pytest.fixture(scope="session")
@@ -201,90 +254,102 @@ def gpu_discovery_script(tmp_path_factory: Any) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="session")
-def gpu_cluster_spark(gpu_discovery_script: str) -> Iterator[Any]:
+@pytest.fixture
+def gpu_cluster_spark(gpu_discovery_script: str) -> Any:
     """``local-cluster`` with 2 executors x 2 fake GPUs, 2 GPUs per task, CUDA_VISIBLE_DEVICES=4,6 on executors."""
-    spark = make_session("local-cluster[2,2,1024]", {
-        "spark.executor.cores": "2",
-        "spark.task.cpus": "2",
-        "spark.worker.resource.gpu.amount": "2",
-        "spark.worker.resource.gpu.discoveryScript": gpu_discovery_script,
-        "spark.executor.resource.gpu.amount": "2",
-        "spark.executor.resource.gpu.discoveryScript": gpu_discovery_script,
-        "spark.task.resource.gpu.amount": "2",
-        # executors that already restrict CUDA: Spark's addresses are positions in this list
-        "spark.executorEnv.CUDA_VISIBLE_DEVICES": "4,6",
-    })
-    wait_for_slots(spark, 2)
-    yield spark
-    spark.stop()
+
+    def start() -> Any:
+        spark = make_session("local-cluster[2,2,1024]", {
+            "spark.executor.cores": "2",
+            "spark.task.cpus": "2",
+            "spark.worker.resource.gpu.amount": "2",
+            "spark.worker.resource.gpu.discoveryScript": gpu_discovery_script,
+            "spark.executor.resource.gpu.amount": "2",
+            "spark.executor.resource.gpu.discoveryScript": gpu_discovery_script,
+            "spark.task.resource.gpu.amount": "2",
+            # executors that already restrict CUDA: Spark's addresses are positions in this list
+            "spark.executorEnv.CUDA_VISIBLE_DEVICES": "4,6",
+        })
+        wait_for_slots(spark, 2)
+        return spark
+
+    return _ensure("gpu_cluster_spark", start)
 
 
-@pytest.fixture(scope="session")
-def gpu_local_spark(gpu_discovery_script: str) -> Iterator[Any]:
+@pytest.fixture
+def gpu_local_spark(gpu_discovery_script: str) -> Any:
     """``local[2]`` whose driver owns two fake GPUs."""
-    spark = make_session("local[2]", {
-        "spark.driver.resource.gpu.amount": "2",
-        "spark.driver.resource.gpu.discoveryScript": gpu_discovery_script,
-    })
-    yield spark
-    spark.stop()
+
+    def start() -> Any:
+        spark = make_session("local[2]", {
+            "spark.driver.resource.gpu.amount": "2",
+            "spark.driver.resource.gpu.discoveryScript": gpu_discovery_script,
+        })
+        return spark
+
+    return _ensure("gpu_local_spark", start)
 
 
-@pytest.fixture(scope="session")
-def no_psutil_spark(tmp_path_factory: Any) -> Iterator[Any]:
+@pytest.fixture
+def no_psutil_spark(tmp_path_factory: Any) -> Any:
     """``local[2]`` whose executors' Python cannot import psutil (a dependency of spark_torch):
     the Python workers run through a wrapper that puts a failing ``psutil`` first on the path."""
-    root = tmp_path_factory.mktemp("no_psutil")
-    (root / "shadow" / "psutil").mkdir(parents=True)
-    (root / "shadow" / "psutil" / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'psutil'\", name='psutil')\n"
-    )
-    wrapper = root / "python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    os.environ["PYSPARK_PYTHON"] = str(wrapper)  # read once, when the context starts
-    try:
-        spark = make_session("local[2]")
-    finally:
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-    yield spark
-    spark.stop()
+
+    def start() -> Any:
+        root = tmp_path_factory.mktemp("no_psutil")
+        (root / "shadow" / "psutil").mkdir(parents=True)
+        (root / "shadow" / "psutil" / "__init__.py").write_text(
+            "raise ModuleNotFoundError(\"No module named 'psutil'\", name='psutil')\n"
+        )
+        wrapper = root / "python"
+        wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
+        wrapper.chmod(0o755)
+        os.environ["PYSPARK_PYTHON"] = str(wrapper)  # read once, when the context starts
+        try:
+            spark = make_session("local[2]")
+        finally:
+            os.environ["PYSPARK_PYTHON"] = sys.executable
+        return spark
+
+    return _ensure("no_psutil_spark", start)
 
 
 #: the shadow package of ``stale_executors_spark`` says "not installed" while this file exists
 MISSING_FLAG = "spark_torch_missing"
 
 
-@pytest.fixture(scope="session")
-def stale_executors_spark(tmp_path_factory: Any) -> Iterator[tuple[Any, Path]]:
+@pytest.fixture
+def stale_executors_spark(tmp_path_factory: Any) -> tuple[Any, Path]:
     """``local-cluster[2,1,1024]`` whose executors' Python finds another spark_torch first: a copy
     of this one that says it is version 0.0.9, or, while ``FLAG_DIR/spark_torch_missing``
     exists, "No module named 'spark_torch'" (an executor without it). Python workers are not
     reused, so every task imports afresh. Yields the session and FLAG_DIR."""
-    import shutil
 
-    root = tmp_path_factory.mktemp("stale")
-    shadow = root / "shadow" / "spark_torch"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "spark_torch", shadow, ignore=shutil.ignore_patterns("__pycache__"))
-    (shadow / "version.py").write_text((shadow / "version.py").read_text().replace('__version__ = "0.1.0"', '__version__ = "0.0.9"'))
-    init = (shadow / "__init__.py").read_text()
-    (shadow / "__init__.py").write_text(
-        "import os as _os\n"
-        f"if _os.path.exists({str(root / MISSING_FLAG)!r}):\n"
-        "    raise ModuleNotFoundError(\"No module named 'spark_torch'\", name='spark_torch')\n" + init
-    )
-    wrapper = root / "python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    os.environ["PYSPARK_PYTHON"] = str(wrapper)  # read once, when the context starts
-    try:
-        spark = make_session(CLUSTER_MASTER, {"spark.python.worker.reuse": "false"})
-    finally:
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-    wait_for_slots(spark, 2)
-    yield spark, root
-    spark.stop()
+    def start() -> tuple[Any, Path]:
+        import shutil
+
+        root = tmp_path_factory.mktemp("stale")
+        shadow = root / "shadow" / "spark_torch"
+        shutil.copytree(Path(__file__).resolve().parent.parent / "spark_torch", shadow, ignore=shutil.ignore_patterns("__pycache__"))
+        (shadow / "version.py").write_text((shadow / "version.py").read_text().replace('__version__ = "0.1.0"', '__version__ = "0.0.9"'))
+        init = (shadow / "__init__.py").read_text()
+        (shadow / "__init__.py").write_text(
+            "import os as _os\n"
+            f"if _os.path.exists({str(root / MISSING_FLAG)!r}):\n"
+            "    raise ModuleNotFoundError(\"No module named 'spark_torch'\", name='spark_torch')\n" + init
+        )
+        wrapper = root / "python"
+        wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
+        wrapper.chmod(0o755)
+        os.environ["PYSPARK_PYTHON"] = str(wrapper)  # read once, when the context starts
+        try:
+            spark = make_session(CLUSTER_MASTER, {"spark.python.worker.reuse": "false"})
+        finally:
+            os.environ["PYSPARK_PYTHON"] = sys.executable
+        wait_for_slots(spark, 2)
+        return spark, root
+
+    return _ensure("stale_executors_spark", start)
 
 
 @pytest.fixture

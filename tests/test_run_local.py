@@ -328,10 +328,10 @@ def test_a_store_host_that_never_said_ready_does_not_keep_rank_0_off_the_port(mo
 
     squatters: list[socket.socket] = []
 
-    def late_store_host(run: Any, port: int, cwd: Any) -> None:
+    def late_store_host(run: Any, port: int, cwd: Any, host: str = "127.0.0.1") -> None:
         late = socket.socket()  # what a late store host does: listen on the port
         late.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        late.bind(("127.0.0.1", port))
+        late.bind((host, port))
         late.listen()
         squatters.append(late)
         return None  # ... after node 0 stopped waiting for it
