@@ -6,11 +6,13 @@ stderr are read), and the quiet period itself in this process."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,18 @@ _PYTHON = re.compile(
 )
 
 
+@functools.cache
+def _no_ui_conf_dir() -> str:
+    """A Spark conf dir whose only setting turns the web UI off: the suite's workers start other
+    drivers at the same time, and a second UI on port 4040 prints "Service 'SparkUI' could not bind"
+    lines a user running one driver never sees (no log4j file, no Java options: the embedded
+    session's logging stays as without a conf dir)."""
+    path = tempfile.mkdtemp(prefix="no-ui-conf-")
+    with open(os.path.join(path, "spark-defaults.conf"), "w", encoding="utf-8") as fh:
+        fh.write("spark.ui.enabled false\n")
+    return path
+
+
 def user_script(master: str, mode: str, **env: str) -> tuple[list[str], list[str], int, float]:
     """(the console from ``run()`` on, its FACT lines, the exit status, seconds): every line of
     stdout and stderr, each piece the terminal would draw (split at carriage returns too)."""
@@ -44,6 +58,7 @@ def user_script(master: str, mode: str, **env: str) -> tuple[list[str], list[str
     for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS"):
         if name not in env:
             environ.pop(name, None)
+    environ.setdefault("SPARK_CONF_DIR", _no_ui_conf_dir())
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(SCRIPT), master, mode], env=environ, stdout=subprocess.PIPE,
@@ -113,6 +128,7 @@ def cli_failure(**env: str) -> list[str]:
     for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_TORCH_CLI_VERBOSE", "SPARK_CONF_DIR"):
         if name not in env:
             environ.pop(name, None)
+    environ.setdefault("SPARK_CONF_DIR", _no_ui_conf_dir())
     done = subprocess.run(
         [sys.executable, "-m", "spark_torch", "run", "--distributed", "--master", "local[2]", "-n", "2",
          str(SCRIPTS / "raises.py")],
