@@ -65,7 +65,8 @@ _ORDER = {
 }
 
 
-#: sessions of which a machine runs one at a time (fixed resources: namespaces, a Connect server, daemons)
+#: the heaviest sessions (daemons of a standalone cluster, two namespace hosts, a Connect server): one
+#: worker runs them all, in _ORDER (together on 2 cores, the fallback deadlines of their tests were missed)
 _ONE_WORKER = {"standalone_spark", "two_host_spark", "connect_spark"}
 
 
@@ -85,7 +86,7 @@ def _xdist_group(item: Any) -> str | None:
     kind = _session_kind(item)
     path = Path(str(item.fspath)).name
     if kind in _ONE_WORKER:
-        return kind
+        return "one-worker"  # one after the other: run at once they starved each other's deadlines
     if kind is not None and kind != "spark_session":
         return f"{kind}-{path}"
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})

@@ -25,7 +25,13 @@ def lose_this_machine() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def count_epochs(epochs: int, marker_dir: str | None = None, pause: float = 0.0, kill_executor_at: int | None = None) -> dict[str, Any]:
+def count_epochs(
+    epochs: int, marker_dir: str | None = None, pause: float = 0.0, kill_executor_at: int | None = None,
+    hold_file: str | None = None, hold_at: int = 10,
+) -> dict[str, Any]:
+    """Count the epochs with an all-reduce, a checkpoint per epoch. With ``hold_file``, a restarted
+    attempt of one rank waits before epoch ``hold_at`` until that file exists (a test's way to keep
+    the run going until a lost worker is back, whatever the machine's speed)."""
     import json
 
     import torch
@@ -42,6 +48,12 @@ def count_epochs(epochs: int, marker_dir: str | None = None, pause: float = 0.0,
         state = json.loads((checkpoint / "state.json").read_text())
         count, start = state["count"], state["epoch"]
     for epoch in range(start + 1, epochs + 1):
+        if hold_file is not None and epoch == hold_at and world == 1 and attempt != "0":
+            deadline = time.monotonic() + 300
+            while not os.path.exists(hold_file):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{hold_file} did not appear within 300 s")
+                time.sleep(0.1)
         ones = torch.ones(1)
         dist.all_reduce(ones)
         count += ones.item() / world

@@ -189,6 +189,7 @@ def test_a_worker_leaves_and_comes_back(
 
     markers = tmp_path / "markers"
     markers.mkdir()
+    back = tmp_path / "worker-back"  # the shrunk run holds at epoch 10 until the worker is back
     # one 2-core executor per worker, a task takes both cores: a lost worker's slot cannot move to the other
     spark = make_session(standalone.url, spark_executor_cores="2", spark_task_cpus="2", spark_cores_max="4",
                          spark_executor_memory="512m")  # fmt: skip
@@ -201,7 +202,7 @@ def test_a_worker_leaves_and_comes_back(
 
     def run() -> None:
         try:
-            box["out"] = d.run(count_epochs, 40, str(markers), 0.5)
+            box["out"] = d.run(count_epochs, 40, str(markers), 0.5, None, str(back), 10)
             box["result"] = d.last_run  # last_run is per thread
         except BaseException as exc:  # noqa: BLE001 - asserted below
             box["error"] = exc
@@ -215,6 +216,8 @@ def test_a_worker_leaves_and_comes_back(
         _wait_for_file(markers, "attempt-1-world-1-epoch-*", 180, thread)  # shrunk to 1 rank
         logs = leaving.log.parent
         standalone.workers[1] = start_worker("worker-1-again", standalone.url, standalone.work_dirs[1], logs, cores=2)
+        wait_for_slots(spark, 2, 180)
+        back.touch()
     finally:
         thread.join(400)
         spark.stop()
