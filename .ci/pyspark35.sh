@@ -19,8 +19,8 @@ if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ] || [
 fi
 "$VENV/bin/python" -c "import pyspark; assert pyspark.__version__.startswith('3.5'), pyspark.__version__; print('pyspark', pyspark.__version__)"
 # the suites that go through Spark (the channel's own tests and local mode do not depend on it)
-# in parallel workers grouped by Spark session, as `make test` runs them (tests/conftest.py)
-SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder \
+# in TEST_WORKERS workers grouped by Spark session, as `make test` runs them (default: one process)
+SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-0}" --dist loadgroup --no-loadscope-reorder \
   tests/test_run_distributed.py tests/test_dataframe.py tests/reliability/test_faults.py \
   tests/reliability/test_channel_e2e.py tests/reliability/test_log_channel.py tests/test_cli.py \
   tests/test_gpu.py tests/test_env_parity.py \
