@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["RankState", "StopReason", "ProblemKind"]
+__all__ = ["ValueEnum", "RankState", "StopReason", "ProblemKind"]
 
 
-class RankState(str, enum.Enum):
+class ValueEnum(str, enum.Enum):
+    """A ``str`` enum whose ``str()`` is its value: the word that travels and is printed."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class RankState(ValueEnum):
     """Where one rank process is (the live status counts them; a node's result records the last)."""
 
     #: the process was started
@@ -26,11 +33,9 @@ class RankState(str, enum.Enum):
     #: spark_torch stopped it (a timeout, a stall, a cancel, another rank's failure, growing)
     STOPPED = "stopped"
 
-    def __str__(self) -> str:
-        return self.value
 
 
-class StopReason(str, enum.Enum):
+class StopReason(ValueEnum):
     """Why the driver stopped an attempt's ranks before they ended by themselves."""
 
     #: the run's ``timeout`` passed
@@ -46,8 +51,6 @@ class StopReason(str, enum.Enum):
     #: elastic_grow: more slots are free, the gang restarts larger after a checkpoint
     GROW = "grow"
 
-    def __str__(self) -> str:
-        return self.value
 
     @classmethod
     def parse(cls, value: object) -> StopReason | None:
@@ -58,7 +61,7 @@ class StopReason(str, enum.Enum):
             return None
 
 
-class ProblemKind(str, enum.Enum):
+class ProblemKind(ValueEnum):
     """What kind of problem kept a node from starting its ranks: the error the user gets."""
 
     #: the ranks could not be started (a missing script, another interpreter, no rendezvous)
@@ -66,5 +69,3 @@ class ProblemKind(str, enum.Enum):
     #: the run's input or settings make it impossible (shards, a storage not visible, GPUs)
     CONFIGURATION = "ConfigurationError"
 
-    def __str__(self) -> str:
-        return self.value

@@ -19,6 +19,7 @@ from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import AttemptEndRow, Outcome, read_calls
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
+from spark_torch.states import ValueEnum
 
 __all__ = [
     "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 
-class AttemptEnd(str, enum.Enum):
+class AttemptEnd(ValueEnum):
     """How one attempt (one start of the whole gang) ended."""
 
     SUCCEEDED = "succeeded"
@@ -40,11 +41,9 @@ class AttemptEnd(str, enum.Enum):
     #: a setting or the cluster made the attempt impossible (ConfigurationError)
     MISCONFIGURED = "misconfigured"
 
-    def __str__(self) -> str:
-        return self.value
 
 
-class AttemptReason(str, enum.Enum):
+class AttemptReason(ValueEnum):
     """Why an attempt started."""
 
     START = "start"
@@ -52,11 +51,9 @@ class AttemptReason(str, enum.Enum):
     RESTART_AFTER_STALL = "restart after a stall"
     GROW = "grow"
 
-    def __str__(self) -> str:
-        return self.value
 
 
-class SizeReason(str, enum.Enum):
+class SizeReason(ValueEnum):
     """Why an attempt has the nodes it has (:class:`AttemptSize`, distributed mode)."""
 
     #: the run's first attempt: every node
@@ -68,8 +65,6 @@ class SizeReason(str, enum.Enum):
     #: slots for fewer nodes than ``num_processes`` needs, at least ``min_processes``: as many as fit
     FEWER_SLOTS = "fewer slots"
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ by module name (``python -m spark_torch.rank.function_main`` / ``script_main``).
 
 from __future__ import annotations
 
-import enum
 import os
 import socket
 import sys
@@ -33,7 +32,7 @@ from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
-from spark_torch.states import RankState
+from spark_torch.states import RankState, ValueEnum
 from spark_torch.workdir_files import StorageFile, WorkdirFiles
 
 __all__ = [
@@ -76,7 +75,7 @@ class NodeSpec:
         return self.node_rank * self.procs_per_node + local_rank
 
 
-class GroupState(str, enum.Enum):
+class GroupState(ValueEnum):
     """How a node's ranks ended, together."""
 
     #: every rank exited with code 0 (and rank 0, when it ran here, wrote its result)
@@ -86,8 +85,6 @@ class GroupState(str, enum.Enum):
     #: stopped from outside (the driver's stop: timeout, stall, cancel, another node's failure)
     STOPPED = "stopped"
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

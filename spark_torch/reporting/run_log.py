@@ -16,13 +16,13 @@ recorded").
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.reporting.storage import RUN_LOG, RunStorage, run_ids
+from spark_torch.states import ValueEnum
 
 __all__ = [
     "Outcome", "AttemptEndRow", "CallRecord", "KEEP_UNREPORTED_RUNS", "call_row", "attempt_row", "end_row", "read_calls",
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 KEEP_UNREPORTED_RUNS = 100
 
 
-class Outcome(str, enum.Enum):
+class Outcome(ValueEnum):
     """How a ``run()`` call ended."""
 
     SUCCEEDED = "succeeded"
@@ -47,8 +47,6 @@ class Outcome(str, enum.Enum):
     #: no end row: the call still runs, or its driver ended first
     NO_END = "no end recorded"
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
