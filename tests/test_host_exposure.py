@@ -18,11 +18,29 @@ import psutil
 import pytest
 
 from spark_torch import Distributor
+from spark_torch.node.template.client import TEMPLATE_MODULE
+
+
+def _tree(root: int) -> set[int]:
+    """``root``, its descendants, and the warm-start templates one of them owns with their
+    descendants: a template outlives the Spark worker that started it (its parent is then init),
+    so a run forked from an older template is outside ``root``'s tree of parents."""
+    pids = {root} | {p.pid for p in psutil.Process(root).children(recursive=True)}
+    for process in psutil.process_iter(["cmdline"]):
+        cmd = process.info["cmdline"] or []
+        if TEMPLATE_MODULE in cmd and len(cmd) > cmd.index(TEMPLATE_MODULE) + 2:
+            owner = cmd[cmd.index(TEMPLATE_MODULE) + 2]
+            if owner.isdigit() and int(owner) in pids:
+                try:
+                    pids |= {process.pid} | {p.pid for p in process.children(recursive=True)}
+                except psutil.Error:
+                    pass
+    return pids
 
 
 def _tree_listeners(root: int) -> list[tuple[str, int, int, str]]:
     """(address, port, pid, command line) of every TCP socket listening in ``root``'s tree."""
-    pids = {root} | {p.pid for p in psutil.Process(root).children(recursive=True)}
+    pids = _tree(root)
     found = []
     for conn in psutil.net_connections("inet"):
         if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
