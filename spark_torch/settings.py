@@ -223,7 +223,7 @@ SETTINGS: tuple[Setting, ...] = (
         "each keep it this long after their own last rank: the longest wins, a shorter one never cuts it.",
     ),
     Setting(
-        "stall_timeout", "SPARK_TORCH_STALL_TIMEOUT", "spark.torch.stall.timeout", 600.0, _seconds_or_zero, "seconds",
+        "stall_timeout", "SPARK_TORCH_STALL_TIMEOUT", "spark.torch.stall.timeout", 120.0, _seconds_or_zero, "seconds",
         "A run in which no rank made progress (its main thread computed, read or wrote, reached a new line, "
         "or called report(); waiting in a loop is none) for this long is stalled: spark_torch logs every "
         "rank's stack, grouped (0: no stall detection).",

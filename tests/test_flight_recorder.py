@@ -151,6 +151,39 @@ def test_a_trace_too_large_is_dropped_not_stored(tmp_path: Path) -> None:
     assert not (tmp_path / "traces").exists()
 
 
+def _summaries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "the collectives in flight on each rank" in r.getMessage()]
+
+
+def test_the_summary_is_said_once_per_request(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A stall message that held the whole summary (fail: the traces waited for) is not followed
+    by a logged one; a message said before every trace came (warn: no wait) is, once."""
+    trace = b'{"entries": []}'
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        recorder = FlightRecorder(2, TraceDir(str(tmp_path), ("held",)))
+        recorder.receive(0, trace)
+        recorder.receive(1, trace)
+        recorder.ask(lambda: None, {0, 1}, STORED_SECONDS)  # both came within the wait
+        held = recorder.note()
+        recorder.close()
+        assert "rank 0: no collective in flight" in held and "rank 1: no collective in flight" in held, held
+        assert _summaries(caplog) == []  # the message that holds it is the one place it is said
+
+        recorder = FlightRecorder(2, TraceDir(str(tmp_path), ("late",)))
+        recorder.ask(lambda: None, {0, 1}, 0.0)  # warn: no wait
+        early = recorder.note()  # said before any trace came: where they go
+        assert "go to" in early and "rank 0" not in early, early
+        recorder.receive(0, trace)
+        recorder.receive(1, trace)
+        deadline = time.monotonic() + STORED_SECONDS
+        while not _summaries(caplog) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        recorder.receive(1, trace)  # a rank's trace again: the request was answered, nothing more is said
+        recorder.close()
+    said = _summaries(caplog)
+    assert len(said) == 1 and "rank 1: no collective in flight" in said[0], said
+
+
 def _store(tmp_path: Path, where: TraceDir, caplog: pytest.LogCaptureFixture) -> list[str]:
     """One trace through a recorder; the warnings it logged."""
     recorder = FlightRecorder(1, where)

@@ -305,7 +305,7 @@ def test_report_on_rank_0_while_rank_1_waits_in_a_collective_fails_in_seconds(
 ) -> None:
     """report() under ``if rank == 0:`` in a DDP loop: rank 0 waits in report(), rank 1 in the
     next all_reduce. Neither rank ends, so only their positions tell: the run fails once both
-    have waited REPORT_DEADLOCK_SECONDS, at the default stall_timeout (600 s) and
+    have waited REPORT_DEADLOCK_SECONDS, at the default stall_timeout (120 s) and
     stall_action ("warn"), with the report() error and both stacks."""
     d = Distributor(
         num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path / "runs",

@@ -109,6 +109,8 @@ def test_fail_stops_the_run_with_both_stacks(mode: str, spark_session: Any, capl
     assert set(error.stacks) == {0, 1} and "wait_for_the_loader" in error.stacks[1]
     assert "rank 0: gloo:all_reduce #" in message and "rank 1: no collective in flight" in message, message
     assert took < TIMEOUT + 30, took  # seconds after the stall, not the 30 min of a collective's timeout
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("spark_torch")]
+    assert not [m for m in logged if "wait_for_the_loader" in m], logged  # the stacks once: in the error
 
 
 @pytest.mark.parametrize("mode", ["local-warm", "distributed-warm"])
@@ -159,6 +161,27 @@ def test_a_script_that_stalls(no_leftovers: None) -> None:
     with pytest.raises(RunStalledError) as info:
         distributor.run(str(SCRIPTS / "stall_script.py"))
     assert "rank 1: in wait_for_the_loader" in str(info.value) and "stall_script.py" in info.value.stacks[1]
+
+
+def test_the_cli_says_each_stalls_stacks_once(tmp_path: Path, no_leftovers: None) -> None:
+    """``spark-torch run --stall-action fail --max-restarts 1``: two stalls, each one's stacks said
+    once (the first in the "restarting" warning, the second in the error), the line that says the
+    run is stopped once per stall, and each stall's Flight Recorder block once (the traces are
+    waited for, so the message that holds the stacks holds them)."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_torch", "run", "-n", "2", "--stall-timeout", f"{TIMEOUT:g}", "--stall-action", "fail",
+         "--max-restarts", "1", "--log-dir", str(tmp_path), str(SCRIPTS / "stall_script.py")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert out.count("rank 1: in wait_for_the_loader") == 2, out
+    assert out.count("stall_action='fail': stopping the run") == 2, out
+    assert out.count("restarting the gang (1 of 1)\nWhere each rank was:") == 1, out
+    assert "spark-torch: error: the run stalled" in out, out
+    blocks = out.count("the collectives in flight on each rank")
+    assert blocks == 2 or (blocks > 2 and "(no trace" in out), out  # a third only for traces that came late
 
 
 def test_a_stall_with_max_restarts_resumes_from_the_checkpoint(tmp_path: Path, caplog: Any, no_leftovers: None) -> None:

@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None, metavar="S", help="bound on the whole run, seconds")
     run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times (-1: no limit)")
     run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                     help="a run whose ranks made no progress for S seconds is stalled: log every rank's stack (default 600; 0: off)")
+                     help="a run whose ranks made no progress for S seconds is stalled: log every rank's stack (default 120; 0: off)")
     run.add_argument("--stall-action", choices=["warn", "fail"], default=None,
                      help="on a stall: warn (the default) or fail (stop the run with RunStalledError)")
     run.add_argument("--min-processes", type=int, default=None, metavar="M",

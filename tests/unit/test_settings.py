@@ -159,3 +159,13 @@ def test_a_misspelt_parameter_or_setting_says_which_was_meant_and_names_them_all
 def test_an_unknown_keyword_with_no_close_name_gets_no_guess() -> None:
     with pytest.raises(TypeError, match=r"^Distributor\(\) got unexpected keyword argument\(s\) 'frobnicate'; its main parameters are num_processes"):
         Distributor(frobnicate=1)
+
+
+def test_the_default_stall_timeout_shows_a_hang_in_two_minutes_at_one_sample_a_second() -> None:
+    """docs/troubleshooting.md: the default shows a hang about two minutes after it began, and
+    samples once a second, the rate benchmarks/bench_stall.py measured (at 600 s, the same rate)."""
+    from spark_torch.node.progress import sample_interval
+
+    (stall,) = [s for s in SETTINGS if s.name == "stall_timeout"]
+    assert stall.default == 120.0
+    assert sample_interval(stall.default) == sample_interval(600.0) == 1.0

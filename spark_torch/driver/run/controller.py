@@ -270,9 +270,11 @@ class RunController:
             assert decision.reason is not None
             failures += decision.counts
             if decision.counts:
+                stacks = getattr(error, "stacks_text", None)  # a stall's or a timeout's: said here, once
                 logger.warning(
-                    "spark_torch: run %s %s (%s); restarting the gang (%d of %s)",
+                    "spark_torch: run %s %s (%s); restarting the gang (%d of %s)%s",
                     self.result.run_id, ended.end, record.detail, failures, policy.budget(),
+                    f"\nWhere each rank was:\n{stacks}" if stacks else "",
                 )
             reason = decision.reason
 

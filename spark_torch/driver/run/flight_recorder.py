@@ -102,6 +102,9 @@ class FlightRecorder:
         self._arrived = threading.Condition()
         self._dumps: dict[int, Dump | str] = {}
         self._asked: set[int] = set()
+        #: a message said where the traces go before they all came: their summary is logged when
+        #: they have (once per request; a message that already held it is not repeated)
+        self._announce = False
         self._problem: str | None = None
         self._folder: int | None = None
         self._thread: threading.Thread | None = None
@@ -145,8 +148,9 @@ class FlightRecorder:
             complete = bool(self._asked) and self._asked <= set(self._dumps)
             if complete:
                 self._asked = set()  # said once per request
+            announce, self._announce = (self._announce, False) if complete else (False, self._announce)
             lines = self._lines()
-        if complete:
+        if announce:
             logger.warning(
                 "spark_torch: torch's Flight Recorder, the collectives in flight on each rank (JSON per rank in %s):\n%s",
                 self.where.path if self.where else "",
@@ -175,6 +179,7 @@ class FlightRecorder:
         running = set(running)
         with self._arrived:
             self._asked = set(running)
+            self._announce = False
         try:
             request()
         except Exception:  # noqa: BLE001 - traces are extra: a failure to ask must not break the run
@@ -195,6 +200,7 @@ class FlightRecorder:
             return ""
         with self._arrived:
             lines = self._lines() if self._dumps else []
+            self._announce = bool(self._asked)  # not all of them yet: the summary follows when they are
         where = self.where.path if self._problem is None else f"nowhere: {self._problem}"
         if lines:
             return f"\ntorch's Flight Recorder, the collectives in flight on each rank (JSON per rank in {where}):\n" + "\n".join(

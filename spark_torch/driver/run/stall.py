@@ -197,8 +197,12 @@ class StallWatch:
             self._moved_again()
             return
         stacks = self._native_stacks(stacks)
-        message = self._message(idle, stacks)
-        logger.warning("%s%s\nstall_action='fail': stopping the run", message, self._traces_note())
+        # one line: the stacks and the traces are said once, by the error this verdict becomes (or,
+        # with restarts left, by the controller's "restarting" warning)
+        logger.warning(
+            "spark_torch: no rank made progress for %.0fs (stall_timeout=%gs); stall_action='fail': stopping the run",
+            idle, self.timeout,
+        )
         self._verdict = StallVerdict(
             StopReason.STALLED,
             headline=f"the run stalled: no rank made progress for {idle:.0f}s (stall_timeout={self.timeout:g}s), "
