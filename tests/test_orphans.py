@@ -146,3 +146,54 @@ def signal_own_group() -> list[str]:
 def test_a_rank_may_signal_its_own_process_group(warm: bool, no_leftovers: None) -> None:
     """The keeper shares the rank's group and ignores what the rank sends it."""
     assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group) == ["SIGUSR1", "SIGHUP"]
+
+
+def orphan_then_lose_the_keeper(seconds: str, ready: str) -> None:
+    """Rank: leave a double-forked ``sleep`` (empty environment, its own session), say where the
+    keeper is (``ready``: the rank's parent), then wait to be stopped."""
+    subprocess.run(["/bin/sh", "-c", f"sleep {seconds} >/dev/null 2>&1 </dev/null &"], env={}, start_new_session=True, check=True)
+    with open(ready + ".tmp", "w") as fh:
+        fh.write(str(os.getppid()))
+    os.replace(ready + ".tmp", ready)
+    time.sleep(3600)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_a_keeper_killed_mid_run_fails_the_run_and_leaves_nothing(warm: bool, tmp_path: Any, no_leftovers: None) -> None:
+    """SIGKILL of a rank's keeper (the one signal it cannot ignore): the rank dies with it and the
+    run fails at once with an error that says the rank was killed. Warm, the orphan the rank had
+    left is re-parented to the template (a child subreaper too) and stopped with the run; cold,
+    the keeper's parent is the node runner (the user's process in local mode, never a subreaper)
+    and the orphan goes to init: the documented limit (docs/security.md), stopped here by the test."""
+    seconds = f"{3000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
+    ready = str(tmp_path / "keeper")
+    killed: list[float] = []
+
+    def kill_the_keeper() -> None:
+        deadline = time.monotonic() + 120.0
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(OSError, ValueError):
+            keeper = int(open(ready).read())
+            assert "keeper" in " ".join(psutil.Process(keeper).cmdline()) or warm
+            killed.append(time.monotonic())
+            os.kill(keeper, signal.SIGKILL)
+
+    import threading
+
+    killer = threading.Thread(target=kill_the_keeper, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(DistributedRunError) as info:
+            Distributor(num_processes=2, warm_start=warm, timeout=300).run(orphan_then_lose_the_keeper, seconds, ready)
+        ended = time.monotonic()
+        killer.join(5.0)
+        assert killed, "the keeper was never found"
+        assert ended - killed[0] < 60.0, f"the run ended {ended - killed[0]:.0f}s after its keeper was killed"
+        assert "SIGKILL" in str(info.value), str(info.value)
+        if warm:  # cold: the limit (init, or whichever subreaper is above the test, adopts it)
+            assert _sleepers(seconds) == [], "the rank's orphan outlived the run after its keeper was killed"
+    finally:
+        for proc in _sleepers(seconds):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()

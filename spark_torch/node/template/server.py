@@ -37,10 +37,10 @@ and serves the ranks running until they end; a second one ends the template, its
 socket. The template itself never runs user code, never initializes CUDA and never starts a
 thread, so every run's ranks are forks of the same pristine process: nothing leaks from run to run.
 
-The request's checks and the keying rules are in :mod:`spark_torch.node.template.protocol`,
-the child's side in :mod:`spark_torch.node.template.child`, what it keeps per child and per
-connection in :mod:`spark_torch.node.template.state`; what stays here is one concern, the
-template's event loop (connections, requests, forks, exits, idle end), which reads best whole.
+Elsewhere: the request's checks and keying rules (:mod:`~spark_torch.node.template.protocol`),
+the child's side (``child``), what it keeps per child and connection (``state``), what a keeper
+SIGKILLed before it stopped its rank's tree hands on to the template, a child subreaper
+(``adopted``). Here: the event loop (connections, requests, forks, exits, idle end), read whole.
 
 Protocol (one JSON message per packet on a ``SOCK_SEQPACKET`` connection): the request
 ``{"argv", "env", "cwd", "umask", "rlimits", "idle"}`` with its descriptors
@@ -61,14 +61,9 @@ import time
 from typing import Any
 
 from spark_torch.envnames import MARK_SLOT
+from spark_torch.node.template.adopted import Adopted, become_subreaper
 from spark_torch.node.template.child import become_rank, environ_slot, with_mark_slot
-from spark_torch.node.template.protocol import (
-    MAX_FDS,
-    MAX_REQUEST,
-    THREAD_ENV,
-    check_request,
-    clamp_idle,
-)
+from spark_torch.node.template.protocol import MAX_FDS, MAX_REQUEST, THREAD_ENV, check_request, clamp_idle
 from spark_torch.node.template.state import Client, Rank, kill_group, log
 
 __all__ = ["main"]
@@ -109,6 +104,7 @@ class _Template:
         self.ranks: dict[int, Rank] = {}
         self.accept_paused_until: float | None = None
         self.owner_gone = False
+        self.adopted = Adopted()  # what a SIGKILLed keeper left (the template is a child subreaper)
 
     # -- the loop ----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -179,7 +175,7 @@ class _Template:
             deadlines.append(self.idle_until)
         if self.accept_paused_until is not None:
             deadlines.append(self.accept_paused_until)
-        if any(r.pidfd is None for r in self.ranks.values()):
+        if self.adopted.pending or any(r.pidfd is None for r in self.ranks.values()):
             deadlines.append(time.monotonic() + 0.5)  # no pidfd to wake us: look again soon
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
@@ -189,6 +185,8 @@ class _Template:
             self._failed(client, TimeoutError(f"no request within {REQUEST_SECONDS:g}s"))
         for rank in [r for r in self.ranks.values() if r.pidfd is None]:
             self._handle(rank)
+        if self.adopted.pending:
+            self.adopted.sweep(self.ranks)
         if self.accept_paused_until is not None and now >= self.accept_paused_until and self.listener is not None:
             self.accept_paused_until = None
             with contextlib.suppress(Exception):
@@ -356,6 +354,7 @@ class _Template:
         if pid == 0:
             return
         self._forget(rank)
+        self.adopted.sweep(self.ranks)  # a keeper killed before it stopped what its rank left
         client = rank.client
         if client is not None:
             try:
@@ -413,6 +412,7 @@ class _Template:
         """The owner is gone: stop every rank still running and remove the socket."""
         for pid in list(self.ranks):
             kill_group(pid)
+        self.adopted.sweep(self.ranks)
         if self.listener is not None and self._owns_path():
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
@@ -435,6 +435,7 @@ def main(argv: list[str]) -> int:
     idle = float(argv[2]) if len(argv) > 2 and argv[2] not in ("", "none") else None
     # a template that cannot mark its children does not start (the ranks start cold)
     template = _Template(argv[0], int(argv[1]), idle, environ_slot())
+    become_subreaper()  # after the import: what torch's import may start is no orphan of a rank
     print("ready", flush=True)
     try:
         template.serve()

@@ -1,0 +1,70 @@
+"""What the warm-start template does with the processes re-parented to it.
+
+The template is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process whose ancestors up to
+the template all died is re-parented to the template, not to init. Its own children are the
+ranks' keepers and the store hosts it forked, each listed; a keeper keeps whatever the rank
+leaves and stops it when the rank ends (:mod:`spark_torch.node.keeper`). Only a keeper that
+died without doing so (SIGKILL, the one signal it cannot ignore; its rank dies with it) hands
+its rank and the rank's orphans on, to the template: any child the template did not fork is
+such an orphan. :class:`Adopted` SIGKILLs each one with its whole tree (the rank it belonged to
+was killed the same way) and reaps it, on the template's own loop: no thread, no blocking wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Container
+
+import psutil
+
+__all__ = ["Adopted", "become_subreaper"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Mark this process a child subreaper (Linux); False where that is not possible."""
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Adopted:
+    """The orphans re-parented to this process, SIGKILLed with their trees until reaped."""
+
+    def __init__(self) -> None:
+        #: killed children not yet reaped
+        self.pids: set[int] = set()
+
+    @property
+    def pending(self) -> bool:
+        """Some were killed and are not reaped yet (look again soon)."""
+        return bool(self.pids)
+
+    def sweep(self, forked: Container[int]) -> None:
+        """SIGKILL every child of this process that is not in ``forked`` (and all its
+        descendants, found before the first signal), then reap those that have ended. Never
+        raises: a process that ended meanwhile is simply gone."""
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            children = []
+        for child in children:
+            if child.pid in forked or child.pid in self.pids:
+                continue
+            with contextlib.suppress(psutil.Error):
+                tree = [child, *child.children(recursive=True)]
+                for proc in tree:  # the child is ours and unreaped: its pid cannot be reused
+                    with contextlib.suppress(psutil.Error):
+                        proc.kill()
+            self.pids.add(child.pid)
+        for pid in list(self.pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.pids.discard(pid)
