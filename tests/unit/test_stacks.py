@@ -295,6 +295,13 @@ def test_a_new_position_an_upload_and_another_threads_bytes_are_progress() -> No
             helper.start()
             helper.join()
             assert progress.moved(tuple(here), 0, here, waits_on_a_thread=waits) is waits
+        # under OTHERS_IO_BYTES (a store's polling, a heartbeat thread) is none, even waited on; the
+        # pause makes the helper's microseconds of CPU far less than a tenth of the interval
+        helper = threading.Thread(target=moves_bytes, args=(OTHERS_IO_BYTES // 4,))
+        helper.start()
+        helper.join()
+        time.sleep(0.5)
+        assert not progress.moved(tuple(here), 0, here, waits_on_a_thread=True)
     finally:
         idle.set()
         thread.join(30)
