@@ -8,11 +8,10 @@ import signal
 from datetime import timedelta
 from typing import Any
 
-#: torchft's own timeouts in these tests (its defaults are 60 s): every wait below is bounded
-FT_TIMEOUT = timedelta(seconds=20)
 
-
-def train(steps: int, work: str, kill_group: int | None = None, kill_step: int | None = None) -> list[float]:
+def train(
+    steps: int, work: str, kill_group: int | None = None, kill_step: int | None = None, timeout: float = 20.0
+) -> list[float]:
     """Train a linear model with torchft's DDP until ``steps`` steps were committed with every
     group taking part (counted in the state that heals a group: a group alone goes on until the
     others are back, so that all end at one step).
@@ -21,7 +20,7 @@ def train(steps: int, work: str, kill_group: int | None = None, kill_step: int |
     of ``kill_group`` SIGKILLs itself at the step that all groups take together after
     ``kill_step`` such steps, between forward and backward: its peers are then in (or about to
     enter) the all-reduce. Returns (and writes to ``work/g{GROUP}.weights``)
-    the final weights."""
+    the final weights. ``timeout`` bounds each of torchft's waits (its default is 60 s)."""
     import psutil
     import torch
     from torchft import DistributedDataParallel
@@ -42,7 +41,8 @@ def train(steps: int, work: str, kill_group: int | None = None, kill_step: int |
     mgr = ft.manager(
         state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "together": together},
         load_state_dict=load,
-        timeout=FT_TIMEOUT, quorum_timeout=FT_TIMEOUT, connect_timeout=FT_TIMEOUT,
+        timeout=timedelta(seconds=timeout), quorum_timeout=timedelta(seconds=timeout),
+        connect_timeout=timedelta(seconds=timeout),
     )  # fmt: skip
     ddp = DistributedDataParallel(mgr, model)
     killed = os.path.join(work, "killed")
@@ -76,11 +76,11 @@ def train(steps: int, work: str, kill_group: int | None = None, kill_step: int |
 
 def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     """``group_that_fails`` raises at once (every attempt); the others train with torchft (alone)
-    until the run stops them."""
+    until the run stops them (the lighthouse goes away: their next quorum fails within 3 s)."""
     group = int(os.environ["REPLICA_GROUP_ID"])
     if group == group_that_fails:
         raise RuntimeError(f"group {group} cannot start")
-    return train(steps, work)
+    return train(steps, work, timeout=3.0)
 
 
 def lighthouse_address() -> str:

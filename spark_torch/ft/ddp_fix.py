@@ -34,13 +34,13 @@ def install() -> None:
     """Make torchft's ``DistributedDataParallel`` use :func:`comm_hook` in this process
     (idempotent; the rank's process only)."""
     import torch
-    import torch.distributed as dist
+    from torch.distributed import GradBucket  # type: ignore[attr-defined]
     from torchft import ddp
 
     def hook(state: Any, bucket: Any) -> Any:
         return comm_hook(state, bucket)
 
     # DDP checks a hook's annotations as objects (this module's are strings: postponed evaluation)
-    hook.__annotations__ = {"state": Any, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    hook.__annotations__ = {"state": Any, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
     hook.__qualname__ = hook.__name__ = "spark_torch_comm_hook"
-    ddp.DistributedDataParallel._comm_hook = staticmethod(hook)  # type: ignore[method-assign,assignment]
+    ddp.DistributedDataParallel._comm_hook = staticmethod(hook)

@@ -51,11 +51,11 @@ def _servers_bound_to(host: str) -> Iterator[None]:
         port = int(str(kwargs["bind"]).rsplit(":", 1)[1])
         return original(**{**kwargs, "bind": bind_address(host, port)})
 
-    torchft_manager.ManagerServer = bound  # type: ignore[misc,assignment]
+    torchft_manager.ManagerServer = bound
     try:
         yield
     finally:
-        torchft_manager.ManagerServer = original  # type: ignore[misc]
+        torchft_manager.ManagerServer = original
 
 
 def _store(rank: int, host: str, port: int) -> Any | None:
@@ -63,7 +63,7 @@ def _store(rank: int, host: str, port: int) -> Any | None:
     here by the group's rank 0 (as torch's ``env://`` would), on the node's address."""
     if rank != 0 or os.environ.get(TORCHELASTIC_USE_AGENT_STORE) == "True":
         return None
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, use_libuv=True)
     # a later init_process_group(env://) of this rank is then a client of it, as under torchrun

@@ -331,7 +331,7 @@ def run_entrypoint(distributor: Distributor, entry: Entrypoint, data: DataInput 
     if config.replica_groups > 1:  # a layer above the run: one run per group (docs/fault-tolerance.md)
         from spark_torch.driver.api.replica_groups import run_groups
 
-        return run_groups(distributor, entry, data)
+        return run_groups(distributor, entry, data, distributor._session())
     spark = distributor._session()
     result = distributor._results.last = RunResult(run_id=config.run_id or new_run_id())
     return execute(config, spark, entry, data, result)

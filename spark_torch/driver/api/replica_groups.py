@@ -127,8 +127,9 @@ class GroupLoop:
             return error
         assert isinstance(error, DistributedRunError)
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        times = self.restarts + 1
         headline = (
-            f"replica group {self.group} failed {self.restarts + 1} time(s), more than its max_restarts={self.budget} "
+            f"replica group {self.group} failed {times} time{'s' if times > 1 else ''}, more than its max_restarts={self.budget} "
             f"allows (the other groups were stopped); its last failure: {first}. Raise max_restarts or fix the cause"
         )
         grouped = ReplicaGroupError(self.group, error.failures, headline, error.stacks, error.stacks_text, error.stopped)
@@ -136,23 +137,19 @@ class GroupLoop:
         return grouped
 
 
-def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | None) -> Any:
-    """Run ``entry`` as ``replica_groups`` groups (see the module's docstring); group 0's value."""
+def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | None, spark: Any) -> Any:
+    """Run ``entry`` as ``replica_groups`` groups (see the module's docstring) with ``spark`` (the
+    session, or None: local mode needs none); group 0's value."""
     config = distributor._config
     if data is not None:
         raise ConfigurationError(
             "run_on_dataframe does not take replica_groups yet: shard the data per group yourself "
             "(REPLICA_GROUP_ID, NUM_REPLICA_GROUPS) and use run() (docs/fault-tolerance.md)"
         )
-    if not config.local_mode:
-        raise ConfigurationError(
-            f"replica_groups={config.replica_groups} runs in local mode only for now (local_mode=True); "
-            "distributed mode is not built yet (docs/fault-tolerance.md)"
-        )
-    spark = distributor._session()
     run_id = config.run_id or new_run_id()
     deadline = time.monotonic() + config.timeout if config.timeout else None
-    stop, lock, first = threading.Event(), threading.Lock(), []
+    stop, lock = threading.Event(), threading.Lock()
+    first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
     with Lighthouse(LOCAL_HOST, config.lighthouse_options) as lighthouse:
 
         def fail_the_run(group: int | None) -> None:
