@@ -83,6 +83,24 @@ def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     return train(steps, work, timeout=3.0)
 
 
-def lighthouse_address() -> str:
-    """The lighthouse this rank was given."""
-    return os.environ["TORCHFT_LIGHTHOUSE"]
+def listeners_after_a_step() -> tuple[str, list[str]]:
+    """One torchft step (a quorum, an all-reduce, a commit), then the lighthouse this rank was
+    given and the addresses its own process listens on (the group's store when the rank hosts it,
+    torchft's Manager server, gloo's)."""
+    import psutil
+    import torch
+
+    from spark_torch import ft
+
+    model = torch.nn.Linear(2, 1)
+    wait = timedelta(seconds=20)
+    mgr = ft.manager(
+        state_dict=model.state_dict, load_state_dict=model.load_state_dict, timeout=wait, quorum_timeout=wait, connect_timeout=wait
+    )
+    mgr.start_quorum()
+    mgr.wait_quorum()
+    mgr.allreduce(torch.ones(1)).wait()
+    mgr.should_commit()
+    listening = sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})
+    mgr.shutdown(wait=False)
+    return os.environ["TORCHFT_LIGHTHOUSE"], listening

@@ -81,8 +81,13 @@ def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Pa
     assert isinstance(error.__cause__, RuntimeError)
 
 
-def test_the_lighthouse_is_gone_after_the_run(tmp_path: Path, no_leftovers: None) -> None:
-    address = Distributor(num_processes=2, replica_groups=2, log_ranks=[]).run(ft_programs.lighthouse_address)
+def test_listeners_on_loopback_and_the_lighthouse_gone_after_the_run(no_leftovers: None) -> None:
+    """Cold ranks (warm_start=False): the group's rank 0 hosts the group's store itself, on the
+    node's address only, like torchft's Manager server; the lighthouse stops with the run."""
+    address, listening = Distributor(num_processes=2, replica_groups=2, warm_start=False, log_ranks=[]).run(
+        ft_programs.listeners_after_a_step
+    )
+    assert listening == ["127.0.0.1"]
     url = urlparse(address)
     assert url.hostname == "127.0.0.1" and url.port is not None
     assert not _listening(url.port)
