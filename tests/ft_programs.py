@@ -104,3 +104,11 @@ def listeners_after_a_step() -> tuple[str, list[str]]:
     listening = sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})
     mgr.shutdown(wait=False)
     return os.environ["TORCHFT_LIGHTHOUSE"], listening
+
+
+def hang() -> None:
+    """Never end (until stopped)."""
+    import time
+
+    while True:
+        time.sleep(60)

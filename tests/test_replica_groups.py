@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from spark_torch import Distributor, ReplicaGroupError
+from spark_torch import Distributor, ReplicaGroupError, RunTimeoutError
 from tests import ft_programs
 
 pytest.importorskip("torchft")
@@ -91,3 +91,20 @@ def test_listeners_on_loopback_and_the_lighthouse_gone_after_the_run(no_leftover
     url = urlparse(address)
     assert url.hostname == "127.0.0.1" and url.port is not None
     assert not _listening(url.port)
+
+
+def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
+    import spark_torch.driver.api.replica_groups as replica_groups
+    from spark_torch.ft.lighthouse import Lighthouse
+
+    hosted: list[Lighthouse] = []
+
+    class Recorded(Lighthouse):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            hosted.append(self)
+
+    monkeypatch.setattr(replica_groups, "Lighthouse", Recorded)
+    with pytest.raises(RunTimeoutError):
+        Distributor(num_processes=2, replica_groups=2, max_restarts=2, timeout=5, log_ranks=[]).run(ft_programs.hang)
+    assert len(hosted) == 1 and not _listening(hosted[0].port)
