@@ -81,18 +81,6 @@ def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Pa
     assert isinstance(error.__cause__, RuntimeError)
 
 
-def test_listeners_on_loopback_and_the_lighthouse_gone_after_the_run(no_leftovers: None) -> None:
-    """Cold ranks (warm_start=False): the group's rank 0 hosts the group's store itself, on the
-    node's address only, like torchft's Manager server; the lighthouse stops with the run."""
-    address, listening = Distributor(num_processes=2, replica_groups=2, warm_start=False, log_ranks=[]).run(
-        ft_programs.listeners_after_a_step
-    )
-    assert listening == ["127.0.0.1"]
-    url = urlparse(address)
-    assert url.hostname == "127.0.0.1" and url.port is not None
-    assert not _listening(url.port)
-
-
 def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
     import spark_torch.driver.api.replica_groups as replica_groups
     from spark_torch.ft.lighthouse import Lighthouse
@@ -108,3 +96,17 @@ def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.Mo
     with pytest.raises(RunTimeoutError):
         Distributor(num_processes=2, replica_groups=2, max_restarts=2, timeout=5, log_ranks=[]).run(ft_programs.hang)
     assert len(hosted) == 1 and not _listening(hosted[0].port)
+
+
+def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no_leftovers: None) -> None:
+    """On ``local[2]``: each group is its own barrier job (two at once) and takes a torchft step,
+    the lighthouse listens on the channel's address and stops with the run. Cold ranks
+    (``warm_start=False``): the group's rank 0 hosts the group's store itself, on the executor's
+    address only, like torchft's Manager server and gloo."""
+    address, listening = Distributor(
+        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, warm_start=False, log_ranks=[]
+    ).run(ft_programs.listeners_after_a_step)
+    assert listening == ["127.0.0.1"]
+    url = urlparse(address)
+    assert url.hostname == "127.0.0.1" and url.port is not None
+    assert not _listening(url.port)

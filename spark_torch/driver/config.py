@@ -181,10 +181,15 @@ class DistributorConfig:
                 f"runs the same number of ranks; choose num_processes = replica_groups x ranks per group "
                 f"(e.g. num_processes={groups * max(1, self.num_processes // groups)})"
             )
-        if not self.local_mode:
+        if self.ranks_per_task is not None and (self.num_processes // groups) % self.ranks_per_task:
             raise ConfigurationError(
-                f"replica_groups={groups} runs in local mode only for now (local_mode=True): distributed mode, a "
-                "barrier job per group, is not built yet (docs/fault-tolerance.md)"
+                f"replica_groups={groups} gives groups of {self.num_processes // groups} ranks, not a multiple of "
+                f"ranks_per_task={self.ranks_per_task}: a replica group is whole nodes (barrier tasks)"
+            )
+        if self.min_processes is not None and self.min_processes != self.num_processes:
+            raise ConfigurationError(
+                f"min_processes does not apply with replica_groups={groups}: a lost group restarts alone and rejoins "
+                "(docs/fault-tolerance.md); leave min_processes unset"
             )
         if self.elastic_grow:
             raise ConfigurationError(f"elastic_grow does not apply with replica_groups={groups}: leave it False")

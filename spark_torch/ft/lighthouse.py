@@ -27,10 +27,11 @@ class LighthouseOptions:
 
 
 class Lighthouse:
-    """A torchft ``LighthouseServer`` listening on ``host`` only (never every interface), stopped
-    by :meth:`close` (idempotent) or on leaving a ``with`` block, whatever the end."""
+    """A torchft ``LighthouseServer`` listening on ``host`` only (never every interface), reached
+    by the ranks at ``advertise`` (default ``host``), stopped by :meth:`close` (idempotent) or on
+    leaving a ``with`` block, whatever the end."""
 
-    def __init__(self, host: str, options: LighthouseOptions | None = None) -> None:
+    def __init__(self, host: str, options: LighthouseOptions | None = None, advertise: str | None = None) -> None:
         try:
             from torchft.coordination import LighthouseServer
         except ModuleNotFoundError as exc:
@@ -39,6 +40,7 @@ class Lighthouse:
             ) from exc
         opts = options or LighthouseOptions()
         self.host = host
+        self.advertise = advertise or host
         self._lock = threading.Lock()  # a failing group's thread and the driver may both close it
         self._server: Any | None = LighthouseServer(
             bind=bind_address(host, 0),
@@ -53,7 +55,7 @@ class Lighthouse:
     @property
     def address(self) -> str:
         """What the ranks get as ``TORCHFT_LIGHTHOUSE``."""
-        return f"http://{bind_address(self.host, self.port)}"
+        return f"http://{bind_address(self.advertise, self.port)}"
 
     def close(self) -> None:
         """Stop listening (idempotent)."""

@@ -44,7 +44,8 @@ def test_replica_groups_is_a_positive_int(value: Any, kind: type[Exception], tex
 @pytest.mark.parametrize(
     ("options", "text"),
     [
-        ({"num_processes": 2, "local_mode": False}, "replica_groups=2 runs in local mode only for now"),
+        ({"num_processes": 4, "local_mode": False, "min_processes": 2}, "leave min_processes unset"),
+        ({"num_processes": 4, "local_mode": False, "ranks_per_task": 4}, "a replica group is whole nodes"),
         ({"num_processes": 2, "elastic_grow": True}, "elastic_grow does not apply with replica_groups=2"),
         ({"num_processes": 2, "env": {"REPLICA_GROUP_ID": "1"}}, "env may not set REPLICA_GROUP_ID with replica_groups=2"),
         ({"num_processes": 2, "run_id": "r" * 61}, "run_id may have at most 60"),

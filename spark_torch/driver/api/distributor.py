@@ -155,9 +155,10 @@ class Distributor:
             slots for more nodes have been free for ``elastic_wait`` seconds.
         mlflow: log the reported metrics, parameters and the final checkpoint to one MLflow
             run (None: when an MLflow run is active on the driver).
-        replica_groups: per-step fault tolerance with torchft (local mode for now): the ranks
-            form this many replica groups of ``num_processes // replica_groups`` ranks (it must
-            divide ``num_processes``), each its own gang with its own ``max_restarts`` budget;
+        replica_groups: per-step fault tolerance with torchft: the ranks form this many replica
+            groups of ``num_processes // replica_groups`` ranks (it must divide ``num_processes``;
+            whole nodes in distributed mode, a barrier job per group), each its own gang with
+            its own ``max_restarts`` budget;
             the driver hosts a torchft lighthouse and a failed group restarts alone and heals
             from its peers (``spark_torch.ft.manager()`` inside the function). ``run()``
             returns group 0's rank-0 value (docs/fault-tolerance.md). 1: today's single gang.

@@ -1,9 +1,10 @@
 """``replica_groups=G``: per-step fault tolerance with torchft, a layer above today's run.
 
 The driver hosts the run's torchft lighthouse (:class:`~spark_torch.ft.lighthouse.Lighthouse`, on
-loopback in local mode) and runs each replica group as its own gang: one thread per group, each
-an attempt loop (:class:`GroupLoop`) of ordinary runs (``execute``) of ``num_processes / G`` ranks
-named ``RUN_ID-gN``, with its own ``max_restarts`` budget. A group whose rank fails restarts
+loopback in local mode, on the channel's address in distributed mode) and runs each replica group
+as its own gang: one thread per group, each an attempt loop (:class:`GroupLoop`) of ordinary runs
+(``execute``: in distributed mode a barrier job per group, of whole nodes) of
+``num_processes / G`` ranks named ``RUN_ID-gN``, with its own ``max_restarts`` budget. A group whose rank fails restarts
 alone; the other groups keep their processes and lose at most the step in flight (torchft's
 quorum drops the lost group and its Manager heals the restarted one from a peer). A group past
 its budget, or one that ends with an error that a restart does not cure (a bad argument, the
@@ -16,6 +17,7 @@ value; ``last_run`` is group 0's last run.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +27,13 @@ from typing import TYPE_CHECKING, Any
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.controller import execute, new_run_id
+from spark_torch.driver.run.endpoints import resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint
+from spark_torch.driver.spark.cluster import read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
+from spark_torch.settings import resolve as resolve_settings
 
 if TYPE_CHECKING:
     from spark_torch.driver.api.distributor import Distributor
@@ -137,6 +142,16 @@ class GroupLoop:
         return grouped
 
 
+def _lighthouse_address(config: DistributorConfig, spark: Any) -> tuple[str, str]:
+    """Where the lighthouse listens and the address the ranks get: loopback in local mode, the
+    channel's bind and advertised addresses in distributed mode (what the executors reach)."""
+    if config.local_mode or spark is None:
+        return LOCAL_HOST, LOCAL_HOST
+    cluster = read_cluster(spark)
+    endpoint = resolve_endpoint(cluster, resolve_settings(config.given_settings(), os.environ, cluster.torch_conf))
+    return endpoint.bind_host, endpoint.advertise_host
+
+
 def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | None, spark: Any) -> Any:
     """Run ``entry`` as ``replica_groups`` groups (see the module's docstring) with ``spark`` (the
     session, or None: local mode needs none); group 0's value."""
@@ -146,11 +161,12 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
             "run_on_dataframe does not take replica_groups yet: shard the data per group yourself "
             "(REPLICA_GROUP_ID, NUM_REPLICA_GROUPS) and use run() (docs/fault-tolerance.md)"
         )
+    host, advertise = _lighthouse_address(config, spark)
     run_id = config.run_id or new_run_id()
     deadline = time.monotonic() + config.timeout if config.timeout else None
     stop, lock = threading.Event(), threading.Lock()
     first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
-    with Lighthouse(LOCAL_HOST, config.lighthouse_options) as lighthouse:
+    with Lighthouse(host, config.lighthouse_options, advertise=advertise) as lighthouse:
 
         def fail_the_run(group: int | None) -> None:
             with lock:
