@@ -106,9 +106,15 @@ def listeners_after_a_step() -> tuple[str, list[str]]:
     return os.environ["TORCHFT_LIGHTHOUSE"], listening
 
 
-def hang() -> None:
-    """Never end (until stopped)."""
+def hang(work: str | None = None) -> None:
+    """Write this rank's pid to ``work/started-{GROUP}`` (when given), then never end (until stopped)."""
     import time
+
+    if work is not None:
+        path = os.path.join(work, f"started-{os.environ['REPLICA_GROUP_ID']}")
+        with open(path + ".tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
 
     while True:
         time.sleep(60)

@@ -7,7 +7,10 @@ are step counts and files (tests/ft_programs.py), never timing; torchft's timeou
 from __future__ import annotations
 
 import ast
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -110,3 +113,17 @@ def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no
     url = urlparse(address)
     assert url.hostname == "127.0.0.1" and url.port is not None
     assert not _listening(url.port)
+
+
+def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:
+    """SIGINT reaches the driver's main thread only; every group's run stops its ranks as a
+    Ctrl-C stops a run's, and run() raises KeyboardInterrupt (tests/scripts/ft_interrupt.py)."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, str(root / "tests" / "scripts" / "ft_interrupt.py"), str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "interrupted" in lines and "ranks still running: []" in lines, done.stdout

@@ -16,6 +16,7 @@ value; ``last_run`` is group 0's last run.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ from spark_torch.driver.spark.cluster import read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
+from spark_torch.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.settings import resolve as resolve_settings
 
 if TYPE_CHECKING:
@@ -89,6 +91,8 @@ class GroupLoop:
     value: Any = None
     error: BaseException | None = None
     succeeded: bool = False
+    #: set when the loop has ended, however it ended
+    done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def restarts(self) -> int:
@@ -102,6 +106,8 @@ class GroupLoop:
         except BaseException as exc:  # noqa: BLE001 - the thread's end is a value the driver reads
             self.error = exc
             self.on_fatal(self.group)
+        finally:
+            self.done.set()
 
     def _loop(self, spark: Any, entry: Entrypoint) -> None:
         while True:
@@ -140,6 +146,22 @@ class GroupLoop:
         grouped = ReplicaGroupError(self.group, error.failures, headline, error.stacks, error.stacks_text, error.stopped)
         grouped.__cause__ = error.__cause__
         return grouped
+
+
+def _interrupt(loops: list[GroupLoop], threads: list[threading.Thread]) -> None:
+    """Ctrl-C reached the driver's main thread only: raise KeyboardInterrupt in each running
+    group's thread too, so that each group's run stops its ranks as a Ctrl-C stops a run's, then
+    wait for them (bounded: the nodes' grace and margin, twice). Whether a group still runs is
+    its loop's ``done`` (a ``Thread.join`` that Ctrl-C interrupted may report a live thread dead)."""
+    for loop, thread in zip(loops, threads):
+        if thread.ident is not None and not loop.done.is_set():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+    deadline = time.monotonic() + 2 * DRIVER_STOP_WAIT_SECONDS
+    for loop in loops:
+        loop.done.wait(max(0.0, deadline - time.monotonic()))
+    late = [f"replica group {loop.group}" for loop in loops if not loop.done.is_set()]
+    if late:
+        logger.warning("spark_torch: after Ctrl-C, %s had not stopped within %.0f s", ", ".join(late), 2 * DRIVER_STOP_WAIT_SECONDS)
 
 
 def _lighthouse_address(config: DistributorConfig, spark: Any) -> tuple[str, str]:
@@ -187,13 +209,14 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
         for thread in threads:
             thread.start()
         try:
-            for thread in threads:
-                thread.join()
+            for loop in loops:
+                loop.done.wait()
         except KeyboardInterrupt:
-            fail_the_run(None)  # every group's ranks end at their next quorum; wait for them
-            for thread in threads:
-                thread.join()
+            fail_the_run(None)
+            _interrupt(loops, threads)
             raise
+        for thread in threads:
+            thread.join()  # each has set its loop's done: it is ending
     if loops[0].results:
         distributor._results.last = loops[0].results[-1]
     if first:
