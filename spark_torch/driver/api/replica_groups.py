@@ -8,9 +8,9 @@ as its own gang: one thread per group, each an attempt loop (:class:`GroupLoop`)
 alone; the other groups keep their processes and lose at most the step in flight (torchft's
 quorum drops the lost group and its Manager heals the restarted one from a peer). A group past
 its budget, or one that ends with an error that a restart does not cure (a bad argument, the
-timeout, Ctrl-C), fails the run: the lighthouse is stopped at once, so the other groups' ranks
-fail at their next quorum and are not restarted, and :class:`~spark_torch.ReplicaGroupError`
-names the group. The lighthouse is stopped whatever the end. ``run()`` returns group 0's rank-0
+timeout), fails the run: the lighthouse is stopped at once, so the other groups' ranks fail at
+their next quorum and are not restarted, and :class:`~spark_torch.ReplicaGroupError` names the
+group. Ctrl-C is raised in every group's thread too, so each group's run stops its ranks. The lighthouse is stopped whatever the end. ``run()`` returns group 0's rank-0
 value; ``last_run`` is group 0's last run.
 """
 
