@@ -17,13 +17,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LighthouseOptions:
-    """torchft's quorum rules: ``min_replicas`` groups form a quorum; a group that stops
-    heartbeating for ``heartbeat_timeout_ms`` is dropped from it (torchft's defaults)."""
+    """torchft's quorum rules: at least ``min_replicas`` groups form a quorum; a group that stops
+    heartbeating for ``heartbeat_timeout_ms`` is dropped from it; ``join_timeout_ms`` and
+    ``quorum_tick_ms`` as torchft's lighthouse has them. None: torchft's own default."""
 
     min_replicas: int = 1
-    join_timeout_ms: int = 60_000
-    quorum_tick_ms: int = 100
-    heartbeat_timeout_ms: int = 5_000
+    join_timeout_ms: int | None = None
+    quorum_tick_ms: int | None = None
+    heartbeat_timeout_ms: int | None = None
 
 
 class Lighthouse:
