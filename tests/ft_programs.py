@@ -75,10 +75,21 @@ def train(
 
 
 def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
-    """``group_that_fails`` raises at once (every attempt); the others train with torchft (alone)
-    until the run stops them (the lighthouse goes away: their next quorum fails within 3 s)."""
+    """``group_that_fails``'s rank 0 raises (every attempt) once group 0 has committed 3 steps on
+    each of its ranks (a file, waited for with a deadline); the others train with torchft (alone) until
+    the run stops them (the lighthouse goes away: their next quorum fails within 3 s)."""
+    import time
+
     group = int(os.environ["REPLICA_GROUP_ID"])
     if group == group_that_fails:
+        log, ranks = os.path.join(work, "g0.steps"), int(os.environ["WORLD_SIZE"])
+        deadline = time.monotonic() + 120
+        while not os.path.exists(log) or len(open(log).read().splitlines()) < 3 * ranks:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group 0 did not commit 3 steps on each of its {ranks} ranks within 120 s")
+            time.sleep(0.05)
+        if os.environ["RANK"] != "0":
+            hang()  # stopped when its group's rank 0 fails: the group's one failure is rank 0's
         raise RuntimeError(f"group {group} cannot start")
     return train(steps, work, timeout=3.0)
 

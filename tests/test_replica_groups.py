@@ -68,8 +68,10 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
 
 
 def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Path, no_leftovers: None) -> None:
+    """Groups of 2 ranks: group 0 trains (both its ranks commit the same steps) until group 1,
+    which fails once group 0 has, is over its budget; then group 0 is stopped too."""
     distributor = Distributor(
-        num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=240, log_ranks=[]
+        num_processes=4, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=240, log_ranks=[]
     )
     with pytest.raises(ReplicaGroupError) as info:
         distributor.run(ft_programs.fail_in_group, 1, str(tmp_path), 10**9)
@@ -82,6 +84,13 @@ def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Pa
     assert "RuntimeError: group 1 cannot start" in str(error)
     assert "Raise max_restarts or fix the cause" in str(error)
     assert isinstance(error.__cause__, RuntimeError)
+    committed: dict[int, list[int]] = {}
+    for pid, step in _steps(tmp_path / "g0.steps"):
+        committed.setdefault(pid, []).append(step)
+    assert len(committed) == 2, committed.keys()  # group 0's two ranks, one process each
+    first, second = committed.values()
+    shared = min(len(first), len(second))
+    assert shared >= 3 and first[:shared] == second[:shared] == sorted(set(first[:shared]))
 
 
 def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
