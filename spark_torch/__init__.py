@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         LaunchError,
         PicklingError,
         RankFailure,
+        ReplicaGroupError,
         RunStalledError,
         RunTimeoutError,
         SparkTorchError,
@@ -87,6 +88,7 @@ _HOMES = {
     "DistributedRunError": "spark_torch.errors",
     "RunTimeoutError": "spark_torch.errors",
     "RunStalledError": "spark_torch.errors",
+    "ReplicaGroupError": "spark_torch.errors",
     "RankFailure": "spark_torch.errors",
     "StoppedRank": "spark_torch.errors",
 }
@@ -126,6 +128,7 @@ __all__ = [
     "DistributedRunError",
     "RunTimeoutError",
     "RunStalledError",
+    "ReplicaGroupError",
     "RankFailure",
     "StoppedRank",
     "__version__",

@@ -12,7 +12,8 @@ TorchDistributor keep working::
     ├── ArgumentError (TypeError)             the arguments do not fit the function's signature
     ├── LaunchError (RuntimeError)            ranks could not be started
     └── DistributedRunError (RuntimeError)    a rank failed; names the rank, host, cause
-        └── RunTimeoutError (+ TimeoutError)  the run exceeded ``timeout``
+        ├── RunTimeoutError (+ TimeoutError)  the run exceeded ``timeout``
+        └── ReplicaGroupError                 a replica group failed past its ``max_restarts``
 
 All of them pickle (they cross process boundaries between ranks, executors and driver).
 """
@@ -32,6 +33,7 @@ __all__ = [
     "LaunchError",
     "DistributedRunError",
     "RunTimeoutError",
+    "ReplicaGroupError",
     "RankFailure",
     "StoppedRank",
 ]
@@ -211,6 +213,27 @@ class DistributedRunError(SparkTorchError, RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.failures, self.headline, self.stacks, self.stacks_text, self.stopped))
+
+
+class ReplicaGroupError(DistributedRunError):
+    """With ``replica_groups``: replica group ``group`` failed more times than its
+    ``max_restarts`` budget; ``failures`` and ``stacks`` are those of its last attempt, and the
+    message leads with the group."""
+
+    def __init__(
+        self,
+        group: int,
+        failures: tuple[RankFailure, ...] | list[RankFailure],
+        headline: str | None = None,
+        stacks: dict[int, str] | None = None,
+        stacks_text: str | None = None,
+        stopped: tuple[StoppedRank, ...] | list[StoppedRank] = (),
+    ):
+        self.group = group
+        super().__init__(failures, headline, stacks, stacks_text, stopped)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.group, self.failures, self.headline, self.stacks, self.stacks_text, self.stopped))
 
 
 class RunTimeoutError(DistributedRunError, TimeoutError):

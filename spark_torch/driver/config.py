@@ -13,6 +13,8 @@ from typing import Any, Literal
 from spark_torch import settings
 from spark_torch.envnames import RESERVED
 from spark_torch.errors import ConfigurationError
+from spark_torch.ft.env import NAMES as REPLICA_GROUP_NAMES
+from spark_torch.ft.lighthouse import LighthouseOptions
 
 __all__ = ["DistributorConfig", "LogRanks"]
 
@@ -81,6 +83,10 @@ class DistributorConfig:
     min_processes: int | None = None
     #: an attempt below full size restarts larger at its next checkpoint once slots are free
     elastic_grow: bool = False
+    #: per-step fault tolerance: this many torchft replica groups of num_processes / replica_groups ranks
+    replica_groups: int = 1
+    #: the lighthouse's quorum rules (replica_groups > 1; None: torchft's defaults)
+    lighthouse_options: LighthouseOptions | None = None
     # the settings of spark_torch.settings.SETTINGS given as keywords (None: environment, Spark conf, default)
     channel_host: Any = None
     channel_bind_address: Any = None
@@ -158,6 +164,45 @@ class DistributorConfig:
         object.__setattr__(self, "log_ranks", _normalise_log_ranks(self.log_ranks))
         if self.log_dir is not None:
             object.__setattr__(self, "log_dir", os.path.abspath(os.fspath(self.log_dir)))
+        self._check_replica_groups()
+
+    def _check_replica_groups(self) -> None:
+        groups = _check_int("replica_groups", self.replica_groups, 1)
+        object.__setattr__(self, "replica_groups", groups)
+        if self.lighthouse_options is not None and not isinstance(self.lighthouse_options, LighthouseOptions):
+            raise TypeError(
+                f"lighthouse_options must be a spark_torch.ft.lighthouse.LighthouseOptions or None, got {self.lighthouse_options!r}"
+            )
+        if groups == 1:
+            return
+        if self.num_processes % groups:
+            raise ConfigurationError(
+                f"num_processes={self.num_processes} is not a multiple of replica_groups={groups}: every replica group "
+                f"runs the same number of ranks; choose num_processes = replica_groups x ranks per group "
+                f"(e.g. num_processes={groups * max(1, self.num_processes // groups)})"
+            )
+        if self.ranks_per_task is not None and (self.num_processes // groups) % self.ranks_per_task:
+            raise ConfigurationError(
+                f"replica_groups={groups} gives groups of {self.num_processes // groups} ranks, not a multiple of "
+                f"ranks_per_task={self.ranks_per_task}: a replica group is whole nodes (barrier tasks)"
+            )
+        if self.min_processes is not None and self.min_processes != self.num_processes:
+            raise ConfigurationError(
+                f"min_processes does not apply with replica_groups={groups}: a lost group restarts alone and rejoins "
+                "(docs/fault-tolerance.md); leave min_processes unset"
+            )
+        if self.elastic_grow:
+            raise ConfigurationError(f"elastic_grow does not apply with replica_groups={groups}: leave it False")
+        clash = sorted(REPLICA_GROUP_NAMES & set(self.env))
+        if clash:
+            raise ConfigurationError(
+                f"env may not set {', '.join(clash)} with replica_groups={groups}: spark_torch sets them for every rank"
+            )
+        if self.run_id is not None and len(self.run_id) > 60:
+            raise ConfigurationError(
+                f"run_id {self.run_id!r} is {len(self.run_id)} characters; with replica_groups each group's run is "
+                "named run_id-gN, so run_id may have at most 60"
+            )
 
     def _check_reporting(self) -> None:
         if self.storage_path is not None:

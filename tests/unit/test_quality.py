@@ -18,7 +18,7 @@ def test_exported_members() -> None:
         "Distributor", "SparkTorchError", "ConfigurationError", "ClusterConfigurationError", "InsufficientSlotsError", "PicklingError",
         "ArgumentError", "LaunchError", "DistributedRunError", "RunTimeoutError", "RankFailure", "StoppedRank", "__version__",
         "RunResult", "Checkpoint", "report", "get_checkpoint", "TorchDistributor", "DeepspeedTorchDistributor",
-        "RunStalledError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
+        "RunStalledError", "ReplicaGroupError", "AttemptRecord", "AttemptEnd", "AttemptReason", "LaunchPlan",
         "AttemptSize", "SizeReason", "AttemptError", "GrowRequest", "GpuFallback",
         "list_runs", "RunSummary", "init_process_group", "prepare_model", "prepare_data_loader",
         "get_context", "get_device", "RankContext",

@@ -18,6 +18,7 @@ from spark_torch.driver.run.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.run.plan import host_facts, make_plan
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.envnames import FULL_TRACEBACK
+from spark_torch.ft.lighthouse import LighthouseOptions
 from spark_torch.settings import SETTINGS
 from spark_torch.spec import LaunchPlan
 
@@ -154,6 +155,15 @@ class Distributor:
             slots for more nodes have been free for ``elastic_wait`` seconds.
         mlflow: log the reported metrics, parameters and the final checkpoint to one MLflow
             run (None: when an MLflow run is active on the driver).
+        replica_groups: per-step fault tolerance with torchft: the ranks form this many replica
+            groups of ``num_processes // replica_groups`` ranks (it must divide ``num_processes``;
+            whole nodes in distributed mode, a barrier job per group), each its own gang with
+            its own ``max_restarts`` budget;
+            the driver hosts a torchft lighthouse and a failed group restarts alone and heals
+            from its peers (``spark_torch.ft.manager()`` inside the function). ``run()``
+            returns group 0's rank-0 value (docs/fault-tolerance.md). 1: today's single gang.
+        lighthouse_options: the lighthouse's quorum rules with ``replica_groups``
+            (``spark_torch.ft.lighthouse.LighthouseOptions``; default: torchft's).
         **settings: any setting of the table in docs/configuration.md by its keyword
             (``stall_timeout=300``, ``warm_start=False``, ``channel_host="10.0.0.5"``, ...);
             each can also come from an environment variable or a Spark conf key. An unknown
@@ -184,6 +194,8 @@ class Distributor:
         checkpoint_score_order: str = "max",
         min_processes: int | None = None,
         elastic_grow: bool = False,
+        replica_groups: int = 1,
+        lighthouse_options: LighthouseOptions | None = None,
         **settings: Any,
     ) -> None:
         #: the checked options (internal: read them through the properties below)
@@ -207,6 +219,8 @@ class Distributor:
             checkpoint_score_order=checkpoint_score_order,
             min_processes=min_processes,
             elastic_grow=elastic_grow,
+            replica_groups=replica_groups,
+            lighthouse_options=lighthouse_options,
             **_settings(settings),
         )
         self._spark = spark
@@ -315,6 +329,10 @@ def run_entrypoint(distributor: Distributor, entry: Entrypoint, data: DataInput 
     from spark_torch.driver.run.controller import execute, new_run_id
 
     config = distributor._config
+    if config.replica_groups > 1:  # a layer above the run: one run per group (docs/fault-tolerance.md)
+        from spark_torch.driver.api.replica_groups import run_groups
+
+        return run_groups(distributor, entry, data, distributor._session())
     spark = distributor._session()
     result = distributor._results.last = RunResult(run_id=config.run_id or new_run_id())
     return execute(config, spark, entry, data, result)

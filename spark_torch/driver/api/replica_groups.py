@@ -1,0 +1,226 @@
+"""``replica_groups=G``: per-step fault tolerance with torchft, a layer above today's run.
+
+The driver hosts the run's torchft lighthouse (:class:`~spark_torch.ft.lighthouse.Lighthouse`, on
+loopback in local mode, on the channel's address in distributed mode) and runs each replica group
+as its own gang: one thread per group, each an attempt loop (:class:`GroupLoop`) of ordinary runs
+(``execute``: in distributed mode a barrier job per group, of whole nodes) of
+``num_processes / G`` ranks named ``RUN_ID-gN``, with its own ``max_restarts`` budget. A group whose rank fails restarts
+alone; the other groups keep their processes and lose at most the step in flight (torchft's
+quorum drops the lost group and its Manager heals the restarted one from a peer). A group past
+its budget, or one that ends with an error that a restart does not cure (a bad argument, the
+timeout), fails the run: the lighthouse is stopped at once, so the other groups' ranks fail at
+their next quorum and are not restarted, and :class:`~spark_torch.ReplicaGroupError` names the
+group. Ctrl-C is raised in every group's thread too, so each group's run stops its ranks. The lighthouse is stopped whatever the end. ``run()`` returns group 0's rank-0
+value; ``last_run`` is group 0's last run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.result import RunResult
+from spark_torch.driver.run.controller import execute, new_run_id
+from spark_torch.driver.run.endpoints import resolve_endpoint
+from spark_torch.driver.run.entrypoint import Entrypoint
+from spark_torch.driver.spark.cluster import read_cluster
+from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
+from spark_torch.ft.env import GroupEnv
+from spark_torch.ft.lighthouse import Lighthouse
+from spark_torch.grace import DRIVER_STOP_WAIT_SECONDS
+from spark_torch.settings import resolve as resolve_settings
+
+if TYPE_CHECKING:
+    from spark_torch.driver.api.distributor import Distributor
+    from spark_torch.driver.spark.dataframe import DataInput
+
+__all__ = ["GroupLoop", "group_config", "group_run_id", "run_groups", "LOCAL_HOST"]
+
+logger = logging.getLogger(__name__)
+
+#: local mode: the lighthouse and every torchft listener are on loopback
+LOCAL_HOST = "127.0.0.1"
+
+
+def group_run_id(run_id: str, group: int) -> str:
+    """The run id of one group's runs (its storage and its history)."""
+    return f"{run_id}-g{group}"
+
+
+def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id: str) -> DistributorConfig:
+    """The options of one group's runs: its share of the ranks, the group's variables, its own
+    run id, no restarts of its own (:class:`GroupLoop` restarts it)."""
+    variables = GroupEnv(group, config.replica_groups, lighthouse).variables()
+    return replace(
+        config,
+        num_processes=config.num_processes // config.replica_groups,
+        replica_groups=1,
+        lighthouse_options=None,
+        max_restarts=0,
+        env={**config.env, **variables},
+        run_id=group_run_id(run_id, group),
+    )
+
+
+def _restartable(error: BaseException) -> bool:
+    """A rank failed: a restart may cure it (a timeout, a bad argument or Ctrl-C may not)."""
+    return isinstance(error, DistributedRunError) and not isinstance(error, RunTimeoutError)
+
+
+@dataclass
+class GroupLoop:
+    """One replica group's attempts: a run, then a restart after each rank failure, up to
+    ``budget`` restarts (-1: without limit), until it succeeds, fails for good or ``stop`` is set."""
+
+    group: int
+    config: DistributorConfig
+    budget: int
+    stop: threading.Event
+    #: called with the group when it fails the run (the other groups are then stopped)
+    on_fatal: Callable[[int | None], None]
+    deadline: float | None = None
+    #: one RunResult per attempt of this group, in order
+    results: list[RunResult] = field(default_factory=list)
+    value: Any = None
+    error: BaseException | None = None
+    succeeded: bool = False
+    #: set when the loop has ended, however it ended
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def restarts(self) -> int:
+        """How many times this group was restarted."""
+        return max(0, len(self.results) - 1)
+
+    def run(self, spark: Any, entry: Entrypoint) -> None:
+        """The loop; never raises (the outcome is in ``value``/``error``)."""
+        try:
+            self._loop(spark, entry)
+        except BaseException as exc:  # noqa: BLE001 - the thread's end is a value the driver reads
+            self.error = exc
+            self.on_fatal(self.group)
+        finally:
+            self.done.set()
+
+    def _loop(self, spark: Any, entry: Entrypoint) -> None:
+        while True:
+            config = self.config
+            if self.deadline is not None:
+                config = replace(config, timeout=max(0.001, self.deadline - time.monotonic()))
+            result = RunResult(run_id=str(config.run_id))
+            self.results.append(result)
+            try:
+                self.value, self.succeeded = execute(config, spark, entry, None, result), True
+                return
+            except BaseException as exc:  # noqa: BLE001 - decided below, per kind
+                if self.stop.is_set():  # another group failed the run: this one only stops
+                    self.error = exc
+                    return
+                if not _restartable(exc) or (self.budget != -1 and self.restarts >= self.budget):
+                    self.error = self._fatal(exc)
+                    self.on_fatal(self.group)
+                    return
+                logger.warning(
+                    "spark_torch: replica group %d failed (%s); restarting it alone (%d of %s), the other groups go on",
+                    self.group, str(exc).splitlines()[0], self.restarts + 1, "unlimited" if self.budget == -1 else self.budget,
+                )
+
+    def _fatal(self, error: BaseException) -> BaseException:
+        """The error this group fails the run with: a rank failure past the budget names the group."""
+        if not _restartable(error):
+            return error
+        assert isinstance(error, DistributedRunError)
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        times = self.restarts + 1
+        headline = (
+            f"replica group {self.group} failed {times} time{'s' if times > 1 else ''}, more than its max_restarts={self.budget} "
+            f"allows (the other groups were stopped); its last failure: {first}. Raise max_restarts or fix the cause"
+        )
+        grouped = ReplicaGroupError(self.group, error.failures, headline, error.stacks, error.stacks_text, error.stopped)
+        grouped.__cause__ = error.__cause__
+        return grouped
+
+
+def _interrupt(loops: list[GroupLoop], threads: list[threading.Thread]) -> None:
+    """Ctrl-C reached the driver's main thread only: raise KeyboardInterrupt in each running
+    group's thread too, so that each group's run stops its ranks as a Ctrl-C stops a run's, then
+    wait for them (bounded: the nodes' grace and margin, twice). Whether a group still runs is
+    its loop's ``done`` (a ``Thread.join`` that Ctrl-C interrupted may report a live thread dead)."""
+    for loop, thread in zip(loops, threads):
+        if thread.ident is not None and not loop.done.is_set():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+    deadline = time.monotonic() + 2 * DRIVER_STOP_WAIT_SECONDS
+    for loop in loops:
+        loop.done.wait(max(0.0, deadline - time.monotonic()))
+    late = [f"replica group {loop.group}" for loop in loops if not loop.done.is_set()]
+    if late:
+        logger.warning("spark_torch: after Ctrl-C, %s had not stopped within %.0f s", ", ".join(late), 2 * DRIVER_STOP_WAIT_SECONDS)
+
+
+def _lighthouse_address(config: DistributorConfig, spark: Any) -> tuple[str, str]:
+    """Where the lighthouse listens and the address the ranks get: loopback in local mode, the
+    channel's bind and advertised addresses in distributed mode (what the executors reach)."""
+    if config.local_mode or spark is None:
+        return LOCAL_HOST, LOCAL_HOST
+    cluster = read_cluster(spark)
+    endpoint = resolve_endpoint(cluster, resolve_settings(config.given_settings(), os.environ, cluster.torch_conf))
+    return endpoint.bind_host, endpoint.advertise_host
+
+
+def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | None, spark: Any) -> Any:
+    """Run ``entry`` as ``replica_groups`` groups (see the module's docstring) with ``spark`` (the
+    session, or None: local mode needs none); group 0's value."""
+    config = distributor._config
+    if data is not None:
+        raise ConfigurationError(
+            "run_on_dataframe does not take replica_groups yet: shard the data per group yourself "
+            "(REPLICA_GROUP_ID, NUM_REPLICA_GROUPS) and use run() (docs/fault-tolerance.md)"
+        )
+    host, advertise = _lighthouse_address(config, spark)
+    run_id = config.run_id or new_run_id()
+    deadline = time.monotonic() + config.timeout if config.timeout else None
+    stop, lock = threading.Event(), threading.Lock()
+    first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
+    with Lighthouse(host, config.lighthouse_options, advertise=advertise) as lighthouse:
+
+        def fail_the_run(group: int | None) -> None:
+            with lock:
+                if not first:
+                    first.append(group)
+            # the other groups' ranks fail at their next quorum and are not restarted
+            stop.set()
+            lighthouse.close()
+
+        loops = [
+            GroupLoop(g, group_config(config, g, lighthouse.address, run_id), config.max_restarts, stop, fail_the_run, deadline)
+            for g in range(config.replica_groups)
+        ]
+        threads = [
+            threading.Thread(target=loop.run, args=(spark, entry), name=f"spark-torch-replica-group-{loop.group}", daemon=True)
+            for loop in loops
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            for loop in loops:
+                loop.done.wait()
+        except KeyboardInterrupt:
+            fail_the_run(None)
+            _interrupt(loops, threads)
+            raise
+        for thread in threads:
+            thread.join()  # each has set its loop's done: it is ending
+    if loops[0].results:
+        distributor._results.last = loops[0].results[-1]
+    if first:
+        error = loops[first[0]].error if first[0] is not None else None
+        assert error is not None
+        raise error
+    return loops[0].value

@@ -1,0 +1,28 @@
+"""Per-step fault tolerance with torchft replica groups (``Distributor(..., replica_groups=G)``).
+
+This package owns what is torchft-specific and below the driver: the replica-group variables of a
+rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
+(:mod:`spark_torch.ft.lighthouse`), the torchft ``Manager`` wired to the run inside a rank
+(:func:`manager`, :mod:`spark_torch.ft.rank`) and the fix to torchft's DDP communication hook
+(:mod:`spark_torch.ft.ddp_fix`). It imports only spark_torch's shared modules, never pyspark; torchft
+itself is imported on first use, so spark_torch installs and imports without it (the ``[ft]`` extra
+installs it). The driver's side, one attempt loop per group, is
+:mod:`spark_torch.driver.api.replica_groups`. docs/fault-tolerance.md is the user's guide.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_torch.ft.rank import manager
+
+__all__ = ["manager"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "manager":
+        from spark_torch.ft.rank import manager
+
+        return manager
+    raise AttributeError(f"module 'spark_torch.ft' has no attribute {name!r}")

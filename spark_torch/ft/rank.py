@@ -1,0 +1,163 @@
+"""Inside a rank: a torchft ``Manager`` wired to the run (:func:`manager`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from spark_torch.envnames import MASTER_ADDR, MASTER_PORT, RANK, TORCHELASTIC_USE_AGENT_STORE, WORLD_SIZE
+from spark_torch.ft import ddp_fix
+from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
+
+__all__ = ["manager", "bind_address", "replica_id"]
+
+#: what the Manager's server and the gloo process group wait for by default (torchft's is 60 s)
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+
+
+def bind_address(host: str, port: int = 0) -> str:
+    """``host:port`` for a torchft server (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def replica_id(group: int) -> str:
+    """The replica id of a group: torchft takes the trailing digits as the group's index."""
+    return f"spark_torch_group_{group}"
+
+
+def _group(environ: Mapping[str, str]) -> tuple[GroupEnv, int, int, str, int]:
+    """The rank's group, its rank and size in the group, and the group's store."""
+    group = GroupEnv.from_environ(environ)
+    try:
+        return group, int(environ[RANK]), int(environ[WORLD_SIZE]), environ[MASTER_ADDR], int(environ[MASTER_PORT])
+    except (KeyError, ValueError) as exc:
+        raise NotInReplicaGroupError(
+            f"spark_torch.ft.manager() needs {RANK}, {WORLD_SIZE}, {MASTER_ADDR} and {MASTER_PORT} as spark_torch sets "
+            f"them for a rank ({exc!r}); call it inside the function that Distributor(..., replica_groups=G).run() starts"
+        ) from exc
+
+
+@contextmanager
+def _servers_bound_to(host: str) -> Iterator[None]:
+    """torchft's Manager binds its server to ``[::]`` (every interface); bind it to ``host``."""
+    import torchft.manager as torchft_manager
+
+    original = torchft_manager.ManagerServer
+
+    def bound(**kwargs: Any) -> Any:
+        port = int(str(kwargs["bind"]).rsplit(":", 1)[1])
+        return original(**{**kwargs, "bind": bind_address(host, port)})
+
+    torchft_manager.ManagerServer = bound
+    try:
+        yield
+    finally:
+        torchft_manager.ManagerServer = original
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` only (as the node's store host binds its store:
+    ``spark_torch.node.store_host_main``, which this layer may not import)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _store(rank: int, world_size: int, host: str, port: int, timeout: timedelta) -> Any | None:
+    """The group's store: hosted by the node before the ranks started (warm starts), else hosted
+    here by the group's rank 0 (as torch's ``env://`` would), on the node's address only (torch's
+    own server would listen on every interface)."""
+    if rank != 0 or os.environ.get(TORCHELASTIC_USE_AGENT_STORE) == "True":
+        return None
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    sock = _listening_socket(host, port)
+    store = TCPStore(
+        host, port, world_size, True, timeout=timeout, wait_for_workers=False,
+        master_listen_fd=sock.detach(),  # torch owns the descriptor from here on
+    )  # fmt: skip
+    # a later init_process_group(env://) of this rank is then a client of it, as under torchrun
+    os.environ[TORCHELASTIC_USE_AGENT_STORE] = "True"
+    return store
+
+
+def manager(
+    *,
+    state_dict: Callable[[], Any],
+    load_state_dict: Callable[[Any], None],
+    min_replica_size: int = 1,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    device: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """A torchft ``Manager`` for this rank's replica group, wired to the run.
+
+    Call it inside the function of a ``Distributor(num_processes=N, replica_groups=G)`` run, then
+    wrap the model with torchft's ``DistributedDataParallel`` and the optimizer with its
+    ``Optimizer`` (docs/fault-tolerance.md)::
+
+        from spark_torch import ft
+        from torchft import DistributedDataParallel, Optimizer
+
+        mgr = ft.manager(state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+                         load_state_dict=lambda s: (model.load_state_dict(s["model"]), opt.load_state_dict(s["optim"])))
+        model, opt = DistributedDataParallel(mgr, model), Optimizer(mgr, opt)
+
+    What it sets: the group's store (``MASTER_ADDR``/``MASTER_PORT`` of the group; hosted here by
+    the group's rank 0 when the node did not host it), a reconfigurable gloo process group (NCCL
+    when ``device`` is a CUDA device), the lighthouse (``TORCHFT_LIGHTHOUSE``), the replica id of
+    the group (``REPLICA_GROUP_ID``), the Manager's server bound to the node's address (torchft
+    binds every interface), healing over that process group (torchft's ``PGTransport``; torchft's
+    default is an HTTP server on every interface), and the fix to torchft's DDP hook
+    (:mod:`spark_torch.ft.ddp_fix`). ``kwargs`` go to ``torchft.Manager`` and win over these
+    (``pg``, ``checkpoint_transport``, ``use_async_quorum``, ``quorum_timeout``...).
+
+    Raises:
+        NotInReplicaGroupError (a RuntimeError): outside a rank of a run with replica groups.
+        ModuleNotFoundError: torchft is not installed (``pip install 'spark-torch[ft]'``).
+    """
+    group, rank, world_size, host, port = _group(os.environ)
+    try:
+        import torch
+        import torchft
+        from torchft.checkpointing.pg_transport import PGTransport
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"spark_torch.ft.manager() needs torchft ({exc}): pip install 'spark-torch[ft]' on the driver and the executors"
+        ) from exc
+    ddp_fix.install()
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    store = _store(rank, world_size, host, port, timeout)
+    pg = kwargs.pop("pg", None)
+    if pg is None:
+        pg = torchft.ProcessGroupNCCL(timeout=timeout) if dev.type == "cuda" else torchft.ProcessGroupGloo(timeout=timeout)
+    options: dict[str, Any] = {
+        "pg": pg,
+        "state_dict": state_dict,
+        "load_state_dict": load_state_dict,
+        "min_replica_size": min_replica_size,
+        "timeout": timeout,
+        "rank": rank,
+        "world_size": world_size,
+        "store_addr": host,
+        "store_port": port,
+        "lighthouse_addr": group.lighthouse,
+        "replica_id": replica_id(group.group),
+        "hostname": host,
+        "checkpoint_transport": PGTransport(pg, timeout=timeout, device=dev),
+        **kwargs,
+    }
+    with _servers_bound_to(host):
+        made = torchft.Manager(**options)
+    made._spark_torch_store = store  # the group's store lives as long as its Manager
+    return made

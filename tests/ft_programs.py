@@ -1,0 +1,131 @@
+"""Rank-side programs of tests/test_replica_groups.py: a tiny torchft DDP loop whose kill and
+stop points are forced by step numbers and files, never by timing."""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import timedelta
+from typing import Any
+
+
+def train(
+    steps: int, work: str, kill_group: int | None = None, kill_step: int | None = None, timeout: float = 20.0
+) -> list[float]:
+    """Train a linear model with torchft's DDP until ``steps`` steps were committed with every
+    group taking part (counted in the state that heals a group: a group alone goes on until the
+    others are back, so that all end at one step).
+
+    Each committed step is appended to ``work/g{GROUP}.steps`` as ``PID STEP``. The first process
+    of ``kill_group`` SIGKILLs itself at the step that all groups take together after
+    ``kill_step`` such steps, between forward and backward: its peers are then in (or about to
+    enter) the all-reduce. Returns (and writes to ``work/g{GROUP}.weights``)
+    the final weights. ``timeout`` bounds each of torchft's waits (its default is 60 s)."""
+    import psutil
+    import torch
+    from torchft import DistributedDataParallel
+
+    from spark_torch import ft
+
+    group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    together = torch.zeros((), dtype=torch.int64)  # steps committed with every group taking part
+
+    def load(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        together.copy_(state["together"])
+
+    mgr = ft.manager(
+        state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "together": together},
+        load_state_dict=load,
+        timeout=timedelta(seconds=timeout), quorum_timeout=timedelta(seconds=timeout),
+        connect_timeout=timedelta(seconds=timeout),
+    )  # fmt: skip
+    ddp = DistributedDataParallel(mgr, model)
+    killed = os.path.join(work, "killed")
+    with open(os.path.join(work, f"g{group}.steps"), "a", buffering=1) as log:
+        while True:
+            mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
+            opt.zero_grad()
+            mgr.wait_quorum()
+            all_in = mgr.num_participants() == groups
+            if all_in and int(together) >= steps:
+                break  # every group is here and done: they all see this same quorum
+            data = torch.Generator().manual_seed(1000 * mgr.current_step() + group)
+            x = torch.randn(8, 4, generator=data)
+            loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+            if group == kill_group and all_in and int(together) == kill_step and not os.path.exists(killed):
+                open(killed, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the peer's all-reduce loses us
+            loss.backward()
+            if mgr.should_commit():  # what torchft's Optimizer.step() does, and we log the commit
+                opt.step()
+                together += int(all_in)
+                log.write(f"{os.getpid()} {mgr.current_step()}\n")
+    weights = [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
+    with open(os.path.join(work, f"g{group}.weights"), "w") as fh:
+        fh.write(repr(weights))
+    with open(os.path.join(work, f"g{group}.listening"), "w") as fh:  # this rank's listeners, torchft's included
+        fh.write(repr(sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})))
+    mgr.shutdown(wait=False)
+    return weights
+
+
+def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
+    """``group_that_fails``'s rank 0 raises (every attempt) once group 0 has committed 3 steps on
+    each of its ranks (a file, waited for with a deadline); the others train with torchft (alone) until
+    the run stops them (the lighthouse goes away: their next quorum fails within 3 s)."""
+    import time
+
+    group = int(os.environ["REPLICA_GROUP_ID"])
+    if group == group_that_fails:
+        log, ranks = os.path.join(work, "g0.steps"), int(os.environ["WORLD_SIZE"])
+        deadline = time.monotonic() + 120
+        while not os.path.exists(log) or len(open(log).read().splitlines()) < 3 * ranks:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group 0 did not commit 3 steps on each of its {ranks} ranks within 120 s")
+            time.sleep(0.05)
+        if os.environ["RANK"] != "0":
+            hang()  # stopped when its group's rank 0 fails: the group's one failure is rank 0's
+        raise RuntimeError(f"group {group} cannot start")
+    return train(steps, work, timeout=3.0)
+
+
+def listeners_after_a_step() -> tuple[str, list[str]]:
+    """One torchft step (a quorum, an all-reduce, a commit), then the lighthouse this rank was
+    given and the addresses its own process listens on (the group's store when the rank hosts it,
+    torchft's Manager server, gloo's)."""
+    import psutil
+    import torch
+
+    from spark_torch import ft
+
+    model = torch.nn.Linear(2, 1)
+    wait = timedelta(seconds=20)
+    mgr = ft.manager(
+        state_dict=model.state_dict, load_state_dict=model.load_state_dict, timeout=wait, quorum_timeout=wait, connect_timeout=wait
+    )
+    mgr.start_quorum()
+    mgr.wait_quorum()
+    mgr.allreduce(torch.ones(1)).wait()
+    mgr.should_commit()
+    listening = sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})
+    mgr.shutdown(wait=False)
+    return os.environ["TORCHFT_LIGHTHOUSE"], listening
+
+
+def hang(work: str | None = None) -> None:
+    """Write this rank's pid to ``work/started-{GROUP}`` (when given), then never end (until stopped)."""
+    import time
+
+    if work is not None:
+        path = os.path.join(work, f"started-{os.environ['REPLICA_GROUP_ID']}")
+        with open(path + ".tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+
+    while True:
+        time.sleep(60)

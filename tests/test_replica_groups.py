@@ -1,0 +1,138 @@
+"""replica_groups end to end in local mode (real torchft ranks on gloo, the lighthouse on the
+driver, loopback): a group whose rank is SIGKILLed mid-step restarts alone and heals from its
+peer while the other keeps its process and never goes back in steps; a group over its budget
+fails the run and the other group is stopped; nothing is left listening or running. Kill points
+are step counts and files (tests/ft_programs.py), never timing; torchft's timeouts are small."""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from spark_torch import Distributor, ReplicaGroupError, RunTimeoutError
+from tests import ft_programs
+
+pytest.importorskip("torchft")
+
+#: a lost group leaves the quorum after 1 s without heartbeats; a late or restarted group joins within 0.5 s
+FAST = {"min_replicas": 1, "join_timeout_ms": 500, "quorum_tick_ms": 20, "heartbeat_timeout_ms": 1_000}
+
+
+def _options() -> object:
+    from spark_torch.ft.lighthouse import LighthouseOptions
+
+    return LighthouseOptions(**FAST)
+
+
+def _steps(path: Path) -> list[tuple[int, int]]:
+    """The ``PID STEP`` lines a group's ranks wrote, in order."""
+    return [(int(pid), int(step)) for pid, step in (line.split() for line in path.read_text().splitlines())]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, no_leftovers: None) -> None:
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[]
+    )
+    weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2)
+    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
+    # the other group kept its one process, and its committed steps only went forward
+    assert len({pid for pid, _ in survivor}) == 1, survivor[:5]
+    assert [step for _, step in survivor] == sorted({step for _, step in survivor})
+    # the killed group ran twice; its second process started from its peer's step, not from 0
+    pids = list(dict.fromkeys(pid for pid, _ in killed))
+    assert len(pids) == 2 and (tmp_path / "killed").exists(), pids
+    before = [step for pid, step in killed if pid == pids[0]]
+    after = [step for pid, step in killed if pid == pids[1]]
+    assert after[0] > before[-1] >= 1, (before[-3:], after[:3])
+    assert after[0] in {step for _, step in survivor}
+    # both end with the same weights, and run() returned group 0's
+    assert ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
+    assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == weights
+    # every listener of the ranks (torchft's Manager server and gloo's included) is on loopback
+    for group in (0, 1):
+        assert ast.literal_eval((tmp_path / f"g{group}.listening").read_text()) in ([], ["127.0.0.1"])
+    last = distributor.last_run
+    assert last is not None and last.run_id.endswith("-g0") and last.error is None
+
+
+def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Path, no_leftovers: None) -> None:
+    """Groups of 2 ranks: group 0 trains (both its ranks commit the same steps) until group 1,
+    which fails once group 0 has, is over its budget; then group 0 is stopped too."""
+    distributor = Distributor(
+        num_processes=4, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=240, log_ranks=[]
+    )
+    with pytest.raises(ReplicaGroupError) as info:
+        distributor.run(ft_programs.fail_in_group, 1, str(tmp_path), 10**9)
+    error = info.value
+    assert error.group == 1 and error.rank == 0
+    assert str(error).startswith(
+        "replica group 1 failed 1 time, more than its max_restarts=0 allows (the other groups were stopped); "
+        "its last failure: rank 0 on "
+    )
+    assert "RuntimeError: group 1 cannot start" in str(error)
+    assert "Raise max_restarts or fix the cause" in str(error)
+    assert isinstance(error.__cause__, RuntimeError)
+    committed: dict[int, list[int]] = {}
+    for pid, step in _steps(tmp_path / "g0.steps"):
+        committed.setdefault(pid, []).append(step)
+    assert len(committed) == 2, committed.keys()  # group 0's two ranks, one process each
+    first, second = committed.values()
+    shared = min(len(first), len(second))
+    assert shared >= 3 and first[:shared] == second[:shared] == sorted(set(first[:shared]))
+
+
+def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
+    import spark_torch.driver.api.replica_groups as replica_groups
+    from spark_torch.ft.lighthouse import Lighthouse
+
+    hosted: list[Lighthouse] = []
+
+    class Recorded(Lighthouse):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            hosted.append(self)
+
+    monkeypatch.setattr(replica_groups, "Lighthouse", Recorded)
+    with pytest.raises(RunTimeoutError):
+        Distributor(num_processes=2, replica_groups=2, max_restarts=2, timeout=5, log_ranks=[]).run(ft_programs.hang)
+    assert len(hosted) == 1 and not _listening(hosted[0].port)
+
+
+def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no_leftovers: None) -> None:
+    """On ``local[2]``: each group is its own barrier job (two at once) and takes a torchft step,
+    the lighthouse listens on the channel's address and stops with the run. Cold ranks
+    (``warm_start=False``): the group's rank 0 hosts the group's store itself, on the executor's
+    address only, like torchft's Manager server and gloo."""
+    address, listening = Distributor(
+        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, warm_start=False, log_ranks=[]
+    ).run(ft_programs.listeners_after_a_step)
+    assert listening == ["127.0.0.1"]
+    url = urlparse(address)
+    assert url.hostname == "127.0.0.1" and url.port is not None
+    assert not _listening(url.port)
+
+
+def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:
+    """SIGINT reaches the driver's main thread only; every group's run stops its ranks as a
+    Ctrl-C stops a run's, and run() raises KeyboardInterrupt (tests/scripts/ft_interrupt.py)."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, str(root / "tests" / "scripts" / "ft_interrupt.py"), str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "interrupted" in lines and "ranks still running: []" in lines, done.stdout

@@ -1,0 +1,226 @@
+"""replica_groups (per-step fault tolerance with torchft), the parts that need no Spark and no
+rank: the options' checks, each group's options, the rank's variables, the lighthouse's listener,
+the DDP hook fix against torchft's own code, and spark_torch without torchft."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_torch import ConfigurationError, Distributor, ReplicaGroupError
+from spark_torch.driver.api.replica_groups import group_config
+from spark_torch.driver.config import DistributorConfig
+from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
+from spark_torch.ft.lighthouse import Lighthouse, LighthouseOptions
+from spark_torch.ft.rank import bind_address
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_replica_groups_must_divide_num_processes() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Distributor(num_processes=3, replica_groups=2)
+    message = str(info.value)
+    assert "num_processes=3 is not a multiple of replica_groups=2" in message
+    assert "choose num_processes = replica_groups x ranks per group" in message
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "text"),
+    [(0, ConfigurationError, "replica_groups must be >= 1, got 0"), (True, TypeError, "replica_groups must be an int >= 1")],
+)
+def test_replica_groups_is_a_positive_int(value: Any, kind: type[Exception], text: str) -> None:
+    with pytest.raises(kind, match=text):
+        Distributor(num_processes=2, replica_groups=value)
+
+
+@pytest.mark.parametrize(
+    ("options", "text"),
+    [
+        ({"num_processes": 4, "local_mode": False, "min_processes": 2}, "leave min_processes unset"),
+        ({"num_processes": 4, "local_mode": False, "ranks_per_task": 4}, "a replica group is whole nodes"),
+        ({"num_processes": 2, "elastic_grow": True}, "elastic_grow does not apply with replica_groups=2"),
+        ({"num_processes": 2, "env": {"REPLICA_GROUP_ID": "1"}}, "env may not set REPLICA_GROUP_ID with replica_groups=2"),
+        ({"num_processes": 2, "run_id": "r" * 61}, "run_id may have at most 60"),
+    ],
+)
+def test_options_that_do_not_go_with_replica_groups(options: dict[str, Any], text: str) -> None:
+    with pytest.raises(ConfigurationError, match=text):
+        Distributor(replica_groups=2, **options)
+
+
+def test_lighthouse_options_are_typed() -> None:
+    with pytest.raises(TypeError, match="lighthouse_options must be a spark_torch.ft.lighthouse.LighthouseOptions"):
+        Distributor(num_processes=2, replica_groups=2, lighthouse_options={"min_replicas": 1})  # type: ignore[arg-type]
+
+
+def test_one_group_is_todays_run() -> None:
+    config = Distributor(num_processes=2, env={"REPLICA_GROUP_ID": "mine"})._config
+    assert config.replica_groups == 1 and config.env == {"REPLICA_GROUP_ID": "mine"}  # the user's own, unchecked
+
+
+def test_each_group_runs_its_share_under_its_own_run_id() -> None:
+    config = DistributorConfig(num_processes=6, replica_groups=3, max_restarts=2, env={"A": "1"}, timeout=30.0)
+    one = group_config(config, 1, "http://127.0.0.1:5000", "abc")
+    assert (one.num_processes, one.replica_groups, one.max_restarts, one.run_id) == (2, 1, 0, "abc-g1")
+    assert one.env == {"A": "1", "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:5000"}
+    assert one.timeout == 30.0 and one.local_mode is True
+
+
+def test_a_rank_reads_its_group() -> None:
+    env = {"REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:1"}
+    assert GroupEnv.from_environ(env) == GroupEnv(1, 2, "http://127.0.0.1:1")
+    assert GroupEnv(1, 2, "http://127.0.0.1:1").variables() == env
+
+
+def test_manager_outside_a_replica_group_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_torch import ft
+
+    for name in ("REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(NotInReplicaGroupError) as info:
+        ft.manager(state_dict=dict, load_state_dict=print)
+    assert isinstance(info.value, RuntimeError)
+    assert "NUM_REPLICA_GROUPS, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE are not set" in str(info.value)
+    assert "Distributor(num_processes=N, replica_groups=G, ...).run(...)" in str(info.value)
+
+
+def test_bind_address_brackets_ipv6() -> None:
+    assert bind_address("127.0.0.1", 5) == "127.0.0.1:5"
+    assert bind_address("::1", 5) == "[::1]:5"
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_lighthouse_listens_on_its_host_only_until_closed() -> None:
+    pytest.importorskip("torchft")
+    import psutil
+
+    with Lighthouse("127.0.0.1", LighthouseOptions(heartbeat_timeout_ms=500)) as lighthouse:
+        assert lighthouse.address == f"http://127.0.0.1:{lighthouse.port}"
+        bound = {c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == lighthouse.port}
+        assert bound == {"127.0.0.1"}
+        assert _listening(lighthouse.port)
+    assert not _listening(lighthouse.port)
+    lighthouse.close()  # idempotent
+
+
+class _Bucket:
+    """What DDP hands a communication hook (its buffer); a real GradBucket needs a reducer."""
+
+    def __init__(self, buffer: Any) -> None:
+        self._buffer = buffer
+
+    def buffer(self) -> Any:
+        return self._buffer
+
+
+class _PeerGone:
+    """A process group's work whose peer died mid-all-reduce."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        raise RuntimeError("Connection reset by peer")
+
+    def get_future(self) -> Any:
+        raise AssertionError("not reached: wait() failed first")
+
+
+class _Manager:
+    """The part of torchft's Manager that its DDP hook and _ManagedWork use."""
+
+    def __init__(self) -> None:
+        self.errors: list[Exception] = []
+        self._logger = self
+
+    def exception(self, message: str) -> None:
+        pass
+
+    def report_error(self, error: Exception) -> None:
+        self.errors.append(error)
+
+    def allreduce(self, tensor: Any) -> Any:
+        from torchft.manager import _ManagedWork
+
+        return _ManagedWork(self, _PeerGone(), tensor)  # type: ignore[arg-type]
+
+
+def test_a_peer_lost_mid_all_reduce_drops_the_step_instead_of_crashing() -> None:
+    """torchft 0.2.0's own hook fails an assertion here (the surviving replica crashed); the fixed
+    hook returns the bucket, and the Manager holds the error so that should_commit() says no."""
+    pytest.importorskip("torchft")
+    import torch
+    from torchft import ddp
+
+    from spark_torch.ft import ddp_fix
+
+    bucket = _Bucket(torch.ones(3))
+    manager = _Manager()
+    with pytest.raises(AssertionError):  # the bug, in the installed torchft
+        ddp.DistributedDataParallel.__dict__["_comm_hook"].__func__(manager, bucket)
+    future = ddp_fix.comm_hook(manager, bucket)
+    assert torch.equal(future.wait(), torch.ones(3))
+    assert [str(e) for e in manager.errors] == ["Connection reset by peer"] * 2
+
+
+def test_install_puts_the_fixed_hook_on_torchfts_ddp() -> None:
+    pytest.importorskip("torchft")
+    import torch
+    from torchft import ddp
+
+    from spark_torch.ft import ddp_fix
+
+    original = ddp.DistributedDataParallel.__dict__["_comm_hook"]
+    try:
+        ddp_fix.install()
+        hook = ddp.DistributedDataParallel._comm_hook
+        future = hook(_Manager(), _Bucket(torch.zeros(2)))
+        assert torch.equal(future.wait(), torch.zeros(2))
+        # DDP checks a hook's annotations as objects
+        assert hook.__annotations__["bucket"] is torch.distributed.GradBucket
+    finally:
+        ddp.DistributedDataParallel._comm_hook = original
+
+
+def test_replica_group_error_pickles_with_its_group() -> None:
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ReplicaGroupError(1, [], "replica group 1 failed")))
+    assert (error.group, str(error)) == (1, "replica group 1 failed")
+
+
+def test_spark_torch_without_torchft() -> None:
+    """The plain wheel (no [ft] extra): importing, configuring replica groups and the rank's
+    variables need no torchft; hosting the lighthouse says which extra to install."""
+    code = textwrap.dedent(
+        """
+        import sys
+        class Hide:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "torchft":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        sys.meta_path.insert(0, Hide())
+        import spark_torch, spark_torch.ft
+        from spark_torch import Distributor
+        Distributor(num_processes=2, replica_groups=2)
+        assert "torchft" not in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
+        from spark_torch.ft.lighthouse import Lighthouse
+        try:
+            Lighthouse("127.0.0.1")
+        except ModuleNotFoundError as exc:
+            print(exc)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "replica_groups > 1 needs torchft" in done.stdout and "pip install 'spark-torch[ft]'" in done.stdout
+
