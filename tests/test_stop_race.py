@@ -115,7 +115,9 @@ def test_rows_of_stopped_nodes_are_not_a_completed_run() -> None:
 
 
 def test_a_timeout_whose_job_completes_while_stopping(
-    spark_session: Any, job_completes_before_cancel: None, time_up_once_both_ranks_are_sampled: None,
+    spark_session: Any,
+    job_completes_before_cancel: None,
+    time_up_once_both_ranks_are_sampled: None,
     no_leftovers: None,
 ) -> None:
     start = time.monotonic()
