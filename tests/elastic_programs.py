@@ -25,13 +25,24 @@ def lose_this_machine() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _wait_for(path: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {seconds:g} s")
+        time.sleep(0.1)
+
+
 def count_epochs(
     epochs: int, marker_dir: str | None = None, pause: float = 0.0, kill_executor_at: int | None = None,
-    hold_file: str | None = None, hold_at: int = 10,
+    hold_file: str | None = None, hold_at: int = 10, lost_file: str | None = None,
 ) -> dict[str, Any]:
     """Count the epochs with an all-reduce, a checkpoint per epoch. With ``hold_file``, a restarted
     attempt of one rank waits before epoch ``hold_at`` until that file exists (a test's way to keep
-    the run going until a lost worker is back, whatever the machine's speed)."""
+    the run going until a lost worker is back, whatever the machine's speed), and never starts
+    epoch ``hold_at + 1`` (it is stopped there to grow; a TimeoutError after 300 s otherwise).
+    With ``lost_file``, the first attempt waits before epoch 4 until that file exists (the test
+    has stopped a worker: the attempt cannot end before it loses a node)."""
     import json
 
     import torch
@@ -48,12 +59,13 @@ def count_epochs(
         state = json.loads((checkpoint / "state.json").read_text())
         count, start = state["count"], state["epoch"]
     for epoch in range(start + 1, epochs + 1):
-        if hold_file is not None and epoch == hold_at and world == 1 and attempt != "0":
-            deadline = time.monotonic() + 300
-            while not os.path.exists(hold_file):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{hold_file} did not appear within 300 s")
-                time.sleep(0.1)
+        if hold_file is not None and world == 1 and attempt != "0":
+            if epoch == hold_at:
+                _wait_for(hold_file)
+            elif epoch == hold_at + 1:
+                _wait_for(hold_file + ".never")  # the grow stops this attempt here
+        if lost_file is not None and epoch == 4 and attempt == "0":
+            _wait_for(lost_file)
         ones = torch.ones(1)
         dist.all_reduce(ones)
         count += ones.item() / world

@@ -74,13 +74,15 @@ def test_an_executor_taken_away_shrinks_the_run_to_the_nodes_left(cluster3_spark
     for good (SparkContext.killExecutor lowers the application's target, as a scale-down or a
     preempted machine does, so no replacement comes); the run goes on with 2 nodes from the
     latest checkpoint, and says why. (A JVM that crashes is replaced by local-cluster's worker,
-    sometimes before the restart: the test above.)"""
+    sometimes before the restart: the test above.) The first attempt holds before epoch 4 until
+    the executor's JVM has exited (count_epochs' ``lost_file``): it cannot end before it loses it."""
     import threading
 
     from .conftest import session_executors, wait_for_slots
 
     markers = tmp_path / "markers"
     markers.mkdir()
+    gone = tmp_path / "executor-gone"
     jsc = cluster3_spark.sparkContext._jsc.sc()
     taken: list[str] = []
     done = threading.Event()
@@ -90,16 +92,19 @@ def test_an_executor_taken_away_shrinks_the_run_to_the_nodes_left(cluster3_spark
         while not (markers / "attempt-0-world-3-epoch-2").exists():
             if done.wait(0.05):
                 return
-        executor = session_executors()[-1].cmdline()
+        process = session_executors()[-1]
+        executor = process.cmdline()
         taken.append(executor[executor.index("--executor-id") + 1])
         jsc.killExecutor(taken[0])
+        process.wait(120)  # psutil.TimeoutExpired (the run then fails on its lost_file) if it stays
+        gone.touch()
 
     taker = threading.Thread(target=take_one_away, daemon=True)
     taker.start()
     try:
         d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=cluster3_spark,
                         storage_path=tmp_path / "runs", max_restarts=2, elastic_wait=0)  # fmt: skip
-        out = d.run(count_epochs, 5, str(markers), 1.0)
+        out = d.run(count_epochs, 5, str(markers), 0.05, lost_file=str(gone))
         result = d.last_run
         assert taken and result is not None and out == {"count": 5.0, "world_size": 2}
         assert [a.world_size for a in result.attempts] == [3, 2], result.attempts

@@ -103,25 +103,26 @@ def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["older minor version", "no such interpreter"])
-def test_executor_python_that_pyspark_cannot_use(case: str, older_python: str, tmp_path: Path) -> None:
+def test_executor_python_that_pyspark_cannot_use(older_python: str, tmp_path: Path) -> None:
     """PySpark's worker refuses the executors' Python before the probe runs: the failure is still
     one line, and the scheduler's per-task traces are held back (local[2]: the executor's own
-    'Exception in task' log is in this JVM)."""
-    python = older_python if case == "older minor version" else str(tmp_path / "no" / "python")
-    stdout, stderr, _ = run_driver("local[2]", python)
-    line = error_line(stdout)
+    'Exception in task' log is in this JVM). Two cases, one session each in one driver process
+    (one JVM to start): an older minor version, then no such interpreter."""
+    missing = str(tmp_path / "no" / "python")
+    stdout, stderr, _ = run_driver("local[2]", older_python, missing)
+    assert stdout.count("=== ") == 2 and f"=== {missing} ===\n" in stdout, stdout
+    older, none = stdout.split(f"=== {missing} ===\n")
     major, minor = sys.version_info[:2]
-    if case == "older minor version":
-        assert line.startswith(
-            f"ERROR LaunchError: the executors run Python {major}.{minor - 1} and the driver Python {major}.{minor}; "
-            f"PySpark needs the same major.minor version on both (PYSPARK_PYTHON was {python!r}"
-        ), line
-        assert f"Point PYSPARK_PYTHON at a Python {major}.{minor} before the SparkSession starts" in line
-    else:
-        assert line.startswith(f"ERROR LaunchError: the executors cannot start their Python {python!r}: "), line
-        assert "No such file or directory" in line
-    assert_no_trace(stderr)
+    line = error_line(older)
+    assert line.startswith(
+        f"ERROR LaunchError: the executors run Python {major}.{minor - 1} and the driver Python {major}.{minor}; "
+        f"PySpark needs the same major.minor version on both (PYSPARK_PYTHON was {older_python!r}"
+    ), line
+    assert f"Point PYSPARK_PYTHON at a Python {major}.{minor} before the SparkSession starts" in line
+    line = error_line(none)
+    assert line.startswith(f"ERROR LaunchError: the executors cannot start their Python {missing!r}: "), line
+    assert "No such file or directory" in line
+    assert_no_trace(stderr)  # of both sessions
 
 
 @pytest.mark.slow

@@ -51,9 +51,12 @@ def _no_ui_conf_dir() -> str:
     return path
 
 
-def user_script(master: str, mode: str, **env: str) -> tuple[list[str], list[str], int, float]:
-    """(the console from ``run()`` on, its FACT lines, the exit status, seconds): every line of
-    stdout and stderr, each piece the terminal would draw (split at carriage returns too)."""
+def user_script(
+    master: str, mode: str, then: dict[str, str] | None = None, **env: str
+) -> tuple[list[tuple[list[str], list[str]]], int, float]:
+    """([(the console from ``run()`` on, its FACT lines)] per run, the exit status, seconds): every
+    line of stdout and stderr, each piece the terminal would draw (split at carriage returns
+    too). ``then``: a second run in the same session with these driver variables."""
     environ = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable, **env)
     for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS"):
         if name not in env:
@@ -61,15 +64,19 @@ def user_script(master: str, mode: str, **env: str) -> tuple[list[str], list[str
     environ.setdefault("SPARK_CONF_DIR", _no_ui_conf_dir())
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), master, mode], env=environ, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=400,
+        [sys.executable, str(SCRIPT), master, mode, *(f"{k}={v}" for k, v in (then or {}).items())], env=environ,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400,
     )  # fmt: skip
     seconds = time.monotonic() - started
     output = done.stdout
-    assert "=== run() ===" in output and "=== after ===" in output, output[-5000:]
-    console = output.split("=== run() ===", 1)[1].split("=== after ===", 1)[0]
-    facts = [line for line in output.split("=== after ===", 1)[1].splitlines() if line.startswith("FACT")]
-    return console.replace("\r", "\n").splitlines(), facts, done.returncode, seconds
+    parts = output.split("=== run() ===")[1:]
+    assert len(parts) == 1 + bool(then) and all("=== after ===" in part for part in parts), output[-5000:]
+    runs = []
+    for part in parts:
+        console, after = part.split("=== after ===", 1)
+        facts = [line for line in after.splitlines() if line.startswith("FACT")]
+        runs.append((console.replace("\r", "\n").splitlines(), facts))
+    return runs, done.returncode, seconds
 
 
 def jvm_lines(console: list[str]) -> list[str]:
@@ -82,12 +89,15 @@ def assert_restored(facts: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_a_failing_rank_in_a_users_own_session_shows_only_python() -> None:
+def test_a_failing_rank_in_a_users_own_session_shows_only_python_and_spark_logs_gives_the_traces_back() -> None:
     """local[2] (the executor is the driver JVM, which logs 'ERROR Executor' and 'WARN
     TaskSetManager' with the whole trace and report for every failed or killed task): from run()
-    on, at most 2 JVM lines, and the output is the rank's traceback and our error, nothing else."""
-    console, facts, status, _ = user_script("local[2]", "fail")
-    assert status == 0, console
+    on, at most 2 JVM lines, and the output is the rank's traceback and our error, nothing else.
+    Then, in the same session (one JVM to start for both runs), the documented switch:
+    SPARK_TORCH_SPARK_LOGS=1 leaves Spark's logging alone."""
+    runs, status, _ = user_script("local[2]", "fail", then={"SPARK_TORCH_SPARK_LOGS": "1"})
+    (console, facts), (traces, traces_facts) = runs
+    assert status == 0, console + traces
     assert len(jvm_lines(console)) <= 2, jvm_lines(console)
     assert not any(MARKER in line for line in console), "a failure report reached the console"
     others = [line for line in console if not _PYTHON.match(line) and not _JVM.search(line)]
@@ -97,22 +107,16 @@ def test_a_failing_rank_in_a_users_own_session_shows_only_python() -> None:
     assert 'raise ValueError("rank one is broken")' in text  # the rank's own traceback
     assert_restored(facts)
 
-
-@pytest.mark.slow
-def test_spark_logs_setting_gives_the_traces_back() -> None:
-    """The documented switch: SPARK_TORCH_SPARK_LOGS=1 leaves Spark's logging alone."""
-    console, facts, status, _ = user_script("local[2]", "fail", SPARK_TORCH_SPARK_LOGS="1")
-    assert status == 0
-    assert any(" WARN TaskSetManager: Lost task" in line for line in console), console
-    assert len(jvm_lines(console)) > 20
-    assert_restored(facts)
+    assert any(" WARN TaskSetManager: Lost task" in line for line in traces), traces
+    assert len(jvm_lines(traces)) > 20
+    assert_restored(traces_facts)
 
 
 @pytest.mark.slow
 def test_a_restart_that_succeeds_prints_no_java_trace() -> None:
     """local-cluster (executors in their own JVMs; the driver logs 'WARN TaskSetManager: Lost
     task' with the trace): the failed first attempt and the restart print no JVM line at all."""
-    console, facts, status, _ = user_script(CLUSTER_MASTER, "restart")
+    [(console, facts)], status, _ = user_script(CLUSTER_MASTER, "restart")
     assert status == 0, console
     assert "RESULT 2" in console, console
     assert not jvm_lines(console), jvm_lines(console)

@@ -176,20 +176,34 @@ def _wait_for_file(directory: Path, pattern: str, seconds: float, thread: Any) -
 
 
 def test_a_worker_leaves_and_comes_back(
-    standalone_spark: Any, standalone: StandaloneCluster, tmp_path: Path, no_leftovers: None
+    standalone_spark: Any, standalone: StandaloneCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    no_leftovers: None,
 ) -> None:
-    """Elastic membership on a real cluster: N=2, M=1. A worker is stopped in epoch 3: the run
+    """Elastic membership on a real cluster: N=2, M=1. A worker is stopped after epoch 3: the run
     goes on with 1 rank from the latest checkpoint. The worker starts again: once its slot has
     been free for elastic_wait, the run grows back to 2 ranks at the next checkpoint (elastic_grow).
     Every epoch exactly once (the all-reduce count), whatever the size. Last in this file: it
-    replaces a worker of the shared cluster and the shared session."""
+    replaces a worker of the shared cluster and the shared session. Each step is forced, not
+    hoped for: the first attempt waits before epoch 4 until the worker is gone, the shrunk one
+    before epoch 10 until the grow watch is ready (and never goes past it: it is stopped to grow)."""
     import threading
+
+    from spark_torch.driver.run import barrier
 
     from .elastic_programs import count_epochs
 
     markers = tmp_path / "markers"
     markers.mkdir()
-    back = tmp_path / "worker-back"  # the shrunk run holds at epoch 10 until the worker is back
+    gone = tmp_path / "worker-gone"  # the first attempt holds before epoch 4 until the worker is stopped
+    back = tmp_path / "worker-back"  # the shrunk run holds at epoch 10 until the grow watch is ready
+    watches: list[Any] = []
+    grow_watch = barrier.GrowWatch
+
+    def recorded_grow_watch(*args: Any, **kwargs: Any) -> Any:
+        watches.append(grow_watch(*args, **kwargs))
+        return watches[-1]
+
+    monkeypatch.setattr(barrier, "GrowWatch", recorded_grow_watch)
     # one 2-core executor per worker, a task takes both cores: a lost worker's slot cannot move to the other
     spark = make_session(standalone.url, spark_executor_cores="2", spark_task_cpus="2", spark_cores_max="4",
                          spark_executor_memory="512m")  # fmt: skip
@@ -202,7 +216,7 @@ def test_a_worker_leaves_and_comes_back(
 
     def run() -> None:
         try:
-            box["out"] = d.run(count_epochs, 40, str(markers), 0.5, None, str(back), 10)
+            box["out"] = d.run(count_epochs, 20, str(markers), 0.05, None, str(back), 10, str(gone))
             box["result"] = d.last_run  # last_run is per thread
         except BaseException as exc:  # noqa: BLE001 - asserted below
             box["error"] = exc
@@ -213,17 +227,19 @@ def test_a_worker_leaves_and_comes_back(
         _wait_for_file(markers, "attempt-0-world-2-epoch-3", 180, thread)
         leaving = standalone.workers[1]
         stop_daemons([leaving])  # the worker and its executor JVM go away
+        gone.touch()
         _wait_for_file(markers, "attempt-1-world-1-epoch-*", 180, thread)  # shrunk to 1 rank
         logs = leaving.log.parent
         standalone.workers[1] = start_worker("worker-1-again", standalone.url, standalone.work_dirs[1], logs, cores=2)
         wait_for_slots(spark, 2, 180)
+        assert len(watches) == 1 and watches[0].ready.wait(180), "the shrunk attempt's grow watch never saw the slot free"
         back.touch()
     finally:
         thread.join(400)
         spark.stop()
     assert not thread.is_alive(), "the elastic run did not end"
     assert "error" not in box, box.get("error")
-    assert box["out"]["count"] == 40.0 and box["out"]["world_size"] == 2
+    assert box["out"]["count"] == 20.0 and box["out"]["world_size"] == 2
     result = box["result"]
     assert result is not None and [a.world_size for a in result.attempts] == [2, 1, 2], result.attempts
     assert [a.reason for a in result.attempts] == [AttemptReason.START, AttemptReason.RESTART_AFTER_FAILURE, AttemptReason.GROW]
@@ -231,5 +247,5 @@ def test_a_worker_leaves_and_comes_back(
     assert result.attempts[1].grow is not None and (result.attempts[1].grow.running, result.attempts[1].grow.nodes) == (1, 2)
     assert result.attempts[1].detail.startswith("slots for 2 nodes were free for 3s"), result.attempts
     history = result.metrics_dataframe
-    assert history["epoch"].tolist() == list(range(1, 41))
+    assert history["epoch"].tolist() == list(range(1, 21))
     assert sorted(set(history["world_size"])) == [1, 2]

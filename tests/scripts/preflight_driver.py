@@ -1,32 +1,38 @@
 """A driver whose executors run the Python given as argv[2] on master argv[1]: it runs a tiny
 distributed function and prints the outcome as one line (``RESULT ...`` or ``ERROR Type: message``).
 With argv[3] ``builder``, argv[2] is given as ``SparkSession.builder.config("spark.pyspark.python",
-...)`` instead (which PySpark does not use for a session started in this process)."""
+...)`` instead (which PySpark does not use for a session started in this process). More Pythons
+after argv[2]: one session after another in this process, each with its own SparkContext (and
+PYSPARK_PYTHON) in the same JVM, each outcome after a line ``=== PYTHON ===``."""
 
 import os
 import sys
 import time
 
 builder = sys.argv[3:] == ["builder"]
-if not builder:
-    os.environ["PYSPARK_PYTHON"] = sys.argv[2]  # read once, when the SparkContext starts
+pythons = sys.argv[2:3] if builder else sys.argv[2:]
 
 from pyspark.sql import SparkSession  # noqa: E402
 
 from spark_torch import Distributor  # noqa: E402
 
-spark = (
-    SparkSession.builder.master(sys.argv[1])
-    .config("spark.driver.host", "127.0.0.1")
-    .config("spark.ui.enabled", "false")
-    .config("spark.ui.showConsoleProgress", "false")
-    .config("spark.pyspark.python" if builder else "spark.torch.unused", sys.argv[2])
-    .getOrCreate()
-)
-started = time.monotonic()
-try:
-    print("RESULT", Distributor(num_processes=2, local_mode=False, spark=spark).run(os.getpid), flush=True)
-except Exception as exc:  # noqa: BLE001 - the outcome is the output
-    print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
-print(f"SECONDS {time.monotonic() - started:.1f}", flush=True)
-spark.stop()
+for python in pythons:
+    if len(pythons) > 1:
+        print(f"=== {python} ===", flush=True)
+    if not builder:
+        os.environ["PYSPARK_PYTHON"] = python  # read once, when the SparkContext starts
+    spark = (
+        SparkSession.builder.master(sys.argv[1])
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.pyspark.python" if builder else "spark.torch.unused", python)
+        .getOrCreate()
+    )
+    started = time.monotonic()
+    try:
+        print("RESULT", Distributor(num_processes=2, local_mode=False, spark=spark).run(os.getpid), flush=True)
+    except Exception as exc:  # noqa: BLE001 - the outcome is the output
+        print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
+    print(f"SECONDS {time.monotonic() - started:.1f}", flush=True)
+    spark.stop()

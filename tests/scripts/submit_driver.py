@@ -1,17 +1,21 @@
 """A spark-submit driver: a 2-rank distributed gloo all_reduce through spark_torch.
 
     spark-submit --master MASTER [--conf ...] tests/scripts/submit_driver.py \
-        [--num-processes N] [--env KEY=VALUE ...] [--wait-slots SECONDS]
+        [--num-processes N] [--env KEY=VALUE ...] [--wait-slots SECONDS] [--then-env KEY=VALUE ...]
 
 Each rank contributes ``rank + 1``; the driver prints ``RESULT <sum>`` and, on one line,
 ``RANKS <json>`` (every rank's torchrun variables, GLOO_SOCKET_IFNAME and the local address it
-uses to reach MASTER_ADDR), then exits 0 if the sum is N(N+1)/2 and 1 otherwise.
+uses to reach MASTER_ADDR), then exits 0 if the sum is N(N+1)/2 and 1 otherwise. With
+``--then-env``, a second run follows in the same application (no second driver and executor
+JVMs to start) with those variables in the driver's environment, where spark_torch reads its
+settings for each run: it prints ``=== then ===`` first, then its own ``RESULT`` and ``RANKS``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -51,12 +55,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--wait-slots", type=float, default=120.0,
                         help="wait up to this long for executors to register (0: do not wait)")
+    parser.add_argument("--then-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="then run again with KEY=VALUE in the driver's environment")
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
+    then = dict(item.split("=", 1) for item in args.then_env)
 
     from pyspark.sql import SparkSession
 
-    from spark_torch import Distributor
     from spark_torch.driver.spark.cluster import available_slots
 
     spark = SparkSession.builder.appName("spark-torch-submit-driver").getOrCreate()
@@ -65,13 +71,25 @@ def main(argv: list[str]) -> int:
         deadline = time.monotonic() + args.wait_slots
         while (available_slots(spark) or 0) < args.num_processes and time.monotonic() < deadline:
             time.sleep(0.25)
-        out = Distributor(num_processes=args.num_processes, local_mode=False, env=env or None).run(all_reduce_job)
+        outs = [_run(args.num_processes, env)]
+        if then:
+            print("=== then ===", flush=True)
+            os.environ.update(then)
+            outs.append(_run(args.num_processes, env))
     finally:
         spark.stop()
     n = args.num_processes
+    return 0 if all(out["sum"] == n * (n + 1) / 2 for out in outs) else 1
+
+
+def _run(n: int, env: dict[str, str]) -> dict[str, Any]:
+    """One distributed run; prints its RESULT and RANKS lines."""
+    from spark_torch import Distributor
+
+    out: dict[str, Any] = Distributor(num_processes=n, local_mode=False, env=env or None).run(all_reduce_job)
     print(f"RESULT {out['sum']:g}", flush=True)
     print(f"RANKS {json.dumps(out['ranks'])}", flush=True)
-    return 0 if out["sum"] == n * (n + 1) / 2 else 1
+    return out
 
 
 if __name__ == "__main__":
