@@ -32,7 +32,7 @@ from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
-from spark_torch.states import RankState, ValueEnum
+from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal, ValueEnum
 from spark_torch.workdir_files import StorageFile, WorkdirFiles
 
 __all__ = [
@@ -86,7 +86,6 @@ class GroupState(ValueEnum):
     STOPPED = "stopped"
 
 
-
 @dataclass(frozen=True)
 class RankStatus:
     """One rank of the node at the end: its state, what it printed last, and for a failed
@@ -110,6 +109,12 @@ class GroupResult:
     result_file: str | None = None
     #: per failed rank, its pickled exception (base64) when it wrote one
     pickled: dict[int, str | None] = field(default_factory=dict)
+    #: why the group was stopped from outside, as the node's stop said (None: not stopped, or unknown)
+    stop_reason: StopReason | None = None
+
+    def end(self) -> NodeEnd:
+        """What the node tells the driver about how its ranks ended."""
+        return NodeEnd({status.rank: status.state for status in self.ranks}, self.stop_reason)
 
     @property
     def failures(self) -> tuple[RankFailure, ...]:
@@ -221,7 +226,8 @@ class RankGroup:
         self._pickled: dict[int, str | None] = {}
         self._failure: RankFailure | None = None  # the first failure :meth:`wait` saw
         self._stopped_from_outside = False  # :meth:`wait` returned because ``stop`` was set
-        self._running_at_stop: set[int] = set()  # the ranks that stop found running (stopped, whatever their exit)
+        self._running_at_stop: set[int] = set()
+        self._stop_reason: StopReason | None = None  # the ranks that stop found running (stopped, whatever their exit)
         #: each rank's state once its process exited
         self._states: dict[int, RankState] = {}
         self._procs: list[RankProcess] = []
@@ -328,9 +334,10 @@ class RankGroup:
             self._progress.start()
 
     # wait
-    def wait(self, stop: threading.Event | None = None) -> None:
+    def wait(self, stop: StopSignal | None = None) -> None:
         """Until every rank exited, the first failed (reported at once through ``on_failure``),
-        or ``stop`` is set (the ranks still running are then the ones stopped from outside)."""
+        or ``stop`` is set (the ranks still running are then the ones stopped from outside, for
+        the stop's reason)."""
         spec, path = self.spec, self._workdir.path
         seen = 0
         with self._changed:
@@ -339,7 +346,7 @@ class RankGroup:
                     # exits that already happened count first: a run that finished right at
                     # its deadline is a success, not a timeout
                     if stop is not None and stop.is_set():
-                        self._stopped_from_outside = True
+                        self._stopped_from_outside, self._stop_reason = True, stop.reason
                         break
                     # wake up for exits right away; re-check ``stop`` a few times a second
                     self._changed.wait(timeout=0.2 if stop is not None else None)
@@ -389,7 +396,7 @@ class RankGroup:
             state = GroupState.FAILED
         else:
             state = GroupState.STOPPED if self._stopped_from_outside else GroupState.SUCCEEDED
-        return GroupResult(state, self._statuses(failure), pickled=dict(self._pickled))
+        return GroupResult(state, self._statuses(failure), pickled=dict(self._pickled), stop_reason=self._stop_reason)
 
     def _statuses(self, failure: RankFailure | None) -> tuple[RankStatus, ...]:
         with self._changed:
@@ -410,7 +417,7 @@ def run_ranks(
     on_lines: RankOutput,
     workdir: NodeWorkdir,
     *,
-    stop: threading.Event | None = None,
+    stop: StopSignal | None = None,
     reports: NodeReports | None = None,
     on_failure: Callable[[RankFailure, str | None], None] | None = None,
     on_progress: Callable[[list[dict[str, object]]], None] | None = None,

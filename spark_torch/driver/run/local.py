@@ -26,7 +26,7 @@ from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.rank_files import map_file
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.states import StopReason
+from spark_torch.states import StopReason, StopSignal
 
 __all__ = ["run_local", "LocalIO", "LOCAL_HOST"]
 
@@ -42,9 +42,7 @@ class LocalIO:
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
         self.host = socket.gethostname()
-        self.stop = threading.Event()
-        #: why the ranks were stopped (None: they ended by themselves)
-        self.stop_reason: StopReason | None = None
+        self.stop = StopSignal()
         self.stall = attempt.stall_watch(stop=self.stop_ranks)
         #: this attempt's report() coordinator, once the ranks' pipes exist
         self.coordinator: ReportCoordinator | None = None
@@ -74,10 +72,9 @@ class LocalIO:
         self.stall.request_traces = watch.request_traces
 
     def stop_ranks(self, reason: StopReason) -> None:
-        """Stop this attempt's ranks (the first reason given is the one kept)."""
-        if self.stop_reason is None:
-            self.stop_reason = reason
-        self.stop.set()
+        """Stop this attempt's ranks (the first reason given is the one kept, and the node's
+        result says it)."""
+        self.stop.request(reason)
 
     def time_is_up(self) -> None:
         """``timeout``: keep where the ranks are, then stop them."""
@@ -118,7 +115,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             io.stall.close()
         group = hosted.group
         assert group is not None  # a local rendezvous is never stopped
-        if group.state is GroupState.STOPPED and io.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
+        if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
             return AttemptOutcome.ended(io.stall.verdict())
         if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
             running = group.still_running()
