@@ -85,14 +85,17 @@ class RankFailure:
     failed_at: float = 0.0
 
     def cause(self) -> str:
-        """One line: the remote exception, or the exit code / signal of the process."""
+        """One line: the remote exception, or the exit code / signal of the process (and what
+        else is known, for a rank that raised nothing)."""
         if self.exc_type:
             return f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
         if self.signal_name:
-            return f"killed by {self.signal_name}"
-        if self.exit_code is not None:
-            return f"exited with code {self.exit_code}"
-        return "failed for an unknown reason"
+            how = f"killed by {self.signal_name}"
+        elif self.exit_code is not None:
+            how = f"exited with code {self.exit_code}"
+        else:
+            how = "failed for an unknown reason"
+        return f"{how}: {self.exc_message}" if self.exc_message else how
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -104,11 +104,10 @@ class NodeResult:
         return FailureReport(failures=self.group.failures, pickled={r: p for r, p in self.group.pickled.items() if p})
 
     @staticmethod
-    def problem_report(problem: NodeProblem, rank: int, host: str) -> FailureReport:
-        """A problem of this node before its ranks ran, as the report the driver reads (named
-        after the node's first rank)."""
-        failure = RankFailure(rank=rank, host=host, exc_type=problem.kind.value, exc_message=problem.message)
-        return FailureReport(failures=(failure,), kind=problem.kind)
+    def problem_report(problem: NodeProblem) -> FailureReport:
+        """A problem of this node before its ranks ran, as the report the driver reads: its kind
+        and message (no rank failed)."""
+        return FailureReport(problem=(problem.kind, problem.message))
 
 
 def host_of(task_address: str) -> str:

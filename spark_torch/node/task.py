@@ -165,7 +165,7 @@ class BarrierIO:
 
     def fail(self, problem: NodeProblem) -> NodeFailed:
         """The task exception for a problem of this node before its ranks ran."""
-        report = NodeResult.problem_report(problem, self.first_rank, self.host)
+        report = NodeResult.problem_report(problem)
         return NodeFailed(f"{problem.message}\n{self._encode(report)}")
 
     def failed(self, report: FailureReport) -> NodeFailed:

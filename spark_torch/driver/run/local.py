@@ -106,7 +106,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             note_stacks(interrupt, io.stall)
             return AttemptOutcome.ended(Interrupted(interrupt))
         except NodeProblem as problem:
-            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem, 0, io.host)))
+            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem)))
         finally:
             if timer is not None:
                 timer.cancel()
