@@ -267,6 +267,11 @@ class DriverChannel:
             self._stop_reason = reason
         self._server.broadcast({"stop": reason.value})
 
+    def node_ends(self) -> dict[int, NodeEnd]:
+        """How each node that said so ended its ranks, by node."""
+        with self._lock:
+            return dict(self.ends)
+
     def wait_for_nodes(self, timeout: float) -> bool:
         """Wait (bounded) until every node that ever attached sent its last line."""
         with self._lock:

@@ -22,6 +22,7 @@ from spark_torch.driver.run.outcome import (
     SparkJobFailed,
     Stacks,
     StallVerdict,
+    still_running,
 )
 from spark_torch.errors import (
     ConfigurationError,
@@ -187,3 +188,9 @@ def test_background_call_keeps_the_value_the_error_and_waits_with_a_deadline() -
     assert time.monotonic() - start < 5.0
     release.set()
     assert slow.wait(5.0) and slow.value is True
+
+
+def test_a_timeout_says_which_ranks_it_found_running() -> None:
+    assert still_running((StoppedRank(0, "h"),)) == "rank 0 was still running and stopped"
+    assert still_running((StoppedRank(0, None), StoppedRank(3, None))) == "ranks 0, 3 were still running and stopped"
+    assert still_running(()).startswith("no rank was running")

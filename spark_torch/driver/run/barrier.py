@@ -23,7 +23,14 @@ from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.endpoints import ChannelEndpoint
 from spark_torch.driver.run.failures import spark_failure_cause
 from spark_torch.driver.run.membership import GrowWatch
-from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRequested, Interrupted, RanksStopped
+from spark_torch.driver.run.outcome import (
+    AttemptOutcome,
+    DriverProblem,
+    GrowRequested,
+    Interrupted,
+    RanksStopped,
+    still_running,
+)
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
@@ -36,7 +43,7 @@ from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.spec import RunSpec
-from spark_torch.states import ProblemKind, StopReason
+from spark_torch.states import ProblemKind, RankState, StopReason
 
 __all__ = ["run_distributed", "completed_while_stopping"]
 
@@ -228,11 +235,22 @@ class _BarrierStage:
             self._cancel(StopReason.TIMEOUT)
             if completed_while_stopping(job.value, plan.num_nodes):
                 return None
-            running = tuple(StoppedRank(rank, None, attempt.tail(rank)) for rank in range(plan.world_size))
-            what = f"the Spark job was cancelled and the ranks of all {plan.num_nodes} node(s) were stopped"
+            running = tuple(StoppedRank(rank, None, attempt.tail(rank)) for rank in self._running_at_stop())
+            what = f"the Spark job was cancelled; {still_running(running)}"
             return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, running, what, stall.stacks()))
         finally:
             self._close_stall()
+
+    def _running_at_stop(self) -> list[int]:
+        """The ranks the stop found running, as their nodes said (each node's end, sent before its
+        last line); every rank of a node that did not say (it could not reach the channel)."""
+        ends, per_node = self._channel().node_ends(), self.plan.procs_per_node
+        return [
+            rank
+            for node in range(self.plan.num_nodes)
+            for rank in range(node * per_node, (node + 1) * per_node)
+            if node not in ends or ends[node].ranks.get(rank) is RankState.STOPPED
+        ]
 
     def _close_stall(self) -> None:
         stall, self.stall_open = self.stall, False

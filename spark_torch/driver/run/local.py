@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from spark_torch.driver.run.attempt import Attempt
-from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped, still_running
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
@@ -118,13 +118,8 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
         if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
             return AttemptOutcome.ended(io.stall.verdict())
         if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
-            running = group.still_running()
-            ranks = [str(status.rank) for status in running]
-            who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(ranks) or '(none)'} were"
-            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines) for s in running)
-            return AttemptOutcome.ended(
-                RanksStopped(attempt.run_timeout, stopped, f"{who} still running and stopped", io.stall.stacks())
-            )
+            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines) for s in group.still_running())
+            return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, stopped, still_running(stopped), io.stall.stacks()))
         if group.state is GroupState.FAILED:
             return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
         if group.result_file is None:
