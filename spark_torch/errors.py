@@ -12,7 +12,8 @@ TorchDistributor keep working::
     ├── ArgumentError (TypeError)             the arguments do not fit the function's signature
     ├── LaunchError (RuntimeError)            ranks could not be started
     └── DistributedRunError (RuntimeError)    a rank failed; names the rank, host, cause
-        └── RunTimeoutError (+ TimeoutError)  the run exceeded ``timeout``
+        ├── RunTimeoutError (+ TimeoutError)  the run exceeded ``timeout``
+        └── RunStalledError                   no rank made progress for ``stall_timeout``
 
 All of them pickle (they cross process boundaries between ranks, executors and driver).
 """
@@ -32,6 +33,7 @@ __all__ = [
     "LaunchError",
     "DistributedRunError",
     "RunTimeoutError",
+    "RunStalledError",
     "RankFailure",
     "StoppedRank",
 ]

@@ -1,4 +1,4 @@
-"""The node runner: start one node's ranks, pump their output, wait, collect, clean up.
+"""The rank group: start one node's ranks, pump their output, wait, collect, clean up.
 
 Called by the node runner (:mod:`spark_torch.node.lifecycle`) on the driver (local mode) and inside a
 Spark barrier task (distributed mode). It imports neither pyspark nor torch; ranks are started
@@ -41,8 +41,6 @@ __all__ = [
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
 SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
-#: SIGTERM to SIGKILL; after Ctrl-C (or another exception in the node runner), a shorter grace
-GRACE_SECONDS, INTERRUPT_GRACE_SECONDS = RANK_GRACE_SECONDS, INTERRUPT_GRACE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -366,7 +364,7 @@ class RankGroup:
                 self._running_at_stop = {proc.rank for proc in self._procs if proc.popen.poll() is None}
 
     # stop
-    def stop(self, grace: float = GRACE_SECONDS) -> None:
+    def stop(self, grace: float = RANK_GRACE_SECONDS) -> None:
         """Stop every rank still running (their whole trees: SIGTERM, ``grace``, SIGKILL) and
         join their output pumps. Idempotent."""
         if self._stopped:

@@ -42,6 +42,8 @@ def _every_path(files: WorkdirFiles, rank: int) -> dict[str, str]:
         "trace_request": trace_request_path(stack),
         "native": native_dump_path(stack),
         "child": child_stack_path(stack, 4242),
+        "streamed_result": files.streamed_result(),
+        "result_token": files.result_token(),
     }
 
 
@@ -68,6 +70,8 @@ def test_the_names_on_disk_are_unchanged(tmp_path: Path) -> None:
         "checkpoint": "checkpoint",
         "result": "rank-2.result",
         "error": "rank-2.error.json",
+        "streamed_result": "rank-0.streamed-result",
+        "result_token": ".spark_torch_result_dir",
         "elastic_error": "rank-2.torchelastic-error.json",
         "stack": "stack-2.json",
         "trace": "stack-2.json.trace",

@@ -1,4 +1,4 @@
-"""Local mode: every rank on the driver machine, one node runnered in this process.
+"""Local mode: every rank on the driver machine, the one node's runner in this process.
 
 The node runner (:func:`~spark_torch.node.lifecycle.run_node`) gets a :class:`LocalIO`: the
 rendezvous is this node alone, rank output goes straight to the driver's sink, report() steps
