@@ -89,12 +89,12 @@ class WorkdirFiles:
 
     def error(self, rank: int) -> str:
         """A rank's exception, as JSON (:func:`spark_torch.rank_files.write_error`). Rank writes,
-        node reads (:func:`spark_torch.rank_files.read_error`)."""
+        node reads (:func:`spark_torch.rank_files.read_rank_error`)."""
         return os.path.join(self.path, f"rank-{rank}.error.json")
 
     def elastic_error(self, rank: int) -> str:
         """A rank's ``TORCHELASTIC_ERROR_FILE``: torch's ``@record`` writes it (like under
-        torchrun), node reads (:func:`spark_torch.rank_files.read_elastic_error`)."""
+        torchrun), node reads (:func:`spark_torch.rank_files.read_rank_error`, when the rank wrote no error of its own)."""
         return os.path.join(self.path, f"rank-{rank}.torchelastic-error.json")
 
     def stack(self, rank: int) -> str:

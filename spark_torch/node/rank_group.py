@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spark_torch import envnames, rank_files
 from spark_torch.errors import RankFailure
@@ -30,6 +30,7 @@ from spark_torch.node.processes import (
 from spark_torch.node.progress import ProgressWatch, sample_interval
 from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir
+from spark_torch.rank_files import RankError
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
 from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal, ValueEnum
@@ -170,24 +171,19 @@ def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
     return with_package_on_path(env)
 
 
-def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: float) -> RankFailure:
+def _failure(spec: NodeSpec, proc: RankProcess, error: RankError | None, failed_at: float) -> RankFailure:
     code = proc.popen.returncode
-    report = (
-        rank_files.read_error(result_dir, proc.rank)
-        or rank_files.read_elastic_error(WorkdirFiles(result_dir).elastic_error(proc.rank))
-        or {}
-    )
     return RankFailure(
         rank=proc.rank,
         host=spec.host,
         exit_code=code if code is not None and code >= 0 else None,
         signal_name=signal_name(code),
-        exc_type=report.get("exc_type"),
-        exc_message=report.get("exc_message"),
-        traceback=report.get("traceback"),
+        exc_type=error.exc_type if error is not None else None,
+        exc_message=error.exc_message if error is not None else None,
+        traceback=error.traceback if error is not None else None,
         last_lines=tuple(proc.tail),
         started_at=proc.started_at,
-        failed_at=float(report["time"]) if isinstance(report.get("time"), (int, float)) else failed_at,
+        failed_at=error.time if error is not None and error.time is not None else failed_at,
     )
 
 
@@ -352,12 +348,14 @@ class RankGroup:
                 proc, when = self._exited[seen]
                 seen += 1
                 if proc.popen.returncode != 0:
-                    blob = (rank_files.read_error(path, proc.rank) or {}).get("pickled")
+                    error = rank_files.read_rank_error(path, proc.rank)  # read once, typed
+                    blob = error.pickled if error is not None else None
+                    failure = _failure(spec, proc, error, when)
                     if self._on_failure is not None:  # at once: the rest of the gang is failing now too
-                        self._on_failure(_failure(spec, proc, path, when), blob)
+                        self._on_failure(failure, blob)
                     for pump in proc.pumps:
                         pump.join(timeout=2.0)
-                    self._failure = _failure(spec, proc, path, when)
+                    self._failure = replace(failure, last_lines=tuple(proc.tail))  # with the lines pumped since
                     self._pickled[proc.rank] = blob
                     break
             if self._stopped_from_outside:  # what still runs now is what the stop ends

@@ -101,7 +101,14 @@ def test_rank_files_write_where_the_contract_says(tmp_path: Path) -> None:
     rank_files.write_result(str(tmp_path), 1, {"loss": 0.5})
     rank_files.write_error(str(tmp_path), 2, ValueError("bad"))
     assert os.path.isfile(files.result(1)) and os.path.isfile(files.error(2))
-    assert (rank_files.read_error(str(tmp_path), 2) or {})["exc_message"] == "bad"
+    error = rank_files.read_rank_error(str(tmp_path), 2)
+    assert error is not None and error.exc_type == "ValueError" and error.exc_message == "bad" and error.pickled
+    assert rank_files.read_rank_error(str(tmp_path), 1) is None  # rank 1 wrote no error
+    # a rank that wrote none of its own: what torch's @record wrote, read the same way
+    extra = {"py_callstack": "Traceback ...\nValueError: boom\n"}
+    Path(files.elastic_error(1)).write_text(json.dumps({"message": {"message": "ValueError: boom", "extraInfo": extra}}))
+    recorded = rank_files.read_rank_error(str(tmp_path), 1)
+    assert recorded == rank_files.RankError(exc_type="ValueError", exc_message="boom", traceback=extra["py_callstack"])
     assert stat.S_IMODE(os.stat(files.error(2)).st_mode) == 0o600
 
 
