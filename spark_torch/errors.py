@@ -13,6 +13,7 @@ TorchDistributor keep working::
     ├── LaunchError (RuntimeError)            ranks could not be started
     └── DistributedRunError (RuntimeError)    a rank failed; names the rank, host, cause
         ├── RunTimeoutError (+ TimeoutError)  the run exceeded ``timeout``
+        ├── RunStalledError                   no rank made progress for ``stall_timeout``
         └── ReplicaGroupError                 a replica group failed past its ``max_restarts``
 
 All of them pickle (they cross process boundaries between ranks, executors and driver).
@@ -33,6 +34,7 @@ __all__ = [
     "LaunchError",
     "DistributedRunError",
     "RunTimeoutError",
+    "RunStalledError",
     "ReplicaGroupError",
     "RankFailure",
     "StoppedRank",
@@ -87,14 +89,17 @@ class RankFailure:
     failed_at: float = 0.0
 
     def cause(self) -> str:
-        """One line: the remote exception, or the exit code / signal of the process."""
+        """One line: the remote exception, or the exit code / signal of the process (and what
+        else is known, for a rank that raised nothing)."""
         if self.exc_type:
             return f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
         if self.signal_name:
-            return f"killed by {self.signal_name}"
-        if self.exit_code is not None:
-            return f"exited with code {self.exit_code}"
-        return "failed for an unknown reason"
+            how = f"killed by {self.signal_name}"
+        elif self.exit_code is not None:
+            how = f"exited with code {self.exit_code}"
+        else:
+            how = "failed for an unknown reason"
+        return f"{how}: {self.exc_message}" if self.exc_message else how
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -51,14 +51,21 @@ _PATTERN = re.compile(MARKER + r"<([A-Za-z0-9+/=]+)\.([0-9a-f]{64})>" + MARKER)
 
 @dataclass(frozen=True)
 class FailureReport:
-    """What a node tells the driver about its failure."""
+    """What a node tells the driver about its failure: its failed ranks, or the problem that
+    kept it from starting them (never both: a node problem is not dressed up as a rank's)."""
 
-    failures: tuple[RankFailure, ...]
-    #: what kind of problem kept the node from starting its ranks, else None (ranks failed)
-    kind: ProblemKind | None = None
+    failures: tuple[RankFailure, ...] = ()
+    #: the problem that kept the node from starting its ranks: its kind (the error the user
+    #: gets) and its message; None when ranks failed
+    problem: tuple[ProblemKind, str] | None = None
     headline: str | None = None
     #: per rank, the base64 pickle of its exception (only trusted because the report is authenticated)
     pickled: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> ProblemKind | None:
+        """The node problem's kind, or None (ranks failed)."""
+        return self.problem[0] if self.problem is not None else None
 
 
 def _cut(text: str | None, limit: int) -> str | None:
@@ -98,7 +105,7 @@ def report_to_dict(report: FailureReport, share: float = 1.0, pickled: bool = Tr
     pickled exceptions out (the text still says what failed)."""
     return {
         "failures": [bounded(f, share).to_dict() for f in report.failures],
-        "kind": report.kind.value if report.kind is not None else None,
+        "problem": [report.problem[0].value, _cut(report.problem[1], MAX_MESSAGE)] if report.problem is not None else None,
         "headline": report.headline,
         "pickled": {
             str(r): p for r, p in report.pickled.items() if pickled and p and len(p) <= MAX_PICKLED_EXCEPTION
@@ -110,9 +117,12 @@ def report_from_dict(data: Any) -> FailureReport:
     """Inverse of :func:`report_to_dict`; raises ValueError/TypeError/KeyError on malformed data."""
     if not isinstance(data, dict):
         raise ValueError("a failure report must be an object")
+    problem = data.get("problem")
+    if problem is not None and (not isinstance(problem, list) or len(problem) != 2 or not isinstance(problem[1], str)):
+        raise ValueError("a node's problem must be [kind, message]")
     return FailureReport(
         failures=tuple(RankFailure.from_dict(f) for f in data.get("failures") or ()),
-        kind=ProblemKind(data["kind"]) if data.get("kind") is not None else None,
+        problem=(ProblemKind(problem[0]), problem[1]) if problem is not None else None,
         headline=data.get("headline"),
         pickled={int(r): str(p) for r, p in (data.get("pickled") or {}).items()},
     )
@@ -129,8 +139,8 @@ def merge_reports(reports: list[FailureReport]) -> FailureReport | None:
             by_rank.setdefault(failure.rank, failure)
         for rank, blob in report.pickled.items():
             pickled.setdefault(rank, blob)
-    first = next((r for r in reports if r.kind is not None), reports[0])
-    return FailureReport(failures=tuple(by_rank.values()), kind=first.kind, headline=first.headline, pickled=pickled)
+    first = next((r for r in reports if r.problem is not None), reports[0])
+    return FailureReport(failures=tuple(by_rank.values()), problem=first.problem, headline=first.headline, pickled=pickled)
 
 
 def _mac(secret: bytes, blob: str) -> str:

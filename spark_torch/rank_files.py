@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import IO, Any
 
 import cloudpickle
@@ -36,8 +37,8 @@ __all__ = [
     "ResultBytes",
     "write_result",
     "write_error",
-    "read_error",
-    "read_elastic_error",
+    "RankError",
+    "read_rank_error",
     "rebuild_exception",
 ]
 
@@ -124,17 +125,49 @@ def write_error(result_dir: str, rank: int, exc: BaseException) -> None:
     write_atomic(WorkdirFiles(result_dir).error(rank), json.dumps(report).encode("utf-8"))
 
 
-def read_error(result_dir: str, rank: int) -> dict[str, Any] | None:
-    """Node side: the error report a rank wrote, if any."""
+@dataclass(frozen=True)
+class RankError:
+    """What a failed rank said about its error: the one typed reading of its error file (or of
+    the file torch's ``@record`` wrote). Text only, except ``pickled``."""
+
+    exc_type: str | None = None
+    exc_message: str | None = None
+    traceback: str | None = None
+    #: the base64 pickle of the exception, when it pickled (only the rank's own file has one)
+    pickled: str | None = None
+    #: when it happened, as the rank saw it (None: unknown)
+    time: float | None = None
+
+
+def _text(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) else None
+
+
+def read_rank_error(workdir: str, rank: int) -> RankError | None:
+    """Node side: the error a rank wrote (:func:`write_error`), else the one torch's ``@record``
+    wrote (its ``TORCHELASTIC_ERROR_FILE``), else None."""
+    files = WorkdirFiles(workdir)
+    data = _read_own_error(files.error(rank)) or _read_elastic_error(files.elastic_error(rank))
+    if data is None:
+        return None
+    when = data.get("time")
+    return RankError(
+        exc_type=_text(data, "exc_type"), exc_message=_text(data, "exc_message"), traceback=_text(data, "traceback"),
+        pickled=_text(data, "pickled"), time=float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None,
+    )  # fmt: skip
+
+
+def _read_own_error(path: str) -> dict[str, Any] | None:
     try:
-        with open(WorkdirFiles(result_dir).error(rank), "rb") as fh:
+        with open(path, "rb") as fh:
             data = json.loads(fh.read().decode("utf-8"))
     except (FileNotFoundError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def read_elastic_error(path: str) -> dict[str, Any] | None:
+def _read_elastic_error(path: str) -> dict[str, Any] | None:
     """The error ``torch.distributed.elastic.multiprocessing.errors.record`` wrote, as
     ``exc_type``/``exc_message``/``traceback`` (text only), or None."""
     try:

@@ -10,8 +10,12 @@ constructing the enum (``RankState("failed")``; an unknown value raises ``ValueE
 from __future__ import annotations
 
 import enum
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["ValueEnum", "RankState", "StopReason", "ProblemKind"]
+__all__ = ["ValueEnum", "RankState", "StopReason", "ProblemKind", "StopSignal", "NodeEnd"]
 
 
 class ValueEnum(str, enum.Enum):
@@ -34,7 +38,6 @@ class RankState(ValueEnum):
     STOPPED = "stopped"
 
 
-
 class StopReason(ValueEnum):
     """Why the driver stopped an attempt's ranks before they ended by themselves."""
 
@@ -50,7 +53,6 @@ class StopReason(ValueEnum):
     PEER_FAILED = "peer failed"
     #: elastic_grow: more slots are free, the gang restarts larger after a checkpoint
     GROW = "grow"
-
 
     @classmethod
     def parse(cls, value: object) -> StopReason | None:
@@ -69,3 +71,50 @@ class ProblemKind(ValueEnum):
     #: the run's input or settings make it impossible (shards, a storage not visible, GPUs)
     CONFIGURATION = "ConfigurationError"
 
+
+
+class StopSignal(threading.Event):
+    """The driver's stop as a node holds it: an event that also keeps why (the first reason
+    given; None for a reason this version does not know). The rank group waits on it and
+    reports the reason it acted on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reason: StopReason | None = None
+        self._reason_lock = threading.Lock()
+
+    def request(self, reason: StopReason | None) -> None:
+        """Stop, because of ``reason`` (a later request keeps the first reason)."""
+        with self._reason_lock:
+            if not self.is_set():
+                self._reason = reason
+            self.set()
+
+    @property
+    def reason(self) -> StopReason | None:
+        """Why the stop was requested (None: not requested, or a reason unknown here)."""
+        with self._reason_lock:
+            return self._reason
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """How a node's ranks ended, as the node tells the driver over the channel: each rank's last
+    state and the stop reason the node acted on (None: its ranks were not stopped)."""
+
+    ranks: Mapping[int, RankState] = field(default_factory=dict)
+    stop: StopReason | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The message body (JSON-able)."""
+        return {"ranks": {str(rank): state.value for rank, state in self.ranks.items()}, "stop": None if self.stop is None else self.stop.value}
+
+    @classmethod
+    def from_wire(cls, value: object) -> NodeEnd:
+        """Parse a message body; raises ``ValueError`` for anything but what :meth:`to_wire` makes
+        (a stop reason this version does not know reads as None)."""
+        if not isinstance(value, dict) or not isinstance(value.get("ranks"), dict):
+            raise ValueError("a node's end needs an object with its ranks' states")
+        ranks = {int(rank): RankState(state) for rank, state in value["ranks"].items()}
+        stop = value.get("stop")
+        return cls(ranks=ranks, stop=None if stop is None else StopReason.parse(stop))

@@ -89,12 +89,12 @@ class WorkdirFiles:
 
     def error(self, rank: int) -> str:
         """A rank's exception, as JSON (:func:`spark_torch.rank_files.write_error`). Rank writes,
-        node reads (:func:`spark_torch.rank_files.read_error`)."""
+        node reads (:func:`spark_torch.rank_files.read_rank_error`)."""
         return os.path.join(self.path, f"rank-{rank}.error.json")
 
     def elastic_error(self, rank: int) -> str:
         """A rank's ``TORCHELASTIC_ERROR_FILE``: torch's ``@record`` writes it (like under
-        torchrun), node reads (:func:`spark_torch.rank_files.read_elastic_error`)."""
+        torchrun), node reads (:func:`spark_torch.rank_files.read_rank_error`, when the rank wrote no error of its own)."""
         return os.path.join(self.path, f"rank-{rank}.torchelastic-error.json")
 
     def stack(self, rank: int) -> str:
@@ -102,6 +102,21 @@ class WorkdirFiles:
         writes (:mod:`spark_torch.rank.sampler`), node reads (:mod:`spark_torch.node.progress`)
         (``SPARK_TORCH_STACK_FILE``; its companions: :func:`trace_path` and below)."""
         return os.path.join(self.path, f"stack-{rank}.json")
+
+    # the driver's result directory (a driver-side workdir): rank 0's result comes in here
+    def handed_over_result(self) -> str:
+        """Rank 0's result, moved here by node 0 when it sees this directory. Node 0 writes,
+        the driver reads (:mod:`spark_torch.node.result_transfer`)."""
+        return self.result(0)
+
+    def streamed_result(self) -> str:
+        """Rank 0's result as node 0 streamed it over the channel. The driver writes and reads."""
+        return os.path.join(self.path, "rank-0.streamed-result")
+
+    def result_token(self) -> str:
+        """The token that marks this directory as the run's (0600). The driver writes, node 0
+        reads before it hands the result over."""
+        return os.path.join(self.path, ".spark_torch_result_dir")
 
 
 # a rank's stack file's companions (the rank knows only its stack file's path)

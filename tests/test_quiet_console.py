@@ -22,7 +22,7 @@ import pytest
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, spark_failure_cause
 from spark_torch.driver.run.outcome import AttemptOutcome
 from spark_torch.driver.spark import quiet
-from spark_torch.errors import DistributedRunError, LaunchError, RankFailure
+from spark_torch.errors import DistributedRunError, LaunchError
 from spark_torch.failure_reports import MARKER, FailureReport, encode_report
 from spark_torch.states import ProblemKind
 
@@ -259,8 +259,7 @@ def test_the_spark_exception_the_user_sees_carries_no_report() -> None:
     """A node's report decides the error; Spark's exception is chained as SparkJobError, its text
     without the encoded reports (whole or cut) and without JVM frames."""
     secret = b"s" * 32
-    failure = RankFailure(rank=0, host="h", exc_type="LaunchError", exc_message="the node could not start its ranks")
-    report = encode_report(FailureReport(failures=(failure,), kind=ProblemKind.LAUNCH), secret)
+    report = encode_report(FailureReport(problem=(ProblemKind.LAUNCH, "the node could not start its ranks")), secret)
     error = _error(RuntimeError(_spark_text(report)), secret)
     assert isinstance(error, LaunchError) and str(error) == "the node could not start its ranks"
     cause = error.__cause__

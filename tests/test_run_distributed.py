@@ -236,6 +236,21 @@ def test_timeout_distributed(spark_session: Any, no_leftovers: None) -> None:
     assert time.monotonic() - start < 40
 
 
+def rank1_returns_rank0_hangs() -> None:
+    if os.environ["RANK"] == "0":
+        time.sleep(600)
+
+
+def test_a_distributed_timeout_names_only_the_ranks_still_running(spark_session: Any, no_leftovers: None) -> None:
+    """Rank 1 returns at once, rank 0 runs past the timeout: each node says how its ranks ended,
+    and the error names rank 0 alone as stopped while still running."""
+    from spark_torch import RunTimeoutError
+
+    with pytest.raises(RunTimeoutError, match=r"exceeded timeout=10s; the Spark job was cancelled; rank 0 was still running and stopped") as info:
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=10).run(rank1_returns_rank0_hangs)
+    assert [s.rank for s in info.value.stopped] == [0] and "Stopped while still running: rank 0\n" in str(info.value) + "\n"
+
+
 @pytest.mark.slow
 def test_user_module_not_importable_on_executors(cluster_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
     """A function from a module only the driver can import (a notebook's folder) is shipped by value."""

@@ -122,6 +122,21 @@ def test_rank_os_exit(no_leftovers: None) -> None:
         Distributor(num_processes=2).run(exits_hard, 3)
 
 
+def rank0_exits_without_a_result() -> None:
+    os._exit(0)
+
+
+def test_a_rank_0_that_wrote_no_result_raised_nothing(no_leftovers: None) -> None:
+    """A rank 0 that exits 0 without its result failed, but raised no exception: the error says
+    what happened and carries no invented cause."""
+    with pytest.raises(DistributedRunError) as info:
+        Distributor(num_processes=1).run(rank0_exits_without_a_result)
+    assert str(info.value).startswith(
+        "rank 0 on "
+    ) and "failed: exited with code 0: it wrote no result (did the function call os._exit(0)?)" in str(info.value)
+    assert info.value.__cause__ is None and info.value.failures[0].exc_type is None
+
+
 @pytest.mark.parametrize("warm_start", [True, False], ids=["warm", "cold"])
 def test_rank_sigkill(warm_start: bool, no_leftovers: None) -> None:
     """A rank killed by a signal is reported so, through its keeper (which ends as the rank did)."""

@@ -21,7 +21,7 @@ from spark_torch.channel.transport import RateLimitedLog
 from spark_torch.failure_reports import FailureReport, merge_reports, report_from_dict
 from spark_torch.lines import RankOutput
 from spark_torch.spec import ChannelSpec
-from spark_torch.states import StopReason
+from spark_torch.states import NodeEnd, StopReason
 
 __all__ = ["DriverChannel", "new_secret"]
 
@@ -65,6 +65,8 @@ class DriverChannel:
         self.reports = reports
         #: failure reports the nodes sent over the channel (authenticated), by node
         self.failures: dict[int, FailureReport] = {}
+        #: how each node's ranks ended, as the node said before its last line (by node)
+        self.ends: dict[int, NodeEnd] = {}
         #: where the nodes' bulk data goes (rank 0's result)
         self.bulk_sink = bulk_sink
         #: receives each node's progress snapshots (stall detection)
@@ -164,6 +166,10 @@ class DriverChannel:
             with self._lock:  # a node's later report (with the ranks' last lines) completes its first
                 earlier = self.failures.get(node)
                 self.failures[node] = report if earlier is None else merge_reports([report, earlier]) or report
+        elif "end" in message:
+            end = NodeEnd.from_wire(message["end"])
+            with self._lock:
+                self.ends[node] = end
         elif "report" in message:
             if self.reports is None:
                 raise ValueError("a report, but this run has no report coordinator")
@@ -260,6 +266,11 @@ class DriverChannel:
         with self._lock:
             self._stop_reason = reason
         self._server.broadcast({"stop": reason.value})
+
+    def node_ends(self) -> dict[int, NodeEnd]:
+        """How each node that said so ended its ranks, by node."""
+        with self._lock:
+            return dict(self.ends)
 
     def wait_for_nodes(self, timeout: float) -> bool:
         """Wait (bounded) until every node that ever attached sent its last line."""

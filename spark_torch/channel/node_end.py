@@ -15,7 +15,7 @@ from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousResult, pa
 from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
 from spark_torch.failure_reports import FailureReport, report_to_dict
 from spark_torch.spec import ChannelSpec
-from spark_torch.states import RankState
+from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal
 
 __all__ = ["NodeChannel"]
 
@@ -25,7 +25,8 @@ class NodeChannel:
 
     Call it as a line sink (``channel(rank, stream, block)``); ``rank_event`` feeds the driver's
     live status. ``stop`` is set when the driver says stop (only here: the rendezvous waits on
-    the client's condition for it).
+    the client's condition for it); a :class:`~spark_torch.states.StopSignal` also keeps the
+    driver's reason.
     """
 
     def __init__(self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event) -> None:
@@ -102,6 +103,12 @@ class NodeChannel:
         if timeout is not None:
             self._client.drain(timeout)
 
+    def send_end(self, end: NodeEnd) -> None:
+        """How this node's ranks ended (each rank's state, the stop reason it acted on), for the
+        driver; sent before the channel closes, so the driver has it when the node's last line came."""
+        if not self._detached and self.connected_ever:
+            self._client.send({"end": end.to_wire()})
+
     def send_progress(self, stacks: list[dict[str, Any]]) -> None:
         """This node's ranks' progress and stacks (stall detection), for the driver."""
         if not self._detached:
@@ -146,7 +153,10 @@ class NodeChannel:
                 self._client.cond.notify_all()
         elif "stop" in message:
             with self._client.cond:  # wakes a rendezvous waiting for the decision
-                self._stop.set()
+                if isinstance(self._stop, StopSignal):
+                    self._stop.request(StopReason.parse(message["stop"]))
+                else:
+                    self._stop.set()
                 self._client.cond.notify_all()
         elif "traces" in message:
             if self.on_trace_request is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
-from spark_torch.reporting.run_log import AttemptEndRow, Outcome, read_calls
+from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
 from spark_torch.states import ValueEnum
 
@@ -183,14 +183,8 @@ class AttemptRecord:
         return str(why) if why is not None else None
 
     def __str__(self) -> str:
-        text = f"attempt {self.attempt}: {self.world_size} rank(s) on {self.nodes} node(s), {self.reason}"
-        if self.size_note:
-            text += f" ({self.size_note})"
-        if self.end is not None:
-            text += f"; {self.end}"
-        if self.detail:
-            text += f": {self.detail}"
-        return text
+        end = str(self.end) if self.end is not None else None
+        return attempt_line(self.attempt, self.world_size, self.nodes, str(self.reason), self.size_note, end, self.detail)
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,7 +32,7 @@ from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
-from spark_torch.states import ProblemKind
+from spark_torch.states import ProblemKind, StopSignal
 from spark_torch.version import package_identity
 from spark_torch.workdir_files import WorkdirFiles
 
@@ -58,8 +57,9 @@ class NodeIO(Protocol):
     host: str
     #: the host the ranks' master (node 0) listens on
     master_host: str
-    #: set from outside to stop the ranks (timeout, cancellation, another node failed)
-    stop: threading.Event
+    #: requested from outside to stop the ranks, with the reason (timeout, stall, cancellation,
+    #: another node failed, growing): the node's result reports the reason it acted on
+    stop: StopSignal
 
     def rendezvous(self, hello: dict[str, Any]) -> list[dict[str, Any]] | None:
         """Every node's hello in node order; None if the run was stopped meanwhile. Raises
@@ -104,11 +104,10 @@ class NodeResult:
         return FailureReport(failures=self.group.failures, pickled={r: p for r, p in self.group.pickled.items() if p})
 
     @staticmethod
-    def problem_report(problem: NodeProblem, rank: int, host: str) -> FailureReport:
-        """A problem of this node before its ranks ran, as the report the driver reads (named
-        after the node's first rank)."""
-        failure = RankFailure(rank=rank, host=host, exc_type=problem.kind.value, exc_message=problem.message)
-        return FailureReport(failures=(failure,), kind=problem.kind)
+    def problem_report(problem: NodeProblem) -> FailureReport:
+        """A problem of this node before its ranks ran, as the report the driver reads: its kind
+        and message (no rank failed)."""
+        return FailureReport(problem=(problem.kind, problem.message))
 
 
 def host_of(task_address: str) -> str:

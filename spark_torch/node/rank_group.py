@@ -1,4 +1,4 @@
-"""The node runner: start one node's ranks, pump their output, wait, collect, clean up.
+"""The rank group: start one node's ranks, pump their output, wait, collect, clean up.
 
 Called by the node runner (:mod:`spark_torch.node.lifecycle`) on the driver (local mode) and inside a
 Spark barrier task (distributed mode). It imports neither pyspark nor torch; ranks are started
@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spark_torch import envnames, rank_files
 from spark_torch.errors import RankFailure
@@ -30,9 +30,10 @@ from spark_torch.node.processes import (
 from spark_torch.node.progress import ProgressWatch, sample_interval
 from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir
+from spark_torch.rank_files import RankError
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import FILE_ARGUMENT, RunSpec
-from spark_torch.states import RankState, ValueEnum
+from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal, ValueEnum
 from spark_torch.workdir_files import StorageFile, WorkdirFiles
 
 __all__ = [
@@ -41,8 +42,6 @@ __all__ = [
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
 SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
-#: SIGTERM to SIGKILL; after Ctrl-C (or another exception in the node runner), a shorter grace
-GRACE_SECONDS, INTERRUPT_GRACE_SECONDS = RANK_GRACE_SECONDS, INTERRUPT_GRACE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,6 @@ class GroupState(ValueEnum):
     STOPPED = "stopped"
 
 
-
 @dataclass(frozen=True)
 class RankStatus:
     """One rank of the node at the end: its state, what it printed last, and for a failed
@@ -110,6 +108,12 @@ class GroupResult:
     result_file: str | None = None
     #: per failed rank, its pickled exception (base64) when it wrote one
     pickled: dict[int, str | None] = field(default_factory=dict)
+    #: why the group was stopped from outside, as the node's stop said (None: not stopped, or unknown)
+    stop_reason: StopReason | None = None
+
+    def end(self) -> NodeEnd:
+        """What the node tells the driver about how its ranks ended."""
+        return NodeEnd({status.rank: status.state for status in self.ranks}, self.stop_reason)
 
     @property
     def failures(self) -> tuple[RankFailure, ...]:
@@ -167,24 +171,19 @@ def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
     return with_package_on_path(env)
 
 
-def _failure(spec: NodeSpec, proc: RankProcess, result_dir: str, failed_at: float) -> RankFailure:
+def _failure(spec: NodeSpec, proc: RankProcess, error: RankError | None, failed_at: float) -> RankFailure:
     code = proc.popen.returncode
-    report = (
-        rank_files.read_error(result_dir, proc.rank)
-        or rank_files.read_elastic_error(WorkdirFiles(result_dir).elastic_error(proc.rank))
-        or {}
-    )
     return RankFailure(
         rank=proc.rank,
         host=spec.host,
         exit_code=code if code is not None and code >= 0 else None,
         signal_name=signal_name(code),
-        exc_type=report.get("exc_type"),
-        exc_message=report.get("exc_message"),
-        traceback=report.get("traceback"),
+        exc_type=error.exc_type if error is not None else None,
+        exc_message=error.exc_message if error is not None else None,
+        traceback=error.traceback if error is not None else None,
         last_lines=tuple(proc.tail),
         started_at=proc.started_at,
-        failed_at=float(report["time"]) if isinstance(report.get("time"), (int, float)) else failed_at,
+        failed_at=error.time if error is not None and error.time is not None else failed_at,
     )
 
 
@@ -221,7 +220,8 @@ class RankGroup:
         self._pickled: dict[int, str | None] = {}
         self._failure: RankFailure | None = None  # the first failure :meth:`wait` saw
         self._stopped_from_outside = False  # :meth:`wait` returned because ``stop`` was set
-        self._running_at_stop: set[int] = set()  # the ranks that stop found running (stopped, whatever their exit)
+        self._running_at_stop: set[int] = set()
+        self._stop_reason: StopReason | None = None  # the ranks that stop found running (stopped, whatever their exit)
         #: each rank's state once its process exited
         self._states: dict[int, RankState] = {}
         self._procs: list[RankProcess] = []
@@ -328,9 +328,10 @@ class RankGroup:
             self._progress.start()
 
     # wait
-    def wait(self, stop: threading.Event | None = None) -> None:
+    def wait(self, stop: StopSignal | None = None) -> None:
         """Until every rank exited, the first failed (reported at once through ``on_failure``),
-        or ``stop`` is set (the ranks still running are then the ones stopped from outside)."""
+        or ``stop`` is set (the ranks still running are then the ones stopped from outside, for
+        the stop's reason)."""
         spec, path = self.spec, self._workdir.path
         seen = 0
         with self._changed:
@@ -339,7 +340,7 @@ class RankGroup:
                     # exits that already happened count first: a run that finished right at
                     # its deadline is a success, not a timeout
                     if stop is not None and stop.is_set():
-                        self._stopped_from_outside = True
+                        self._stopped_from_outside, self._stop_reason = True, stop.reason
                         break
                     # wake up for exits right away; re-check ``stop`` a few times a second
                     self._changed.wait(timeout=0.2 if stop is not None else None)
@@ -347,19 +348,21 @@ class RankGroup:
                 proc, when = self._exited[seen]
                 seen += 1
                 if proc.popen.returncode != 0:
-                    blob = (rank_files.read_error(path, proc.rank) or {}).get("pickled")
+                    error = rank_files.read_rank_error(path, proc.rank)  # read once, typed
+                    blob = error.pickled if error is not None else None
+                    failure = _failure(spec, proc, error, when)
                     if self._on_failure is not None:  # at once: the rest of the gang is failing now too
-                        self._on_failure(_failure(spec, proc, path, when), blob)
+                        self._on_failure(failure, blob)
                     for pump in proc.pumps:
                         pump.join(timeout=2.0)
-                    self._failure = _failure(spec, proc, path, when)
+                    self._failure = replace(failure, last_lines=tuple(proc.tail))  # with the lines pumped since
                     self._pickled[proc.rank] = blob
                     break
             if self._stopped_from_outside:  # what still runs now is what the stop ends
                 self._running_at_stop = {proc.rank for proc in self._procs if proc.popen.poll() is None}
 
     # stop
-    def stop(self, grace: float = GRACE_SECONDS) -> None:
+    def stop(self, grace: float = RANK_GRACE_SECONDS) -> None:
         """Stop every rank still running (their whole trees: SIGTERM, ``grace``, SIGKILL) and
         join their output pumps. Idempotent."""
         if self._stopped:
@@ -381,15 +384,15 @@ class RankGroup:
             if os.path.isfile(path):
                 return GroupResult(GroupState.SUCCEEDED, self._statuses(None), result_file=path)
             failure = RankFailure(
-                rank=0, host=spec.host, exit_code=0, exc_type="RuntimeError",
-                exc_message="rank 0 exited with code 0 but wrote no result (did the function call os._exit(0)?)",
+                rank=0, host=spec.host, exit_code=0,  # it raised nothing: no exception type to name
+                exc_message="it wrote no result (did the function call os._exit(0)?)",
                 last_lines=tuple(self._procs[0].tail), failed_at=time.time(),
             )  # fmt: skip
         if failure is not None:
             state = GroupState.FAILED
         else:
             state = GroupState.STOPPED if self._stopped_from_outside else GroupState.SUCCEEDED
-        return GroupResult(state, self._statuses(failure), pickled=dict(self._pickled))
+        return GroupResult(state, self._statuses(failure), pickled=dict(self._pickled), stop_reason=self._stop_reason)
 
     def _statuses(self, failure: RankFailure | None) -> tuple[RankStatus, ...]:
         with self._changed:
@@ -410,7 +413,7 @@ def run_ranks(
     on_lines: RankOutput,
     workdir: NodeWorkdir,
     *,
-    stop: threading.Event | None = None,
+    stop: StopSignal | None = None,
     reports: NodeReports | None = None,
     on_failure: Callable[[RankFailure, str | None], None] | None = None,
     on_progress: Callable[[list[dict[str, object]]], None] | None = None,

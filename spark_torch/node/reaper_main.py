@@ -26,7 +26,6 @@ from spark_torch.node.process_tree import GroupRef, terminate_trees
 __all__ = ["main", "parse_line"]
 
 #: the node runner's own grace (the driver waits for that long: :mod:`spark_torch.grace`)
-GRACE_SECONDS = RANK_GRACE_SECONDS
 
 
 def parse_line(line: str) -> GroupRef | None:
@@ -57,7 +56,7 @@ def main(argv: list[str]) -> int:
             groups.append(ref)
     if last == "done":
         return 0
-    terminate_trees(groups, GRACE_SECONDS, marker=marker)
+    terminate_trees(groups, RANK_GRACE_SECONDS, marker=marker)
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

@@ -39,12 +39,11 @@ from spark_torch import rank_files
 from spark_torch.errors import LaunchError
 from spark_torch.rank_files import ResultBytes
 from spark_torch.spec import RunSpec
+from spark_torch.workdir_files import WorkdirFiles
 
 __all__ = [
     "prepare_result_dir",
     "RESULT_SCHEMA",
-    "RESULT_FILE",
-    "STREAMED_RESULT_FILE",
     "BulkSender",
     "deliver",
     "node_rows",
@@ -59,16 +58,10 @@ FINISHED_SEQ = -1
 HANDED_OVER_SEQ = -2
 CHANNEL_ERROR_SEQ = -3
 STREAMED_SEQ = -4
-#: the name of rank 0's result in the driver's result_dir (handed over by file)
-RESULT_FILE = "rank-0.result"
-#: the file the driver writes what node 0 streams over the channel
-STREAMED_RESULT_FILE = "rank-0.streamed-result"
 #: how long the channel may go without taking a piece of the result before Spark carries it
 STREAM_STALL_SECONDS = 60.0
 #: a piece of the result through Spark
 CHUNK_SIZE = 16 * 1024 * 1024
-#: the token file in the driver's result_dir
-TOKEN_FILE = ".spark_torch_result_dir"
 
 
 class BulkSender(Protocol):
@@ -93,7 +86,7 @@ def prepare_result_dir(path: str) -> str:
     """Driver side: mark the (0700) ``path`` as this run's result directory; returns the token
     for the run spec."""
     token = secrets.token_hex(16)
-    fd = os.open(os.path.join(path, TOKEN_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(WorkdirFiles(path).result_token(), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="ascii") as fh:
         fh.write(token)
     return token
@@ -111,7 +104,7 @@ def _is_the_drivers(result_dir: str, token: str) -> bool:
         info = os.lstat(result_dir)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
             return False
-        fd = os.open(os.path.join(result_dir, TOKEN_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(WorkdirFiles(result_dir).result_token(), os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "r", encoding="ascii", errors="replace") as fh:
             return hmac.compare_digest(fh.read(64), token)
     except OSError:
@@ -122,7 +115,7 @@ def _hand_over(result_file: str, result_dir: str | None, token: str) -> int | No
     """Move the result into the driver's ``result_dir`` if this host sees it; returns its size."""
     if not result_dir or not _is_the_drivers(result_dir, token) or not os.access(result_dir, os.W_OK):
         return None
-    target = os.path.join(result_dir, RESULT_FILE)
+    target = WorkdirFiles(result_dir).handed_over_result()
     try:
         size = os.path.getsize(result_file)
         try:
@@ -300,7 +293,7 @@ def assemble(stage: StageRows, result_dir: str | None, streamed: StreamedResult 
         return rank_files.map_file(streamed.path)
     if rows and rows[0][0] == HANDED_OVER_SEQ:
         size = int(data[rows[0][1]].as_py().decode("ascii"))
-        path = os.path.join(result_dir or "", RESULT_FILE)
+        path = WorkdirFiles(result_dir or "").handed_over_result()
         try:
             result = rank_files.map_file(path)
         except OSError as exc:

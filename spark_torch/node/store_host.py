@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping
 
 from spark_torch.envnames import PARENT_PID, SCRUBBED, TORCHELASTIC_USE_AGENT_STORE
+from spark_torch.grace import STORE_HOST_GRACE_SECONDS
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.processes import with_package_on_path
 from spark_torch.node.template.client import WarmProcess, warm_spawn
@@ -34,8 +35,6 @@ STORE_MODULE = "spark_torch.node.store_host_main"
 READY_SECONDS = 10.0
 #: a cold store host imports torch first
 COLD_READY_SECONDS = 60.0
-#: the store holds no user state: it gets little time to exit on SIGTERM
-STOP_GRACE_SECONDS = 2.0
 
 
 class StoreHost:
@@ -54,11 +53,11 @@ class StoreHost:
         """Stop the store like a rank (SIGTERM, a short grace, SIGKILL) and reap it, bounded.
         Also when its template went away first (it reports the store as lost, the store may
         still run): the process is found by pid and creation time, never a reused pid."""
-        terminate_trees([(self.process.pid, self.created)], grace=STOP_GRACE_SECONDS)
+        terminate_trees([(self.process.pid, self.created)], grace=STORE_HOST_GRACE_SECONDS)
         if self.process.poll() is not None:
             return
         try:
-            self.process.wait(STOP_GRACE_SECONDS)
+            self.process.wait(STORE_HOST_GRACE_SECONDS)
         except subprocess.TimeoutExpired:
             logger.warning("spark_torch: the rendezvous store host %d did not exit after SIGKILL", self.process.pid)
 

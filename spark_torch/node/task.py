@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,7 +32,7 @@ from spark_torch.node.storage_check import storage_hello, storage_needed, storag
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.spec import RunSpec
-from spark_torch.states import ProblemKind, RankState
+from spark_torch.states import NodeEnd, ProblemKind, RankState, StopSignal
 
 __all__ = ["run_barrier_task", "BarrierIO", "NodeFailed"]
 
@@ -69,7 +68,7 @@ class BarrierIO:
         self.master_host = host_of(infos[0].address)
         self.host = host_of(infos[self.node_rank].address) or socket.gethostname()
         self.first_rank = self.node_rank * spec.plan.procs_per_node
-        self.stop = threading.Event()
+        self.stop = StopSignal()
         self.channel = (
             NodeChannel(spec.channel, self.node_rank, spec.plan.num_nodes, self.stop) if spec.channel is not None else None
         )
@@ -166,7 +165,7 @@ class BarrierIO:
 
     def fail(self, problem: NodeProblem) -> NodeFailed:
         """The task exception for a problem of this node before its ranks ran."""
-        report = NodeResult.problem_report(problem, self.first_rank, self.host)
+        report = NodeResult.problem_report(problem)
         return NodeFailed(f"{problem.message}\n{self._encode(report)}")
 
     def failed(self, report: FailureReport) -> NodeFailed:
@@ -203,6 +202,8 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
             channel_error = io.channel_error()
             if group is not None and group.state is GroupState.FAILED:
                 raise io.failed(hosted.failure_report())
+            if io.channel is not None:  # how its ranks ended, and the stop's reason when stopped
+                io.channel.send_end(group.end() if group is not None else NodeEnd(stop=io.stop.reason))
             finished = group is not None and group.state is GroupState.SUCCEEDED
             if finished and group is not None and group.result_file is not None:
                 delivered = result_transfer.deliver(spec, group.result_file, io.channel)

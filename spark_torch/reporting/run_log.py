@@ -25,7 +25,7 @@ from spark_torch.reporting.storage import RUN_LOG, RunStorage, run_ids
 from spark_torch.states import ValueEnum
 
 __all__ = [
-    "Outcome", "AttemptEndRow", "CallRecord", "KEEP_UNREPORTED_RUNS", "call_row", "attempt_row", "end_row", "read_calls",
+    "Outcome", "AttemptEndRow", "CallRecord", "KEEP_UNREPORTED_RUNS", "call_row", "attempt_row", "attempt_line", "end_row", "read_calls",
     "prune_unreported",
 ]
 
@@ -67,12 +67,18 @@ class AttemptEndRow:
     detail: str | None = None
 
     def __str__(self) -> str:
-        text = f"attempt {self.attempt}: {self.world_size} rank(s) on {self.nodes} node(s), {self.reason}"
-        if self.size:
-            text += f" ({self.size})"
-        text += f"; {self.end}"
-        why = self.error or self.detail
-        return text + (f": {why}" if why else "")
+        return attempt_line(self.attempt, self.world_size, self.nodes, self.reason, self.size, self.end, self.error or self.detail)
+
+
+def attempt_line(attempt: int, world_size: int, nodes: int, reason: str, size: str, end: str | None, detail: str | None) -> str:
+    """An attempt in one line, the one spelling of ``spark-torch runs`` and ``AttemptRecord``:
+    ``attempt 1: 4 rank(s) on 2 node(s), restart (why its size); how it ended: its error``."""
+    text = f"attempt {attempt}: {world_size} rank(s) on {nodes} node(s), {reason}"
+    if size:
+        text += f" ({size})"
+    if end:
+        text += f"; {end}"
+    return text + (f": {detail}" if detail else "")
 
 
 @dataclass(frozen=True)

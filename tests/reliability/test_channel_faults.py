@@ -15,7 +15,7 @@ from spark_torch.channel.driver_end import new_secret
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import DEAD_AFTER
 from spark_torch.spec import ChannelSpec
-from spark_torch.states import StopReason
+from spark_torch.states import ProblemKind, StopReason
 
 from ..netproxy import Proxy
 from .channel_helpers import driver_channel as _driver
@@ -229,7 +229,8 @@ def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any
     finally:
         node.close()
     report = decode_report(str(node.fail(info.value)), channel.secret)
-    assert report is not None and report.kind == "LaunchError"
-    message = report.failures[0].exc_message or ""
+    assert report is not None and report.problem is not None and not report.failures
+    kind, message = report.problem
+    assert kind is ProblemKind.LAUNCH
     assert f"127.0.0.1:{channel.port}" in message and "allGather fallback did not complete within 1s" in message
     assert "Connection refused" in message and "SPARK_TORCH_CHANNEL_HOST" in message

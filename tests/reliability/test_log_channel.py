@@ -17,7 +17,7 @@ from spark_torch.channel.log_stream import QUEUE_LINES
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.wire import MAX_FRAME
 from spark_torch.spec import ChannelSpec
-from spark_torch.states import StopReason
+from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal
 
 from .channel_helpers import driver_channel as _driver
 from .channel_helpers import rendezvous_all
@@ -220,3 +220,23 @@ def test_client_reconnects_after_connection_drop() -> None:
         assert [t for t in texts if t.startswith("after")] == [f"after {i}" for i in range(100)]
     finally:
         server.close()
+
+
+def test_the_stop_reason_reaches_the_node_and_its_end_comes_back() -> None:
+    """The driver's reason travels with its stop; the node's end (each rank's state, the reason
+    it acted on) arrives before its last line."""
+    driver, _ = _driver()
+    stop = StopSignal()
+    try:
+        node = _node(driver.spec, stop=stop)
+        assert node.wait_attached(10), "the node did not attach to the driver within 10 s"
+        driver.stop_nodes(StopReason.STALLED)
+        assert stop.wait(10), "the driver's stop did not reach the node within 10 s"
+        assert stop.reason is StopReason.STALLED
+        end = NodeEnd({0: RankState.FINISHED, 1: RankState.STOPPED}, stop.reason)
+        node.send_end(end)
+        node.close()
+        assert driver.wait_for_nodes(timeout=10), "the node's last line did not reach the driver within 10 s"
+        assert driver.ends == {0: end}
+    finally:
+        driver.close()

@@ -22,6 +22,7 @@ from spark_torch.driver.run.outcome import (
     SparkJobFailed,
     Stacks,
     StallVerdict,
+    still_running,
 )
 from spark_torch.errors import (
     ConfigurationError,
@@ -42,16 +43,22 @@ def _failure(rank: int = 1) -> RankFailure:
     return RankFailure(rank=rank, host="h", exc_type="ValueError", exc_message="bad batch", failed_at=1.0)
 
 
+def test_a_node_problem_is_the_users_error_with_its_message_and_no_invented_cause() -> None:
+    for kind, error_type in ((ProblemKind.LAUNCH, LaunchError), (ProblemKind.CONFIGURATION, ConfigurationError)):
+        error = attempt_error(AttemptOutcome.ended(RanksFailed(FailureReport(problem=(kind, "the script is missing; ship it")))))
+        assert type(error) is error_type and str(error) == "the script is missing; ship it" and error.__cause__ is None
+
+
 def test_each_cause_has_its_end_and_its_error() -> None:
     cases: list[tuple[object, AttemptEnd, type[BaseException]]] = [
         (RanksFailed(FailureReport(failures=(_failure(),))), AttemptEnd.FAILED, DistributedRunError),
         (
-            RanksFailed(FailureReport(failures=(_failure(0),), kind=ProblemKind.LAUNCH)),
+            RanksFailed(FailureReport(problem=(ProblemKind.LAUNCH, "no script"))),
             AttemptEnd.LAUNCH_FAILED,
             LaunchError,
         ),
         (
-            RanksFailed(FailureReport(failures=(_failure(0),), kind=ProblemKind.CONFIGURATION)),
+            RanksFailed(FailureReport(problem=(ProblemKind.CONFIGURATION, "bad shards"))),
             AttemptEnd.MISCONFIGURED,
             ConfigurationError,
         ),
@@ -139,12 +146,14 @@ def test_spark_text_is_classified_and_chained_without_java() -> None:
     assert isinstance(error.__cause__, SparkJobError) and "\tat " not in str(error.__cause__)
 
 
-def test_a_problem_kind_travels_as_its_value_and_an_unknown_one_is_malformed() -> None:
-    report = FailureReport(failures=(_failure(0),), kind=ProblemKind.CONFIGURATION)
+def test_a_node_problem_travels_as_its_kind_and_message_and_an_unknown_kind_is_malformed() -> None:
+    report = FailureReport(problem=(ProblemKind.CONFIGURATION, "bad shards"))
     data = report_to_dict(report)
-    assert data["kind"] == "ConfigurationError" and report_from_dict(data).kind is ProblemKind.CONFIGURATION
-    with pytest.raises(ValueError):
-        report_from_dict({**data, "kind": "SomethingElse"})
+    assert data["problem"] == ["ConfigurationError", "bad shards"] and data["failures"] == []
+    assert report_from_dict(data) == report and report_from_dict(data).kind is ProblemKind.CONFIGURATION
+    for malformed in (["SomethingElse", "bad shards"], ["ConfigurationError"], "ConfigurationError: bad shards"):
+        with pytest.raises(ValueError):
+            report_from_dict({**data, "problem": malformed})
     assert StopReason.parse("timeout") is StopReason.TIMEOUT and StopReason.parse("nonsense") is None
     assert RankState("failed") is RankState.FAILED and str(RankState.STOPPED) == "stopped"
 
@@ -179,3 +188,9 @@ def test_background_call_keeps_the_value_the_error_and_waits_with_a_deadline() -
     assert time.monotonic() - start < 5.0
     release.set()
     assert slow.wait(5.0) and slow.value is True
+
+
+def test_a_timeout_says_which_ranks_it_found_running() -> None:
+    assert still_running((StoppedRank(0, "h"),)) == "rank 0 was still running and stopped"
+    assert still_running((StoppedRank(0, None), StoppedRank(3, None))) == "ranks 0, 3 were still running and stopped"
+    assert still_running(()).startswith("no rank was running")

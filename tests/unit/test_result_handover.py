@@ -12,6 +12,7 @@ import pytest
 
 from spark_torch.node import result_transfer
 from spark_torch.spec import LaunchPlan, RunSpec
+from spark_torch.workdir_files import WorkdirFiles
 
 SPEC = RunSpec(plan=LaunchPlan(local_mode=False, num_nodes=1, procs_per_node=1, use_gpu=False), run_id="t")
 
@@ -33,7 +34,7 @@ def test_the_drivers_directory_gets_the_result(tmp_path: Path) -> None:
     directory, token = _driver_dir(tmp_path)
     spec = replace(SPEC, result_dir=str(directory), result_token=token)
     assert result_transfer.deliver(spec, _result(tmp_path), None) == (result_transfer.HANDED_OVER_SEQ, 14)
-    assert (directory / result_transfer.RESULT_FILE).read_bytes() == b"pickled result"
+    assert Path(WorkdirFiles(str(directory)).handed_over_result()).read_bytes() == b"pickled result"
 
 
 @pytest.mark.parametrize("case", ["no token file", "another token", "no token in the spec", "open to others", "a symlink"])
@@ -41,7 +42,7 @@ def test_any_other_directory_at_that_path_is_never_written(tmp_path: Path, case:
     directory, token = _driver_dir(tmp_path)
     target = directory
     if case == "no token file":
-        (directory / result_transfer.TOKEN_FILE).unlink()
+        Path(WorkdirFiles(str(directory)).result_token()).unlink()
     elif case == "another token":
         token = "0" * 32
     elif case == "no token in the spec":
@@ -54,4 +55,4 @@ def test_any_other_directory_at_that_path_is_never_written(tmp_path: Path, case:
     spec = replace(SPEC, result_dir=str(target), result_token=token)
     result = _result(tmp_path)
     assert result_transfer.deliver(spec, result, None) is None  # it goes through Spark instead
-    assert not (directory / result_transfer.RESULT_FILE).exists() and os.path.exists(result)
+    assert not os.path.exists(WorkdirFiles(str(directory)).handed_over_result()) and os.path.exists(result)

@@ -42,6 +42,8 @@ def _every_path(files: WorkdirFiles, rank: int) -> dict[str, str]:
         "trace_request": trace_request_path(stack),
         "native": native_dump_path(stack),
         "child": child_stack_path(stack, 4242),
+        "streamed_result": files.streamed_result(),
+        "result_token": files.result_token(),
     }
 
 
@@ -68,6 +70,8 @@ def test_the_names_on_disk_are_unchanged(tmp_path: Path) -> None:
         "checkpoint": "checkpoint",
         "result": "rank-2.result",
         "error": "rank-2.error.json",
+        "streamed_result": "rank-0.streamed-result",
+        "result_token": ".spark_torch_result_dir",
         "elastic_error": "rank-2.torchelastic-error.json",
         "stack": "stack-2.json",
         "trace": "stack-2.json.trace",
@@ -97,7 +101,14 @@ def test_rank_files_write_where_the_contract_says(tmp_path: Path) -> None:
     rank_files.write_result(str(tmp_path), 1, {"loss": 0.5})
     rank_files.write_error(str(tmp_path), 2, ValueError("bad"))
     assert os.path.isfile(files.result(1)) and os.path.isfile(files.error(2))
-    assert (rank_files.read_error(str(tmp_path), 2) or {})["exc_message"] == "bad"
+    error = rank_files.read_rank_error(str(tmp_path), 2)
+    assert error is not None and error.exc_type == "ValueError" and error.exc_message == "bad" and error.pickled
+    assert rank_files.read_rank_error(str(tmp_path), 1) is None  # rank 1 wrote no error
+    # a rank that wrote none of its own: what torch's @record wrote, read the same way
+    extra = {"py_callstack": "Traceback ...\nValueError: boom\n"}
+    Path(files.elastic_error(1)).write_text(json.dumps({"message": {"message": "ValueError: boom", "extraInfo": extra}}))
+    recorded = rank_files.read_rank_error(str(tmp_path), 1)
+    assert recorded == rank_files.RankError(exc_type="ValueError", exc_message="boom", traceback=extra["py_callstack"])
     assert stat.S_IMODE(os.stat(files.error(2)).st_mode) == 0o600
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 from dataclasses import replace
 from typing import Any
@@ -23,7 +22,14 @@ from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.endpoints import ChannelEndpoint
 from spark_torch.driver.run.failures import spark_failure_cause
 from spark_torch.driver.run.membership import GrowWatch
-from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRequested, Interrupted, RanksStopped
+from spark_torch.driver.run.outcome import (
+    AttemptOutcome,
+    DriverProblem,
+    GrowRequested,
+    Interrupted,
+    RanksStopped,
+    still_running,
+)
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
@@ -36,7 +42,8 @@ from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.spec import RunSpec
-from spark_torch.states import ProblemKind, StopReason
+from spark_torch.states import ProblemKind, RankState, StopReason
+from spark_torch.workdir_files import WorkdirFiles
 
 __all__ = ["run_distributed", "completed_while_stopping"]
 
@@ -44,12 +51,6 @@ logger = logging.getLogger(__name__)
 
 #: after cancelling the Spark job, how long to wait for the job thread to return
 CANCEL_WAIT_SECONDS = 30.0
-#: after the driver stopped the nodes (timeout, Ctrl-C), how long they may take to stop their
-#: ranks gracefully before the Spark job is cancelled (derived from the nodes' grace)
-STOP_GRACE_SECONDS = DRIVER_STOP_WAIT_SECONDS
-#: after a failed job, how long to wait for the other nodes' failure reports over the channel,
-#: and for their ranks to stop before a restart (derived from the nodes' grace)
-FAILURE_REPORTS_SECONDS = DRIVER_STOP_WAIT_SECONDS
 #: after the job, how long to wait for the nodes' last lines
 DRAIN_SECONDS = 10.0
 
@@ -103,7 +104,7 @@ def run_distributed(
             # node 0 moves rank 0's result in here when it shares this host (or filesystem), or
             # streams it over the channel into a file here
             result_dir = cleanup.enter_context(NodeWorkdir(spec.run_id, 0, role="driver"))
-            streamed = result_transfer.StreamedResult(os.path.join(result_dir.path, result_transfer.STREAMED_RESULT_FILE))
+            streamed = result_transfer.StreamedResult(WorkdirFiles(result_dir.path).streamed_result())
             cleanup.callback(streamed.close)
             spec = replace(spec, result_dir=result_dir.path, result_token=result_transfer.prepare_result_dir(result_dir.path))
         stage = _BarrierStage(spark, spec, attempt, data, streamed)
@@ -199,7 +200,7 @@ class _BarrierStage:
         try:
             # the nodes give their ranks SIGTERM and a grace period; cancelling the Spark job
             # first would kill the Python workers, and with them the ranks, at once
-            channel.wait_for_nodes(timeout=STOP_GRACE_SECONDS)
+            channel.wait_for_nodes(timeout=DRIVER_STOP_WAIT_SECONDS)  # their ranks' grace, then cancel
         finally:
             cancel_tagged_job(self.spark, self.attempt.tag)
             self.job.wait(CANCEL_WAIT_SECONDS)
@@ -228,11 +229,22 @@ class _BarrierStage:
             self._cancel(StopReason.TIMEOUT)
             if completed_while_stopping(job.value, plan.num_nodes):
                 return None
-            running = tuple(StoppedRank(rank, None, attempt.tail(rank)) for rank in range(plan.world_size))
-            what = f"the Spark job was cancelled and the ranks of all {plan.num_nodes} node(s) were stopped"
+            running = tuple(StoppedRank(rank, None, attempt.tail(rank)) for rank in self._running_at_stop())
+            what = f"the Spark job was cancelled; {still_running(running)}"
             return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, running, what, stall.stacks()))
         finally:
             self._close_stall()
+
+    def _running_at_stop(self) -> list[int]:
+        """The ranks the stop found running, as their nodes said (each node's end, sent before its
+        last line); every rank of a node that did not say (it could not reach the channel)."""
+        ends, per_node = self._channel().node_ends(), self.plan.procs_per_node
+        return [
+            rank
+            for node in range(self.plan.num_nodes)
+            for rank in range(node * per_node, (node + 1) * per_node)
+            if node not in ends or ends[node].ranks.get(rank) is RankState.STOPPED
+        ]
 
     def _close_stall(self) -> None:
         stall, self.stall_open = self.stall, False
@@ -248,7 +260,7 @@ class _BarrierStage:
             return AttemptOutcome.ended(GrowRequested(self.grow.requested))
         if job.error is not None:
             channel.stop_nodes(StopReason.PEER_FAILED)  # the nodes Spark did not stop yet
-            channel.wait_for_nodes(timeout=FAILURE_REPORTS_SECONDS)  # other failed nodes' reports
+            channel.wait_for_nodes(timeout=DRIVER_STOP_WAIT_SECONDS)  # other failed nodes' reports, their ranks stopped
             assert spec.channel is not None
             return AttemptOutcome.ended(spark_failure_cause(job.error, spec.channel.secret, list(channel.failures.values())))
         channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # drain the last log lines

@@ -76,17 +76,15 @@ def _visible(exc: BaseException) -> SparkJobError:
 def error_from_report(report: FailureReport) -> BaseException:
     """The exception for a node's (or several merged nodes') failure report.
 
-    A node that could not start its ranks reports a ``kind``: LaunchError or ConfigurationError
-    with the node's message; failed ranks become a :class:`DistributedRunError` that leads with
+    A node that could not start its ranks reports its problem, ``(kind, message)``: LaunchError
+    or ConfigurationError with the node's message; failed ranks become a :class:`DistributedRunError` that leads with
     the earliest failure, caused by that rank's exception (unpickled only because the report is
     authenticated or was built in this process; else rebuilt from text when it is a builtin).
     """
-    failures = list(report.failures)
-    if report.kind is ProblemKind.LAUNCH:
-        return LaunchError(failures[0].exc_message if failures else "the ranks could not be started")
-    if report.kind is ProblemKind.CONFIGURATION:
-        return ConfigurationError(failures[0].exc_message if failures else "invalid input")
-    error = DistributedRunError(failures, report.headline)
+    if report.problem is not None:
+        kind, message = report.problem
+        return ConfigurationError(message) if kind is ProblemKind.CONFIGURATION else LaunchError(message)
+    error = DistributedRunError(list(report.failures), report.headline)
     if error.failures:
         root = error.failures[0]
         cause = rebuild_exception(root, report.pickled.get(root.rank))

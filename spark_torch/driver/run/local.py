@@ -1,4 +1,4 @@
-"""Local mode: every rank on the driver machine, one node runnered in this process.
+"""Local mode: every rank on the driver machine, the one node's runner in this process.
 
 The node runner (:func:`~spark_torch.node.lifecycle.run_node`) gets a :class:`LocalIO`: the
 rendezvous is this node alone, rank output goes straight to the driver's sink, report() steps
@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from spark_torch.driver.run.attempt import Attempt
-from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped, still_running
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
@@ -26,7 +26,7 @@ from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.rank_files import map_file
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.states import StopReason
+from spark_torch.states import StopReason, StopSignal
 
 __all__ = ["run_local", "LocalIO", "LOCAL_HOST"]
 
@@ -42,9 +42,7 @@ class LocalIO:
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
         self.host = socket.gethostname()
-        self.stop = threading.Event()
-        #: why the ranks were stopped (None: they ended by themselves)
-        self.stop_reason: StopReason | None = None
+        self.stop = StopSignal()
         self.stall = attempt.stall_watch(stop=self.stop_ranks)
         #: this attempt's report() coordinator, once the ranks' pipes exist
         self.coordinator: ReportCoordinator | None = None
@@ -74,10 +72,9 @@ class LocalIO:
         self.stall.request_traces = watch.request_traces
 
     def stop_ranks(self, reason: StopReason) -> None:
-        """Stop this attempt's ranks (the first reason given is the one kept)."""
-        if self.stop_reason is None:
-            self.stop_reason = reason
-        self.stop.set()
+        """Stop this attempt's ranks (the first reason given is the one kept, and the node's
+        result says it)."""
+        self.stop.request(reason)
 
     def time_is_up(self) -> None:
         """``timeout``: keep where the ranks are, then stop them."""
@@ -109,7 +106,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             note_stacks(interrupt, io.stall)
             return AttemptOutcome.ended(Interrupted(interrupt))
         except NodeProblem as problem:
-            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem, 0, io.host)))
+            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem)))
         finally:
             if timer is not None:
                 timer.cancel()
@@ -118,16 +115,11 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             io.stall.close()
         group = hosted.group
         assert group is not None  # a local rendezvous is never stopped
-        if group.state is GroupState.STOPPED and io.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
+        if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
             return AttemptOutcome.ended(io.stall.verdict())
         if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
-            running = group.still_running()
-            ranks = [str(status.rank) for status in running]
-            who = f"rank {ranks[0]} was" if len(ranks) == 1 else f"ranks {', '.join(ranks) or '(none)'} were"
-            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines) for s in running)
-            return AttemptOutcome.ended(
-                RanksStopped(attempt.run_timeout, stopped, f"{who} still running and stopped", io.stall.stacks())
-            )
+            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines) for s in group.still_running())
+            return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, stopped, still_running(stopped), io.stall.stacks()))
         if group.state is GroupState.FAILED:
             return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
         if group.result_file is None:

@@ -31,6 +31,7 @@ __all__ = [
     "Interrupted",
     "GrowRequested",
     "Stacks",
+    "still_running",
 ]
 
 _PROBLEM_ENDS = {ProblemKind.LAUNCH: AttemptEnd.LAUNCH_FAILED, ProblemKind.CONFIGURATION: AttemptEnd.MISCONFIGURED}
@@ -126,6 +127,15 @@ class RanksStopped:
     @property
     def end(self) -> AttemptEnd:
         return AttemptEnd.TIMED_OUT
+
+
+def still_running(ranks: tuple[StoppedRank, ...]) -> str:
+    """What a timeout stopped, for :attr:`RanksStopped.what` ("ranks 0, 1 were still running and stopped")."""
+    numbers = [str(stopped.rank) for stopped in ranks]
+    if not numbers:
+        return "no rank was running (the ranks had not started yet, or had ended)"
+    who = f"rank {numbers[0]} was" if len(numbers) == 1 else f"ranks {', '.join(numbers)} were"
+    return f"{who} still running and stopped"
 
 
 @dataclass(frozen=True)
