@@ -4,10 +4,12 @@ This package owns what is torchft-specific and below the driver: the replica-gro
 rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
 (:mod:`spark_torch.ft.lighthouse`), the torchft ``Manager`` wired to the run inside a rank
 (:func:`manager`, :mod:`spark_torch.ft.rank`) and the fix to torchft's DDP communication hook
-(:mod:`spark_torch.ft.ddp_fix`). It imports only spark_torch's shared modules, never pyspark; torchft
-itself is imported on first use, so spark_torch installs and imports without it (the ``[ft]`` extra
-installs it). The driver's side, one attempt loop per group, is
-:mod:`spark_torch.driver.api.replica_groups`. docs/fault-tolerance.md is the user's guide.
+(:mod:`spark_torch.ft.ddp_fix`). torchft itself is imported on first use, so spark_torch installs
+and imports without it (the ``[ft]`` extra installs it). The driver's side, one attempt loop per
+group, is :mod:`spark_torch.driver.api.replica_groups`. docs/fault-tolerance.md is the user's guide.
+
+May import: the channel, reporting and the shared top-level modules, never pyspark (``layers`` and
+``no-spark-below-node`` in pyproject.toml).
 """
 
 from __future__ import annotations

@@ -50,3 +50,18 @@ def test_an_upward_import_breaks_the_contracts(tmp_path: Path, module: str, upwa
     done = _lint(tmp_path, tmp_path)
     assert done.returncode != 0, done.stdout
     assert contract in done.stdout and "BROKEN" in done.stdout, done.stdout
+
+
+def test_every_package_says_what_it_may_import() -> None:
+    """docs/architecture.md: each sub-package's ``__init__.py`` says what the package may import
+    (the contracts in pyproject.toml enforce it)."""
+    import ast
+
+    silent = []
+    for init in sorted((ROOT / "spark_torch").rglob("__init__.py")):
+        if init.parent == ROOT / "spark_torch":
+            continue  # the package itself: the public API, lazily
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if not any(line.startswith("May import:") for line in doc.splitlines()):
+            silent.append(str(init.relative_to(ROOT)))
+    assert silent == [], f"no 'May import:' line in {silent}"
