@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+from spark_torch.bound_store import host_store
 from spark_torch.envnames import MASTER_ADDR, MASTER_PORT, RANK, TORCHELASTIC_USE_AGENT_STORE, WORLD_SIZE
 from spark_torch.ft import ddp_fix
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
@@ -59,33 +59,13 @@ def _servers_bound_to(host: str) -> Iterator[None]:
         torchft_manager.ManagerServer = original
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host:port`` only (as the node's store host binds its store:
-    ``spark_torch.node.store_host_main``, which this layer may not import)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def _store(rank: int, world_size: int, host: str, port: int, timeout: timedelta) -> Any | None:
     """The group's store: hosted by the node before the ranks started (warm starts), else hosted
     here by the group's rank 0 (as torch's ``env://`` would), on the node's address only (torch's
     own server would listen on every interface)."""
     if rank != 0 or os.environ.get(TORCHELASTIC_USE_AGENT_STORE) == "True":
         return None
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    sock = _listening_socket(host, port)
-    store = TCPStore(
-        host, port, world_size, True, timeout=timeout, wait_for_workers=False,
-        master_listen_fd=sock.detach(),  # torch owns the descriptor from here on
-    )  # fmt: skip
+    store = host_store(host, port, world_size, timeout)
     # a later init_process_group(env://) of this rank is then a client of it, as under torchrun
     os.environ[TORCHELASTIC_USE_AGENT_STORE] = "True"
     return store

@@ -4,7 +4,7 @@
 template, so torch is already imported, or started cold) starts torch's ``TCPStore`` server on
 ``HOST:PORT``, writes ``ready`` to its stdout and waits until it is stopped. The store (no
 authentication) listens on the node's own address only (loopback in local mode), never on every
-interface as torch's own server does: this process binds and listens itself and hands torch the
+interface as torch's own server does: it binds and listens itself and hands torch the
 socket (``master_listen_fd``). Ranks then run with
 ``TORCHELASTIC_USE_AGENT_STORE=True``: ``init_process_group`` connects every rank, rank 0
 included, as a client of this store.
@@ -22,26 +22,12 @@ import ctypes
 import datetime
 import os
 import signal
-import socket
 import sys
 
 from spark_torch import envnames
+from spark_torch.bound_store import host_store
 
 __all__ = ["main"]
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host:port`` only (``SO_REUSEADDR``, as the node's reservation of
-    the port has: the two share it)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _die_with_parent() -> None:
@@ -56,14 +42,8 @@ def _die_with_parent() -> None:
 def main(argv: list[str]) -> int:
     """Host the store on ``argv[2]:argv[0]`` for ``argv[1]`` ranks until SIGTERM/SIGKILL."""
     _die_with_parent()
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
     port, world_size, host = int(argv[0]), int(argv[1]), argv[2]
-    sock = listening_socket(host, port)
-    store = TCPStore(
-        host, port, world_size, True, timeout=datetime.timedelta(minutes=30), wait_for_workers=False,
-        master_listen_fd=sock.detach(),  # torch owns the descriptor from here on
-    )  # fmt: skip
+    store = host_store(host, port, world_size, datetime.timedelta(minutes=30))
     os.write(1, b"ready\n")
     while True:  # the node runner stops it (SIGTERM, its process group) once the ranks are gone
         signal.pause()
