@@ -354,7 +354,8 @@ class _Template:
         if pid == 0:
             return
         self._forget(rank)
-        self.adopted.sweep(self.ranks)  # a keeper killed before it stopped what its rank left
+        if os.WIFSIGNALED(status):  # a keeper killed before it stopped what its rank left
+            self.adopted.sweep(self.ranks)
         client = rank.client
         if client is not None:
             try:
