@@ -29,6 +29,7 @@ __all__ = [
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_ERROR_FILE",
     "TORCHELASTIC_USE_AGENT_STORE",
+    "HOST_STORE",
     "RUN_ID",
     "NODE_MARKER",
     "NODE_TOKEN",
@@ -98,6 +99,10 @@ RESTART_COUNT = "SPARK_TORCH_RESTART_COUNT"
 # between a node runner and its ranks (internal)
 #: the process a rank must die with (its node runner, or the warm-start template)
 PARENT_PID = "SPARK_TORCH_PARENT_PID"
+#: "1" for rank 0 when node 0 did not host the rendezvous store before the ranks started (warm
+#: starts off, or its store host not ready in time): rank 0 hosts it on MASTER_ADDR only
+#: (:mod:`spark_torch.rank.store`), which removes the variable before the user's code runs
+HOST_STORE = "SPARK_TORCH_HOST_STORE"
 #: "W,R": the pipe ends a rank writes its reports to and reads the answers from
 REPORT_FDS = "SPARK_TORCH_REPORT_FDS"
 #: the path of the node's storage.json (:meth:`spark_torch.workdir_files.WorkdirFiles.storage`),

@@ -56,8 +56,9 @@ def listeners_during_a_run(root: int) -> dict[str, Any]:
     """In a rank, once the process group is up: what listens in the test's process tree."""
     import torch.distributed as dist
 
+    told_to_host = os.environ.get("SPARK_TORCH_HOST_STORE")
     dist.init_process_group("gloo", init_method="env://")
-    seen = {"listeners": _tree_listeners(root), "master_port": int(os.environ["MASTER_PORT"]), "pid": os.getpid()}
+    seen = {"told_to_host": told_to_host, "listeners": _tree_listeners(root), "master_port": int(os.environ["MASTER_PORT"]), "pid": os.getpid()}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, seen)
     dist.destroy_process_group()
@@ -70,26 +71,26 @@ def _spark_jvm(cmd: str) -> bool:
 
 
 def _check(out: dict[str, Any], before: set[tuple[str, int]], hosted: bool = True) -> list[tuple[str, int, int, str]]:
-    """Every listener the run opened is on loopback; the store is hosted apart from the ranks
-    (``hosted``), or, warm starts off, rank 0 hosts it as torch does: on every interface."""
+    """Every listener the run opened is on loopback, the store too: hosted apart from the ranks
+    (``hosted``), or, warm starts off, by rank 0 (torch's own server would listen on every interface)."""
     opened = [e for e in out["ranks"][0]["listeners"] if e[:2] not in before and not _spark_jvm(e[3])]
     (store,) = [entry for entry in opened if entry[1] == out["ranks"][0]["master_port"]]
-    everywhere = [entry for entry in opened if entry[0] != "127.0.0.1" and entry is not store]
+    everywhere = [entry for entry in opened if entry[0] != "127.0.0.1"]
     assert everywhere == [], f"listeners not on the node's own address: {everywhere}"
     if hosted:
-        assert store[0] == "127.0.0.1", store
         assert "spark_torch.node.store_host_main" in store[3] or "spark_torch.node.template.server" in store[3], store
-        assert store[2] not in {r["pid"] for r in out["ranks"]}  # no rank hosts it (torch's server listens on "::")
-    else:  # the documented limit (docs/security.md)
-        assert store[0] in ("::", "0.0.0.0") and store[2] == out["ranks"][0]["pid"], store
+        assert store[2] not in {r["pid"] for r in out["ranks"]}  # no rank hosts it
+    else:  # rank 0, before the user's code (spark_torch.rank.store)
+        assert store[2] == out["ranks"][0]["pid"], store
+    assert [r["told_to_host"] for r in out["ranks"]] == [None] * len(out["ranks"])  # removed before the user's code
     return opened
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_local_mode_listens_on_loopback_only(warm: bool, no_leftovers: None) -> None:
-    """Warm: the store host listens on loopback. Warm starts off: rank 0 hosts the store itself
-    on every interface, as torch does (a store host would cost a torch import before the ranks
-    start); everything else is on loopback."""
+    """Warm: the store host listens on loopback. Warm starts off: rank 0 hosts the store itself,
+    on loopback too (torch's own server would listen on every interface); everything else is on
+    loopback, and the user's code never sees the variable that told rank 0 to host it."""
     before = {entry[:2] for entry in _tree_listeners(os.getpid())}
     out = Distributor(num_processes=2, warm_start=warm).run(listeners_during_a_run, os.getpid())
     _check(out, before, hosted=warm)

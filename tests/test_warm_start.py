@@ -5,6 +5,7 @@ rebuilt."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -75,9 +76,10 @@ def test_warm_ranks_see_what_cold_ranks_see(tmp_path: Path, no_leftovers: None) 
     assert "spark_torch.node.template.server" in warm["ppid_cmd"] and "spark_torch.node.template.server" not in cold["ppid_cmd"]
     for key in ("cwd", "argv0", "argc", "path0", "main", "stdio", "threads"):
         assert warm[key] == cold[key], key
-    # the one difference: warm, the rendezvous store is hosted before the ranks start
+    # the rendezvous store is hosted before the user's code either way: warm by a fork of the
+    # template before the ranks start, cold by rank 0 itself (spark_torch.rank.store)
     assert warm["env"].pop("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    assert "TORCHELASTIC_USE_AGENT_STORE" not in cold["env"]
+    assert cold["env"].pop("TORCHELASTIC_USE_AGENT_STORE") == "True"
     assert warm["env"] == cold["env"]
     assert warm["leaked"] is None and cold["leaked"] is None
 
@@ -331,16 +333,36 @@ def _restore_scheduling() -> None:
     _SCHEDULING_BEFORE.clear()
 
 
-def test_ranks_hold_no_descriptor_but_their_own(no_leftovers: None) -> None:
+def descriptors_of_each_rank(folder: str) -> None:
+    """Every rank writes what it holds when it starts to ``folder/rank-N.json``."""
+    seen = what_starts_with_the_interpreter()
+    with open(os.path.join(folder, f"rank-{os.environ['RANK']}.json"), "w", encoding="utf-8") as fh:
+        json.dump({"fds": seen["fds"], "report_fds": seen["report_fds"], "ppid_cmd": seen["ppid_cmd"]}, fh)
+
+
+def test_ranks_hold_no_descriptor_but_their_own(tmp_path: Path, no_leftovers: None) -> None:
     """A warm rank holds stdin/stdout/stderr and its report pipes, as a cold rank does: nothing
-    of the template (its socket, pidfds, pipes) and nothing of other runs' requests."""
-    warm = Distributor(num_processes=2).run(what_starts_with_the_interpreter)
-    cold = Distributor(num_processes=2, warm_start=False).run(what_starts_with_the_interpreter)
-    assert "spark_torch.node.template.server" in warm["ppid_cmd"]
-    for seen in (warm, cold):
-        dump = {fd for fd, target in seen["fds"].items() if target.endswith(".native")}  # stall detection's faulthandler file
-        assert len(dump) == 1 and set(seen["fds"]) == {0, 1, 2, *seen["report_fds"], *dump}, seen["fds"]
-    assert len(warm["report_fds"]) == len(cold["report_fds"])
+    of the template (its socket, pidfds, pipes) and nothing of other runs' requests. Cold, rank 0
+    also holds the rendezvous store it hosts before the user's code (spark_torch.rank.store):
+    its sockets and torch's event loop, nothing else."""
+    seen = {}
+    for name, warm_start in (("warm", True), ("cold", False)):
+        (tmp_path / name).mkdir()
+        Distributor(num_processes=2, warm_start=warm_start).run(descriptors_of_each_rank, str(tmp_path / name))
+        seen[name] = [json.loads((tmp_path / name / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert all("spark_torch.node.template.server" in rank["ppid_cmd"] for rank in seen["warm"])
+    for name, ranks in seen.items():
+        for rank, got in enumerate(ranks):
+            fds = {int(fd): target for fd, target in got["fds"].items()}
+            dump = {fd for fd, target in fds.items() if target.endswith(".native")}  # stall detection's faulthandler file
+            own = {0, 1, 2, *got["report_fds"], *dump}
+            assert len(dump) == 1, fds
+            if name == "cold" and rank == 0:
+                store = {fd: target for fd, target in fds.items() if fd not in own}
+                assert store and all(t.startswith(("socket:", "anon_inode:", "pipe:")) or t == "/dev/null" for t in store.values()), store
+            else:
+                assert set(fds) == own, (name, rank, fds)
+    assert len(seen["warm"][1]["report_fds"]) == len(seen["cold"][1]["report_fds"])
 
 
 def test_an_idle_template_exits_and_a_later_run_starts_a_new_one(no_leftovers: None) -> None:
@@ -451,9 +473,9 @@ def test_the_store_is_hosted_before_the_ranks_start(no_leftovers: None) -> None:
     assert all("spark_torch.node.template.server" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
     assert all(r["host_parent"] == r["parent"] for r in out)  # the ranks' template: same start-up settings
     assert out[0]["agent"] == "True"
-    os.environ["SPARK_TORCH_WARM_START"] = "0"  # warm starts off: rank 0 hosts it, as before
+    os.environ["SPARK_TORCH_WARM_START"] = "0"  # warm starts off: rank 0 hosts it before the user's code
     cold = Distributor(num_processes=2).run(who_hosts_the_store)
-    assert [r["listens"] for r in cold] == [True, False] and cold[0]["agent"] is None
+    assert [r["listens"] for r in cold] == [True, False] and cold[0]["agent"] == "True"
 
 
 def test_the_store_is_hosted_in_distributed_mode(spark_session: Any, no_leftovers: None) -> None:

@@ -168,6 +168,8 @@ def _rank_env(spec: NodeSpec, local_rank: int, workdir: str) -> dict[str, str]:
         env[envnames.START_STEP] = str(run.resume_step)
     if spec.agent_store:
         env[envnames.TORCHELASTIC_USE_AGENT_STORE] = "True"
+    elif identity.rank == 0:  # not hosted before the ranks: rank 0 hosts it on MASTER_ADDR (spark_torch.rank.store)
+        env[envnames.HOST_STORE] = "1"
     return with_package_on_path(env)
 
 

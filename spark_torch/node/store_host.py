@@ -4,9 +4,10 @@ With warm starts the store host is a fork of the template (torch already importe
 20 ms); when the template cannot be used it is started cold (an interpreter that imports torch,
 waited for before the ranks start). Either way it listens on the node's own address only, never
 on every interface (torch's own server, in rank 0, would). With warm starts off, or when it
-cannot be hosted (it did not say "ready" in time), rank 0 hosts the store itself, as torch does;
-the ranks of other nodes are clients either way, so only node 0's ranks are told
-(``TORCHELASTIC_USE_AGENT_STORE``).
+cannot be hosted (it did not say "ready" in time), rank 0 hosts the store itself before the
+user's code, on the node's address too (:mod:`spark_torch.rank.store`, told by
+``SPARK_TORCH_HOST_STORE``); the ranks of other nodes are clients either way, so only node 0's
+ranks are told (``TORCHELASTIC_USE_AGENT_STORE``).
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def host_store(
     if line.strip() != b"ready":
         store.close()
         logger.warning(
-            "spark_torch: the rendezvous store could not be hosted on %s:%d; rank 0 hosts it (torch's server "
-            "listens on every interface)", host, port,
+            "spark_torch: the rendezvous store host did not start on %s:%d in time; rank 0 hosts the store "
+            "itself", host, port,
         )  # fmt: skip
         return None
     return store
@@ -111,7 +112,8 @@ def hosts_store(run: RunSpec) -> bool:
     rank that calls ``init_process_group`` then opens no store of its own): with warm starts,
     whatever the world size (a fork, about 20 ms). Cold, a store host would import torch before
     any rank could start (measured 4-5 s on a busy 2-core host, against 0.4-0.6 s for a whole
-    cold run of a function that does not import torch), so rank 0 hosts it, as torch does."""
+    cold run of a function that does not import torch), so rank 0 hosts it before the user's
+    code, on the node's address (:mod:`spark_torch.rank.store`)."""
     return run.world_size >= 1 and run.settings.warm_start
 
 

@@ -27,7 +27,9 @@ against a real rank):
 ``SPARK_TORCH_RESTART_COUNT``         restarts so far within this ``run()`` call (0)
 ``TORCHELASTIC_MAX_RESTARTS``         the restart budget (``max_restarts``)
 ``TORCHELASTIC_USE_AGENT_STORE``      ``True`` on node 0's ranks when the rendezvous store was
-                                      hosted before the ranks started (warm starts)
+                                      hosted before the ranks started (warm starts), and in
+                                      rank 0 when it hosted it before the user's code
+                                      (:mod:`spark_torch.rank.store`)
 ``TORCHELASTIC_ERROR_FILE``           a file per rank where torch's ``@record`` writes an error
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING``   ``1`` unless set: a failed NCCL collective raises
 ``PYTHONUNBUFFERED``                  ``1``
@@ -58,6 +60,7 @@ from spark_torch import envnames, rank_files
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
+from spark_torch.rank.store import host_rendezvous_store
 from spark_torch.rank.title import rank_title, set_title
 
 __all__ = ["main"]
@@ -68,6 +71,7 @@ def main(argv: list[str]) -> int:
     payload_path, result_dir = argv
     rank = int(os.environ.get(envnames.RANK, "0"))
     start_sampler()  # stall detection, when the node asked for it
+    host_rendezvous_store()  # rank 0, when node 0 did not host it (warm starts off)
     try:
         with open(payload_path, "rb") as fh:
             fn, args, kwargs = rank_files.load_function_payload(fh.read())

@@ -23,6 +23,7 @@ from spark_torch import envnames
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
+from spark_torch.rank.store import host_rendezvous_store
 from spark_torch.rank.title import rank_title, set_title
 
 __all__ = ["main"]
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> int:
     name = os.path.basename(script)
     set_title(rank_title(os.environ.get(envnames.RANK, "0"), " ".join([name, *args])), name)
     start_sampler()  # stall detection, when the node asked for it
+    host_rendezvous_store()  # rank 0, when node 0 did not host it (warm starts off)
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
     try:
