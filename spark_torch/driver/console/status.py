@@ -77,7 +77,7 @@ class _Notebook:
     def __init__(self) -> None:
         from IPython.display import display
 
-        self._handle: Any = display({"text/plain": "spark_torch ranks: starting"}, raw=True, display_id=True)  # type: ignore[no-untyped-call]
+        self._handle: Any = display({"text/plain": "spark_torch ranks: starting"}, raw=True, display_id=True)
 
     def show(self, text: str) -> None:
         self._handle.update({"text/plain": f"spark_torch ranks: {text}"}, raw=True)
@@ -97,7 +97,7 @@ class _Notebook:
         for out in (sys.stdout, sys.stderr):
             out.flush()
         self._handle.update({"text/plain": ""}, raw=True)
-        display({"text/plain": summary}, raw=True)  # type: ignore[no-untyped-call]
+        display({"text/plain": summary}, raw=True)
 
 
 class RunStatus:

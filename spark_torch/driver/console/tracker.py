@@ -92,9 +92,9 @@ class _Chart:
             return
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=80)
-        image = Image(data=buffer.getvalue(), format="png")  # type: ignore[no-untyped-call]
+        image = Image(data=buffer.getvalue(), format="png")
         if self._handle is None:
-            self._handle = self._display(image, display_id=True)  # type: ignore[no-untyped-call]
+            self._handle = self._display(image, display_id=True)
         else:
             self._handle.update(image)
 
