@@ -18,7 +18,8 @@ Steps (docs/gpu-nccl.md, "Checking on a real GPU"):
   b_warm_cuda  cold run, then three runs forked from the template initialise CUDA; the template never does
   c_oom        a rank out of GPU memory: the error names the rank and the OOM; the memory comes back
   d_sampler    stall detection at its fastest: a quarter of the GPU deleted by the rank is freed at once
-  e_nccl_fr    the Flight Recorder's variables in the rank; its NCCL dump on a stall and on a NCCL timeout
+  e_nccl_fr    the Flight Recorder's variables in the rank; its NCCL dump on a stall and on a NCCL timeout;
+               a healthy loop sleeping between NCCL all_reduces is never stopped as stalled
   f_ddp        DDP throughput (1 rank, 300 steps, bf16): spark_torch local mode vs bare torchrun, interleaved
 """
 
@@ -45,7 +46,7 @@ from gpu_steps import StepFailed, probe  # noqa: E402
 #: (name, needs CUDA, deadline in seconds)
 STEPS: list[tuple[str, bool, float]] = [
     ("env", False, 60), ("local_cpu", False, 120), ("a_rank_gpu", True, 90), ("b_warm_cuda", True, 120),
-    ("c_oom", True, 90), ("d_sampler", True, 90), ("e_nccl_fr", True, 150), ("f_ddp", True, 180),
+    ("c_oom", True, 90), ("d_sampler", True, 90), ("e_nccl_fr", True, 180), ("f_ddp", True, 180),
 ]  # fmt: skip
 
 #: comma-separated step names that block until killed (tests/test_gpu_check.py forces an overrun with it)

@@ -188,6 +188,24 @@ def stall_in_nccl() -> None:
     torch.cuda.synchronize()  # blocks here (the GIL released) until the run is stopped
 
 
+def sleepy_nccl_steps(steps: int, sleep_s: float) -> int:
+    """Step e3: a healthy loop whose main thread mostly sleeps between NCCL all_reduces (each
+    waited for): the completed collectives are its progress, so stall detection never stops it."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    _nccl_group()
+    x = torch.ones(1024, device="cuda")
+    for _ in range(steps):
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        time.sleep(sleep_s)
+    dist.destroy_process_group()
+    return steps
+
+
 def nccl_watchdog_timeout(timeout_s: float) -> None:
     """Step e2: a process group with a ``timeout_s`` collective timeout and an all_reduce that
     cannot finish in time: torch's watchdog times it out, dumps the Flight Recorder

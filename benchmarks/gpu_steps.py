@@ -360,11 +360,24 @@ def _fr_nccl_timeout(ranks: Any, work: str) -> dict[str, Any]:
     return {"message_tail": message[-1500:], "dump_bytes": os.path.getsize(dump)}
 
 
+def _healthy_sleepy_nccl(ranks: Any, work: str) -> dict[str, Any]:
+    """A loop that sleeps 0.3 s and waits on an NCCL all_reduce each step, for 4 x stall_timeout
+    with stall_action="fail": NCCL's per-group sequence numbers are its progress (issue 38), so it
+    must finish."""
+    steps, sleep_s = 40, 0.3
+    started = time.monotonic()
+    got = distributor(use_gpu=True, stall_timeout=3, stall_action="fail", timeout=100).run(
+        ranks.sleepy_nccl_steps, steps, sleep_s
+    )
+    check(got == steps, f"the healthy NCCL loop returned {got!r}, not {steps}")
+    return {"steps": steps, "sleep_s": sleep_s, "stall_timeout": 3, "seconds": round(time.monotonic() - started, 1)}
+
+
 def step_e_nccl_fr(work: str) -> dict[str, Any]:
     ranks = ship_bodies()
     out: dict[str, Any] = {}
     failures = []
-    for name, part in (("stall", _fr_stall), ("nccl_timeout", _fr_nccl_timeout)):
+    for name, part in (("stall", _fr_stall), ("nccl_timeout", _fr_nccl_timeout), ("healthy_sleepy", _healthy_sleepy_nccl)):
         try:
             out[name] = part(ranks, work)
         except Exception as exc:  # noqa: BLE001 - one part failing must not hide the other
