@@ -113,3 +113,35 @@ def test_text_files_are_flushed_before_their_binary_buffers(tmp_path: Path) -> N
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     assert path.read_text() == "kept"
+
+
+def test_the_scan_for_open_files_runs_only_when_one_could_hold_data(tmp_path: Path) -> None:
+    """The scan of every object (100-150 ms with torch imported) is skipped when no descriptor
+    but the standard streams, the report pipes and spark_torch's own is open for writing; a
+    file open for writing, a pipe's write end or a socket brings it back."""
+    code = (
+        "import gc, os, socket, sys\n"
+        "from spark_torch.rank import shutdown\n"
+        "scans = []\n"
+        "real = gc.get_objects\n"
+        "gc.get_objects = lambda *a: scans.append(1) or real(*a)\n"
+        "r, w = os.pipe()\n"
+        "os.environ['SPARK_TORCH_REPORT_FDS'] = f'{w},{r}'\n"
+        "reading = open(sys.argv[1] + '.r', 'w'); reading.close(); reading = open(sys.argv[1] + '.r')\n"
+        "assert shutdown.flush_open_files() == 0 and scans == [], scans  # a file open for reading only\n"
+        "own = open(sys.argv[1] + '.own', 'a'); shutdown.own_descriptor(own.fileno())\n"
+        "assert shutdown.flush_open_files() == 0 and scans == [], scans\n"
+        "os.environ['SPARK_TORCH_REPORT_FDS'] = ''\n"
+        "shutdown.flush_open_files(); assert scans == [1], scans  # a pipe's write end\n"
+        "os.close(w)\n"
+        "s = socket.socket()\n"
+        "shutdown.flush_open_files(); assert scans == [1, 1], scans\n"
+        "s.close()\n"
+        "f = open(sys.argv[1], 'w'); f.write('kept')\n"
+        "assert shutdown.flush_open_files() >= 1 and len(scans) == 3, scans\n"
+        "print('ok')\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data.txt")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+    assert (tmp_path / "data.txt").read_text() == "kept"

@@ -36,6 +36,7 @@ from typing import IO, Any
 from spark_torch import envnames
 from spark_torch.fr_dumps import keep_tail
 from spark_torch.rank.progress_signals import Progress
+from spark_torch.rank.shutdown import own_descriptor
 from spark_torch.stacks import (
     DUMP_SIGNAL_OFFSET,
     MAX_STACK_CHARS,
@@ -253,6 +254,7 @@ def _register_dump(path: str) -> None:
     global _dump_file
     try:
         _dump_file = open(native_dump_path(path), "a", encoding="utf-8")  # noqa: SIM115 - open for the rank's life; appended: the node truncates it
+        own_descriptor(_dump_file.fileno())  # faulthandler writes it directly: nothing to flush at exit
         faulthandler.register(signal.SIGRTMIN + DUMP_SIGNAL_OFFSET, file=_dump_file, all_threads=True, chain=False)
     except (OSError, AttributeError, ValueError, RuntimeError):
         _dump_file = None  # no real-time signals here: a rank holding the GIL keeps its last stack
