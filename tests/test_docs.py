@@ -134,7 +134,7 @@ def test_every_environment_variable_is_documented() -> None:
     internal = {  # set by spark_torch for its own processes, not knobs for users
         "SPARK_TORCH_PARENT_PID", "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_START_STEP",
         "SPARK_TORCH_DATA_FILE", "SPARK_TORCH_DATA_COLUMNS", "SPARK_TORCH_DATA_ROWS", "SPARK_TORCH_CHECKPOINT",
-        "SPARK_TORCH_TEST_SESSION", "SPARK_TORCH_MARK_SLOT",
+        "SPARK_TORCH_TEST_SESSION", "SPARK_TORCH_MARK_SLOT", "SPARK_TORCH_HOST_STORE",
         "SPARK_TORCH_FAILURE",  # the failure report's marker in Spark's error text, not a variable
     }
     docs = "\n".join(p.read_text(encoding="utf-8") for p in DOCS.glob("*.md"))
