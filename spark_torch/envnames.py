@@ -43,6 +43,9 @@ __all__ = [
     "DATA_FILE",
     "DATA_COLUMNS",
     "DATA_ROWS",
+    "REPLICA_GROUP_ID",
+    "NUM_REPLICA_GROUPS",
+    "TORCHFT_LIGHTHOUSE",
     "CLI_VERBOSE",
     "DS_ACCELERATOR",
     "STACK_FILE",
@@ -116,6 +119,11 @@ START_STEP = "SPARK_TORCH_START_STEP"
 DATA_FILE = "SPARK_TORCH_DATA_FILE"
 DATA_COLUMNS = "SPARK_TORCH_DATA_COLUMNS"
 DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
+#: replica groups (:mod:`spark_torch.ft.env`): the rank's group, how many there are, the
+#: lighthouse's address (torchft's own name: its Manager reads it when given no address)
+REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
+NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
+TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 
 #: stall detection: where a rank's sampler writes its main thread's stack, how often, and
 #: whether it adds every other thread's stack (spark_torch.rank.sampler)

@@ -10,21 +10,33 @@ from typing import Any
 
 
 def train(
-    steps: int, work: str, kill_group: int | None = None, kill_step: int | None = None, timeout: float = 20.0
+    steps: int,
+    work: str,
+    kill_group: int | None = None,
+    kill_step: int | None = None,
+    timeout: float = 20.0,
+    checkpoint: bool = False,
 ) -> list[float]:
     """Train a linear model with torchft's DDP until ``steps`` steps were committed with every
     group taking part (counted in the state that heals a group: a group alone goes on until the
     others are back, so that all end at one step).
 
-    Each committed step is appended to ``work/g{GROUP}.steps`` as ``PID STEP``. The first process
-    of ``kill_group`` SIGKILLs itself at the step that all groups take together after
-    ``kill_step`` such steps, between forward and backward: its peers are then in (or about to
-    enter) the all-reduce. Returns (and writes to ``work/g{GROUP}.weights``)
-    the final weights. ``timeout`` bounds each of torchft's waits (its default is 60 s)."""
+    Each committed step is appended to ``work/g{GROUP}.steps`` as ``PID STEP`` and reported
+    (``spark_torch.report``, with a checkpoint of the model, the optimizer, that count and the
+    Manager's state when ``checkpoint``). A process that starts from a checkpoint restores all of
+    it and writes ``PID STEP`` (the Manager's step after the restore) to ``work/g{GROUP}.resumed``.
+    The first process of ``kill_group`` (-1: of every group) SIGKILLs itself at the step that
+    all groups take together after ``kill_step`` such steps, between forward and backward: its
+    peers are then in (or about to enter) the all-reduce. Returns (and writes to
+    ``work/g{GROUP}.weights``) the final weights. ``timeout`` bounds each of torchft's waits
+    (its default is 60 s)."""
+    import tempfile
+
     import psutil
     import torch
     from torchft import DistributedDataParallel
 
+    import spark_torch
     from spark_torch import ft
 
     group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
@@ -44,8 +56,15 @@ def train(
         timeout=timedelta(seconds=timeout), quorum_timeout=timedelta(seconds=timeout),
         connect_timeout=timedelta(seconds=timeout),
     )  # fmt: skip
+    resumed = spark_torch.get_checkpoint()
+    if resumed is not None:
+        state = torch.load(resumed / "state.pt")
+        load(state)
+        mgr.load_state_dict(state["manager"])  # torchft's step and committed batches
+        with open(os.path.join(work, f"g{group}.resumed"), "a") as fh:
+            fh.write(f"{os.getpid()} {mgr.current_step()}\n")
     ddp = DistributedDataParallel(mgr, model)
-    killed = os.path.join(work, "killed")
+    killed = os.path.join(work, f"killed{group}")
     with open(os.path.join(work, f"g{group}.steps"), "a", buffering=1) as log:
         while True:
             mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
@@ -57,7 +76,7 @@ def train(
             data = torch.Generator().manual_seed(1000 * mgr.current_step() + group)
             x = torch.randn(8, 4, generator=data)
             loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
-            if group == kill_group and all_in and int(together) == kill_step and not os.path.exists(killed):
+            if kill_group in (group, -1) and all_in and int(together) == kill_step and not os.path.exists(killed):
                 open(killed, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the peer's all-reduce loses us
             loss.backward()
@@ -65,6 +84,11 @@ def train(
                 opt.step()
                 together += int(all_in)
                 log.write(f"{os.getpid()} {mgr.current_step()}\n")
+                with tempfile.TemporaryDirectory() as folder:
+                    if checkpoint and os.environ["RANK"] == "0":
+                        state = {"model": model.state_dict(), "opt": opt.state_dict(), "together": together}
+                        torch.save({**state, "manager": mgr.state_dict()}, os.path.join(folder, "state.pt"))
+                    spark_torch.report({"loss": float(loss)}, checkpoint=folder if checkpoint else None)
     weights = [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
     with open(os.path.join(work, f"g{group}.weights"), "w") as fh:
         fh.write(repr(weights))

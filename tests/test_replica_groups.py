@@ -16,7 +16,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from spark_torch import Distributor, ReplicaGroupError, RunTimeoutError
+from spark_torch import Distributor, ReplicaGroupError, RunResult, RunTimeoutError
+from spark_torch.driver.result import AttemptEnd
 from tests import ft_programs
 
 pytest.importorskip("torchft")
@@ -41,10 +42,23 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _reported(result: RunResult | None, work: Path) -> None:
+    """The run's history as ``last_run`` shows it: every group's rows, each naming its group, each
+    committed step (torchft's, as the ranks logged it) once per group, in step order."""
+    assert result is not None
+    rows = [(row["replica_group"], row["step"]) for row in result.history]
+    assert len(rows) == len(set(rows)) and rows == sorted(rows, key=lambda gs: (gs[1], gs[0])), rows
+    for group in (0, 1):
+        committed = sorted({step for _, step in _steps(work / f"g{group}.steps")})
+        assert [step for g, step in rows if g == group] == committed, (group, rows)
+    assert [r.run_id for r in result.replica_groups] == [f"{result.run_id}-g0", f"{result.run_id}-g1"]
+
+
 def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, no_leftovers: None) -> None:
     distributor = Distributor(
-        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[]
-    )
+        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
+        storage_path=tmp_path / "runs",
+    )  # fmt: skip
     weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2)
     survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
     # the other group kept its one process, and its committed steps only went forward
@@ -52,7 +66,7 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     assert [step for _, step in survivor] == sorted({step for _, step in survivor})
     # the killed group ran twice; its second process started from its peer's step, not from 0
     pids = list(dict.fromkeys(pid for pid, _ in killed))
-    assert len(pids) == 2 and (tmp_path / "killed").exists(), pids
+    assert len(pids) == 2 and (tmp_path / "killed1").exists(), pids
     before = [step for pid, step in killed if pid == pids[0]]
     after = [step for pid, step in killed if pid == pids[1]]
     assert after[0] > before[-1] >= 1, (before[-3:], after[:3])
@@ -63,8 +77,36 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     # every listener of the ranks (torchft's Manager server and gloo's included) is on loopback
     for group in (0, 1):
         assert ast.literal_eval((tmp_path / f"g{group}.listening").read_text()) in ([], ["127.0.0.1"])
+    # last_run is the whole run: each group's rows name it, the healed group reported no step twice
     last = distributor.last_run
-    assert last is not None and last.run_id.endswith("-g0") and last.error is None
+    assert last is not None and last.error is None and not last.run_id.endswith("-g0")
+    _reported(last, tmp_path)
+    assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+    assert str(last.attempts[1]).startswith("replica group 1: ") and last.restarts == 1
+
+
+def test_when_every_group_dies_the_run_resumes_from_its_checkpoint(tmp_path: Path, no_leftovers: None) -> None:
+    """Both groups' processes SIGKILL themselves in the same step: each group restarts from its
+    latest report() checkpoint, with torchft's step restored (the Manager's state is in it)."""
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
+        storage_path=tmp_path / "runs",
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.train, 4, str(tmp_path), -1, 2, 20.0, True)
+    first_after = []
+    for group in (0, 1):
+        steps = _steps(tmp_path / f"g{group}.steps")
+        pids = list(dict.fromkeys(pid for pid, _ in steps))
+        assert len(pids) == 2, (group, steps)
+        before = [step for pid, step in steps if pid == pids[0]]
+        after = [step for pid, step in steps if pid == pids[1]]
+        # the new process loaded the checkpoint of its group's last committed step, step and all
+        assert _steps(tmp_path / f"g{group}.resumed") == [(pids[1], before[-1])]
+        assert after[0] > before[-1] >= 2
+        first_after.append(after[0] - before[-1])
+        assert ast.literal_eval((tmp_path / f"g{group}.weights").read_text()) == weights
+    assert min(first_after) == 1  # the first group back went on from the checkpoint's step, not from 0
+    _reported(distributor.last_run, tmp_path)
 
 
 def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Path, no_leftovers: None) -> None:

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_torch.reporting.api import RECORDED_KEYS
+from spark_torch.reporting.api import GROUP_KEY, RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
@@ -160,6 +160,7 @@ class AttemptRecord:
         end: how it ended (:class:`AttemptEnd`); None only while it runs.
         error: the error it ended with (:class:`AttemptError`: type name and first line), or None.
         grow: why it ended to grow (:class:`GrowRequest`), or None.
+        replica_group: the replica group it was an attempt of (``replica_groups``), else None.
     """
 
     attempt: int
@@ -170,6 +171,7 @@ class AttemptRecord:
     end: AttemptEnd | None = None
     error: AttemptError | None = None
     grow: GrowRequest | None = None
+    replica_group: int | None = None
 
     @property
     def size_note(self) -> str:
@@ -184,7 +186,8 @@ class AttemptRecord:
 
     def __str__(self) -> str:
         end = str(self.end) if self.end is not None else None
-        return attempt_line(self.attempt, self.world_size, self.nodes, str(self.reason), self.size_note, end, self.detail)
+        line = attempt_line(self.attempt, self.world_size, self.nodes, str(self.reason), self.size_note, end, self.detail)
+        return line if self.replica_group is None else f"replica group {self.replica_group}: {line}"
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -238,6 +241,9 @@ class RunResult:
         duration: how long it took, in seconds.
         error_line: for a past run (:meth:`from_path`), its error's type and first line (``error``
             itself stays None there); for this call, the same from ``error``.
+        replica_groups: with ``replica_groups``, each group's own last run (``run_id`` RUN_ID-gN,
+            its ``path``); the call's ``rows``, ``history`` and ``attempts`` are every group's, each
+            row with its ``replica_group``. Empty otherwise.
     """
 
     run_id: str
@@ -255,6 +261,7 @@ class RunResult:
     started: float | None = None
     duration: float | None = None
     past_error: str | None = field(default=None, repr=False)
+    replica_groups: list[RunResult] = field(default_factory=list)
 
     @property
     def error_line(self) -> str | None:
@@ -297,7 +304,7 @@ class RunResult:
             raise ImportError("RunResult.metrics_dataframe needs pandas (pip install pandas); RunResult.history has the same data") from exc
         frame = pd.DataFrame(self.history or self.rows)
         if frame.empty:
-            return pd.DataFrame(columns=list(RECORDED_KEYS))
+            return pd.DataFrame(columns=[k for k in RECORDED_KEYS if k != GROUP_KEY])
         ordered = [c for c in frame.columns if c not in RECORDED_KEYS] + [c for c in RECORDED_KEYS if c in frame.columns]
         return frame[ordered].sort_values("step", kind="stable").reset_index(drop=True)
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spark_torch.envnames import NUM_REPLICA_GROUPS, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE
 from spark_torch.errors import SparkTorchError
 
 __all__ = ["REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE", "NAMES", "GroupEnv", "NotInReplicaGroupError"]
 
-REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
-NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
-#: torchft's own name for it: its Manager reads it when no address is given
-TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 #: set for the ranks of a run with replica groups; a user's ``env=`` may not set them then
 NAMES = frozenset({REPLICA_GROUP_ID, NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE})
 

@@ -12,6 +12,7 @@ from spark_torch.bound_store import host_store
 from spark_torch.envnames import MASTER_ADDR, MASTER_PORT, RANK, TORCHELASTIC_USE_AGENT_STORE, WORLD_SIZE
 from spark_torch.ft import ddp_fix
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
+from spark_torch.reporting.api import follow_steps
 
 __all__ = ["manager", "bind_address", "replica_id"]
 
@@ -98,8 +99,10 @@ def manager(
     when ``device`` is a CUDA device), the lighthouse (``TORCHFT_LIGHTHOUSE``), the replica id of
     the group (``REPLICA_GROUP_ID``), the Manager's server bound to the node's address (torchft
     binds every interface), healing over that process group (torchft's ``PGTransport``; torchft's
-    default is an HTTP server on every interface), and the fix to torchft's DDP hook
-    (:mod:`spark_torch.ft.ddp_fix`). ``kwargs`` go to ``torchft.Manager`` and win over these
+    default is an HTTP server on every interface), the fix to torchft's DDP hook
+    (:mod:`spark_torch.ft.ddp_fix`), and :func:`spark_torch.report`'s step: from then on it
+    records the Manager's ``current_step()`` (a call at a step already reported is skipped), so
+    a restarted group that healed from a peer reports no step twice. ``kwargs`` go to ``torchft.Manager`` and win over these
     (``pg``, ``checkpoint_transport``, ``use_async_quorum``, ``quorum_timeout``...).
 
     Raises:
@@ -140,4 +143,5 @@ def manager(
     with _servers_bound_to(host):
         made = torchft.Manager(**options)
     made._spark_torch_store = store  # the group's store lives as long as its Manager
+    follow_steps(made.current_step)  # report() records torchft's committed step: no step twice
     return made

@@ -33,6 +33,7 @@ import math
 import numbers
 import os
 import threading
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from spark_torch import envnames
@@ -42,10 +43,14 @@ from spark_torch.workdir_files import StorageFile
 if TYPE_CHECKING:
     from spark_torch.reporting.checkpoint import Checkpoint
 
-__all__ = ["report", "get_checkpoint", "MAX_METRICS_BYTES", "RECORDED_KEYS", "NOT_EVERY_RANK"]
+__all__ = ["report", "get_checkpoint", "follow_steps", "MAX_METRICS_BYTES", "RECORDED_KEYS", "NOT_EVERY_RANK", "GROUP_KEY"]
 
-#: what spark_torch records with every step's metrics (not names a rank may report)
-RECORDED_KEYS = ("step", "time", "attempt", "world_size")
+#: the key of the replica group a row came from (runs with ``replica_groups``)
+GROUP_KEY = "replica_group"
+
+#: what spark_torch records with every step's metrics (not names a rank may report); the last,
+#: ``replica_group``, only in runs with replica groups
+RECORDED_KEYS = ("step", "time", "attempt", "world_size", GROUP_KEY)
 
 #: how the driver's answer begins when a rank ended without calling report() for a step
 NOT_EVERY_RANK = "report() is a collective every rank must call"
@@ -136,6 +141,10 @@ class _Reporter:
         self._lock = threading.Lock()
         self.rank = int(os.environ.get(envnames.RANK, "0"))
         self.step = int(os.environ.get(envnames.START_STEP, "0") or 0)
+        group = os.environ.get(envnames.REPLICA_GROUP_ID, "")
+        in_group = group.isdigit() and bool(os.environ.get(envnames.NUM_REPLICA_GROUPS))
+        #: rank 0 of a replica group tags its rows with the group
+        self.tags: dict[str, Any] = {GROUP_KEY: int(group)} if in_group and self.rank == 0 else {}
         self._storage: Any = None
 
     def storage(self) -> Any:
@@ -162,11 +171,14 @@ class _Reporter:
 
     def report(self, metrics: dict[str, Any], checkpoint: str | os.PathLike[str] | None) -> None:
         with self._lock:
-            step = self.step + 1
+            source = _step_source
+            step = self.step + 1 if source is None else int(source())
+            if step <= self.step:
+                return  # torchft's step did not move on (the step was dropped): reported already, on every rank alike
             if checkpoint is not None:
                 with _local_directory(checkpoint) as directory, working():  # stall detection: uploading is progress
                     self.storage().upload(directory, step)
-            message = {"step": step, "metrics": metrics if self.rank == 0 else None, "checkpoint": checkpoint is not None}
+            message = {"step": step, "metrics": {**metrics, **self.tags} if self.rank == 0 else None, "checkpoint": checkpoint is not None}
             self._out.write(json.dumps(message) + "\n")
             self._out.flush()
             reply = self._answer_for(step)
@@ -204,6 +216,17 @@ def _local_directory(checkpoint: str | os.PathLike[str]) -> contextlib.AbstractC
 
 _reporter: _Reporter | None = None
 _reporter_lock = threading.Lock()
+#: where report() takes its step from instead of counting its calls (torchft's committed step)
+_step_source: Callable[[], int] | None = None
+
+
+def follow_steps(source: Callable[[], int] | None) -> None:
+    """From now on :func:`report` records the step ``source()`` returns (:func:`spark_torch.ft.manager`
+    passes its Manager's ``current_step``) instead of counting its calls, and skips a call whose
+    step is not past the last one reported, so no step is reported twice: a step torchft dropped,
+    or a replica group restarted and healed from a peer, repeats none. ``None``: count again."""
+    global _step_source
+    _step_source = source
 
 
 def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None = None) -> None:
@@ -215,7 +238,9 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
     where each rank writes its own files, merge into one checkpoint; files with the same name:
     the last writer wins.
     Returns once everything is persisted on every rank. Metric values are numbers, strings,
-    booleans or None (0-d tensors and numpy scalars are converted).
+    booleans or None (0-d tensors and numpy scalars are converted). In a replica group whose
+    Manager :func:`spark_torch.ft.manager` made, the step is torchft's committed step and a call
+    at a step already reported is skipped (:func:`follow_steps`); the row names the group.
 
     Raises:
         RuntimeError: outside a rank started by spark_torch, when persisting failed, or when a
@@ -223,7 +248,7 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
         TypeError: a metric that is not a single value.
         ValueError: a metric name or string that is not valid Unicode; metrics over
             :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (:data:`RECORDED_KEYS`:
-            step, time, attempt, world_size).
+            step, time, attempt, world_size, replica_group).
     """
     global _reporter
     clean = _clean(metrics)

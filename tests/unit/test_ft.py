@@ -224,3 +224,101 @@ def test_spark_torch_without_torchft() -> None:
     assert done.returncode == 0, done.stderr
     assert "replica_groups > 1 needs torchft" in done.stdout and "pip install 'spark-torch[ft]'" in done.stdout
 
+
+
+def _answering_node(messages: list[dict[str, Any]]) -> tuple[str, Any]:
+    """A rank's report pipes with a node end that answers every step (a thread): the rank's
+    ``SPARK_TORCH_REPORT_FDS`` value and a function that closes everything."""
+    import json
+    import os
+    import threading
+
+    report_read, report_write = os.pipe()
+    answer_read, answer_write = os.pipe()
+
+    def node() -> None:
+        with os.fdopen(report_read, encoding="utf-8") as lines, os.fdopen(answer_write, "w", encoding="utf-8") as out:
+            for line in lines:
+                messages.append(json.loads(line))
+                out.write(json.dumps({"step": messages[-1]["step"]}) + "\n")
+                out.flush()
+
+    thread = threading.Thread(target=node, daemon=True)
+    thread.start()
+
+    def close() -> None:
+        os.close(report_write)
+        thread.join(10)
+        assert not thread.is_alive(), "the test's node end did not see the pipe close within 10 s"
+        os.close(answer_read)
+
+    return f"{report_write},{answer_read}", close
+
+
+def test_report_records_torchfts_step_once_with_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a step source (what spark_torch.ft.manager() sets), report()'s step is torchft's
+    committed step, a call whose step did not move past the last one reported (or the checkpoint
+    it started from) sends nothing, and rank 0's rows name the replica group."""
+    from spark_torch.reporting import api
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("SPARK_TORCH_START_STEP", "3")
+    monkeypatch.setenv("REPLICA_GROUP_ID", "1")
+    monkeypatch.setenv("NUM_REPLICA_GROUPS", "2")
+    messages: list[dict[str, Any]] = []
+    fds, close = _answering_node(messages)
+    step = [3]
+    try:
+        reporter = api._Reporter(fds)
+        api.follow_steps(lambda: step[0])
+        for torchft_step in (3, 5, 5, 6, 4):  # 3: the checkpoint's; 5 twice: a dropped step; 4: behind
+            step[0] = torchft_step
+            reporter.report({"loss": 0.5}, None)
+    finally:
+        api.follow_steps(None)
+        close()
+    assert [(m["step"], m["metrics"]) for m in messages] == [(5, {"loss": 0.5, "replica_group": 1}), (6, {"loss": 0.5, "replica_group": 1})]
+    assert reporter.step == 6
+
+
+def test_replica_group_is_a_name_report_keeps_for_itself() -> None:
+    from spark_torch.reporting.api import _clean
+
+    with pytest.raises(ValueError, match="'replica_group' is recorded by spark_torch; name your metric differently"):
+        _clean({"replica_group": 1})
+
+
+def test_last_run_is_every_groups_rows_attempts_and_checkpoints() -> None:
+    """merged_result: rows in step order, each naming its group (an older row without one gets
+    its group's), attempts named by group, the newest checkpoint of any group, the kept ones
+    ranked together, each group's own run kept."""
+    import threading
+
+    from spark_torch.driver.api.replica_groups import GroupLoop, merged_result
+    from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, Checkpoint, RunResult
+
+    config = DistributorConfig(num_processes=2, replica_groups=2, checkpoint_score_attribute="loss", checkpoint_score_order="min")
+
+    def group_run(group: int, attempt: int, rows: list[dict[str, Any]], checkpoints: list[tuple[int, float]]) -> RunResult:
+        result = RunResult(run_id=f"r-g{group}", rows=rows, history=rows)
+        result.attempts = [AttemptRecord(attempt, 1, 1, AttemptReason.START, end=AttemptEnd.SUCCEEDED)]
+        result.best_checkpoints = [(Checkpoint(f"/runs/r-g{group}/{s}", s, {"loss": loss}), {"loss": loss}) for s, loss in checkpoints]
+        result.checkpoint = max((c for c, _ in result.best_checkpoints), key=lambda c: c.step, default=None)
+        return result
+
+    loops = [GroupLoop(g, config, 1, threading.Event(), lambda group: None) for g in (0, 1)]
+    loops[0].results = [group_run(0, 0, [{"step": 1, "replica_group": 0}, {"step": 2, "replica_group": 0}], [(2, 0.3)])]
+    loops[1].results = [
+        group_run(1, 0, [{"step": 1}], []),
+        group_run(1, 1, [{"step": 2, "replica_group": 1}, {"step": 3, "replica_group": 1}], [(3, 0.1), (1, 0.5)]),
+    ]
+    loops[0].value = "group 0's"
+    merged = merged_result("r", loops, config, None, 0.0)
+    assert (merged.run_id, merged.value, merged.restarts, merged.error) == ("r", "group 0's", 1, None)
+    assert [(row["step"], row["replica_group"]) for row in merged.rows] == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 1)]
+    assert [(row["step"], row["replica_group"]) for row in merged.history] == [(1, 0), (2, 0), (2, 1), (3, 1)]
+    assert [str(a).split(":")[0] for a in merged.attempts] == ["replica group 0", "replica group 1", "replica group 1"]
+    assert merged.checkpoint is not None and merged.checkpoint.path == "/runs/r-g1/3"
+    assert [c.path for c, _ in merged.best_checkpoints] == ["/runs/r-g1/3", "/runs/r-g0/2", "/runs/r-g1/1"]
+    assert [r.run_id for r in merged.replica_groups] == ["r-g0", "r-g1"]
+    assert merged.metrics_dataframe.columns[-1] == "replica_group"

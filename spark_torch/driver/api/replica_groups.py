@@ -11,7 +11,8 @@ its budget, or one that ends with an error that a restart does not cure (a bad a
 timeout), fails the run: the lighthouse is stopped at once, so the other groups' ranks fail at
 their next quorum and are not restarted, and :class:`~spark_torch.ReplicaGroupError` names the
 group. Ctrl-C is raised in every group's thread too, so each group's run stops its ranks. The lighthouse is stopped whatever the end. ``run()`` returns group 0's rank-0
-value; ``last_run`` is group 0's last run.
+value; ``last_run`` is the whole run (:func:`merged_result`): every group's report() rows, each
+with its ``replica_group``, and every group's attempts.
 """
 
 from __future__ import annotations
@@ -35,13 +36,15 @@ from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaG
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
 from spark_torch.grace import DRIVER_STOP_WAIT_SECONDS
+from spark_torch.reporting.api import GROUP_KEY
+from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.settings import resolve as resolve_settings
 
 if TYPE_CHECKING:
     from spark_torch.driver.api.distributor import Distributor
     from spark_torch.driver.spark.dataframe import DataInput
 
-__all__ = ["GroupLoop", "group_config", "group_run_id", "run_groups", "LOCAL_HOST"]
+__all__ = ["GroupLoop", "group_config", "group_run_id", "run_groups", "merged_result", "LOCAL_HOST"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +188,7 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
         )
     host, advertise = _lighthouse_address(config, spark)
     run_id = config.run_id or new_run_id()
+    started = time.time()
     deadline = time.monotonic() + config.timeout if config.timeout else None
     stop, lock = threading.Event(), threading.Lock()
     first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
@@ -217,10 +221,46 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
             raise
         for thread in threads:
             thread.join()  # each has set its loop's done: it is ending
-    if loops[0].results:
-        distributor._results.last = loops[0].results[-1]
+    failed = loops[first[0]] if first and first[0] is not None else None
+    distributor._results.last = merged_result(run_id, loops, config, failed, started)
     if first:
-        error = loops[first[0]].error if first[0] is not None else None
-        assert error is not None
-        raise error
+        assert failed is not None and failed.error is not None
+        raise failed.error
     return loops[0].value
+
+
+def _rows(parts: list[tuple[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Each group's rows, each with its ``replica_group`` (ranks tag theirs; an older row gets its
+    group's), in step order and group order within a step."""
+    rows = [{**row, GROUP_KEY: row.get(GROUP_KEY, group)} for group, part in parts for row in part]
+    return sorted(rows, key=lambda row: (row.get("step", 0), row[GROUP_KEY]))
+
+
+def merged_result(
+    run_id: str, loops: list[GroupLoop], config: DistributorConfig, failed: GroupLoop | None, started: float
+) -> RunResult:
+    """The run as users see it (``last_run``): every group's rows and history, each row naming its
+    group, every group's attempts (each naming its group), the newest checkpoint of any group, and
+    each group's own last run in ``replica_groups``. ``run_id`` is the run's (pass it again to resume)."""
+    lasts = [loop.results[-1] for loop in loops if loop.results]
+    result = RunResult(run_id=run_id, value=loops[0].value, replica_groups=lasts, started=started)
+    result.rows = _rows([(loop.group, row) for loop in loops for row in (r.rows for r in loop.results)])
+    result.history = _rows([(loop.group, loop.results[-1].history) for loop in loops if loop.results])
+    kept = {c.path: (c, m) for last in lasts for c, m in last.best_checkpoints}  # each group's own folder
+    infos = [CheckpointInfo(c.step, path, metrics=m) for path, (c, m) in kept.items()]
+    ranked = best(infos, config.checkpoint_score_attribute, config.checkpoint_score_order)
+    result.best_checkpoints = [kept[info.url] for info in ranked]
+    newest = [last.checkpoint for last in lasts if last.checkpoint is not None]
+    result.checkpoint = max(newest, key=lambda c: c.step) if newest else None
+    result.restarts = sum(loop.restarts for loop in loops)
+    for loop in loops:
+        for attempt_result in loop.results:
+            for record in attempt_result.attempts:
+                record.replica_group = loop.group
+                result.attempts.append(record)
+    result.error = failed.error if failed is not None else None
+    shown = failed.results[-1] if failed is not None and failed.results else (lasts[0] if lasts else None)
+    if shown is not None:
+        result.outcome, result.entry = shown.outcome, shown.entry
+    result.duration = time.time() - started
+    return result
