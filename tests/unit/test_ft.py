@@ -16,6 +16,7 @@ import pytest
 from spark_torch import ConfigurationError, Distributor, ReplicaGroupError
 from spark_torch.driver.api.replica_groups import group_config
 from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
 from spark_torch.ft.lighthouse import Lighthouse, LighthouseOptions
 from spark_torch.ft.rank import bind_address
@@ -71,7 +72,23 @@ def test_each_group_runs_its_share_under_its_own_run_id() -> None:
     one = group_config(config, 1, "http://127.0.0.1:5000", "abc")
     assert (one.num_processes, one.replica_groups, one.max_restarts, one.run_id) == (2, 1, 0, "abc-g1")
     assert one.env == {"A": "1", "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:5000"}
-    assert one.timeout == 30.0 and one.local_mode is True
+    assert one.timeout == 30.0 and one.local_mode is True and one.log_dir is None
+
+
+def test_each_group_logs_apart_and_its_lines_name_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every group has a rank 0: its rank-0.log is in log_dir/group-N, its lines read
+    ``[group N rank R]``; a run without groups (even with a REPLICA_GROUP_ID of the user's) as before."""
+    config = DistributorConfig(num_processes=4, replica_groups=2, log_dir=str(tmp_path))
+    one = group_config(config, 1, "http://127.0.0.1:5000", "abc")
+    assert one.log_dir == str(tmp_path / "group-1")
+    sink = DriverLogSink(one, world_size=2)
+    sink(0, "stdout", "hello\nworld")
+    sink.close()
+    assert capsys.readouterr().out == "[group 1 rank 0] hello\n[group 1 rank 0] world\n"
+    assert (tmp_path / "group-1" / "rank-0.log").read_text() == "hello\nworld\n" and (tmp_path / "group-1" / "rank-1.log").exists()
+    plain = DriverLogSink(Distributor(num_processes=1, env={"REPLICA_GROUP_ID": "mine"})._config)
+    plain(0, "stdout", "x")
+    assert capsys.readouterr().out == "[rank 0] x\n"
 
 
 def test_a_rank_reads_its_group() -> None:

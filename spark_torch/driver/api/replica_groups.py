@@ -59,7 +59,8 @@ def group_run_id(run_id: str, group: int) -> str:
 
 def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id: str) -> DistributorConfig:
     """The options of one group's runs: its share of the ranks, the group's variables, its own
-    run id, no restarts of its own (:class:`GroupLoop` restarts it)."""
+    run id, no restarts of its own (:class:`GroupLoop` restarts it), its own ``log_dir/group-N``
+    (each group has a rank 0: one ``rank-0.log`` per group, and its Flight Recorder traces)."""
     variables = GroupEnv(group, config.replica_groups, lighthouse).variables()
     return replace(
         config,
@@ -69,6 +70,7 @@ def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id:
         max_restarts=0,
         env={**config.env, **variables},
         run_id=group_run_id(run_id, group),
+        log_dir=os.path.join(config.log_dir, f"group-{group}") if config.log_dir is not None else None,
     )
 
 

@@ -13,6 +13,7 @@ import threading
 from collections import deque
 from typing import IO
 
+from spark_torch import envnames
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.status import RunStatus
 from spark_torch.errors import ConfigurationError
@@ -20,7 +21,7 @@ from spark_torch.lines import block_lines, last_lines
 from spark_torch.owned_files import UnsafePathError, open_own_file
 from spark_torch.states import RankState
 
-__all__ = ["DriverLogSink", "format_line", "TAIL_LINES"]
+__all__ = ["DriverLogSink", "format_line", "replica_group_of", "TAIL_LINES"]
 
 #: lines of each rank kept on the driver for error messages
 TAIL_LINES = 20
@@ -40,9 +41,15 @@ def _open_log(log_dir: str, rank: int) -> IO[str]:
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
-def format_line(rank: int, text: str) -> str:
-    """``[rank 1] text``."""
-    return f"[rank {rank}] {text}"
+def format_line(rank: int, text: str, group: int | None = None) -> str:
+    """``[rank 1] text``; in a replica group's run, ``[group 0 rank 1] text``."""
+    return f"[rank {rank}] {text}" if group is None else f"[group {group} rank {rank}] {text}"
+
+
+def replica_group_of(config: DistributorConfig) -> int | None:
+    """The replica group whose run ``config`` is (its variables are in ``env``), else None."""
+    group = config.env.get(envnames.REPLICA_GROUP_ID, "")
+    return int(group) if group.isdigit() and envnames.NUM_REPLICA_GROUPS in config.env else None
 
 
 class DriverLogSink:
@@ -50,6 +57,7 @@ class DriverLogSink:
 
     def __init__(self, config: DistributorConfig, world_size: int = 0) -> None:
         self._config = config
+        self._group = replica_group_of(config)
         self._lock = threading.Lock()
         self._files: dict[int, IO[str]] = {}
         self.tails: dict[int, deque[str]] = {}
@@ -75,7 +83,7 @@ class DriverLogSink:
             tail.extend(last_lines(block, TAIL_LINES))
             if self._config.shows_rank(rank):
                 out = sys.stderr if stream == "stderr" else sys.stdout
-                prefix = format_line(rank, "")
+                prefix = format_line(rank, "", self._group)
                 text = prefix + block.replace("\n", "\n" + prefix) + "\n"
                 if self.status.enabled:
                     with self.status.around_output():
