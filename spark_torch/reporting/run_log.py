@@ -203,8 +203,10 @@ def prune_unreported(base: str, keep: int = KEEP_UNREPORTED_RUNS, spare: str | N
             continue
         storage = RunStorage(base, run_id)
         with contextlib.suppress(OSError):
+            if not storage.holds_only_logs():  # reported or checkpointed: kept (one listing, no metrics read)
+                continue
             calls = read_calls(storage.read_log(RUN_LOG))
-            if calls and calls[-1].ended is not None and not storage.history() and not any(storage.checkpoints()):
+            if calls and calls[-1].ended is not None:
                 ended.append((calls[-1].started, run_id))
     removed = []
     for _started, run_id in sorted(ended, reverse=True)[max(0, keep - (spare is not None)) :]:

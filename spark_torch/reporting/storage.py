@@ -205,9 +205,15 @@ class RunStorage:
             return False
 
     @_withholding_options
+    def holds_only_logs(self) -> bool:
+        """Whether nothing but the run's marker and logs is in its directory (it reported nothing
+        and kept no checkpoint): one listing, no log read."""
+        return not set(self._names()) - {RUN_MARKER, ATTEMPTS, RUN_LOG}
+
+    @_withholding_options
     def remove_if_unused(self) -> bool:
         """Remove the run's directory if nothing but its marker and logs are in it (a run that reported nothing)."""
-        if set(self._names()) - {RUN_MARKER, ATTEMPTS, RUN_LOG}:
+        if not self.holds_only_logs():
             return False
         if self.local:
             shutil.rmtree(self.url, ignore_errors=True)

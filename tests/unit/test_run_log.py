@@ -78,6 +78,19 @@ def test_retention_keeps_the_newest_runs_that_reported_nothing(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quiet0", "quiet4", "quiet5", "reported", "running"]
 
 
+def test_retention_reads_no_metrics_and_keeps_checkpointed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run() of the default storage prunes it: a run that reported is told by one listing,
+    its metrics (which grow with its steps) never read; a run with only a checkpoint is kept too."""
+    for index in range(3):
+        _run(tmp_path, f"quiet{index}", float(index))
+    _run(tmp_path, "reported", 0.0, reported=True)
+    _run(tmp_path, "checkpointed", 0.0)
+    (tmp_path / "checkpointed" / "checkpoint_000001").mkdir()
+    monkeypatch.setattr(RunStorage, "history", lambda self: pytest.fail("prune read a run's metrics"))
+    assert sorted(prune_unreported(str(tmp_path), keep=1)) == ["quiet0", "quiet1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpointed", "quiet2", "reported"]
+
+
 def test_a_results_repr_is_short_whatever_its_value() -> None:
     state = {f"layer{i}.weight": list(range(100)) for i in range(40)}
     text = repr(RunResult(run_id="abc", value=state, outcome=Outcome.SUCCEEDED, path="/runs/abc"))
