@@ -166,6 +166,30 @@ def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no
     assert not _listening(url.port)
 
 
+def test_a_killed_group_restarts_alone_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
+    """On ``local[2]``, each group a barrier job: group 1's rank SIGKILLed mid-step fails its job
+    only; its restart is a new barrier job that heals from group 0, whose process never changed
+    and whose steps only went forward; both end with the same weights and every step once."""
+    distributor = Distributor(
+        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, max_restarts=1,
+        lighthouse_options=_options(), timeout=240, log_ranks=[], storage_path=tmp_path / "runs",
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2)
+    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
+    assert len({pid for pid, _ in survivor}) == 1, survivor[:5]
+    assert [step for _, step in survivor] == sorted({step for _, step in survivor})
+    pids = list(dict.fromkeys(pid for pid, _ in killed))
+    assert len(pids) == 2 and (tmp_path / "killed1").exists(), pids
+    before = [step for pid, step in killed if pid == pids[0]]
+    after = [step for pid, step in killed if pid == pids[1]]
+    assert after[0] > before[-1] >= 1, (before[-3:], after[:3])
+    assert ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
+    last = distributor.last_run
+    assert last is not None and last.error is None
+    _reported(last, tmp_path)
+    assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+
+
 def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:
     """SIGINT reaches the driver's main thread only; every group's run stops its ranks as a
     Ctrl-C stops a run's, and run() raises KeyboardInterrupt (tests/scripts/ft_interrupt.py)."""
