@@ -174,7 +174,7 @@ def crypto_only(size: int, kind: str, seconds: float = 0.5) -> float:
 def _child(nodes: int) -> None:
     """The nodes' side (a separate process): N NodeChannels doing what a run does."""
     from spark_torch.channel.node_end import NodeChannel
-    from spark_torch.spec import ChannelSpec
+    from spark_torch.shared.spec import ChannelSpec
 
     given = json.loads(sys.stdin.readline())
     spec = ChannelSpec(host="127.0.0.1", port=given["port"], secret=bytes.fromhex(given["secret"]), heartbeat=HEARTBEAT, rendezvous_timeout=120)

@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     )
     from spark_torch.reporting.api import get_checkpoint, report
     from spark_torch.reporting.checkpoint import Checkpoint
-    from spark_torch.spec import GpuFallback, LaunchPlan
+    from spark_torch.shared.spec import GpuFallback, LaunchPlan
 
 #: where each public name lives; imported on first access (module ``__getattr__``, PEP 562)
 _HOMES = {
@@ -66,8 +66,8 @@ _HOMES = {
     "SizeReason": "spark_torch.driver.result",
     "AttemptError": "spark_torch.driver.result",
     "GrowRequest": "spark_torch.driver.result",
-    "LaunchPlan": "spark_torch.spec",
-    "GpuFallback": "spark_torch.spec",
+    "LaunchPlan": "spark_torch.shared.spec",
+    "GpuFallback": "spark_torch.shared.spec",
     "list_runs": "spark_torch.driver.api.past_runs",
     "RunSummary": "spark_torch.driver.api.past_runs",
     "init_process_group": "spark_torch.rank.prepare",

@@ -26,7 +26,8 @@ import pytest
 from fsspec import register_implementation
 from fsspec.spec import AbstractFileSystem
 
-from spark_torch import ConfigurationError, Distributor, envnames
+from spark_torch import ConfigurationError, Distributor
+from spark_torch.base import envnames
 from spark_torch.reporting.redaction import options_withheld, withheld
 
 SECRET = "tok-" + uuid.uuid4().hex

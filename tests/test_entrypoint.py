@@ -13,7 +13,7 @@ from spark_torch import Distributor, PicklingError
 from spark_torch.driver.run.entrypoint import FunctionEntrypoint, ScriptEntrypoint, make_entrypoint
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.errors import ArgumentError
-from spark_torch.rank_files import load_function_payload
+from spark_torch.shared.rank_files import load_function_payload
 
 from .conftest import run_temp_dirs
 

@@ -62,7 +62,7 @@ def _whole_env() -> dict[str, str]:
     return dict(os.environ)
 
 
-#: set by a node for its own ranks' plumbing (spark_torch.envnames), not part of the contract
+#: set by a node for its own ranks' plumbing (spark_torch.base.envnames), not part of the contract
 INTERNAL = {
     "SPARK_TORCH_PARENT_PID", "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_START_STEP",
     "SPARK_TORCH_CHECKPOINT", "SPARK_TORCH_DATA_FILE", "SPARK_TORCH_DATA_COLUMNS", "SPARK_TORCH_DATA_ROWS",

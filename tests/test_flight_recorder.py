@@ -23,8 +23,8 @@ from spark_torch import Distributor
 from spark_torch.driver.run import flight_recorder
 from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir, trace_dir
 from spark_torch.driver.run.stall import StallWatch
-from spark_torch.fr_dumps import keep_tail, rank_line, read_dump, summary
-from spark_torch.stacks import MAX_TRACE_BYTES
+from spark_torch.shared.fr_dumps import keep_tail, rank_line, read_dump, summary
+from spark_torch.shared.stacks import MAX_TRACE_BYTES
 from tests.conftest import SCRIPTS, TESTS
 from tests.fr_programs import stuck_then_talks
 
@@ -258,7 +258,7 @@ def test_without_log_dir_a_private_folder_of_this_user(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    monkeypatch.setattr("spark_torch.owned_files._fallbacks", {})
+    monkeypatch.setattr("spark_torch.shared.owned_files._fallbacks", {})
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     where = trace_dir(None, "run-1", 3)
     mine = tmp_path / f"spark_torch_traces-{os.getuid()}"
@@ -287,7 +287,7 @@ def test_a_per_user_folder_of_another_user_is_never_used(
     """Another user made ``spark_torch_traces-UID`` first: traces go to
     ``$XDG_RUNTIME_DIR/spark_torch_traces`` when that is this user's, with one WARNING."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    monkeypatch.setattr("spark_torch.owned_files._fallbacks", {})
+    monkeypatch.setattr("spark_torch.shared.owned_files._fallbacks", {})
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
-from spark_torch.grace import RANK_GRACE_SECONDS, STOP_MARGIN_SECONDS
+from spark_torch.base.grace import RANK_GRACE_SECONDS, STOP_MARGIN_SECONDS
 
 
 def double_fork_a_sleep(seconds: str, fail: bool) -> dict[str, Any]:

@@ -17,12 +17,12 @@ import psutil
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
+from spark_torch.base.states import RankState
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.rank_group import GroupState, NodeSpec, run_ranks
 from spark_torch.node.reaper_main import parse_line
 from spark_torch.node.workdir import NodeWorkdir
-from spark_torch.spec import LaunchPlan, RunSpec
-from spark_torch.states import RankState
+from spark_torch.shared.spec import LaunchPlan, RunSpec
 
 from .conftest import SCRIPTS
 from .test_cli import _interrupt_after_first_line
@@ -228,7 +228,7 @@ def test_a_node_whose_staging_fails_closes_its_channel(monkeypatch: pytest.Monke
 
     from spark_torch.channel.driver_end import new_secret
     from spark_torch.node.task import run_barrier_task
-    from spark_torch.spec import ChannelSpec, DataSpec
+    from spark_torch.shared.spec import ChannelSpec, DataSpec
 
     monkeypatch.setattr(pyspark.BarrierTaskContext, "get", staticmethod(lambda: _OneTaskBarrier()))
     dead = socket.socket()

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from spark_torch.base.states import ProblemKind
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, spark_failure_cause
 from spark_torch.driver.run.outcome import AttemptOutcome
 from spark_torch.driver.spark import quiet
 from spark_torch.errors import DistributedRunError, LaunchError
-from spark_torch.failure_reports import MARKER, FailureReport, encode_report
-from spark_torch.states import ProblemKind
+from spark_torch.shared.failure_reports import MARKER, FailureReport, encode_report
 
 from .conftest import CLUSTER_MASTER, SCRIPTS
 

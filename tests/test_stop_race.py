@@ -22,7 +22,7 @@ import pytest
 from spark_torch import Distributor, RunStalledError, RunTimeoutError
 from spark_torch.driver.run import barrier
 from spark_torch.node import result_transfer
-from spark_torch.stacks import StackState
+from spark_torch.shared.stacks import StackState
 from tests.stall_programs import one_rank_stuck
 
 #: how long the job may take to end by itself once the nodes were stopped

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from spark_torch import DistributedRunError, Distributor, envnames, grace
+from spark_torch import DistributedRunError, Distributor
+from spark_torch.base import envnames, grace
 from spark_torch.driver.run import barrier
 from spark_torch.node import rank_group, reaper_main, store_host
 from spark_torch.node.process_tree import terminate_trees

@@ -13,7 +13,7 @@ import pytest
 
 from spark_torch import AttemptEnd, ConfigurationError, Distributor
 from spark_torch.node.storage_check import SEEN, storage_hello, storage_needed, storage_problem
-from spark_torch.spec import LaunchPlan, RunSpec, StorageSpec
+from spark_torch.shared.spec import LaunchPlan, RunSpec, StorageSpec
 
 
 def touch(path: str) -> None:

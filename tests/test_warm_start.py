@@ -127,7 +127,7 @@ def test_a_refused_template_folder_costs_no_warm_start(
         pytest.skip("making a folder of another user needs root")
     tmp_path = Path(tempfile.mkdtemp(prefix="st-", dir="/tmp"))  # a socket's path has at most 107 bytes
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    monkeypatch.setattr("spark_torch.owned_files._fallbacks", {})
+    monkeypatch.setattr("spark_torch.shared.owned_files._fallbacks", {})
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     folder = tmp_path / f"spark_torch_templates-{os.getuid()}"
     folder.mkdir(mode=0o700)

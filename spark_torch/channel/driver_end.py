@@ -13,15 +13,15 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from spark_torch.base.states import NodeEnd, StopReason
 from spark_torch.channel.log_stream import LineReceiver
 from spark_torch.channel.protocols import BulkSink, StepSink
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousCoordinator, fallback_warning
 from spark_torch.channel.server import ChannelServer
 from spark_torch.channel.transport import RateLimitedLog
-from spark_torch.failure_reports import FailureReport, merge_reports, report_from_dict
-from spark_torch.lines import RankOutput
-from spark_torch.spec import ChannelSpec
-from spark_torch.states import NodeEnd, StopReason
+from spark_torch.shared.failure_reports import FailureReport, merge_reports, report_from_dict
+from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.spec import ChannelSpec
 
 __all__ = ["DriverChannel", "new_secret"]
 

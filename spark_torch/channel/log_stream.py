@@ -18,10 +18,10 @@ import threading
 from collections import deque
 from typing import Any
 
+from spark_torch.base.states import RankState
 from spark_torch.channel.client import Frame, Numbering
 from spark_torch.channel.wire import MAX_FRAME, FrameTooLarge
-from spark_torch.lines import RankOutput, block_lines
-from spark_torch.states import RankState
+from spark_torch.shared.lines import RankOutput, block_lines
 
 __all__ = ["LineQueue", "LineReceiver", "EVENT_STREAM", "QUEUE_LINES", "QUEUE_BYTES", "FRAME_TEXT_BYTES", "sendable"]
 

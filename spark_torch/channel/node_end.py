@@ -8,14 +8,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from spark_torch.base.states import NodeEnd, RankState, StopReason, StopSignal
 from spark_torch.channel.client import ChannelClient
 from spark_torch.channel.log_stream import LineQueue, sendable
 from spark_torch.channel.protocols import StepAnswers
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousResult, parse_decision
 from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
-from spark_torch.failure_reports import FailureReport, report_to_dict
-from spark_torch.spec import ChannelSpec
-from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal
+from spark_torch.shared.failure_reports import FailureReport, report_to_dict
+from spark_torch.shared.spec import ChannelSpec
 
 __all__ = ["NodeChannel"]
 
@@ -25,7 +25,7 @@ class NodeChannel:
 
     Call it as a line sink (``channel(rank, stream, block)``); ``rank_event`` feeds the driver's
     live status. ``stop`` is set when the driver says stop (only here: the rendezvous waits on
-    the client's condition for it); a :class:`~spark_torch.states.StopSignal` also keeps the
+    the client's condition for it); a :class:`~spark_torch.base.states.StopSignal` also keeps the
     driver's reason.
     """
 
@@ -229,7 +229,7 @@ def _fitted(report: FailureReport) -> dict[str, Any]:
     """``report`` as channel data that fits a frame (text UTF-8 cannot carry repaired). A node of
     many failed ranks can outgrow one: first the pickled exceptions stay behind (the text says
     what failed), then every rank's text gets a smaller share of the bounds, cut as
-    :func:`~spark_torch.failure_reports.bounded` cuts it (head and tail), until it fits."""
+    :func:`~spark_torch.shared.failure_reports.bounded` cuts it (head and tail), until it fits."""
     data: dict[str, Any] = _repaired(report_to_dict(report))
     share = 1.0
     while not _fits(data) and share >= 1 / 1024:

@@ -1,7 +1,7 @@
 """What the channel hands its messages to: protocols, so that it imports none of the driver,
 node or reporting classes that implement them.
 
-Rank output goes to a :class:`spark_torch.lines.RankOutput` on both ends.
+Rank output goes to a :class:`spark_torch.shared.lines.RankOutput` on both ends.
 """
 
 from __future__ import annotations

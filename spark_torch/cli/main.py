@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 from spark_torch.version import __version__
 
 __all__ = ["main", "build_parser"]

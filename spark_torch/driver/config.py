@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from spark_torch import settings
-from spark_torch.envnames import RESERVED
+from spark_torch.base.envnames import RESERVED
 from spark_torch.errors import ConfigurationError
 from spark_torch.ft.env import NAMES as REPLICA_GROUP_NAMES
 from spark_torch.ft.lighthouse import LighthouseOptions

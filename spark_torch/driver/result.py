@@ -14,12 +14,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.base.states import ValueEnum
 from spark_torch.reporting.api import GROUP_KEY, RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
-from spark_torch.states import ValueEnum
 
 __all__ = [
     "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from spark_torch.envnames import NUM_REPLICA_GROUPS, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE
+from spark_torch.base.envnames import NUM_REPLICA_GROUPS, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE
 from spark_torch.errors import SparkTorchError
 
 __all__ = ["REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE", "NAMES", "GroupEnv", "NotInReplicaGroupError"]

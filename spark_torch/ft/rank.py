@@ -8,11 +8,11 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from spark_torch.bound_store import host_store
-from spark_torch.envnames import MASTER_ADDR, MASTER_PORT, RANK, TORCHELASTIC_USE_AGENT_STORE, WORLD_SIZE
+from spark_torch.base.envnames import MASTER_ADDR, MASTER_PORT, RANK, TORCHELASTIC_USE_AGENT_STORE, WORLD_SIZE
 from spark_torch.ft import ddp_fix
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
 from spark_torch.reporting.api import follow_steps
+from spark_torch.shared.bound_store import host_store
 
 __all__ = ["manager", "bind_address", "replica_id"]
 

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 from spark_torch.errors import ClusterConfigurationError
 
 __all__ = [

@@ -27,8 +27,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from spark_torch import envnames
-from spark_torch.grace import RANK_GRACE_SECONDS
+from spark_torch.base import envnames
+from spark_torch.base.grace import RANK_GRACE_SECONDS
 
 __all__ = ["keep", "main", "descendants_of", "ignored_signals", "KEEPER_MODULE"]
 

@@ -18,11 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spark_torch import envnames
-from spark_torch.column_files import NullValuesError
+from spark_torch.base import envnames
+from spark_torch.base.states import ProblemKind, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
-from spark_torch.failure_reports import FailureReport
-from spark_torch.lines import RankOutput
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
@@ -31,10 +29,12 @@ from spark_torch.node.staging import check_shards, data_env, write_node_data
 from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.spec import RunSpec
-from spark_torch.states import ProblemKind, StopSignal
+from spark_torch.shared.column_files import NullValuesError
+from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.spec import RunSpec
+from spark_torch.shared.workdir_files import WorkdirFiles
 from spark_torch.version import package_identity
-from spark_torch.workdir_files import WorkdirFiles
 
 __all__ = ["NodeIO", "NodeProblem", "NodeResult", "run_node", "resume_env", "python_mismatch", "package_mismatch", "host_of"]
 
@@ -81,7 +81,7 @@ class NodeIO(Protocol):
         """The node's ranks failed (after cleanup, with their last lines)."""
 
     def progress(self, stacks: list[dict[str, Any]]) -> None:
-        """A snapshot of the ranks' progress and stacks (:class:`~spark_torch.stacks.RankStack` dicts)."""
+        """A snapshot of the ranks' progress and stacks (:class:`~spark_torch.shared.stacks.RankStack` dicts)."""
 
     def trace(self, rank: int, data: bytes) -> None:
         """A rank's Flight Recorder trace (a pickle: the driver stores it, never loads it)."""

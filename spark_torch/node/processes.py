@@ -17,11 +17,11 @@ from typing import IO, Any
 
 import psutil
 
-from spark_torch import envnames
-from spark_torch.lines import CONTINUED, MAX_LINE_BYTES, RankOutput, last_lines, make_block
+from spark_torch.base import envnames
 from spark_torch.node.keeper import KEEPER_MODULE
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.template.client import WarmProcess, warm_spawn
+from spark_torch.shared.lines import CONTINUED, MAX_LINE_BYTES, RankOutput, last_lines, make_block
 
 __all__ = [
     "RankProcess",

@@ -2,7 +2,7 @@
 
 Every ``interval`` seconds it reads each rank's stack file (written by
 :mod:`spark_torch.rank.sampler`) and sends one snapshot (a list of
-:class:`~spark_torch.stacks.RankStack` dicts) to the driver, which decides whether the run is
+:class:`~spark_torch.shared.stacks.RankStack` dicts) to the driver, which decides whether the run is
 stalled. A rank makes progress when its sampler says so (:mod:`spark_torch.rank.progress_signals`:
 its main thread computed, read or wrote, reported, or reached a new position) or when it exits.
 Its output counts only while it is not sampled: a sampled rank's output is counted by the
@@ -31,17 +31,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spark_torch.lines import RankOutput
+from spark_torch.base.states import RankState
 from spark_torch.node.rank_view import RankView
-from spark_torch.stacks import (
+from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.stacks import (
     MAX_OUTPUT_CHARS,
     MAX_TRACE_BYTES,
     RankStack,
     StackState,
     strip_source_lines,
 )
-from spark_torch.states import RankState
-from spark_torch.workdir_files import trace_path, trace_request_path
+from spark_torch.shared.workdir_files import trace_path, trace_request_path
 
 __all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from spark_torch import envnames as names
+from spark_torch.base import envnames as names
 
 __all__ = ["RankIdentity", "rank_env"]
 

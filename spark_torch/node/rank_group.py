@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from spark_torch import envnames, rank_files
+from spark_torch.base import envnames
+from spark_torch.base.grace import INTERRUPT_GRACE_SECONDS, RANK_GRACE_SECONDS
+from spark_torch.base.states import NodeEnd, RankState, StopReason, StopSignal, ValueEnum
 from spark_torch.errors import RankFailure
-from spark_torch.grace import INTERRUPT_GRACE_SECONDS, RANK_GRACE_SECONDS
-from spark_torch.lines import RankOutput
 from spark_torch.node.processes import (
     RankProcess,
     interrupts_deferred,
@@ -30,11 +30,12 @@ from spark_torch.node.processes import (
 from spark_torch.node.progress import ProgressWatch, sample_interval
 from spark_torch.node.rank_env import RankIdentity, rank_env
 from spark_torch.node.workdir import NodeWorkdir
-from spark_torch.rank_files import RankError
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.spec import FILE_ARGUMENT, RunSpec
-from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal, ValueEnum
-from spark_torch.workdir_files import StorageFile, WorkdirFiles
+from spark_torch.shared import rank_files
+from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.rank_files import RankError
+from spark_torch.shared.spec import FILE_ARGUMENT, RunSpec
+from spark_torch.shared.workdir_files import StorageFile, WorkdirFiles
 
 __all__ = [
     "NodeSpec", "GroupState", "RankStatus", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE",
@@ -46,7 +47,7 @@ SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of a run: the run's :class:`~spark_torch.spec.RunSpec` plus where this node sits."""
+    """One node of a run: the run's :class:`~spark_torch.shared.spec.RunSpec` plus where this node sits."""
 
     run: RunSpec
     node_rank: int

@@ -3,7 +3,7 @@
 Linux's ``/proc`` says whether the process is stopped (state ``T``: SIGSTOP, a debugger) and how
 much CPU time its main thread used (a native call that holds the GIL may still be computing);
 faulthandler, registered by the rank's sampler for ``SIGRTMIN`` +
-:data:`~spark_torch.stacks.DUMP_SIGNAL_OFFSET`, gives its true stack without the GIL (the signal
+:data:`~spark_torch.shared.stacks.DUMP_SIGNAL_OFFSET`, gives its true stack without the GIL (the signal
 is only sent when ``/proc`` shows the rank catches it: a process that does not would die of it;
 and only to a rank about to be stopped: :meth:`RankView.native_stack` with ``ask``).
 The stacks of the processes a rank forked (a DataLoader's workers) are read here too.
@@ -20,8 +20,8 @@ import time
 
 import psutil
 
-from spark_torch.stacks import DUMP_SIGNAL_OFFSET, cut_tail
-from spark_torch.workdir_files import child_stack_pattern, native_dump_path
+from spark_torch.shared.stacks import DUMP_SIGNAL_OFFSET, cut_tail
+from spark_torch.shared.workdir_files import child_stack_pattern, native_dump_path
 
 __all__ = ["RankView", "parse_dump", "with_source_lines"]
 

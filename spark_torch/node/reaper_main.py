@@ -20,12 +20,12 @@ import json
 import shutil
 import sys
 
-from spark_torch.grace import RANK_GRACE_SECONDS
+from spark_torch.base.grace import RANK_GRACE_SECONDS
 from spark_torch.node.process_tree import GroupRef, terminate_trees
 
 __all__ = ["main", "parse_line"]
 
-#: the node runner's own grace (the driver waits for that long: :mod:`spark_torch.grace`)
+#: the node runner's own grace (the driver waits for that long: :mod:`spark_torch.base.grace`)
 
 
 def parse_line(line: str) -> GroupRef | None:

@@ -35,11 +35,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spark_torch import rank_files
 from spark_torch.errors import LaunchError
-from spark_torch.rank_files import ResultBytes
-from spark_torch.spec import RunSpec
-from spark_torch.workdir_files import WorkdirFiles
+from spark_torch.shared import rank_files
+from spark_torch.shared.rank_files import ResultBytes
+from spark_torch.shared.spec import RunSpec
+from spark_torch.shared.workdir_files import WorkdirFiles
 
 __all__ = [
     "prepare_result_dir",

@@ -1,8 +1,8 @@
 """A node's share of the DataFrame for ``run_on_dataframe``: staged to a file, checked, described.
 
 The node's Arrow record batches (from the barrier stage's input, or collected by the driver in
-local mode) are written as column files (:mod:`spark_torch.column_files`) to the node's scratch directory
-(:meth:`~spark_torch.workdir_files.WorkdirFiles.data`); after the rendezvous
+local mode) are written as column files (:mod:`spark_torch.shared.column_files`) to the node's scratch directory
+(:meth:`~spark_torch.shared.workdir_files.WorkdirFiles.data`); after the rendezvous
 every node knows every node's row count, checks that each rank gets rows, and tells its ranks
 where the file is (:mod:`spark_torch.rank.data` reads it).
 """
@@ -13,16 +13,16 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from spark_torch import envnames
-from spark_torch.column_files import ColumnWriter
-from spark_torch.workdir_files import WorkdirFiles
+from spark_torch.base import envnames
+from spark_torch.shared.column_files import ColumnWriter
+from spark_torch.shared.workdir_files import WorkdirFiles
 
 __all__ = ["write_node_data", "data_env", "check_shards"]
 
 
 def write_node_data(batches: Iterable[Any], directory: str) -> tuple[str, int]:
     """Stream Arrow record batches into the data folder of the scratch ``directory``; returns
-    (path, rows). Raises :class:`~spark_torch.column_files.NullValuesError` naming a numeric
+    (path, rows). Raises :class:`~spark_torch.shared.column_files.NullValuesError` naming a numeric
     column that holds nulls (before any rank starts)."""
     path = WorkdirFiles(directory).data()
     writer = ColumnWriter(path)

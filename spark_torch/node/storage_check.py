@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_torch.spec import RunSpec
+from spark_torch.shared.spec import RunSpec
 
 __all__ = ["storage_hello", "storage_problem", "storage_needed", "SEEN"]
 

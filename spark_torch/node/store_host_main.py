@@ -24,8 +24,8 @@ import os
 import signal
 import sys
 
-from spark_torch import envnames
-from spark_torch.bound_store import host_store
+from spark_torch.base import envnames
+from spark_torch.shared.bound_store import host_store
 
 __all__ = ["main"]
 

@@ -6,7 +6,7 @@ node 0's hello carries the port it reserved), or, when the channel cannot be rea
 rendezvous deadline, through one Spark ``allGather`` round (about a second); rank output goes
 to the channel, or to the executor's log. Rank 0's result goes back as the stage's rows
 (:mod:`spark_torch.node.result_transfer`). A failure is raised as a task exception carrying a
-report authenticated with the run's secret (:mod:`spark_torch.failure_reports`): Spark then
+report authenticated with the run's secret (:mod:`spark_torch.shared.failure_reports`): Spark then
 aborts the barrier stage at once (a barrier result stage is never retried), kills the other
 tasks and hands the text to the driver. Imports no driver-side module.
 """
@@ -19,11 +19,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from spark_torch.background import BackgroundCall
+from spark_torch.base.background import BackgroundCall
+from spark_torch.base.states import NodeEnd, ProblemKind, RankState, StopSignal
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.errors import RankFailure
-from spark_torch.failure_reports import FailureReport, encode_report
-from spark_torch.lines import RankOutput
 from spark_torch.node import result_transfer
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, host_of, run_node
 from spark_torch.node.progress import ProgressWatch
@@ -31,8 +30,9 @@ from spark_torch.node.rank_group import GroupState
 from spark_torch.node.storage_check import storage_hello, storage_needed, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.spec import RunSpec
-from spark_torch.states import NodeEnd, ProblemKind, RankState, StopSignal
+from spark_torch.shared.failure_reports import FailureReport, encode_report
+from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.spec import RunSpec
 
 __all__ = ["run_barrier_task", "BarrierIO", "NodeFailed"]
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 from spark_torch.node.processes import with_package_on_path
 
 __all__ = ["NodeWorkdir", "node_marker", "scratch_root", "REAPER_MODULE"]

@@ -1,6 +1,6 @@
 """Gathered column rows as tensors (inside a rank): scalars, arrays, Spark ML vectors, strings, binary.
 
-The rows come from :meth:`spark_torch.column_files.StagedColumns.gather` as numpy parts in
+The rows come from :meth:`spark_torch.shared.column_files.StagedColumns.gather` as numpy parts in
 this rank's memory (never views of the memory-mapped file), so tensors share them without a
 copy. Floating-point arrays and Spark ML vectors (dense or sparse) become ``float32`` tensors
 unless a dtype says otherwise (:func:`column_dtypes`): that is what a ``torch.nn`` module
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spark_torch.column_files import column_kind
+from spark_torch.shared.column_files import column_kind
 
 __all__ = ["column_kind", "column_dtypes", "to_tensor", "dense_vectors"]
 
@@ -55,7 +55,7 @@ def column_dtypes(kinds: Mapping[str, str], floats: Mapping[str, bool], dtype: A
 
 
 def dense_vectors(parts: Mapping[str, Any], dtype: Any = None) -> Any:
-    """Spark ML vectors (gathered parts, see :class:`~spark_torch.column_files.StagedColumns`) ->
+    """Spark ML vectors (gathered parts, see :class:`~spark_torch.shared.column_files.StagedColumns`) ->
     a dense (rows, width) tensor, vectorised; width is the widest vector of the whole column."""
     import numpy as np
     import torch

@@ -1,7 +1,7 @@
 """Inside a rank started by :meth:`Distributor.run_on_dataframe`: this rank's rows as tensors.
 
 The node runner writes the node's share of the DataFrame to a folder of column files
-(:mod:`spark_torch.column_files`, ``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node
+(:mod:`spark_torch.shared.column_files`, ``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node
 owns every ``LOCAL_WORLD_SIZE``-th row of it, so each row belongs to exactly one rank. The
 files are memory-mapped and each batch's rows are gathered from them: a rank never holds its
 whole shard in memory, and a batch costs the same whatever the number of rows.
@@ -40,9 +40,9 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from spark_torch import envnames
-from spark_torch.column_files import StagedColumns
+from spark_torch.base import envnames
 from spark_torch.rank.columns import column_dtypes, column_kind, float_columns, to_tensor
+from spark_torch.shared.column_files import StagedColumns
 
 __all__ = [
     "rank_dataset",
@@ -101,7 +101,7 @@ class RankDataset:
     Each iteration is one epoch (or ``epochs`` epochs back to back); with ``shuffle``, the
     order is a permutation seeded by ``seed`` and the epoch number, so it differs per epoch
     and is reproducible. With DataLoader workers, each worker yields a disjoint set of batches.
-    ``path`` is a folder staged by :class:`~spark_torch.column_files.ColumnWriter`; ``dtype``:
+    ``path`` is a folder staged by :class:`~spark_torch.shared.column_files.ColumnWriter`; ``dtype``:
     see :func:`rank_loader`. A batch costs the same whatever the number of rows: its rows'
     positions are computed, then gathered from the memory-mapped column files.
     """

@@ -12,7 +12,7 @@ import ctypes
 import os
 import signal
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 
 __all__ = ["die_with_parent"]
 

@@ -56,12 +56,13 @@ from __future__ import annotations
 import os
 import sys
 
-from spark_torch import envnames, rank_files
+from spark_torch.base import envnames
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
 from spark_torch.rank.store import host_rendezvous_store
 from spark_torch.rank.title import rank_title, set_title
+from spark_torch.shared import rank_files
 
 __all__ = ["main"]
 

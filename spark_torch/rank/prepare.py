@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 
 __all__ = [
     "RankContext", "get_context", "get_device", "init_process_group", "prepare_model", "prepare_data_loader", "rank_device",

@@ -5,8 +5,8 @@ sum of torch's per-group sequence numbers, :func:`collective_count`, moved: in a
 waits for each, the one before completed; a rank that waits 0.3 s for data or in ``recv`` between
 collectives is working), or when its main thread
 
-- calls ``report()`` (:func:`spark_torch.stacks.progress_count`), or waits in its checkpoint
-  upload (:func:`spark_torch.stacks.working`, however slow the link),
+- calls ``report()`` (:func:`spark_torch.shared.stacks.progress_count`), or waits in its checkpoint
+  upload (:func:`spark_torch.shared.stacks.working`, however slow the link),
 - reads or writes anything (its own read/write counters, ``/proc/self/task/<tid>/io``: the
   sampler's own writes and another thread's output are not counted), or pages memory in (its
   page faults: a library being loaded by ``import torch`` on a loaded machine),
@@ -34,7 +34,7 @@ import os
 import sys
 import time
 
-from spark_torch.stacks import is_working, progress_count
+from spark_torch.shared.stacks import is_working, progress_count
 
 __all__ = ["Progress", "in_collective", "collective_count"]
 

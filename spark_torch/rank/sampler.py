@@ -15,7 +15,7 @@ anything the user made), and reads source lines from the files itself.
 
 A native call that holds the GIL stops this thread; only when the run is being stopped anyway
 (``stall_action="fail"``) does the node ask faulthandler, registered here for
-:data:`spark_torch.stacks.DUMP_SIGNAL_OFFSET` above ``SIGRTMIN``, for the true stack (it dumps
+:data:`spark_torch.shared.stacks.DUMP_SIGNAL_OFFSET` above ``SIGRTMIN``, for the true stack (it dumps
 without the GIL; the signal would cut a sleeping system call short in a rank that goes on). Forked children (a DataLoader's workers) sample themselves into
 ``<stack file>.child-<pid>``. When the node asks (a stall), the sampler also writes torch's
 Flight Recorder record of the collectives still in flight (:func:`trace_path`).
@@ -33,18 +33,18 @@ import time
 from types import FrameType
 from typing import IO, Any
 
-from spark_torch import envnames
-from spark_torch.fr_dumps import keep_tail
+from spark_torch.base import envnames
 from spark_torch.rank.progress_signals import Progress
 from spark_torch.rank.shutdown import own_descriptor
-from spark_torch.stacks import (
+from spark_torch.shared.fr_dumps import keep_tail
+from spark_torch.shared.stacks import (
     DUMP_SIGNAL_OFFSET,
     MAX_STACK_CHARS,
     MAX_TRACE_BYTES,
     cut_head,
     cut_tail,
 )
-from spark_torch.workdir_files import child_stack_path, native_dump_path, trace_path, trace_request_path
+from spark_torch.shared.workdir_files import child_stack_path, native_dump_path, trace_path, trace_request_path
 
 __all__ = ["start_sampler"]
 

@@ -19,7 +19,7 @@ import sys
 import traceback
 from types import TracebackType
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output

@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 
 __all__ = ["finish", "line_buffered_output", "destroy_process_group", "flush_open_files", "own_descriptor"]
 

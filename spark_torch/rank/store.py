@@ -5,7 +5,7 @@ it before the ranks started (warm starts off, or its store host was not ready in
 torch's ``env://`` rendezvous would make rank 0 the server of a ``TCPStore`` listening on every
 interface, with no authentication. Told by its node (``SPARK_TORCH_HOST_STORE=1``), rank 0
 imports torch before the user's code, hosts the store on ``MASTER_ADDR:MASTER_PORT`` only
-(:func:`spark_torch.bound_store.host_store`) and sets ``TORCHELASTIC_USE_AGENT_STORE=True``, so
+(:func:`spark_torch.shared.bound_store.host_store`) and sets ``TORCHELASTIC_USE_AGENT_STORE=True``, so
 that its own ``init_process_group(init_method="env://")`` connects to it as a client, as under
 torchrun's agent. The store lives as long as the rank. The variable is removed before the
 user's code runs. When the store cannot be hosted (the port is taken), torch's own server is
@@ -19,8 +19,8 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from spark_torch import envnames
-from spark_torch.bound_store import host_store
+from spark_torch.base import envnames
+from spark_torch.shared.bound_store import host_store
 
 __all__ = ["host_rendezvous_store", "STORE_TIMEOUT"]
 

@@ -36,9 +36,9 @@ import threading
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
-from spark_torch import envnames
-from spark_torch.stacks import note_progress, working
-from spark_torch.workdir_files import StorageFile
+from spark_torch.base import envnames
+from spark_torch.shared.stacks import note_progress, working
+from spark_torch.shared.workdir_files import StorageFile
 
 if TYPE_CHECKING:
     from spark_torch.reporting.checkpoint import Checkpoint

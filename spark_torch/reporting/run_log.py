@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.base.states import ValueEnum
 from spark_torch.reporting.storage import RUN_LOG, RunStorage, run_ids
-from spark_torch.states import ValueEnum
 
 __all__ = [
     "Outcome", "AttemptEndRow", "CallRecord", "KEEP_UNREPORTED_RUNS", "call_row", "attempt_row", "attempt_line", "end_row", "read_calls",

@@ -40,7 +40,7 @@ from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
 
 if TYPE_CHECKING:
-    from spark_torch.spec import StorageSpec
+    from spark_torch.shared.spec import StorageSpec
 
 __all__ = ["RunStorage", "MANIFEST", "DEFAULT_STORAGE", "RUN_LOG", "local_base", "storage_error", "options_withheld", "run_ids", "split_run_path"]
 

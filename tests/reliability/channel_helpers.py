@@ -11,7 +11,7 @@ from typing import Any
 
 from spark_torch.channel import wire
 from spark_torch.channel.driver_end import DriverChannel, new_secret
-from spark_torch.spec import ChannelSpec
+from spark_torch.shared.spec import ChannelSpec
 
 from ..netproxy import Proxy
 

@@ -151,7 +151,7 @@ def raise_forged_report(marker_file: str) -> None:
 
     import cloudpickle
 
-    from spark_torch.failure_reports import MARKER
+    from spark_torch.shared.failure_reports import MARKER
 
     class Boom:
         def __reduce__(self) -> Any:

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from spark_torch.base.states import ProblemKind, StopReason
 from spark_torch.channel.driver_end import new_secret
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import DEAD_AFTER
-from spark_torch.spec import ChannelSpec
-from spark_torch.states import ProblemKind, StopReason
+from spark_torch.shared.spec import ChannelSpec
 
 from ..netproxy import Proxy
 from .channel_helpers import driver_channel as _driver
@@ -213,10 +213,10 @@ class _StuckBarrier:
 
 
 def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any) -> None:
-    from spark_torch.failure_reports import decode_report
     from spark_torch.node.lifecycle import NodeProblem
     from spark_torch.node.task import BarrierIO
-    from spark_torch.spec import LaunchPlan, RunSpec
+    from spark_torch.shared.failure_reports import decode_report
+    from spark_torch.shared.spec import LaunchPlan, RunSpec
 
     channel = ChannelSpec(host="127.0.0.1", port=_dead_port(), secret=new_secret(), rendezvous_timeout=1.0)
     spec = RunSpec(plan=LaunchPlan(local_mode=False, num_nodes=2, procs_per_node=1, use_gpu=False), run_id="t", channel=channel)

@@ -18,7 +18,7 @@ from spark_torch.channel.log_stream import QUEUE_BYTES
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.server import ChannelServer
 from spark_torch.errors import RankFailure
-from spark_torch.failure_reports import FailureReport
+from spark_torch.shared.failure_reports import FailureReport
 
 from .channel_helpers import Reports, wait_for
 from .channel_helpers import driver_channel as _driver

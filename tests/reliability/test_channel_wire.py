@@ -16,7 +16,7 @@ from spark_torch.channel import wire
 from spark_torch.channel.driver_end import DriverChannel
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES
-from spark_torch.spec import ChannelSpec
+from spark_torch.shared.spec import ChannelSpec
 
 from .channel_helpers import driver_channel as _driver
 from .channel_helpers import sealed_frame

@@ -10,7 +10,7 @@ from typing import Any
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import WINDOW
 from spark_torch.channel.wire import MAX_FRAME
-from spark_torch.stacks import RankStack
+from spark_torch.shared.stacks import RankStack
 
 from ..netproxy import Proxy
 from .channel_helpers import driver_channel, through, wait_for

@@ -35,7 +35,7 @@ def test_import_contracts_hold() -> None:
         ("node/lifecycle.py", "import spark_torch.driver.run.barrier", "spark_torch.node.lifecycle -> spark_torch.driver.run.barrier"),
         ("channel/node_end.py", "import spark_torch.reporting.pipes", "spark_torch.channel.node_end -> spark_torch.reporting.pipes"),
         ("rank/function_main.py", "import pyspark", "spark_torch.rank.function_main -> pyspark"),
-        ("errors.py", "import spark_torch.spec", "spark_torch.errors -> spark_torch.spec"),
+        ("errors.py", "import spark_torch.shared.spec", "spark_torch.errors -> spark_torch.shared.spec"),
         # the driver's sub-layers: Spark access and the console never reach up into the run loop
         ("driver/spark/session.py", "import spark_torch.driver.run.controller", "spark_torch.driver.spark.session -> spark_torch.driver.run.controller"),
         ("driver/console/logs.py", "import spark_torch.driver.spark.cluster", "spark_torch.driver.console.logs -> spark_torch.driver.spark.cluster"),
@@ -65,3 +65,10 @@ def test_every_package_says_what_it_may_import() -> None:
         if not any(line.startswith("May import:") for line in doc.splitlines()):
             silent.append(str(init.relative_to(ROOT)))
     assert silent == [], f"no 'May import:' line in {silent}"
+
+
+def test_the_top_level_holds_at_most_twelve_modules() -> None:
+    """The top level keeps the public modules; the rest is grouped in packages (spark_torch.base,
+    spark_torch.shared, the layers)."""
+    top = sorted(p.name for p in (ROOT / "spark_torch").glob("*.py"))
+    assert len(top) <= 12, top

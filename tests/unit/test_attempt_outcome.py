@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from spark_torch.background import BackgroundCall
+from spark_torch.base.background import BackgroundCall
+from spark_torch.base.states import ProblemKind, RankState, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, classify_spark_text
 from spark_torch.driver.run.outcome import (
@@ -34,9 +35,8 @@ from spark_torch.errors import (
     RunTimeoutError,
     StoppedRank,
 )
-from spark_torch.failure_reports import FailureReport, report_from_dict, report_to_dict
 from spark_torch.node.rank_group import GroupResult, GroupState, RankStatus
-from spark_torch.states import ProblemKind, RankState, StopReason
+from spark_torch.shared.failure_reports import FailureReport, report_from_dict, report_to_dict
 
 
 def _failure(rank: int = 1) -> RankFailure:

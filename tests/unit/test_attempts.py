@@ -20,7 +20,7 @@ from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.plan import HostFacts, make_plan
 from spark_torch.driver.spark.cluster import ClusterInfo
 from spark_torch.reporting.storage import RunStorage
-from spark_torch.spec import GpuFallback
+from spark_torch.shared.spec import GpuFallback
 
 
 def test_a_size_says_why_in_words() -> None:

@@ -71,7 +71,7 @@ def test_lifecycle_numbers_are_the_code() -> None:
     """docs/lifecycle.md's line limit and node queue bounds are the constants the code uses."""
     from spark_torch.channel.log_stream import QUEUE_BYTES, QUEUE_LINES
     from spark_torch.channel.wire import MAX_FRAME
-    from spark_torch.lines import MAX_LINE_BYTES
+    from spark_torch.shared.lines import MAX_LINE_BYTES
 
     page = " ".join((ROOT / "docs" / "lifecycle.md").read_text(encoding="utf-8").split())
     assert f"the queue ({QUEUE_LINES:,} lines or {QUEUE_BYTES // 2**20} MiB)" in page

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_torch.lines import CONTINUED, MAX_LINE_BYTES, block_lines, last_lines, make_block, split_lines
+from spark_torch.shared.lines import CONTINUED, MAX_LINE_BYTES, block_lines, last_lines, make_block, split_lines
 
 
 def test_split_lines_plain_and_crlf() -> None:

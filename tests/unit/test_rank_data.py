@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spark_torch.column_files import ColumnWriter, NullValuesError, StagedColumns, column_kind
 from spark_torch.node.staging import write_node_data
 from spark_torch.rank.data import RankDataset, rank_positions
+from spark_torch.shared.column_files import ColumnWriter, NullValuesError, StagedColumns, column_kind
 
 VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
 

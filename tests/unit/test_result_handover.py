@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from spark_torch.node import result_transfer
-from spark_torch.spec import LaunchPlan, RunSpec
-from spark_torch.workdir_files import WorkdirFiles
+from spark_torch.shared.spec import LaunchPlan, RunSpec
+from spark_torch.shared.workdir_files import WorkdirFiles
 
 SPEC = RunSpec(plan=LaunchPlan(local_mode=False, num_nodes=1, procs_per_node=1, use_gpu=False), run_id="t")
 

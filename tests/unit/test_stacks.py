@@ -15,7 +15,7 @@ from spark_torch.driver.run.failures import attempt_error
 from spark_torch.driver.run.outcome import AttemptOutcome
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.errors import ConfigurationError, RunStalledError
-from spark_torch.stacks import (
+from spark_torch.shared.stacks import (
     RankStack,
     StackState,
     cut_head,
@@ -271,7 +271,7 @@ def test_a_new_position_an_upload_and_another_threads_bytes_are_progress() -> No
     import threading
 
     from spark_torch.rank.progress_signals import OTHERS_IO_BYTES, Progress, collective_count
-    from spark_torch.stacks import working
+    from spark_torch.shared.stacks import working
 
     idle = threading.Event()
     thread = threading.Thread(target=idle.wait)
@@ -322,7 +322,7 @@ def test_long_stacks_are_cut_on_frame_boundaries() -> None:
 
 
 def test_report_deadlock_needs_ranks_in_report_and_every_other_rank_waiting_in_a_collective() -> None:
-    from spark_torch.stacks import report_deadlock
+    from spark_torch.shared.stacks import report_deadlock
 
     in_report = RankStack(0, IN_REPORT, 6.0)
     in_reduce = RankStack(1, IN_REDUCE, 6.0)

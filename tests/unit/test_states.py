@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_torch.states import NodeEnd, RankState, StopReason, StopSignal
+from spark_torch.base.states import NodeEnd, RankState, StopReason, StopSignal
 
 
 def test_a_stop_keeps_the_first_reason() -> None:

@@ -1,4 +1,4 @@
-"""The node <-> rank file contract (spark_torch.workdir_files): every path is under the node's
+"""The node <-> rank file contract (spark_torch.shared.workdir_files): every path is under the node's
 scratch directory and distinct, storage.json round-trips through its schema, and a missing or
 garbled storage.json is a clear error that never quotes the file (it holds credentials)."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_torch import rank_files
 from spark_torch.errors import LaunchError
-from spark_torch.spec import StorageSpec
-from spark_torch.workdir_files import (
+from spark_torch.shared import rank_files
+from spark_torch.shared.spec import StorageSpec
+from spark_torch.shared.workdir_files import (
     StorageFile,
     WorkdirFiles,
     child_stack_path,

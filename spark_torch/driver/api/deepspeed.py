@@ -23,13 +23,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 from spark_torch.driver.api.distributor import run_entrypoint, without_internal_frames
 from spark_torch.driver.api.torch_distributor import TorchDistributor
 from spark_torch.driver.run.entrypoint import ScriptEntrypoint, make_entrypoint
 from spark_torch.driver.spark.cluster import DEEPSPEED_IGNORE_SSL_KEY
 from spark_torch.errors import ConfigurationError
-from spark_torch.spec import file_argument
+from spark_torch.shared.spec import file_argument
 
 __all__ = ["DeepspeedTorchDistributor"]
 

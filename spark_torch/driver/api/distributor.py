@@ -12,15 +12,15 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from spark_torch.base.envnames import FULL_TRACEBACK
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.run.plan import host_facts, make_plan
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
-from spark_torch.envnames import FULL_TRACEBACK
 from spark_torch.ft.lighthouse import LighthouseOptions
 from spark_torch.settings import SETTINGS
-from spark_torch.spec import LaunchPlan
+from spark_torch.shared.spec import LaunchPlan
 
 if TYPE_CHECKING:
     from spark_torch.driver.spark.dataframe import DataInput

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.controller import execute, new_run_id
@@ -35,7 +36,6 @@ from spark_torch.driver.spark.cluster import read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
-from spark_torch.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.reporting.api import GROUP_KEY
 from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.settings import resolve as resolve_settings

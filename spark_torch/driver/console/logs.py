@@ -13,13 +13,13 @@ import threading
 from collections import deque
 from typing import IO
 
-from spark_torch import envnames
+from spark_torch.base import envnames
+from spark_torch.base.states import RankState
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.status import RunStatus
 from spark_torch.errors import ConfigurationError
-from spark_torch.lines import block_lines, last_lines
-from spark_torch.owned_files import UnsafePathError, open_own_file
-from spark_torch.states import RankState
+from spark_torch.shared.lines import block_lines, last_lines
+from spark_torch.shared.owned_files import UnsafePathError, open_own_file
 
 __all__ = ["DriverLogSink", "format_line", "replica_group_of", "TAIL_LINES"]
 

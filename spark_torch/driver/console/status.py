@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from spark_torch.base.states import RankState
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.states import RankState
 
 __all__ = ["RunStatus", "interactive", "in_jupyter"]
 

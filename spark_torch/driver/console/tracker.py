@@ -20,7 +20,7 @@ from spark_torch.driver.console.status import in_jupyter
 from spark_torch.driver.result import RunResult
 from spark_torch.errors import ConfigurationError
 from spark_torch.reporting.api import RECORDED_KEYS
-from spark_torch.spec import LaunchPlan
+from spark_torch.shared.spec import LaunchPlan
 
 __all__ = ["ReportTracker", "numeric_metrics", "chart_figure"]
 

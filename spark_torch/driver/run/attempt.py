@@ -6,14 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_torch.base.states import StopReason
 from spark_torch.driver.run.flight_recorder import TraceDir
 from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.stall import StallWatch
-from spark_torch.lines import RankOutput
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.storage import RunStorage
-from spark_torch.spec import RunSpec
-from spark_torch.states import StopReason
+from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.spec import RunSpec
 
 __all__ = ["Attempt"]
 

@@ -16,7 +16,9 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from spark_torch.background import BackgroundCall
+from spark_torch.base.background import BackgroundCall
+from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
+from spark_torch.base.states import ProblemKind, RankState, StopReason
 from spark_torch.channel.driver_end import DriverChannel, new_secret
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.endpoints import ChannelEndpoint
@@ -36,14 +38,12 @@ from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
 from spark_torch.errors import LaunchError, StoppedRank
-from spark_torch.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
-from spark_torch.spec import RunSpec
-from spark_torch.states import ProblemKind, RankState, StopReason
-from spark_torch.workdir_files import WorkdirFiles
+from spark_torch.shared.spec import RunSpec
+from spark_torch.shared.workdir_files import WorkdirFiles
 
 __all__ = ["run_distributed", "completed_while_stopping"]
 

@@ -40,12 +40,12 @@ from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
 from spark_torch.driver.spark.quiet import quiet_spark_logs
 from spark_torch.errors import ConfigurationError, DistributedRunError, RunStalledError, RunTimeoutError
-from spark_torch.rank_files import ResultBytes
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, record
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import Settings
 from spark_torch.settings import resolve as resolve_settings
-from spark_torch.spec import DataSpec, RunSpec, StorageSpec
+from spark_torch.shared.rank_files import ResultBytes
+from spark_torch.shared.spec import DataSpec, RunSpec, StorageSpec
 from spark_torch.version import package_identity
 
 __all__ = ["execute", "new_run_id"]

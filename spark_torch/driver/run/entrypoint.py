@@ -36,7 +36,7 @@ class ScriptEntrypoint:
 
     path: str
     argv: tuple[str, ...] = ()
-    #: files for the nodes to write (see :data:`spark_torch.spec.RunSpec.files`)
+    #: files for the nodes to write (see :data:`spark_torch.shared.spec.RunSpec.files`)
     files: Mapping[str, bytes] = field(default_factory=dict, repr=False)
 
     @property

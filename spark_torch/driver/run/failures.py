@@ -2,7 +2,7 @@
 
 An attempt ends as an :class:`~spark_torch.driver.run.outcome.AttemptOutcome`; when the policy
 says raise, :func:`attempt_error` builds the error from its typed cause. A node's failure
-arrives as a :class:`~spark_torch.failure_reports.FailureReport` (built in process in local
+arrives as a :class:`~spark_torch.shared.failure_reports.FailureReport` (built in process in local
 mode; received authenticated over the channel or inside Spark's task exception in distributed
 mode): :func:`error_from_report` turns it into the library's error, with the failing rank's own
 exception as ``__cause__`` when it could be rebuilt. :func:`spark_failure_cause` reads a failed
@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from spark_torch.base.states import ProblemKind, StopReason
 from spark_torch.driver.run.outcome import (
     AttemptOutcome,
     DriverProblem,
@@ -37,9 +38,8 @@ from spark_torch.errors import (
     RunStalledError,
     RunTimeoutError,
 )
-from spark_torch.failure_reports import MARKER, FailureReport, decode_report, merge_reports
-from spark_torch.rank_files import rebuild_exception
-from spark_torch.states import ProblemKind, StopReason
+from spark_torch.shared.failure_reports import MARKER, FailureReport, decode_report, merge_reports
+from spark_torch.shared.rank_files import rebuild_exception
 
 __all__ = ["attempt_error", "error_from_report", "spark_failure_cause", "classify_spark_text", "SparkJobError", "without_reports"]
 

@@ -5,8 +5,8 @@ A node's connection thread (or, in local mode, the node's progress thread) hands
 :meth:`FlightRecorder.receive`, which only queues it (a bounded queue: a full one drops the
 trace, never blocks) and never raises: a bad trace is never the connection's fault. One worker
 thread writes each as ``rank_R.json`` into the attempt's folder (:func:`trace_dir`: checked
-like ``log_dir``'s files, :mod:`spark_torch.owned_files`) and reads it
-(:func:`spark_torch.fr_dumps.read_dump`) for the summary the stall message shows.
+like ``log_dir``'s files, :mod:`spark_torch.shared.owned_files`) and reads it
+(:func:`spark_torch.shared.fr_dumps.read_dump`) for the summary the stall message shows.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from spark_torch.fr_dumps import Dump, read_dump, summary
-from spark_torch.owned_files import UnsafePathError, open_own_file, own_directory, private_folder
-from spark_torch.stacks import MAX_TRACE_BYTES
+from spark_torch.shared.fr_dumps import Dump, read_dump, summary
+from spark_torch.shared.owned_files import UnsafePathError, open_own_file, own_directory, private_folder
+from spark_torch.shared.stacks import MAX_TRACE_BYTES
 
 __all__ = ["FlightRecorder", "TraceDir", "trace_dir", "TRACE_FILE"]
 
@@ -72,7 +72,7 @@ class TraceDir:
 def trace_dir(log_dir: str | None, run_id: str, attempt: int) -> TraceDir | None:
     """``log_dir/flight-recorder/attempt-N``, or without ``log_dir`` this user's
     ``$TMPDIR/spark_torch_traces-UID/RUN_ID/attempt-N`` (if that folder is another user's or
-    others may use it: a private folder of this process, :func:`~spark_torch.owned_files.private_folder`);
+    others may use it: a private folder of this process, :func:`~spark_torch.shared.owned_files.private_folder`);
     N is the attempt's index in the run's history (``AttemptRecord.attempt``: it counts on
     across runs that resume from the same storage). None: no private folder could be had."""
     if log_dir:

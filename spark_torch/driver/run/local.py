@@ -11,22 +11,22 @@ import socket
 import threading
 from typing import Any
 
+from spark_torch.base.states import StopReason, StopSignal
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped, still_running
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
 from spark_torch.errors import RankFailure, StoppedRank
-from spark_torch.failure_reports import FailureReport
-from spark_torch.lines import RankOutput
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, run_node
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.rank_group import GroupState
 from spark_torch.node.workdir import NodeWorkdir
-from spark_torch.rank_files import map_file
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.states import StopReason, StopSignal
+from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.rank_files import map_file
 
 __all__ = ["run_local", "LocalIO", "LOCAL_HOST"]
 

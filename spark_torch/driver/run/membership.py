@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spark_torch.base.states import StopReason
 from spark_torch.driver.result import AttemptSize, GrowRequest, SizeReason
 from spark_torch.driver.spark.cluster import available_slots, master_of
 from spark_torch.driver.spark.slots import can_wait, check_slots, wait_for_slots
 from spark_torch.errors import InsufficientSlotsError
-from spark_torch.states import StopReason
 
 __all__ = ["Membership", "GrowWatch"]
 

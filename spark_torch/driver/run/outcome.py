@@ -13,11 +13,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from spark_torch.base.states import ProblemKind, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.errors import StoppedRank
-from spark_torch.failure_reports import FailureReport
-from spark_torch.rank_files import ResultBytes
-from spark_torch.states import ProblemKind, StopReason
+from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.rank_files import ResultBytes
 
 __all__ = [
     "AttemptOutcome",

@@ -3,7 +3,7 @@
 User modules that executors cannot import (a notebook's folder, a repository on the driver) are
 shipped by value; a payload that does not pickle fails here, before anything starts, naming the
 argument, global or closure variable at fault. The rank side reads it with
-:func:`spark_torch.rank_files.load_function_payload`.
+:func:`spark_torch.shared.rank_files.load_function_payload`.
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from spark_torch import envnames
+from spark_torch.base import envnames
+from spark_torch.base.envnames import CUDA_VISIBLE_DEVICES
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.run.cpus import available_cpus
 from spark_torch.driver.spark.checks import Verdict, tls_check
 from spark_torch.driver.spark.cluster import ClusterInfo, is_local_master
-from spark_torch.envnames import CUDA_VISIBLE_DEVICES
 from spark_torch.errors import ClusterConfigurationError, ConfigurationError
 from spark_torch.node import gpus
-from spark_torch.spec import GpuFallback, LaunchPlan
+from spark_torch.shared.spec import GpuFallback, LaunchPlan
 
 __all__ = ["LaunchPlan", "HostFacts", "host_facts", "make_plan"]
 

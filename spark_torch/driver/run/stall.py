@@ -1,7 +1,7 @@
 """Stall detection on the driver: the run is stalled when no rank made progress for
 ``stall_timeout`` seconds.
 
-The nodes send snapshots of their ranks (:class:`~spark_torch.stacks.RankStack`: where each is,
+The nodes send snapshots of their ranks (:class:`~spark_torch.shared.stacks.RankStack`: where each is,
 how long it made no progress, whether its sampler still answers); :class:`StallWatch` keeps the
 latest per rank, and a thread checks them. Ranks no node has reported yet are in set-up
 (staging, the rendezvous, downloading a resume checkpoint): that phase is never a stall (its
@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spark_torch.base.states import StopReason
 from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir
 from spark_torch.driver.run.outcome import Stacks, StallVerdict
 from spark_torch.reporting.api import NOT_EVERY_RANK
-from spark_torch.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, report_deadlock
-from spark_torch.states import StopReason
+from spark_torch.shared.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, report_deadlock
 
 __all__ = ["StallWatch", "note_stacks"]
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spark_torch.background import BackgroundCall
+from spark_torch.base.background import BackgroundCall
 from spark_torch.driver.spark.cluster import is_connect_session
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, tagged_job
 from spark_torch.errors import LaunchError

@@ -11,7 +11,7 @@ as ``python -m`` would (the directory first on ``sys.path`` unless the interpret
 A fork keeps the template's environment block, which is what /proc/PID/environ shows of the
 child and of every process it forks: the node's orphan search
 (:func:`~spark_torch.node.process_tree.find_marked`) would not see them. So the template starts
-with :data:`~spark_torch.envnames.MARK_SLOT` as its last variable, and each child overwrites
+with :data:`~spark_torch.base.envnames.MARK_SLOT` as its last variable, and each child overwrites
 that room in its own copy of the block with its node's marker (:func:`mark_environ`): a warm
 rank and whatever it forks, in a session of its own or not, are found as a cold rank's are.
 """
@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from spark_torch import envnames
+from spark_torch.base import envnames
 from spark_torch.node.keeper import keep
 from spark_torch.node.template.protocol import MARK_SLOT_VALUE
 
@@ -150,7 +150,7 @@ def _reseed_and_size_threads() -> None:
 
 
 def with_mark_slot() -> None:
-    """Run with :data:`~spark_torch.envnames.MARK_SLOT` in the environment block the kernel
+    """Run with :data:`~spark_torch.base.envnames.MARK_SLOT` in the environment block the kernel
     holds (and every fork keeps), where each child writes its node's marker: if it is not there,
     exec this interpreter again, same pid and arguments, with it added last."""
     if os.environ.get(envnames.MARK_SLOT) == MARK_SLOT_VALUE:

@@ -39,7 +39,7 @@ from importlib import metadata
 
 import psutil
 
-from spark_torch.envnames import SCRUBBED
+from spark_torch.base.envnames import SCRUBBED
 from spark_torch.node.template.protocol import (
     cold_reason,
     runner_affinity,
@@ -48,7 +48,7 @@ from spark_torch.node.template.protocol import (
     runner_umask,
     startup_env,
 )
-from spark_torch.owned_files import private_folder
+from spark_torch.shared.owned_files import private_folder
 
 __all__ = [
     "WarmProcess",

@@ -16,8 +16,8 @@ import resource
 from collections.abc import Mapping
 from typing import Any
 
-from spark_torch import envnames
-from spark_torch.envnames import SCRUBBED
+from spark_torch.base import envnames
+from spark_torch.base.envnames import SCRUBBED
 from spark_torch.settings import WARM_START_IDLE_MAX
 
 __all__ = [
@@ -56,9 +56,9 @@ def _platform_rlimits() -> tuple[str, ...]:
 
 #: the resource limits a rank gets from its node runner: all of them, as a cold rank inherits them
 RLIMITS = _platform_rlimits()
-#: The template runs with :data:`~spark_torch.envnames.MARK_SLOT` set to this, last in its environment:
+#: The template runs with :data:`~spark_torch.base.envnames.MARK_SLOT` set to this, last in its environment:
 #: room in its environment block (what /proc/PID/environ shows, for every fork of it too) that
-#: each child overwrites with its node's marker (:data:`~spark_torch.envnames.NODE_MARKER`), so
+#: each child overwrites with its node's marker (:data:`~spark_torch.base.envnames.NODE_MARKER`), so
 #: that a warm rank's forked descendants are found as a cold rank's are
 #: (:func:`spark_torch.node.process_tree.find_marked`)
 MARK_SLOT_VALUE = "-" * 256

@@ -6,11 +6,11 @@ built from that directory's path and has one method per file, saying who writes 
 reads it; nothing else spells these names. Ranks learn the paths from their argv
 (:data:`~spark_torch.node.rank_group.RANK_MAIN_MODULE` ``PAYLOAD WORKDIR``) or their
 environment (``SPARK_TORCH_STORAGE``, ``SPARK_TORCH_STACK_FILE``, ``SPARK_TORCH_DATA_FILE``,
-``SPARK_TORCH_CHECKPOINT``, ``TORCHELASTIC_ERROR_FILE``; names in :mod:`spark_torch.envnames`).
+``SPARK_TORCH_CHECKPOINT``, ``TORCHELASTIC_ERROR_FILE``; names in :mod:`spark_torch.base.envnames`).
 
 Files appear whole: the writer of each file writes a temporary file next to it and renames it
-(:func:`spark_torch.rank_files.write_atomic`, mode 0600). What is inside the payload, result and
-error files is :mod:`spark_torch.rank_files`; inside ``storage.json`` is :class:`StorageFile`.
+(:func:`spark_torch.shared.rank_files.write_atomic`, mode 0600). What is inside the payload, result and
+error files is :mod:`spark_torch.shared.rank_files`; inside ``storage.json`` is :class:`StorageFile`.
 A rank's stack file has companions named after it (:func:`trace_path` and the functions below
 it), since a rank knows only its stack file's path.
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from spark_torch.errors import LaunchError
 
 if TYPE_CHECKING:
-    from spark_torch.spec import StorageSpec
+    from spark_torch.shared.spec import StorageSpec
 
 __all__ = [
     "WorkdirFiles",
@@ -72,7 +72,7 @@ class WorkdirFiles:
 
     def data(self) -> str:
         """This node's DataFrame rows, a folder of column files (``run_on_dataframe``,
-        :mod:`spark_torch.column_files`). Node writes (:mod:`spark_torch.node.staging`),
+        :mod:`spark_torch.shared.column_files`). Node writes (:mod:`spark_torch.node.staging`),
         :mod:`spark_torch.rank.data` reads (``SPARK_TORCH_DATA_FILE``)."""
         return os.path.join(self.path, "data")
 
@@ -88,13 +88,13 @@ class WorkdirFiles:
         return os.path.join(self.path, f"rank-{rank}.result")
 
     def error(self, rank: int) -> str:
-        """A rank's exception, as JSON (:func:`spark_torch.rank_files.write_error`). Rank writes,
-        node reads (:func:`spark_torch.rank_files.read_rank_error`)."""
+        """A rank's exception, as JSON (:func:`spark_torch.shared.rank_files.write_error`). Rank writes,
+        node reads (:func:`spark_torch.shared.rank_files.read_rank_error`)."""
         return os.path.join(self.path, f"rank-{rank}.error.json")
 
     def elastic_error(self, rank: int) -> str:
         """A rank's ``TORCHELASTIC_ERROR_FILE``: torch's ``@record`` writes it (like under
-        torchrun), node reads (:func:`spark_torch.rank_files.read_rank_error`, when the rank wrote no error of its own)."""
+        torchrun), node reads (:func:`spark_torch.shared.rank_files.read_rank_error`, when the rank wrote no error of its own)."""
         return os.path.join(self.path, f"rank-{rank}.torchelastic-error.json")
 
     def stack(self, rank: int) -> str:
@@ -166,8 +166,8 @@ class StorageFile:
         return cls(base=storage.base, run_id=run_id, token=storage.token, options=dict(storage.options))
 
     def spec(self) -> StorageSpec:
-        """The :class:`~spark_torch.spec.StorageSpec` the rank opens (``required`` stays the node's business)."""
-        from spark_torch.spec import StorageSpec
+        """The :class:`~spark_torch.shared.spec.StorageSpec` the rank opens (``required`` stays the node's business)."""
+        from spark_torch.shared.spec import StorageSpec
 
         return StorageSpec(base=self.base, token=self.token, options=dict(self.options))
 

@@ -108,8 +108,8 @@ PARENT_PID = "SPARK_TORCH_PARENT_PID"
 HOST_STORE = "SPARK_TORCH_HOST_STORE"
 #: "W,R": the pipe ends a rank writes its reports to and reads the answers from
 REPORT_FDS = "SPARK_TORCH_REPORT_FDS"
-#: the path of the node's storage.json (:meth:`spark_torch.workdir_files.WorkdirFiles.storage`),
-#: the run's storage for checkpoint uploads (its schema: :class:`spark_torch.workdir_files.StorageFile`)
+#: the path of the node's storage.json (:meth:`spark_torch.shared.workdir_files.WorkdirFiles.storage`),
+#: the run's storage for checkpoint uploads (its schema: :class:`spark_torch.shared.workdir_files.StorageFile`)
 STORAGE = "SPARK_TORCH_STORAGE"
 #: local directory of the checkpoint this attempt resumed from
 CHECKPOINT = "SPARK_TORCH_CHECKPOINT"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from spark_torch.states import RankState
+from spark_torch.base.states import RankState
 
 __all__ = ["MAX_LINE_BYTES", "CONTINUED", "split_lines", "make_block", "block_lines", "last_lines", "RankOutput"]
 

@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from spark_torch.base.states import ProblemKind
 from spark_torch.errors import RankFailure
-from spark_torch.states import ProblemKind
 
 __all__ = [
     "FailureReport",

@@ -1,6 +1,6 @@
 """What is inside the files between a node runner and its ranks: the payload in, the result or error out.
 
-Where each file is (and who writes and reads it) is :class:`spark_torch.workdir_files.WorkdirFiles`;
+Where each file is (and who writes and reads it) is :class:`spark_torch.shared.workdir_files.WorkdirFiles`;
 this module is their formats and how they are written. The payload (``(fn, args, kwargs)``,
 cloudpickled once on the driver by :mod:`spark_torch.driver.run.payload`) is a file the node
 runner writes into its 0700 scratch directory; a rank writes its return value (rank 0) or its
@@ -27,7 +27,7 @@ from typing import IO, Any
 import cloudpickle
 
 from spark_torch.errors import RankFailure
-from spark_torch.workdir_files import WorkdirFiles
+from spark_torch.shared.workdir_files import WorkdirFiles
 
 __all__ = [
     "load_function_payload",
