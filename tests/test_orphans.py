@@ -122,11 +122,13 @@ def test_a_whole_tree_the_rank_leaves_is_stopped_within_the_grace(chain: str, wa
                 proc.kill()
 
 
-def signal_own_group() -> list[str]:
+def signal_own_group(sigint_ignored: bool) -> list[str]:
     """Handle SIGUSR1 and SIGHUP ("checkpoint now", "reload") and send each to this
     process's own group, as a rank tells its workers; what was handled. The rank starts with
-    the handlers a rank without a keeper has (the keeper ignores what it can)."""
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    the handlers a rank without a keeper has (the keeper ignores what it can): Python's SIGINT
+    handler, or SIGINT ignored when the driver was started with it ignored (``nohup``, a
+    background job of a script), as any Python program it started would."""
+    assert signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
     defaults = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, signal.SIGTSTP)
     assert all(signal.getsignal(sig) == signal.SIG_DFL for sig in defaults), {s.name: signal.getsignal(s) for s in defaults}
     handled: list[str] = []
@@ -145,7 +147,8 @@ def signal_own_group() -> list[str]:
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_a_rank_may_signal_its_own_process_group(warm: bool, no_leftovers: None) -> None:
     """The keeper shares the rank's group and ignores what the rank sends it."""
-    assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group) == ["SIGUSR1", "SIGHUP"]
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group, ignored) == ["SIGUSR1", "SIGHUP"]
 
 
 def orphan_then_lose_the_keeper(seconds: str, ready: str) -> None:
