@@ -8,11 +8,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from spark_torch.base.envnames import MASTER_ADDR, MASTER_PORT, RANK, TORCHELASTIC_USE_AGENT_STORE, WORLD_SIZE
+from spark_torch.base.envnames import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
 from spark_torch.ft import ddp_fix
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
 from spark_torch.reporting.api import follow_steps
-from spark_torch.shared.bound_store import host_store
 
 __all__ = ["manager", "bind_address", "replica_id"]
 
@@ -60,18 +59,6 @@ def _servers_bound_to(host: str) -> Iterator[None]:
         torchft_manager.ManagerServer = original
 
 
-def _store(rank: int, world_size: int, host: str, port: int, timeout: timedelta) -> Any | None:
-    """The group's store: hosted by the node before the ranks started (warm starts), else hosted
-    here by the group's rank 0 (as torch's ``env://`` would), on the node's address only (torch's
-    own server would listen on every interface)."""
-    if rank != 0 or os.environ.get(TORCHELASTIC_USE_AGENT_STORE) == "True":
-        return None
-    store = host_store(host, port, world_size, timeout)
-    # a later init_process_group(env://) of this rank is then a client of it, as under torchrun
-    os.environ[TORCHELASTIC_USE_AGENT_STORE] = "True"
-    return store
-
-
 def manager(
     *,
     state_dict: Callable[[], Any],
@@ -94,8 +81,9 @@ def manager(
                          load_state_dict=lambda s: (model.load_state_dict(s["model"]), opt.load_state_dict(s["optim"])))
         model, opt = DistributedDataParallel(mgr, model), Optimizer(mgr, opt)
 
-    What it sets: the group's store (``MASTER_ADDR``/``MASTER_PORT`` of the group; hosted here by
-    the group's rank 0 when the node did not host it), a reconfigurable gloo process group (NCCL
+    What it sets: the group's store (``MASTER_ADDR``/``MASTER_PORT`` of the group, on the node's
+    address: hosted by the node, or by the group's rank 0 before the user's code when the node
+    did not, :mod:`spark_torch.rank.store`), a reconfigurable gloo process group (NCCL
     when ``device`` is a CUDA device), the lighthouse (``TORCHFT_LIGHTHOUSE``), the replica id of
     the group (``REPLICA_GROUP_ID``), the Manager's server bound to the node's address (torchft
     binds every interface), healing over that process group (torchft's ``PGTransport``; torchft's
@@ -120,7 +108,6 @@ def manager(
         ) from exc
     ddp_fix.install()
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    store = _store(rank, world_size, host, port, timeout)
     pg = kwargs.pop("pg", None)
     if pg is None:
         pg = torchft.ProcessGroupNCCL(timeout=timeout) if dev.type == "cuda" else torchft.ProcessGroupGloo(timeout=timeout)
@@ -142,6 +129,5 @@ def manager(
     }
     with _servers_bound_to(host):
         made = torchft.Manager(**options)
-    made._spark_torch_store = store  # the group's store lives as long as its Manager
     follow_steps(made.current_step)  # report() records torchft's committed step: no step twice
     return made
