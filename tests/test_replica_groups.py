@@ -54,25 +54,31 @@ def _reported(result: RunResult | None, work: Path) -> None:
     assert [r.run_id for r in result.replica_groups] == [f"{result.run_id}-g0", f"{result.run_id}-g1"]
 
 
+def _killed_group_healed_alone(tmp_path: Path, weights: list[float]) -> tuple[set[int], int]:
+    """The other group kept its one process and its committed steps only went forward; group 1
+    ran twice, its second process starting past its first's last step; group 1 ended with the
+    weights run() returned. Returns group 0's committed steps and group 1's first after the restart."""
+    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
+    assert len({pid for pid, _ in survivor}) == 1, survivor[:5]
+    assert [step for _, step in survivor] == sorted({step for _, step in survivor})
+    pids = list(dict.fromkeys(pid for pid, _ in killed))
+    assert len(pids) == 2 and (tmp_path / "killed1").exists(), pids
+    before = [step for pid, step in killed if pid == pids[0]]
+    after = [step for pid, step in killed if pid == pids[1]]
+    assert after[0] > before[-1] >= 1, (before[-3:], after[:3])
+    assert ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
+    return {step for _, step in survivor}, after[0]
+
+
 def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, no_leftovers: None) -> None:
     distributor = Distributor(
         num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
         storage_path=tmp_path / "runs",
     )  # fmt: skip
     weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2)
-    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
-    # the other group kept its one process, and its committed steps only went forward
-    assert len({pid for pid, _ in survivor}) == 1, survivor[:5]
-    assert [step for _, step in survivor] == sorted({step for _, step in survivor})
-    # the killed group ran twice; its second process started from its peer's step, not from 0
-    pids = list(dict.fromkeys(pid for pid, _ in killed))
-    assert len(pids) == 2 and (tmp_path / "killed1").exists(), pids
-    before = [step for pid, step in killed if pid == pids[0]]
-    after = [step for pid, step in killed if pid == pids[1]]
-    assert after[0] > before[-1] >= 1, (before[-3:], after[:3])
-    assert after[0] in {step for _, step in survivor}
+    survivor, restarted_at = _killed_group_healed_alone(tmp_path, weights)
+    assert restarted_at in survivor  # the killed group's second process started from its peer's step, not from 0
     # both end with the same weights, and run() returned group 0's
-    assert ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
     assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == weights
     # every listener of the ranks (torchft's Manager server and gloo's included) is on loopback
     for group in (0, 1):
@@ -175,15 +181,7 @@ def test_a_killed_group_restarts_alone_in_distributed_mode(spark_session: object
         lighthouse_options=_options(), timeout=240, log_ranks=[], storage_path=tmp_path / "runs",
     )  # fmt: skip
     weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2)
-    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
-    assert len({pid for pid, _ in survivor}) == 1, survivor[:5]
-    assert [step for _, step in survivor] == sorted({step for _, step in survivor})
-    pids = list(dict.fromkeys(pid for pid, _ in killed))
-    assert len(pids) == 2 and (tmp_path / "killed1").exists(), pids
-    before = [step for pid, step in killed if pid == pids[0]]
-    after = [step for pid, step in killed if pid == pids[1]]
-    assert after[0] > before[-1] >= 1, (before[-3:], after[:3])
-    assert ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
+    _killed_group_healed_alone(tmp_path, weights)
     last = distributor.last_run
     assert last is not None and last.error is None
     _reported(last, tmp_path)
