@@ -347,17 +347,23 @@ def _fr_nccl_timeout(ranks: Any, work: str) -> dict[str, Any]:
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
     }  # fmt: skip
     os.makedirs(log_dir, exist_ok=True)
+    started = time.monotonic()
+    # torch 2.11 on an H200 (2026-11-27): the watchdog dumped, then the rank hung (its GPU still busy
+    # with the spin kernel) instead of aborting; the run's timeout ends it, and the dump must be named
     try:
-        distributor(use_gpu=True, log_dir=log_dir, env=env, timeout=100).run(ranks.nccl_watchdog_timeout, 5.0)
+        distributor(use_gpu=True, log_dir=log_dir, env=env, timeout=40).run(ranks.nccl_watchdog_timeout, 5.0)
     except DistributedRunError as exc:
-        message = str(exc)
+        message, ended_by = str(exc), type(exc).__name__
     else:
         raise StepFailed("an all_reduce past its NCCL timeout did not fail the run")
     dump = prefix + "0"
     check("rank 0" in message.splitlines()[0], f"the error does not lead with the rank: {message[:300]}")
     check(os.path.isfile(dump), f"torch's watchdog dump is not in log_dir ({sorted(os.listdir(log_dir))})")
     check(dump in message, f"the error does not name the dump {dump}: {message[-800:]}")
-    return {"message_tail": message[-1500:], "dump_bytes": os.path.getsize(dump)}
+    return {
+        "ended_by": ended_by, "headline": message.splitlines()[0][:300], "seconds": round(time.monotonic() - started, 1),
+        "message_tail": message[-1500:], "dump_bytes": os.path.getsize(dump),
+    }  # fmt: skip
 
 
 def _healthy_sleepy_nccl(ranks: Any, work: str) -> dict[str, Any]:

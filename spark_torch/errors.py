@@ -21,6 +21,7 @@ All of them pickle (they cross process boundaries between ranks, executors and d
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,9 @@ class RankFailure:
     last_lines: tuple[str, ...] = field(default_factory=tuple)
     started_at: float = 0.0
     failed_at: float = 0.0
+    #: files torch wrote about this rank's failure on its host (the NCCL watchdog's Flight
+    #: Recorder dump, ``TORCH_NCCL_DUMP_ON_TIMEOUT``)
+    dumps: tuple[str, ...] = field(default_factory=tuple)
 
     def cause(self) -> str:
         """One line: the remote exception, or the exit code / signal of the process (and what
@@ -114,6 +118,7 @@ class RankFailure:
             "last_lines": list(self.last_lines),
             "started_at": self.started_at,
             "failed_at": self.failed_at,
+            "dumps": list(self.dumps),
         }
 
     @classmethod
@@ -130,6 +135,7 @@ class RankFailure:
             last_lines=tuple(str(x) for x in data.get("last_lines") or ()),
             started_at=float(data.get("started_at") or 0.0),
             failed_at=float(data.get("failed_at") or 0.0),
+            dumps=tuple(str(x) for x in data.get("dumps") or ()),
         )
 
 
@@ -142,6 +148,8 @@ class StoppedRank:
     #: its host, when the driver knows it (None: a node that could not say)
     host: str | None = None
     last_lines: tuple[str, ...] = field(default_factory=tuple)
+    #: files torch wrote about it on its host (a NCCL watchdog's dump of a rank that then hung)
+    dumps: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _format_stopped(stopped: tuple[StoppedRank, ...]) -> list[str]:
@@ -156,6 +164,23 @@ def _format_stopped(stopped: tuple[StoppedRank, ...]) -> list[str]:
         lines += [f"  {line}" for line in shown.last_lines]
     ranks = ", ".join(str(s.rank) for s in stopped)
     lines += ["", f"Stopped while still running: {'rank' if len(stopped) == 1 else 'ranks'} {ranks}"]
+    for rank in stopped:
+        lines += _dump_lines(rank.rank, rank.host, rank.dumps)
+    return lines
+
+
+def _dump_lines(rank: int, host: str | None, dumps: tuple[str, ...]) -> list[str]:
+    """Where torch's dumps of ``rank`` are and how to read them (none: no lines)."""
+    lines: list[str] = []
+    for dump in dumps:
+        folder, name = os.path.split(dump)
+        prefix = name[: -len(str(rank))] if name.endswith(str(rank)) else name
+        where = f"is on {host}" if host else "is on its host"
+        lines += [
+            "",
+            f"torch's NCCL watchdog dump of rank {rank} (its Flight Recorder) {where}: {dump}",
+            f"  read it with: torchfrtrace {folder or '.'} --prefix {prefix} --allow-incomplete-ranks",
+        ]
     return lines
 
 
@@ -171,6 +196,7 @@ def _format_failures(failures: tuple[RankFailure, ...], headline: str | None) ->
     if root.last_lines:
         lines += ["", f"Last {len(root.last_lines)} lines of rank {root.rank}'s output:"]
         lines += [f"  {line}" for line in root.last_lines]
+    lines += _dump_lines(root.rank, root.host, root.dumps)
     others: dict[str, list[int]] = {}
     for failure in ordered[1:]:
         others.setdefault(failure.cause(), []).append(failure.rank)

@@ -20,3 +20,24 @@ def stuck_then_talks(seconds: float) -> int:
     print(f"rank {rank} talks after the stall", flush=True)
     dist.destroy_process_group()
     return int(t.item())
+
+
+def dies_like_the_nccl_watchdog(failing_rank: int, hang: bool = False) -> int:
+    """What torch's NCCL watchdog does on a collective timeout with ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``
+    (which needs a GPU): write the Flight Recorder dump to ``TORCH_FR_DUMP_TEMP_FILE`` + the
+    global rank, then abort the process (SIGABRT, nothing raised in Python), or with ``hang``
+    block as a rank whose GPU is still busy does (torch 2.11 on an H200: the run's timeout ends
+    it). The other ranks wait until they are stopped."""
+    import os
+
+    rank = int(os.environ["RANK"])
+    if rank == failing_rank:
+        with open(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank), "wb") as fh:
+            fh.write(b"a Flight Recorder dump")
+        if hang:
+            print("dumped; hanging", flush=True)
+            time.sleep(120)
+        print("dumped; aborting as the watchdog does", flush=True)
+        os.abort()
+    time.sleep(120)
+    return rank

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from spark_torch import Distributor
+from spark_torch import DistributedRunError, Distributor
 from spark_torch.driver.run import flight_recorder
 from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir, trace_dir
 from spark_torch.driver.run.stall import StallWatch
@@ -370,3 +370,55 @@ def test_a_resumed_runs_trace_folders_number_on_as_its_attempts(tmp_path: Path, 
         folder = logs / "flight-recorder" / f"attempt-{call}"
         assert folder.is_dir() and sorted(p.name for p in folder.iterdir()) == ["rank_0.json", "rank_1.json"], call
     assert (logs / "flight-recorder" / "attempt-0" / "rank_0.json").exists()
+
+
+@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+def test_the_error_names_the_dump_the_nccl_watchdog_left(
+    local_mode: bool, request: pytest.FixtureRequest, tmp_path: Path, no_leftovers: None
+) -> None:
+    """A rank that dies as torch's NCCL watchdog makes it on a timeout (its dump written to
+    TORCH_FR_DUMP_TEMP_FILE + rank, then SIGABRT; the real thing needs a GPU: gpu_check's
+    e_nccl_fr): the error leads with that rank and names the dump, its host and how to read it;
+    an older dump of another rank at the same prefix is not named."""
+    from tests.fr_programs import dies_like_the_nccl_watchdog
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    prefix = logs / "nccl_trace_rank_"
+    stale = Path(f"{prefix}0")
+    stale.write_bytes(b"an earlier run's dump")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    spark = {} if local_mode else {"local_mode": False, "spark": request.getfixturevalue("spark_session")}
+    started = time.monotonic()
+    with pytest.raises(DistributedRunError) as caught:
+        Distributor(num_processes=2, env={"TORCH_FR_DUMP_TEMP_FILE": str(prefix)}, log_ranks=[], **spark).run(
+            dies_like_the_nccl_watchdog, 1
+        )
+    assert time.monotonic() - started < 60, "the other rank was not stopped when this one died"
+    message = str(caught.value)
+    assert re.match(r"rank 1 on \S+ failed: killed by SIGABRT", message.splitlines()[0]), message
+    assert f"(its Flight Recorder) is on {caught.value.failures[0].host}: {prefix}1" in message
+    assert f"torchfrtrace {logs} --prefix nccl_trace_rank_ --allow-incomplete-ranks" in message
+    assert str(stale) not in message
+    assert caught.value.failures[0].dumps == (f"{prefix}1",)
+
+
+@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+def test_a_rank_that_hangs_after_its_dump_is_named_with_it(
+    local_mode: bool, request: pytest.FixtureRequest, tmp_path: Path, no_leftovers: None
+) -> None:
+    """torch's watchdog dumped the rank but the process did not end (seen on a GPU: a kernel still
+    running); the run's timeout stops it, and the error names the dump among the stopped ranks."""
+    from spark_torch import RunTimeoutError
+    from tests.fr_programs import dies_like_the_nccl_watchdog
+
+    prefix = tmp_path / "nccl_trace_rank_"
+    spark = {} if local_mode else {"local_mode": False, "spark": request.getfixturevalue("spark_session")}
+    env = {"TORCH_FR_DUMP_TEMP_FILE": str(prefix)}
+    with pytest.raises(RunTimeoutError) as caught:
+        Distributor(num_processes=2, env=env, log_ranks=[], timeout=8, **spark).run(dies_like_the_nccl_watchdog, 1, True)
+    message = str(caught.value)
+    assert [s.rank for s in caught.value.stopped] == [0, 1], message
+    assert caught.value.stopped[1].dumps == (f"{prefix}1",) and caught.value.stopped[0].dumps == ()
+    assert "dump of rank 1 (its Flight Recorder) is on " in message and f": {prefix}1\n" in message
+    assert f"torchfrtrace {tmp_path} --prefix nccl_trace_rank_ --allow-incomplete-ranks" in message

@@ -97,6 +97,10 @@ class StopSignal(threading.Event):
             return self._reason
 
 
+#: bounds on the dump paths a node's end carries per rank (a path longer than this is cut)
+MAX_DUMPS, MAX_DUMP_PATH = 8, 4096
+
+
 @dataclass(frozen=True)
 class NodeEnd:
     """How a node's ranks ended, as the node tells the driver over the channel: each rank's last
@@ -104,10 +108,16 @@ class NodeEnd:
 
     ranks: Mapping[int, RankState] = field(default_factory=dict)
     stop: StopReason | None = None
+    #: per rank, the files torch wrote about it on the node (the NCCL watchdog's dump), when any
+    dumps: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         """The message body (JSON-able)."""
-        return {"ranks": {str(rank): state.value for rank, state in self.ranks.items()}, "stop": None if self.stop is None else self.stop.value}
+        return {
+            "ranks": {str(rank): state.value for rank, state in self.ranks.items()},
+            "stop": None if self.stop is None else self.stop.value,
+            "dumps": {str(rank): list(paths) for rank, paths in self.dumps.items()},
+        }
 
     @classmethod
     def from_wire(cls, value: object) -> NodeEnd:
@@ -117,4 +127,13 @@ class NodeEnd:
             raise ValueError("a node's end needs an object with its ranks' states")
         ranks = {int(rank): RankState(state) for rank, state in value["ranks"].items()}
         stop = value.get("stop")
-        return cls(ranks=ranks, stop=None if stop is None else StopReason.parse(stop))
+        dumps = {} if value.get("dumps") is None else value["dumps"]
+        if not isinstance(dumps, dict) or not all(
+            isinstance(paths, list) and all(isinstance(p, str) for p in paths) for paths in dumps.values()
+        ):
+            raise ValueError("a node's dumps need an object of lists of paths by rank")
+        return cls(
+            ranks=ranks,
+            stop=None if stop is None else StopReason.parse(stop),
+            dumps={int(rank): tuple(p[:MAX_DUMP_PATH] for p in paths[:MAX_DUMPS]) for rank, paths in dumps.items()},
+        )

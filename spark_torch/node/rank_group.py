@@ -29,6 +29,7 @@ from spark_torch.node.processes import (
 )
 from spark_torch.node.progress import ProgressWatch, sample_interval
 from spark_torch.node.rank_env import RankIdentity, rank_env
+from spark_torch.node.torch_dumps import watchdog_dumps
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.shared import rank_files
@@ -96,6 +97,8 @@ class RankStatus:
     last_lines: tuple[str, ...] = ()
     started_at: float = 0.0
     failure: RankFailure | None = None
+    #: for a rank stopped from outside, what torch wrote about it (its NCCL watchdog's dump)
+    dumps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ class GroupResult:
 
     def end(self) -> NodeEnd:
         """What the node tells the driver about how its ranks ended."""
-        return NodeEnd({status.rank: status.state for status in self.ranks}, self.stop_reason)
+        dumps = {status.rank: status.dumps for status in self.ranks if status.dumps}
+        return NodeEnd({status.rank: status.state for status in self.ranks}, self.stop_reason, dumps)
 
     @property
     def failures(self) -> tuple[RankFailure, ...]:
@@ -187,7 +191,13 @@ def _failure(spec: NodeSpec, proc: RankProcess, error: RankError | None, failed_
         last_lines=tuple(proc.tail),
         started_at=proc.started_at,
         failed_at=error.time if error is not None and error.time is not None else failed_at,
+        dumps=_torch_dumps(spec, proc),
     )
+
+
+def _torch_dumps(spec: NodeSpec, proc: RankProcess) -> tuple[str, ...]:
+    """What torch's NCCL watchdog dumped of this rank (its environment as :func:`_rank_env` builds it)."""
+    return watchdog_dumps({**os.environ, **spec.run.extra_env, **spec.node_env}, proc.rank, proc.started_at)
 
 
 class RankGroup:
@@ -400,16 +410,15 @@ class RankGroup:
     def _statuses(self, failure: RankFailure | None) -> tuple[RankStatus, ...]:
         with self._changed:
             states = {**self._states, **dict.fromkeys(self._running_at_stop, RankState.STOPPED)}
-        return tuple(
-            RankStatus(
-                rank=proc.rank,
-                state=RankState.FAILED if failure is not None and failure.rank == proc.rank else states.get(proc.rank, RankState.STOPPED),
-                last_lines=tuple(proc.tail),
-                started_at=proc.started_at,
-                failure=failure if failure is not None and failure.rank == proc.rank else None,
-            )
-            for proc in self._procs
-        )
+
+        def status(proc: RankProcess) -> RankStatus:
+            failed = failure is not None and failure.rank == proc.rank
+            state = RankState.FAILED if failed else states.get(proc.rank, RankState.STOPPED)
+            # a stopped rank may have hung after torch's watchdog dumped it (a NCCL timeout that did not end it)
+            dumps = _torch_dumps(self.spec, proc) if state is RankState.STOPPED else ()
+            return RankStatus(proc.rank, state, tuple(proc.tail), proc.started_at, failure if failed else None, dumps)
+
+        return tuple(status(proc) for proc in self._procs)
 
 def run_ranks(
     spec: NodeSpec,

@@ -26,9 +26,17 @@ def test_a_node_end_round_trips() -> None:
     end = NodeEnd({0: RankState.FINISHED, 3: RankState.STOPPED}, StopReason.TIMEOUT)
     assert NodeEnd.from_wire(end.to_wire()) == end
     assert NodeEnd.from_wire(NodeEnd().to_wire()) == NodeEnd()
+    dumped = NodeEnd({3: RankState.STOPPED}, StopReason.TIMEOUT, {3: ("/logs/nccl_trace_rank_3",)})
+    assert NodeEnd.from_wire(dumped.to_wire()) == dumped
+    assert NodeEnd.from_wire({"ranks": {}, "dumps": {"1": ["x" * 10_000] * 20}}).dumps[1] == ("x" * 4096,) * 8  # bounded
 
 
-@pytest.mark.parametrize("body", [None, [], {"ranks": []}, {"ranks": {"0": "exploded"}}, {"ranks": {"x": "finished"}}])
+def test_an_end_from_an_older_node_has_no_dumps() -> None:
+    assert NodeEnd.from_wire({"ranks": {"0": "stopped"}, "stop": None}).dumps == {}
+
+
+@pytest.mark.parametrize("body", [None, [], {"ranks": []}, {"ranks": {"0": "exploded"}}, {"ranks": {"x": "finished"}},
+     {"ranks": {}, "dumps": {"0": "/a/path"}}, {"ranks": {}, "dumps": {"0": [1]}}, {"ranks": {}, "dumps": []}])
 def test_a_malformed_node_end_is_refused(body: object) -> None:
     with pytest.raises(ValueError):
         NodeEnd.from_wire(body)

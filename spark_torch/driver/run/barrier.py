@@ -229,7 +229,8 @@ class _BarrierStage:
             self._cancel(StopReason.TIMEOUT)
             if completed_while_stopping(job.value, plan.num_nodes):
                 return None
-            running = tuple(StoppedRank(rank, None, attempt.tail(rank)) for rank in self._running_at_stop())
+            dumps = self._stopped_ranks_dumps()
+            running = tuple(StoppedRank(rank, None, attempt.tail(rank), dumps.get(rank, ())) for rank in self._running_at_stop())
             what = f"the Spark job was cancelled; {still_running(running)}"
             return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, running, what, stall.stacks()))
         finally:
@@ -245,6 +246,11 @@ class _BarrierStage:
             for rank in range(node * per_node, (node + 1) * per_node)
             if node not in ends or ends[node].ranks.get(rank) is RankState.STOPPED
         ]
+
+    def _stopped_ranks_dumps(self) -> dict[int, tuple[str, ...]]:
+        """What torch wrote about the ranks the stop found running (their NCCL watchdog's dumps),
+        as their nodes said."""
+        return {rank: paths for end in self._channel().node_ends().values() for rank, paths in end.dumps.items()}
 
     def _close_stall(self) -> None:
         stall, self.stall_open = self.stall, False

@@ -118,7 +118,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
         if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
             return AttemptOutcome.ended(io.stall.verdict())
         if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
-            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines) for s in group.still_running())
+            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines, s.dumps) for s in group.still_running())
             return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, stopped, still_running(stopped), io.stall.stacks()))
         if group.state is GroupState.FAILED:
             return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
