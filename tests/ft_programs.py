@@ -16,6 +16,7 @@ def train(
     kill_step: int | None = None,
     timeout: float = 20.0,
     checkpoint: bool = False,
+    kill_rank: int = 0,
 ) -> list[float]:
     """Train a linear model with torchft's DDP until ``steps`` steps were committed with every
     group taking part (counted in the state that heals a group: a group alone goes on until the
@@ -25,10 +26,11 @@ def train(
     (``spark_torch.report``, with a checkpoint of the model, the optimizer, that count and the
     Manager's state when ``checkpoint``). A process that starts from a checkpoint restores all of
     it and writes ``PID STEP`` (the Manager's step after the restore) to ``work/g{GROUP}.resumed``.
-    The first process of ``kill_group`` (-1: of every group) SIGKILLs itself at the step that
-    all groups take together after ``kill_step`` such steps, between forward and backward: its
-    peers are then in (or about to enter) the all-reduce. Returns (and writes to
-    ``work/g{GROUP}.weights``) the final weights. ``timeout`` bounds each of torchft's waits
+    The first process of ``kill_group``'s rank ``kill_rank`` (-1: of every group) SIGKILLs itself
+    at the step that all groups take together after ``kill_step`` such steps, between forward and
+    backward: its peers are then in (or about to enter) the all-reduce. Returns (and writes to
+    ``work/g{GROUP}.weights``) the final weights. In groups of several ranks, each rank's files
+    are ``g{GROUP}r{RANK}.*`` (each rank is a replica of the same rank of the other groups). ``timeout`` bounds each of torchft's waits
     (its default is 60 s)."""
     import tempfile
 
@@ -40,6 +42,8 @@ def train(
     from spark_torch import ft
 
     group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+    rank = int(os.environ["RANK"])
+    name = f"g{group}r{rank}" if int(os.environ["WORLD_SIZE"]) > 1 else f"g{group}"
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -61,11 +65,11 @@ def train(
         state = torch.load(resumed / "state.pt")
         load(state)
         mgr.load_state_dict(state["manager"])  # torchft's step and committed batches
-        with open(os.path.join(work, f"g{group}.resumed"), "a") as fh:
+        with open(os.path.join(work, f"{name}.resumed"), "a") as fh:
             fh.write(f"{os.getpid()} {mgr.current_step()}\n")
     ddp = DistributedDataParallel(mgr, model)
     killed = os.path.join(work, f"killed{group}")
-    with open(os.path.join(work, f"g{group}.steps"), "a", buffering=1) as log:
+    with open(os.path.join(work, f"{name}.steps"), "a", buffering=1) as log:
         while True:
             mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
             opt.zero_grad()
@@ -76,7 +80,8 @@ def train(
             data = torch.Generator().manual_seed(1000 * mgr.current_step() + group)
             x = torch.randn(8, 4, generator=data)
             loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
-            if kill_group in (group, -1) and all_in and int(together) == kill_step and not os.path.exists(killed):
+            kill_here = kill_group in (group, -1) and rank == kill_rank
+            if kill_here and all_in and int(together) == kill_step and not os.path.exists(killed):
                 open(killed, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the peer's all-reduce loses us
             loss.backward()
@@ -85,14 +90,14 @@ def train(
                 together += int(all_in)
                 log.write(f"{os.getpid()} {mgr.current_step()}\n")
                 with tempfile.TemporaryDirectory() as folder:
-                    if checkpoint and os.environ["RANK"] == "0":
+                    if checkpoint and rank == 0:
                         state = {"model": model.state_dict(), "opt": opt.state_dict(), "together": together}
                         torch.save({**state, "manager": mgr.state_dict()}, os.path.join(folder, "state.pt"))
                     spark_torch.report({"loss": float(loss)}, checkpoint=folder if checkpoint else None)
     weights = [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
-    with open(os.path.join(work, f"g{group}.weights"), "w") as fh:
+    with open(os.path.join(work, f"{name}.weights"), "w") as fh:
         fh.write(repr(weights))
-    with open(os.path.join(work, f"g{group}.listening"), "w") as fh:  # this rank's listeners, torchft's included
+    with open(os.path.join(work, f"{name}.listening"), "w") as fh:  # this rank's listeners, torchft's included
         fh.write(repr(sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})))
     mgr.shutdown(wait=False)
     return weights

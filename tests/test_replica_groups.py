@@ -54,11 +54,12 @@ def _reported(result: RunResult | None, work: Path) -> None:
     assert [r.run_id for r in result.replica_groups] == [f"{result.run_id}-g0", f"{result.run_id}-g1"]
 
 
-def _killed_group_healed_alone(tmp_path: Path, weights: list[float]) -> tuple[set[int], int]:
+def _killed_group_healed_alone(tmp_path: Path, weights: list[float], rank: str = "") -> tuple[set[int], int]:
     """The other group kept its one process and its committed steps only went forward; group 1
     ran twice, its second process starting past its first's last step; group 1 ended with the
-    weights run() returned. Returns group 0's committed steps and group 1's first after the restart."""
-    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
+    weights run() returned. Returns group 0's committed steps and group 1's first after the restart.
+    ``rank`` ("r1"): of that rank of each group, in groups of several ranks."""
+    survivor, killed = _steps(tmp_path / f"g0{rank}.steps"), _steps(tmp_path / f"g1{rank}.steps")
     assert len({pid for pid, _ in survivor}) == 1, survivor[:5]
     assert [step for _, step in survivor] == sorted({step for _, step in survivor})
     pids = list(dict.fromkeys(pid for pid, _ in killed))
@@ -66,7 +67,7 @@ def _killed_group_healed_alone(tmp_path: Path, weights: list[float]) -> tuple[se
     before = [step for pid, step in killed if pid == pids[0]]
     after = [step for pid, step in killed if pid == pids[1]]
     assert after[0] > before[-1] >= 1, (before[-3:], after[:3])
-    assert ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
+    assert ast.literal_eval((tmp_path / f"g1{rank}.weights").read_text()) == weights
     return {step for _, step in survivor}, after[0]
 
 
@@ -89,6 +90,31 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     _reported(last, tmp_path)
     assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
     assert str(last.attempts[1]).startswith("replica group 1: ") and last.restarts == 1
+
+
+def test_a_rank_killed_in_a_group_of_two_restarts_its_group_alone(tmp_path: Path, no_leftovers: None) -> None:
+    """Groups of two ranks (each rank a replica of the same rank of the other group): group 1's
+    rank 1 SIGKILLs itself mid-step; its whole group restarts (both ranks new processes), each rank
+    heals from its peer of group 0, whose two processes never changed and whose steps only went
+    forward; each rank ends with the same weights as its peer."""
+    distributor = Distributor(
+        num_processes=4, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2, 20.0, False, 1)
+    survivor, restarted_at = _killed_group_healed_alone(tmp_path, _weights(tmp_path / "g0r1.weights"), "r1")
+    assert restarted_at in survivor
+    # rank 0 of group 1 was not killed but restarted with its group, and healed from group 0's rank 0
+    _killed_group_healed_alone(tmp_path, weights, "r0")
+    assert _weights(tmp_path / "g0r0.weights") == weights  # run() returned group 0's rank 0's
+    last = distributor.last_run
+    assert last is not None and [(a.replica_group, a.end) for a in last.attempts] == [
+        (0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED),
+    ]  # fmt: skip
+    assert "rank 1 on " in str(last.attempts[1]), str(last.attempts[1])  # the killed rank, not its group's rank 0
+
+
+def _weights(path: Path) -> list[float]:
+    return list(ast.literal_eval(path.read_text()))
 
 
 def test_when_every_group_dies_the_run_resumes_from_its_checkpoint(tmp_path: Path, no_leftovers: None) -> None:
