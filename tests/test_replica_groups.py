@@ -11,7 +11,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -226,3 +228,16 @@ def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert "interrupted" in lines and "ranks still running: []" in lines, done.stdout
+
+
+def test_run_on_dataframe_refuses_replica_groups(spark_session: Any, no_leftovers: None) -> None:
+    """Sharding a DataFrame per group is not built: refused before anything starts, saying what to do."""
+    from spark_torch import ConfigurationError
+
+    df = spark_session.range(8)
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError) as info:
+        Distributor(num_processes=2, replica_groups=2, log_ranks=[]).run_on_dataframe(ft_programs.hang, df)
+    assert str(info.value).startswith("run_on_dataframe does not take replica_groups yet: shard the data per group")
+    assert "REPLICA_GROUP_ID, NUM_REPLICA_GROUPS" in str(info.value) and "use run()" in str(info.value)
+    assert time.monotonic() - started < 30
