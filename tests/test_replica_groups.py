@@ -92,6 +92,27 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     _reported(last, tmp_path)
     assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
     assert str(last.attempts[1]).startswith("replica group 1: ") and last.restarts == 1
+    _the_past_run_is_the_whole_run(tmp_path / "runs", last)
+
+
+def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
+    """RunResult.from_path and `spark-torch runs show` open the whole run by its id (each group
+    stored as RUN_ID-gN): every group's rows and attempts, as last_run had them."""
+    for past in (RunResult.from_path(storage, last.run_id), RunResult.from_path(storage / last.run_id)):
+        assert past.run_id == last.run_id and past.path is None
+        assert [r.run_id for r in past.replica_groups] == [f"{last.run_id}-g0", f"{last.run_id}-g1"]
+        assert [(row["replica_group"], row["step"]) for row in past.history] == [
+            (row["replica_group"], row["step"]) for row in last.history
+        ]
+        assert [(a.replica_group, a.end) for a in past.attempts] == [(a.replica_group, a.end) for a in last.attempts]
+        assert past.restarts == 1 and str(past.outcome) == "succeeded"
+    shown = subprocess.run(
+        [sys.executable, "-m", "spark_torch", "runs", "show", last.run_id, "--storage", str(storage)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert f"replica group 0 of run {last.run_id}" in shown.stdout and f"replica group 1 of run {last.run_id}" in shown.stdout
+    assert f"{last.run_id}-g1" in shown.stdout
 
 
 def test_a_rank_killed_in_a_group_of_two_restarts_its_group_alone(tmp_path: Path, no_leftovers: None) -> None:

@@ -305,17 +305,27 @@ def _runs(args: argparse.Namespace) -> int:
         base = args.storage or DEFAULT_STORAGE
         result = RunResult.from_path(base, words[1], storage_options=options,
                                      checkpoint_score_attribute=score or None, checkpoint_score_order=order or None)
-        summary = read_summary(RunStorage(base, words[1], options), score or None, order or None)
+        # a replica-group run is its groups' runs (RUN_ID-g0, ...): each group's details, in order
+        parts = result.replica_groups or [result]
+        summaries = [read_summary(RunStorage(base, part.run_id, options), score or None, order or None) for part in parts]
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, ImportError) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)
         return EXIT_USAGE
+    shown: list[Any] = []
+    for part, summary in zip(parts, summaries, strict=True):
+        if args.json:
+            data = summary_json(summary)
+            data["checkpoints"] = [{"path": c.path, "step": c.step, "metrics": c.metrics} for c, _ in part.best_checkpoints]
+            data["history"] = part.history
+            shown.append(data)
+        else:
+            head = f"replica group {parts.index(part)} of run {result.run_id}\n" if result.replica_groups else ""
+            shown.append(head + run_details(summary, [c for c, _ in part.best_checkpoints]))
     if args.json:
-        data = summary_json(summary)
-        data["checkpoints"] = [{"path": c.path, "step": c.step, "metrics": c.metrics} for c, _ in result.best_checkpoints]
-        data["history"] = result.history
-        print(json.dumps(data, indent=2, default=str))
+        whole = {"run_id": result.run_id, "replica_groups": shown} if result.replica_groups else shown[0]
+        print(json.dumps(whole, indent=2, default=str))
     else:
-        print(run_details(summary, [c for c, _ in result.best_checkpoints]))
+        print("\n\n".join(shown))
     return 0
 
 

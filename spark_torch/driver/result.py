@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.base.states import ValueEnum
+from spark_torch.driver.group_runs import merge_past_groups, stored_group_ids
 from spark_torch.reporting.api import GROUP_KEY, RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
@@ -326,20 +327,36 @@ class RunResult:
         ``last_run`` ordered them (the ``checkpoint_score_attribute``/``checkpoint_score_order``
         its latest attempt was configured with, stored with the run), unless these are given.
 
+        A replica-group run (``replica_groups``; each group stored as its own run, ``RUN_ID-g0``,
+        ...) opens whole by its ``RUN_ID``: every group's history and attempts, each naming its
+        group, and each group's own run in ``replica_groups`` (``path`` is None).
+
         Raises:
             FileNotFoundError: no run there (the message lists the runs when ``run_dir`` is a
                 storage directory).
         """
         text = os.fspath(storage_path)
+        path_form = run_id is None
         if run_id is None:
             base, run_id = split_run_path(text)
             storage = RunStorage(base, run_id, storage_options)
-            if not run_id or not storage.is_run():
-                raise FileNotFoundError(_not_a_run(text, storage_options))
+            found = bool(run_id) and storage.is_run()
         else:
-            storage = RunStorage(text, run_id, storage_options)
-            if not storage.exists():
-                raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
+            base, storage = text, RunStorage(text, run_id, storage_options)
+            found = storage.exists()
+        if not found:
+            groups = stored_group_ids(base, run_id, storage_options) if run_id else []
+            if groups:  # a replica-group run: its groups' runs, merged
+                attempts = RunStorage(base, groups[0], storage_options).attempts()
+                score, order = recorded_score(attempts, checkpoint_score_attribute, checkpoint_score_order)
+                parts = [
+                    cls.from_path(base, g, storage_options=storage_options, checkpoint_score_attribute=score, checkpoint_score_order=order)
+                    for g in groups
+                ]
+                return merge_past_groups(run_id, parts, score, order)
+            if path_form:
+                raise FileNotFoundError(_not_a_run(text, storage_options))
+            raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         result = cls(run_id=run_id)
         fill_from_storage(result, storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
         calls = read_calls(storage.read_log(RUN_LOG))

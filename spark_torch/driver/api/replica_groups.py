@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.driver.config import DistributorConfig
+from spark_torch.driver.group_runs import group_rows, group_run_id, ranked_checkpoints
 from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.controller import execute, new_run_id
 from spark_torch.driver.run.endpoints import resolve_endpoint
@@ -36,8 +37,6 @@ from spark_torch.driver.spark.cluster import read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
-from spark_torch.reporting.api import GROUP_KEY
-from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.settings import resolve as resolve_settings
 
 if TYPE_CHECKING:
@@ -50,11 +49,6 @@ logger = logging.getLogger(__name__)
 
 #: local mode: the lighthouse and every torchft listener are on loopback
 LOCAL_HOST = "127.0.0.1"
-
-
-def group_run_id(run_id: str, group: int) -> str:
-    """The run id of one group's runs (its storage and its history)."""
-    return f"{run_id}-g{group}"
 
 
 def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id: str) -> DistributorConfig:
@@ -231,13 +225,6 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
     return loops[0].value
 
 
-def _rows(parts: list[tuple[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
-    """Each group's rows, each with its ``replica_group`` (ranks tag theirs; an older row gets its
-    group's), in step order and group order within a step."""
-    rows = [{**row, GROUP_KEY: row.get(GROUP_KEY, group)} for group, part in parts for row in part]
-    return sorted(rows, key=lambda row: (row.get("step", 0), row[GROUP_KEY]))
-
-
 def merged_result(
     run_id: str, loops: list[GroupLoop], config: DistributorConfig, failed: GroupLoop | None, started: float
 ) -> RunResult:
@@ -246,12 +233,9 @@ def merged_result(
     each group's own last run in ``replica_groups``. ``run_id`` is the run's (pass it again to resume)."""
     lasts = [loop.results[-1] for loop in loops if loop.results]
     result = RunResult(run_id=run_id, value=loops[0].value, replica_groups=lasts, started=started)
-    result.rows = _rows([(loop.group, row) for loop in loops for row in (r.rows for r in loop.results)])
-    result.history = _rows([(loop.group, loop.results[-1].history) for loop in loops if loop.results])
-    kept = {c.path: (c, m) for last in lasts for c, m in last.best_checkpoints}  # each group's own folder
-    infos = [CheckpointInfo(c.step, path, metrics=m) for path, (c, m) in kept.items()]
-    ranked = best(infos, config.checkpoint_score_attribute, config.checkpoint_score_order)
-    result.best_checkpoints = [kept[info.url] for info in ranked]
+    result.rows = group_rows([(loop.group, row) for loop in loops for row in (r.rows for r in loop.results)])
+    result.history = group_rows([(loop.group, loop.results[-1].history) for loop in loops if loop.results])
+    result.best_checkpoints = ranked_checkpoints(lasts, config.checkpoint_score_attribute, config.checkpoint_score_order)
     newest = [last.checkpoint for last in lasts if last.checkpoint is not None]
     result.checkpoint = max(newest, key=lambda c: c.step) if newest else None
     result.restarts = sum(loop.restarts for loop in loops)

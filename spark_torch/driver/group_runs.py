@@ -1,0 +1,82 @@
+"""A replica-group run (``replica_groups=G``) as one :class:`~spark_torch.driver.result.RunResult`.
+
+Each group runs and stores as its own run, ``RUN_ID-g0`` ... ``RUN_ID-g{G-1}``; the whole run is
+their merge: every group's rows, each naming its ``replica_group``, in step order; every group's
+attempts, each naming its group; the newest checkpoint of any group; the restarts of all groups.
+The driver merges a call's groups when it ends (``last_run``), :meth:`RunResult.from_path` a past
+run's from their storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from spark_torch.reporting.api import GROUP_KEY
+from spark_torch.reporting.checkpoint import Checkpoint
+from spark_torch.reporting.ranking import CheckpointInfo, best
+from spark_torch.reporting.run_log import Outcome
+from spark_torch.reporting.storage import run_ids
+
+if TYPE_CHECKING:
+    from spark_torch.driver.result import RunResult
+
+__all__ = ["group_run_id", "stored_group_ids", "group_rows", "ranked_checkpoints", "merge_past_groups"]
+
+
+def group_run_id(run_id: str, group: int) -> str:
+    """The run id of one group's runs (its storage and its history)."""
+    return f"{run_id}-g{group}"
+
+
+def stored_group_ids(base: str, run_id: str, options: Mapping[str, Any] | None = None) -> list[str]:
+    """The stored runs of ``run_id``'s groups under ``base``, group 0 first (none: not a
+    replica-group run there)."""
+    stored = set(run_ids(base, options))
+    found: list[str] = []
+    while group_run_id(run_id, len(found)) in stored:
+        found.append(group_run_id(run_id, len(found)))
+    return found
+
+
+def group_rows(parts: list[tuple[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Each group's rows, each with its ``replica_group`` (ranks tag theirs; an older row gets its
+    group's), in step order and group order within a step."""
+    rows = [{**row, GROUP_KEY: row.get(GROUP_KEY, group)} for group, part in parts for row in part]
+    return sorted(rows, key=lambda row: (row.get("step", 0), row[GROUP_KEY]))
+
+
+def ranked_checkpoints(
+    lasts: list[RunResult], score: str | None, order: str = "max"
+) -> list[tuple[Checkpoint, dict[str, Any]]]:
+    """Every group's kept checkpoints (each group's own folder), ranked together."""
+    kept = {c.path: (c, m) for last in lasts for c, m in last.best_checkpoints}
+    infos = [CheckpointInfo(c.step, path, metrics=m) for path, (c, m) in kept.items()]
+    return [kept[info.url] for info in best(infos, score, order)]
+
+
+def merge_past_groups(run_id: str, parts: list[RunResult], score: str | None, order: str = "max") -> RunResult:
+    """The past run ``run_id`` from its groups' stored runs (``parts``, group 0 first, each as
+    :meth:`RunResult.from_path` opened it): what ``last_run`` showed when the call ended, without
+    a value. It has no single directory (``path`` None; each group's is in ``replica_groups``)."""
+    from spark_torch.driver.result import RunResult
+
+    result = RunResult(run_id=run_id, replica_groups=list(parts))
+    result.history = group_rows([(group, part.history) for group, part in enumerate(parts)])
+    result.best_checkpoints = ranked_checkpoints(parts, score, order)
+    newest = [part.checkpoint for part in parts if part.checkpoint is not None]
+    result.checkpoint = max(newest, key=lambda c: c.step) if newest else None
+    for group, part in enumerate(parts):
+        for record in part.attempts:
+            record.replica_group = group
+            result.attempts.append(record)
+    # each restart of a group is a new call of its group's run: every attempt after a group's first
+    result.restarts = sum(max(0, len(part.attempts) - 1) for part in parts)
+    failed = next((part for part in parts if part.outcome not in (None, Outcome.SUCCEEDED)), None)
+    shown = failed if failed is not None else parts[0]
+    result.outcome, result.entry, result.past_error = shown.outcome, shown.entry, shown.past_error
+    starts = [part.started for part in parts if part.started is not None]
+    ends = [part.started + part.duration for part in parts if part.started is not None and part.duration is not None]
+    result.started = min(starts) if starts else None
+    result.duration = max(ends) - result.started if ends and result.started is not None else None
+    return result
