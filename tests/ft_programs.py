@@ -111,9 +111,9 @@ def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
 
     group = int(os.environ["REPLICA_GROUP_ID"])
     if group == group_that_fails:
-        log, ranks = os.path.join(work, "g0.steps"), int(os.environ["WORLD_SIZE"])
-        deadline = time.monotonic() + 120
-        while not os.path.exists(log) or len(open(log).read().splitlines()) < 3 * ranks:
+        logs = [os.path.join(work, f"g0r{rank}.steps") for rank in range(int(os.environ["WORLD_SIZE"]))]
+        ranks, deadline = len(logs), time.monotonic() + 120
+        while not all(os.path.exists(log) and len(open(log).read().splitlines()) >= 3 for log in logs):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"group 0 did not commit 3 steps on each of its {ranks} ranks within 120 s")
             time.sleep(0.05)

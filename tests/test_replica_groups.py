@@ -182,8 +182,9 @@ def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Pa
     assert "Raise max_restarts or fix the cause" in str(error)
     assert isinstance(error.__cause__, RuntimeError)
     committed: dict[int, list[int]] = {}
-    for pid, step in _steps(tmp_path / "g0.steps"):
-        committed.setdefault(pid, []).append(step)
+    for rank in (0, 1):
+        for pid, step in _steps(tmp_path / f"g0r{rank}.steps"):
+            committed.setdefault(pid, []).append(step)
     assert len(committed) == 2, committed.keys()  # group 0's two ranks, one process each
     first, second = committed.values()
     shared = min(len(first), len(second))
