@@ -372,10 +372,19 @@ def test_a_resumed_runs_trace_folders_number_on_as_its_attempts(tmp_path: Path, 
     assert (logs / "flight-recorder" / "attempt-0" / "rank_0.json").exists()
 
 
-@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
-def test_the_error_names_the_dump_the_nccl_watchdog_left(
-    local_mode: bool, request: pytest.FixtureRequest, tmp_path: Path, no_leftovers: None
+def test_the_error_names_the_dump_the_nccl_watchdog_left(tmp_path: Path, no_leftovers: None) -> None:
+    _dies_the_watchdogs_way(tmp_path, {})
+
+
+def test_the_error_names_the_dump_the_nccl_watchdog_left_distributed(
+    spark_session: Any, tmp_path: Path, no_leftovers: None
 ) -> None:
+    # the session as an argument, not request.getfixturevalue: conftest orders tests by the
+    # session fixtures they name (one obtained otherwise started a JVM among the no-Spark tests)
+    _dies_the_watchdogs_way(tmp_path, {"local_mode": False, "spark": spark_session})
+
+
+def _dies_the_watchdogs_way(tmp_path: Path, spark: dict[str, Any]) -> None:
     """A rank that dies as torch's NCCL watchdog makes it on a timeout (its dump written to
     TORCH_FR_DUMP_TEMP_FILE + rank, then SIGABRT; the real thing needs a GPU: gpu_check's
     e_nccl_fr): the error leads with that rank and names the dump, its host and how to read it;
@@ -388,7 +397,6 @@ def test_the_error_names_the_dump_the_nccl_watchdog_left(
     stale = Path(f"{prefix}0")
     stale.write_bytes(b"an earlier run's dump")
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    spark = {} if local_mode else {"local_mode": False, "spark": request.getfixturevalue("spark_session")}
     started = time.monotonic()
     with pytest.raises(DistributedRunError) as caught:
         Distributor(num_processes=2, env={"TORCH_FR_DUMP_TEMP_FILE": str(prefix)}, log_ranks=[], **spark).run(
@@ -403,17 +411,23 @@ def test_the_error_names_the_dump_the_nccl_watchdog_left(
     assert caught.value.failures[0].dumps == (f"{prefix}1",)
 
 
-@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
-def test_a_rank_that_hangs_after_its_dump_is_named_with_it(
-    local_mode: bool, request: pytest.FixtureRequest, tmp_path: Path, no_leftovers: None
+def test_a_rank_that_hangs_after_its_dump_is_named_with_it(tmp_path: Path, no_leftovers: None) -> None:
+    _hangs_after_its_dump(tmp_path, {})
+
+
+def test_a_rank_that_hangs_after_its_dump_is_named_with_it_distributed(
+    spark_session: Any, tmp_path: Path, no_leftovers: None
 ) -> None:
+    _hangs_after_its_dump(tmp_path, {"local_mode": False, "spark": spark_session})
+
+
+def _hangs_after_its_dump(tmp_path: Path, spark: dict[str, Any]) -> None:
     """torch's watchdog dumped the rank but the process did not end (seen on a GPU: a kernel still
     running); the run's timeout stops it, and the error names the dump among the stopped ranks."""
     from spark_torch import RunTimeoutError
     from tests.fr_programs import dies_like_the_nccl_watchdog
 
     prefix = tmp_path / "nccl_trace_rank_"
-    spark = {} if local_mode else {"local_mode": False, "spark": request.getfixturevalue("spark_session")}
     env = {"TORCH_FR_DUMP_TEMP_FILE": str(prefix)}
     with pytest.raises(RunTimeoutError) as caught:
         Distributor(num_processes=2, env=env, log_ranks=[], timeout=8, **spark).run(dies_like_the_nccl_watchdog, 1, True)
