@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spark_torch.base.states import ProblemKind
+from spark_torch.base.states import MAX_DUMPS, ProblemKind
 from spark_torch.errors import RankFailure
 
 __all__ = [
@@ -96,7 +96,7 @@ def bounded(failure: RankFailure, share: float = 1.0) -> RankFailure:
         exc_message=_cut(failure.exc_message, max(256, int(MAX_MESSAGE * share))),
         traceback=_cut(failure.traceback, max(512, int(MAX_TRACEBACK * share))),
         last_lines=tuple(reversed(lines)),
-        dumps=tuple(_cut(dump, MAX_LINE) or "" for dump in failure.dumps[:8]),
+        dumps=tuple(_cut(dump, MAX_LINE) or "" for dump in failure.dumps[:MAX_DUMPS]),
     )
 
 
