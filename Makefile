@@ -2,6 +2,7 @@
 #   make demo   - create .venv, install what the demo needs, run a 2-rank DDP training on an embedded Spark
 #   make test   - create .venv, install the test toolchain, run the whole test suite (TEST_WORKERS=N: in N workers)
 #   make test-fast - the unit tests and a smoke run in each mode (the development loop, minutes)
+#   make coverage  - the suite under coverage.py, every process a test starts measured (COVERAGE_ARGS=tests/...)
 # and
 #   make dist   - build the wheel and sdist into dist/ (pip install dist/spark_torch-*.whl on the driver and executors)
 #   make lock   - refresh constraints.txt, the versions `make test`/`make demo` install, from today's releases
@@ -26,7 +27,7 @@ LOCK ?= constraints.txt
 LOCK_ARGS := --constraint $(LOCK) --build-constraint $(LOCK)
 JAVA_MIN ?= 17
 
-.PHONY: demo test test-fast bootstrap check-java bench dist clean lock
+.PHONY: demo test test-fast bootstrap check-java bench dist clean lock coverage
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java not found: install Java $(JAVA_MIN) or newer (e.g. 'apt-get install openjdk-17-jre-headless') and retry."; exit 1; }
@@ -63,6 +64,18 @@ test: bootstrap
 # local[2]); mypy keeps its cache in .mypy_cache, so it is quick from the second run on
 test-fast: bootstrap
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "unit or smoke" $(PYTEST_ARGS)
+
+# the suite under coverage.py (pyproject.toml's [tool.coverage.*]): every Python process a test starts
+# is measured; the report lists spark_torch's lines by module (COVERAGE_ARGS: e.g. tests/unit)
+COVERAGE_ARGS ?=
+COVERAGE_DIR := $(abspath .coverage-data)
+coverage: bootstrap
+	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
+	export COVERAGE_FILE=$(COVERAGE_DIR)/data; status=0; \
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m coverage run -m pytest $(PYTEST_ARGS) $(COVERAGE_ARGS) || status=$$?; \
+	$(PY) -m coverage combine --quiet $(COVERAGE_DIR) && \
+	$(PY) -m coverage report --precision=1 > $(COVERAGE_DIR)/report.txt; \
+	tail -1 $(COVERAGE_DIR)/report.txt; echo "coverage by module: $(COVERAGE_DIR)/report.txt"; exit $$status
 
 bench: bootstrap
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) benchmarks/run.py
