@@ -92,10 +92,10 @@ def ensure_archive() -> Path | None:
         if proc.returncode != 0 or not partial.exists():
             partial.unlink(missing_ok=True)
             tail = errors[-2000:]
-            print(f"tests/jvm_archive.py: no class-data archive, JVMs start the usual way: {tail}", file=sys.stderr)
+            print(f"tests/jvm_archive.py: no class-data archive, JVMs start the usual way: {tail}", file=sys.__stderr__)
             return None
         partial.replace(path)
-        print(f"tests/jvm_archive.py: made {path} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        print(f"tests/jvm_archive.py: made {path} in {time.monotonic() - started:.0f} s", file=sys.__stderr__)
         return path
 
 

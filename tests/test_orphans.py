@@ -122,15 +122,21 @@ def test_a_whole_tree_the_rank_leaves_is_stopped_within_the_grace(chain: str, wa
                 proc.kill()
 
 
-def signal_own_group(sigint_ignored: bool) -> list[str]:
+#: the signals a rank starts with at their default action (unless its driver started with them ignored)
+_DEFAULTS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, signal.SIGTSTP)
+
+
+def signal_own_group(sigint_ignored: bool, inherited: list[str]) -> list[str]:
     """Handle SIGUSR1 and SIGHUP ("checkpoint now", "reload") and send each to this
     process's own group, as a rank tells its workers; what was handled. The rank starts with
     the handlers a rank without a keeper has (the keeper ignores what it can): Python's SIGINT
     handler, or SIGINT ignored when the driver was started with it ignored (``nohup``, a
-    background job of a script), as any Python program it started would."""
+    background job of a script), as any Python program it started would; the others at their
+    default action, or ignored (``inherited``) where the driver started with them ignored
+    (``nohup`` ignores SIGHUP)."""
     assert signal.getsignal(signal.SIGINT) is (signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
-    defaults = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, signal.SIGTSTP)
-    assert all(signal.getsignal(sig) == signal.SIG_DFL for sig in defaults), {s.name: signal.getsignal(s) for s in defaults}
+    expected = {sig.name: signal.SIG_IGN if sig.name in inherited else signal.SIG_DFL for sig in _DEFAULTS}
+    assert {sig.name: signal.getsignal(sig) for sig in _DEFAULTS} == expected
     handled: list[str] = []
     for sig in (signal.SIGUSR1, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: handled.append(signal.Signals(signum).name))
@@ -148,7 +154,8 @@ def signal_own_group(sigint_ignored: bool) -> list[str]:
 def test_a_rank_may_signal_its_own_process_group(warm: bool, no_leftovers: None) -> None:
     """The keeper shares the rank's group and ignores what the rank sends it."""
     ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group, ignored) == ["SIGUSR1", "SIGHUP"]
+    inherited = [sig.name for sig in _DEFAULTS if signal.getsignal(sig) is signal.SIG_IGN]
+    assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group, ignored, inherited) == ["SIGUSR1", "SIGHUP"]
 
 
 def orphan_then_lose_the_keeper(seconds: str, ready: str) -> None:
