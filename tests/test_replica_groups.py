@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from spark_torch import Distributor, ReplicaGroupError, RunResult, RunTimeoutError
+from spark_torch import Distributor, ReplicaGroupError, RunResult, RunTimeoutError, list_runs
 from spark_torch.driver.result import AttemptEnd
 from tests import ft_programs
 
@@ -113,6 +113,15 @@ def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
     assert shown.returncode == 0, shown.stderr
     assert f"replica group 0 of run {last.run_id}" in shown.stdout and f"replica group 1 of run {last.run_id}" in shown.stdout
     assert f"{last.run_id}-g1" in shown.stdout
+    # the list: each group's run names the whole run, the groups together, group 0 first
+    listed = [s for s in list_runs(storage) if s.replica_run == last.run_id]
+    assert [(s.run_id, s.replica_group) for s in listed] == [(f"{last.run_id}-g0", 0), (f"{last.run_id}-g1", 1)]
+    table = subprocess.run(
+        [sys.executable, "-m", "spark_torch", "runs", str(storage)], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    rows = [line.split("  ")[0] for line in table.stdout.splitlines()[1:]]
+    assert rows[:2] == [f"{last.run_id}-g0 (replica group 0)", f"{last.run_id}-g1 (replica group 1)"], table.stdout
 
 
 def test_a_rank_killed_in_a_group_of_two_restarts_its_group_alone(tmp_path: Path, no_leftovers: None) -> None:

@@ -216,3 +216,21 @@ def test_a_run_without_an_attempt_log(storage: Path, tmp_path: Path) -> None:
     assert old.world_size == 1 and old.steps == 2
     line = cli("runs", str(tmp_path)).stdout.splitlines()[1]
     assert line.split()[0] == "old" and line.split()[3:9] == ["-", "-", "-", "-", "1", "2"]  # duration, outcome, entry, attempts
+
+
+def test_a_run_is_one_replica_group_only_beside_its_sibling_groups() -> None:
+    """`runs` names a run RUN_ID-gN one group of RUN_ID when RUN_ID-g0 ... RUN_ID-gN (two at least)
+    are stored; a run the user named x-g0 alone, or x-g2 without x-g1, is listed as named."""
+    from spark_torch.driver.api.past_runs import RunSummary, _with_group
+
+    def group_of(run_id: str, stored: set[str]) -> tuple[str | None, int | None]:
+        summary = _with_group(RunSummary(run_id, f"/runs/{run_id}", None, None, None, 0, {}, None, None), stored)
+        return summary.replica_run, summary.replica_group
+
+    assert group_of("exp-g1", {"exp-g0", "exp-g1"}) == ("exp", 1)
+    assert group_of("exp-g0", {"exp-g0", "exp-g1"}) == ("exp", 0)
+    assert group_of("a-b-g10", {f"a-b-g{n}" for n in range(11)}) == ("a-b", 10)
+    assert group_of("exp-g0", {"exp-g0"}) == (None, None)
+    assert group_of("exp-g2", {"exp-g0", "exp-g2"}) == (None, None)
+    assert group_of("exp-g01", {"exp-g0", "exp-g01"}) == (None, None)
+    assert group_of("steady", {"steady"}) == (None, None)

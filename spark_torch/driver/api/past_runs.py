@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from spark_torch.driver.group_runs import group_run_id
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
@@ -52,6 +54,11 @@ class RunSummary:
         duration: how long the latest call took, in seconds (None without an end).
         calls: every ``run()`` call with this ``run_id``, oldest first, each with its attempts'
             ends and reasons (:class:`~spark_torch.reporting.run_log.CallRecord`).
+        replica_run: for one replica group's run (``replica_groups``: each group stores its own
+            run, ``RUN_ID-g0``, ``RUN_ID-g1``...), the whole run's ``RUN_ID``
+            (``RunResult.from_path(storage, RUN_ID)`` and ``spark-torch runs show RUN_ID`` open it
+            whole); None for other runs.
+        replica_group: that group's index (None for other runs).
     """
 
     run_id: str
@@ -71,6 +78,8 @@ class RunSummary:
     entry: str | None = None
     duration: float | None = None
     calls: list[CallRecord] = field(default_factory=list)
+    replica_run: str | None = None
+    replica_group: int | None = None
 
 
 def read_summary(storage: RunStorage, score: str | None = None, order: str | None = None) -> RunSummary:
@@ -120,11 +129,39 @@ def list_runs(
     by default each run's own, stored with it (what its ``last_run`` used; none: the latest).
     A storage that does not exist holds no runs."""
     base = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE
+    stored = run_ids(base, storage_options)
     summaries = [
-        read_summary(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order)
-        for run_id in run_ids(base, storage_options)
-    ]
-    return sorted(summaries, key=lambda s: (s.started is not None, s.started or 0.0, s.run_id), reverse=True)
+        _with_group(read_summary(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order), set(stored))
+        for run_id in stored
+    ]  # fmt: skip
+    # a replica-group run's groups stay together, group 0 first, where the whole run started
+    started: dict[str, float] = {}
+    for s in summaries:
+        key = s.replica_run or s.run_id
+        if s.started is not None:
+            started[key] = min(started.get(key, s.started), s.started)
+
+    def order(s: RunSummary) -> tuple[bool, float, str, int]:
+        key = s.replica_run or s.run_id
+        return (key in started, started.get(key, 0.0), key, -(s.replica_group or 0))
+
+    return sorted(summaries, key=order, reverse=True)
+
+
+_GROUP_RUN = re.compile(r"(?P<run>.+)-g(?P<group>0|[1-9][0-9]*)")
+
+
+def _with_group(summary: RunSummary, stored: set[str]) -> RunSummary:
+    """``summary`` naming the replica-group run it is one group of: its id is ``RUN_ID-gN`` and
+    the groups ``RUN_ID-g0`` ... ``RUN_ID-gN`` are all stored, at least two of them (a run the
+    user named ``x-g0`` with no ``x-g1`` beside it is taken as named)."""
+    match = _GROUP_RUN.fullmatch(summary.run_id)
+    if match is None:
+        return summary
+    run, group = match["run"], int(match["group"])
+    if not all(group_run_id(run, other) in stored for other in range(max(group, 1) + 1)):
+        return summary
+    return replace(summary, replica_run=run, replica_group=group)
 
 
 def _when(seconds: float | None) -> str:
@@ -186,7 +223,7 @@ def runs_table(summaries: list[RunSummary]) -> str:
     )  # fmt: skip
     rows = [
         (
-            s.run_id, _when(s.started), _duration(s.duration), _outcome_text(s.outcome, s.error, limit=60),
+            f"{s.run_id} (replica group {s.replica_group})" if s.replica_run is not None else s.run_id, _when(s.started), _duration(s.duration), _outcome_text(s.outcome, s.error, limit=60),
             _cut(s.entry or "-", 40), _unknown(s.attempts), _unknown(s.world_size), str(s.steps), _metrics_text(s.metrics, limit=3),
             f"{s.best_checkpoint.path} ({_ranking(s, short=True)})" if s.best_checkpoint else "-",
         )
