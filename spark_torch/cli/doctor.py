@@ -212,18 +212,20 @@ def collect_checks(spark: Any) -> list[Check]:
     """Run every check against ``spark``: the driver, what ``run()`` checks before its barrier
     stage (the package shipped, the executors' Python), the executors' versions, GPUs, TLS, and
     a real all_reduce unless an earlier check failed (its row then says why it did not run)."""
-    from spark_torch.driver.spark.cluster import available_slots
+    from spark_torch.driver.spark.slots import settled_slots
     from spark_torch.settings import resolve
 
     driver = _local_versions()
     checks = _driver_rows(spark, driver)
     cluster = read_cluster(spark)
     checks.append(Check("master", cluster.master))
-    slots = available_slots(spark)
+    settings = resolve({}, os.environ, cluster.torch_conf)
+    # as run() does: a fresh cluster's executors register over seconds (up to executor_wait)
+    slots = settled_slots(spark, settings.executor_wait)
     checks.append(Check("free task slots", "unknown (Spark Connect)" if slots is None else str(slots),
                         slots is None or slots >= 1, "start executors or lower spark.task.cpus"))  # fmt: skip
     tasks = max(1, min(slots or 2, 8))
-    ship = resolve({}, os.environ, cluster.torch_conf).ship_package
+    ship = settings.ship_package
     checks += _preflight_rows(spark, tasks, ship)
     checks += _executor_rows(spark, tasks, driver)
     checks.append(Check("GPUs per executor / per task", f"{cluster.executor_gpu_amount:g} / {cluster.task_gpu_amount:g}"))

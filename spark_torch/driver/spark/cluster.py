@@ -21,7 +21,7 @@ from spark_torch.settings import SETTINGS
 
 __all__ = [
     "ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "DEEPSPEED_IGNORE_SSL_KEY", "is_connect_session", "available_slots",
-    "slots_from_conf", "unencrypted_rpc_warning", "executor_hosts", "is_local_master",
+    "slots_from_conf", "session_conf", "unencrypted_rpc_warning", "executor_hosts", "is_local_master",
 ]
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ def is_local_master(master: str) -> bool:
     """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: every task runs in the driver."""
     return master == "local" or master.startswith("local[")
 
-def _conf(spark: Any, key: str, default: str | None = None) -> str | None:
+def session_conf(spark: Any, key: str, default: str | None = None) -> str | None:
+    """The session's setting ``key`` as text (``default`` when unset or unreadable)."""
     try:
         value = spark.conf.get(key, default)
     except Exception:  # Spark Connect raises for unknown keys on some versions
@@ -74,7 +75,7 @@ def _conf(spark: Any, key: str, default: str | None = None) -> str | None:
 
 
 def _float(spark: Any, key: str) -> float:
-    raw = _conf(spark, key)
+    raw = session_conf(spark, key)
     if raw is None or raw == "":
         return 0.0
     try:
@@ -96,7 +97,7 @@ def read_cluster(spark: Any) -> ClusterInfo:
     """Read the Spark conf and driver resources once into a :class:`ClusterInfo`."""
     connect = is_connect_session(spark)
     addresses: tuple[str, ...] = ()
-    master = _conf(spark, "spark.master", "") or ""
+    master = session_conf(spark, "spark.master", "") or ""
     if not connect:
         sc = spark.sparkContext
         master = sc.master
@@ -107,28 +108,28 @@ def read_cluster(spark: Any) -> ClusterInfo:
     if connect:
         builder = getattr(getattr(spark, "client", None), "_builder", None)
         connect_host = getattr(builder, "host", None)
-    task_cpus_raw = _conf(spark, "spark.task.cpus", "1") or "1"
+    task_cpus_raw = session_conf(spark, "spark.task.cpus", "1") or "1"
     try:
         task_cpus = int(task_cpus_raw)
     except ValueError:
         task_cpus = 1
     return ClusterInfo(
         master=master,
-        driver_host=_conf(spark, "spark.driver.host", "127.0.0.1") or "127.0.0.1",
+        driver_host=session_conf(spark, "spark.driver.host", "127.0.0.1") or "127.0.0.1",
         task_cpus=max(1, task_cpus),
         task_gpu_amount=_float(spark, "spark.task.resource.gpu.amount"),
         executor_gpu_amount=_float(spark, "spark.executor.resource.gpu.amount"),
         driver_gpu_amount=_float(spark, "spark.driver.resource.gpu.amount"),
         driver_gpu_addresses=addresses,
-        ssl_enabled=_is_true(_conf(spark, "spark.ssl.enabled")),
-        crypto_enabled=_is_true(_conf(spark, "spark.network.crypto.enabled")),
-        rpc_ssl_enabled=_is_true(_conf(spark, "spark.ssl.rpc.enabled")),
-        ignore_ssl=_is_true(_conf(spark, IGNORE_SSL_KEY)) or _is_true(_conf(spark, DEEPSPEED_IGNORE_SSL_KEY)),
+        ssl_enabled=_is_true(session_conf(spark, "spark.ssl.enabled")),
+        crypto_enabled=_is_true(session_conf(spark, "spark.network.crypto.enabled")),
+        rpc_ssl_enabled=_is_true(session_conf(spark, "spark.ssl.rpc.enabled")),
+        ignore_ssl=_is_true(session_conf(spark, IGNORE_SSL_KEY)) or _is_true(session_conf(spark, DEEPSPEED_IGNORE_SSL_KEY)),
         is_connect=connect,
-        driver_bind_address=None if connect else _conf(spark, "spark.driver.bindAddress"),
+        driver_bind_address=None if connect else session_conf(spark, "spark.driver.bindAddress"),
         connect_host=connect_host,
-        torch_conf={s.conf: v for s in SETTINGS if (v := _conf(spark, s.conf)) is not None},
-        executor_threads=_conf(spark, "spark.executorEnv.OMP_NUM_THREADS"),
+        torch_conf={s.conf: v for s in SETTINGS if (v := session_conf(spark, s.conf)) is not None},
+        executor_threads=session_conf(spark, "spark.executorEnv.OMP_NUM_THREADS"),
     )
 
 
@@ -177,7 +178,7 @@ def slots_from_conf(conf: Callable[[str], str | None]) -> int | None:
 def available_slots(spark: Any) -> int | None:
     """Task slots the cluster offers at once for the default resource profile (None: unknown)."""
     if is_connect_session(spark):
-        return slots_from_conf(lambda key: _conf(spark, key))
+        return slots_from_conf(lambda key: session_conf(spark, key))
     jsc = spark.sparkContext._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     return int(jsc.maxNumConcurrentTasks(profile))
@@ -185,7 +186,7 @@ def available_slots(spark: Any) -> int | None:
 
 def master_of(spark: Any) -> str:
     """The session's master URL (``spark.master`` of a Connect client's conf)."""
-    return str(_conf(spark, "spark.master", "") or "") if is_connect_session(spark) else str(spark.sparkContext.master)
+    return str(session_conf(spark, "spark.master", "") or "") if is_connect_session(spark) else str(spark.sparkContext.master)
 
 
 #: on a local master every node runs on this machine and may connect over loopback

@@ -11,10 +11,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from spark_torch.driver.spark.cluster import available_slots, is_connect_session, is_local_master, master_of
+from spark_torch.driver.spark.cluster import (
+    available_slots,
+    is_connect_session,
+    is_local_master,
+    master_of,
+    session_conf,
+    slots_from_conf,
+)
 from spark_torch.errors import InsufficientSlotsError
 
-__all__ = ["check_slots", "wait_for_slots", "can_wait", "RANKS_PER_TASK_FIX"]
+__all__ = ["check_slots", "wait_for_slots", "settled_slots", "can_wait", "RANKS_PER_TASK_FIX"]
 
 #: how often the slot count is asked again while executors register
 POLL_SECONDS = 0.25
@@ -41,6 +48,14 @@ def wait_for_slots(spark: Any, wanted: int, wait: float) -> int | None:
         time.sleep(POLL_SECONDS)
         slots = available_slots(spark)
     return slots
+
+
+def settled_slots(spark: Any, wait: float) -> int | None:
+    """The slots there are once the executors the configuration asks for registered
+    (``local-cluster[N,C,M]``, a static ``spark.executor.instances``), waiting up to ``wait``
+    seconds on a cluster master; at once where the configuration does not say how many."""
+    configured = slots_from_conf(lambda key: session_conf(spark, key))
+    return wait_for_slots(spark, configured, wait) if configured else available_slots(spark)
 
 
 def check_slots(spark: Any, needed: int, executor_wait: float) -> None:
