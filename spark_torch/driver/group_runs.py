@@ -9,7 +9,8 @@ run's from their storage.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from spark_torch.reporting.api import GROUP_KEY
@@ -21,12 +22,28 @@ from spark_torch.reporting.storage import run_ids
 if TYPE_CHECKING:
     from spark_torch.driver.result import RunResult
 
-__all__ = ["group_run_id", "stored_group_ids", "group_rows", "ranked_checkpoints", "merge_past_groups"]
+__all__ = ["group_run_id", "group_of", "stored_group_ids", "group_rows", "ranked_checkpoints", "merge_past_groups"]
 
 
 def group_run_id(run_id: str, group: int) -> str:
     """The run id of one group's runs (its storage and its history)."""
     return f"{run_id}-g{group}"
+
+
+_GROUP_RUN_ID = re.compile(r"(?P<run>.+)-g(?P<group>0|[1-9][0-9]*)")  # as group_run_id spells it
+
+
+def group_of(run_id: str, stored: Collection[str]) -> tuple[str, int] | None:
+    """The replica-group run ``run_id`` is one group of, and that group: ``run_id`` is
+    ``RUN_ID-gN`` and ``RUN_ID-g0`` ... ``RUN_ID-gN`` are all in ``stored``, at least two of them
+    (a run the user named ``x-g0`` with no ``x-g1`` beside it is not a group); else None."""
+    match = _GROUP_RUN_ID.fullmatch(run_id)
+    if match is None:
+        return None
+    run, group = match["run"], int(match["group"])
+    if not all(group_run_id(run, other) in stored for other in range(max(group, 1) + 1)):
+        return None
+    return run, group
 
 
 def stored_group_ids(base: str, run_id: str, options: Mapping[str, Any] | None = None) -> list[str]:

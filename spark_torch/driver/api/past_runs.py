@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from spark_torch.driver.group_runs import group_run_id
+from spark_torch.driver.group_runs import group_of
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
@@ -130,8 +129,9 @@ def list_runs(
     A storage that does not exist holds no runs."""
     base = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE
     stored = run_ids(base, storage_options)
+    known = set(stored)
     summaries = [
-        _with_group(read_summary(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order), set(stored))
+        _with_group(read_summary(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order), known)
         for run_id in stored
     ]  # fmt: skip
     # a replica-group run's groups stay together, group 0 first, where the whole run started
@@ -148,20 +148,10 @@ def list_runs(
     return sorted(summaries, key=order, reverse=True)
 
 
-_GROUP_RUN = re.compile(r"(?P<run>.+)-g(?P<group>0|[1-9][0-9]*)")
-
-
 def _with_group(summary: RunSummary, stored: set[str]) -> RunSummary:
-    """``summary`` naming the replica-group run it is one group of: its id is ``RUN_ID-gN`` and
-    the groups ``RUN_ID-g0`` ... ``RUN_ID-gN`` are all stored, at least two of them (a run the
-    user named ``x-g0`` with no ``x-g1`` beside it is taken as named)."""
-    match = _GROUP_RUN.fullmatch(summary.run_id)
-    if match is None:
-        return summary
-    run, group = match["run"], int(match["group"])
-    if not all(group_run_id(run, other) in stored for other in range(max(group, 1) + 1)):
-        return summary
-    return replace(summary, replica_run=run, replica_group=group)
+    """``summary`` naming the replica-group run it is one group of (:func:`group_of`)."""
+    found = group_of(summary.run_id, stored)
+    return summary if found is None else replace(summary, replica_run=found[0], replica_group=found[1])
 
 
 def _when(seconds: float | None) -> str:
