@@ -36,11 +36,18 @@ def test_starts_with_the_nodes_there_are(spark_session: Any, tmp_path: Path, cap
 
 def test_fewer_slots_than_the_minimum_fail_at_once(spark_session: Any) -> None:
     start = time.monotonic()
+    d = Distributor(num_processes=4, min_processes=3, local_mode=False, spark=spark_session)
     with pytest.raises(InsufficientSlotsError) as info:
-        Distributor(num_processes=4, min_processes=3, local_mode=False, spark=spark_session).run(count_epochs, 1)
+        d.run(count_epochs, 1)
     message = str(info.value)
     assert "needs at least 3 ranks (min_processes; num_processes=4)" in message and "has slots for 2 node(s)" in message
     assert "Lower min_processes" in message and time.monotonic() - start < 10
+    # the check before the attempt ended it as an attempt: its record says so, nothing started
+    assert d.last_run is not None and len(d.last_run.attempts) == 1
+    attempt = d.last_run.attempts[0]
+    assert attempt.end is AttemptEnd.MISCONFIGURED and attempt.size is None, attempt
+    assert attempt.error is not None and attempt.error.type_name == "InsufficientSlotsError", attempt.error
+    assert "needs at least 3 ranks" in attempt.error.first_line
     with pytest.raises(ValueError, match="min_processes=5 is more than num_processes=4"):
         Distributor(num_processes=4, min_processes=5, local_mode=False)
     with pytest.raises(ValueError, match="min_processes applies to distributed mode"):

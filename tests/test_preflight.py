@@ -98,6 +98,7 @@ def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_p
     assert "cannot import cloudpickle, cryptography, psutil, pyarrow, torch " in line
     assert f"(PYSPARK_PYTHON was {bare_python!r} when the SparkContext started)" in line
     assert "Point PYSPARK_PYTHON at a Python that has them" in line and "spark.archives=" in line
+    assert "\nATTEMPTS launch failed\n" in stdout  # the check ended the run's one attempt, recorded
     assert_no_trace(stderr)
     assert seconds < 180
 
@@ -158,12 +159,15 @@ def test_builder_spark_pyspark_python_that_pyspark_ignored_is_named(bare_python:
 
 def test_too_few_slots_on_cpu_names_ranks_per_task(spark_session: Any, no_leftovers: None) -> None:
     """local[2] and 4 ranks on CPU: the error names ranks_per_task, in seconds; and that fix runs."""
-    from spark_torch import Distributor, InsufficientSlotsError
+    from spark_torch import AttemptEnd, Distributor, InsufficientSlotsError
 
     started = time.monotonic()
+    d = Distributor(num_processes=4, local_mode=False, spark=spark_session)
     with pytest.raises(InsufficientSlotsError) as info:
-        Distributor(num_processes=4, local_mode=False, spark=spark_session).run(os.getpid)
+        d.run(os.getpid)
     assert time.monotonic() - started < 10
+    assert d.last_run is not None and [a.end for a in d.last_run.attempts] == [AttemptEnd.MISCONFIGURED]
+    assert str(d.last_run.attempts[0].error).startswith("distributed mode needs 4 Spark task slots at once")
     assert "has 2. Use num_processes<=2" in str(info.value)
     assert "on CPU run several ranks in each task (ranks_per_task=K, a divisor of num_processes" in str(info.value)
     world = Distributor(num_processes=4, local_mode=False, spark=spark_session, ranks_per_task=2, log_ranks=[]).run(_world_size)

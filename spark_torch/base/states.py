@@ -64,13 +64,15 @@ class StopReason(ValueEnum):
 
 
 class ProblemKind(ValueEnum):
-    """What kind of problem kept a node from starting its ranks: the error the user gets."""
+    """What kind of problem kept an attempt's ranks from starting (found by a node, or by the
+    driver's checks before the attempt): the name of the error the user gets."""
 
     #: the ranks could not be started (a missing script, another interpreter, no rendezvous)
     LAUNCH = "LaunchError"
     #: the run's input or settings make it impossible (shards, a storage not visible, GPUs)
     CONFIGURATION = "ConfigurationError"
-
+    #: the cluster has fewer task slots than the attempt's nodes need (the driver's check)
+    SLOTS = "InsufficientSlotsError"
 
 
 class StopSignal(threading.Event):

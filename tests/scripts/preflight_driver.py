@@ -1,5 +1,6 @@
 """A driver whose executors run the Python given as argv[2] on master argv[1]: it runs a tiny
-distributed function and prints the outcome as one line (``RESULT ...`` or ``ERROR Type: message``).
+distributed function and prints the outcome as one line (``RESULT ...`` or ``ERROR Type: message``), then how each of
+the run's attempts ended (``ATTEMPTS launch failed``).
 With argv[3] ``builder``, argv[2] is given as ``SparkSession.builder.config("spark.pyspark.python",
 ...)`` instead (which PySpark does not use for a session started in this process). More Pythons
 after argv[2]: one session after another in this process, each with its own SparkContext (and
@@ -30,9 +31,12 @@ for python in pythons:
         .getOrCreate()
     )
     started = time.monotonic()
+    distributor = Distributor(num_processes=2, local_mode=False, spark=spark)
     try:
-        print("RESULT", Distributor(num_processes=2, local_mode=False, spark=spark).run(os.getpid), flush=True)
+        print("RESULT", distributor.run(os.getpid), flush=True)
     except Exception as exc:  # noqa: BLE001 - the outcome is the output
         print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
+    run = distributor.last_run
+    print("ATTEMPTS", ",".join(str(a.end) for a in run.attempts) if run is not None else "-", flush=True)
     print(f"SECONDS {time.monotonic() - started:.1f}", flush=True)
     spark.stop()

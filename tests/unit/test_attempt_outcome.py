@@ -44,7 +44,8 @@ def _failure(rank: int = 1) -> RankFailure:
 
 
 def test_a_node_problem_is_the_users_error_with_its_message_and_no_invented_cause() -> None:
-    for kind, error_type in ((ProblemKind.LAUNCH, LaunchError), (ProblemKind.CONFIGURATION, ConfigurationError)):
+    kinds = ((ProblemKind.LAUNCH, LaunchError), (ProblemKind.CONFIGURATION, ConfigurationError), (ProblemKind.SLOTS, InsufficientSlotsError))
+    for kind, error_type in kinds:
         error = attempt_error(AttemptOutcome.ended(RanksFailed(FailureReport(problem=(kind, "the script is missing; ship it")))))
         assert type(error) is error_type and str(error) == "the script is missing; ship it" and error.__cause__ is None
 
@@ -89,6 +90,9 @@ def test_each_cause_has_its_end_and_its_error() -> None:
             ConfigurationError,
         ),
         (DriverProblem(ProblemKind.LAUNCH, "only 1 of 2 tasks"), AttemptEnd.LAUNCH_FAILED, LaunchError),
+        # the checks before an attempt: too few slots, executors whose Python cannot run a node
+        (DriverProblem(ProblemKind.SLOTS, "needs 4 slots, has 2"), AttemptEnd.MISCONFIGURED, InsufficientSlotsError),
+        (DriverProblem(ProblemKind.LAUNCH, "the executors' Python"), AttemptEnd.LAUNCH_FAILED, LaunchError),
         (
             RanksStopped(2.0, (StoppedRank(0, "h", ("last",)),), "rank 0 was still running and stopped"),
             AttemptEnd.TIMED_OUT,

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from spark_torch.base.states import ProblemKind
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.driver.console.status import RunStatus, interactive
@@ -30,7 +31,7 @@ from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, Sc
 from spark_torch.driver.run.failures import attempt_error
 from spark_torch.driver.run.flight_recorder import trace_dir
 from spark_torch.driver.run.membership import Membership
-from spark_torch.driver.run.outcome import AttemptOutcome, GrowRequested, Interrupted
+from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRequested, Interrupted
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.run.policy import Action, RestartPolicy
@@ -39,7 +40,14 @@ from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
 from spark_torch.driver.spark.quiet import quiet_spark_logs
-from spark_torch.errors import ConfigurationError, DistributedRunError, RunStalledError, RunTimeoutError
+from spark_torch.errors import (
+    ConfigurationError,
+    DistributedRunError,
+    InsufficientSlotsError,
+    LaunchError,
+    RunStalledError,
+    RunTimeoutError,
+)
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, record
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import Settings
@@ -253,8 +261,9 @@ class RunController:
         show = interactive() if self.config.progress is None else self.config.progress
         reason, failures = AttemptReason.START, 0
         while True:
-            record, attempt = self._next_attempt(len(self.result.attempts), reason, show)
-            ended = _run_attempt(self.spark, attempt, self.endpoint, self.data)
+            record, attempt, problem = self._next_attempt(len(self.result.attempts), reason, show)
+            # a check before the attempt that found it impossible ends it as the attempt would have
+            ended = AttemptOutcome.ended(problem) if problem is not None else _run_attempt(self.spark, attempt, self.endpoint, self.data)
             record.end = ended.end
             # the edge: the attempt's typed end becomes the user's exception here, and only here
             error = attempt_error(ended) if ended.end not in (AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED) else None
@@ -278,8 +287,12 @@ class RunController:
                 )
             reason = decision.reason
 
-    def _next_attempt(self, restart_count: int, reason: AttemptReason, show: bool) -> tuple[AttemptRecord, Attempt]:
-        """The record and the attempt after ``restart_count`` restarts within this call."""
+    def _next_attempt(
+        self, restart_count: int, reason: AttemptReason, show: bool
+    ) -> tuple[AttemptRecord, Attempt, DriverProblem | None]:
+        """The record and the attempt after ``restart_count`` restarts within this call, and the
+        problem that makes it impossible when the checks before it found one (too few slots,
+        executors whose Python cannot run a node): the attempt then ends with it, unstarted."""
         index = self.first_attempt + restart_count  # in the run's history
         storage = self.storage
         latest = storage.latest() if storage is not None else None
@@ -287,11 +300,15 @@ class RunController:
         if storage is not None:
             storage.discard_incomplete_after(resume)
         self.tracker.resume_from(resume)  # steps after the checkpoint will be reported again
-        sized, size = self.plan, None
+        sized, size, problem = self.plan, None, None
         if self.membership is not None and self.spark is not None:
-            size = self.membership.nodes_for(self.spark, first=restart_count == 0)
-            check_executors(self.spark, size.nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
-            sized = replace(self.plan, num_nodes=size.nodes)
+            try:
+                size = self.membership.nodes_for(self.spark, first=restart_count == 0)
+                check_executors(self.spark, size.nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
+                sized = replace(self.plan, num_nodes=size.nodes)
+            except (InsufficientSlotsError, LaunchError) as exc:
+                kind = ProblemKind.SLOTS if isinstance(exc, InsufficientSlotsError) else ProblemKind.LAUNCH
+                problem = DriverProblem(kind, str(exc), cause=exc.__cause__)
         record = AttemptRecord(attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
         self.result.attempts.append(record)
         self.result.restarts = restart_count
@@ -316,7 +333,7 @@ class RunController:
             on_stall=self.sink.status.stalled,
             trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
         )
-        return record, attempt
+        return record, attempt, problem
 
 
 def _record_end(storage: RunStorage | None, attempt: AttemptRecord) -> None:

@@ -37,11 +37,12 @@ from spark_torch.errors import (
     LaunchError,
     RunStalledError,
     RunTimeoutError,
+    SparkTorchError,
 )
 from spark_torch.shared.failure_reports import MARKER, FailureReport, decode_report, merge_reports
 from spark_torch.shared.rank_files import rebuild_exception
 
-__all__ = ["attempt_error", "error_from_report", "spark_failure_cause", "classify_spark_text", "SparkJobError", "without_reports"]
+__all__ = ["attempt_error", "error_from_report", "problem_error", "spark_failure_cause", "classify_spark_text", "SparkJobError", "without_reports"]
 
 #: a node runner that could not even start: an import failed in Spark's Python worker
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -73,6 +74,19 @@ def _visible(exc: BaseException) -> SparkJobError:
     return SparkJobError(f"{type(exc).__name__}: " + "\n".join(lines).strip())
 
 
+#: the error class of each kind of problem that kept an attempt's ranks from starting
+_PROBLEM_ERRORS: dict[ProblemKind, type[SparkTorchError]] = {
+    ProblemKind.LAUNCH: LaunchError,
+    ProblemKind.CONFIGURATION: ConfigurationError,
+    ProblemKind.SLOTS: InsufficientSlotsError,
+}
+
+
+def problem_error(kind: ProblemKind, message: str) -> SparkTorchError:
+    """The error for a problem that kept an attempt's ranks from starting (a node's or the driver's)."""
+    return _PROBLEM_ERRORS[kind](message)
+
+
 def error_from_report(report: FailureReport) -> BaseException:
     """The exception for a node's (or several merged nodes') failure report.
 
@@ -82,8 +96,7 @@ def error_from_report(report: FailureReport) -> BaseException:
     authenticated or was built in this process; else rebuilt from text when it is a builtin).
     """
     if report.problem is not None:
-        kind, message = report.problem
-        return ConfigurationError(message) if kind is ProblemKind.CONFIGURATION else LaunchError(message)
+        return problem_error(*report.problem)
     error = DistributedRunError(list(report.failures), report.headline)
     if error.failures:
         root = error.failures[0]
@@ -177,9 +190,7 @@ def attempt_error(outcome: AttemptOutcome) -> BaseException:
     if isinstance(cause, SparkJobFailed):
         return _spark_job_error(cause)
     if isinstance(cause, DriverProblem):
-        problem: BaseException = (
-            ConfigurationError(cause.message) if cause.kind is ProblemKind.CONFIGURATION else LaunchError(cause.message)
-        )
+        problem = problem_error(cause.kind, cause.message)
         problem.__cause__ = cause.cause
         return problem
     if isinstance(cause, RanksStopped):

@@ -34,7 +34,11 @@ __all__ = [
     "still_running",
 ]
 
-_PROBLEM_ENDS = {ProblemKind.LAUNCH: AttemptEnd.LAUNCH_FAILED, ProblemKind.CONFIGURATION: AttemptEnd.MISCONFIGURED}
+_PROBLEM_ENDS = {
+    ProblemKind.LAUNCH: AttemptEnd.LAUNCH_FAILED,
+    ProblemKind.CONFIGURATION: AttemptEnd.MISCONFIGURED,
+    ProblemKind.SLOTS: AttemptEnd.MISCONFIGURED,
+}
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,9 @@ class SparkJobFailed:
 
 @dataclass(frozen=True)
 class DriverProblem:
-    """The driver found the attempt impossible (its channel's address, an empty DataFrame, tasks
-    that did not report back): the kind of error and what to tell the user."""
+    """The driver found the attempt impossible (too few task slots or executors whose Python
+    cannot run a node, found before the attempt started; its channel's address, an empty
+    DataFrame, tasks that did not report back): the kind of error and what to tell the user."""
 
     kind: ProblemKind
     message: str
