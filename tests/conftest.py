@@ -41,6 +41,26 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # and every later build waits on it forever. One cache per environment, not the user's shared
 # ~/.cache, so a build killed elsewhere (another checkout, an interrupted session) cannot hang ours.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
+#: a build lock older than this was left by a build that was killed (the op builds in minutes)
+STALE_BUILD_LOCK_SECONDS = 1800.0
+
+
+def _clear_stale_build_locks(root: str, now: float) -> list[str]:
+    """Remove the build locks under ``root`` that no build can still hold (older than
+    ``STALE_BUILD_LOCK_SECONDS``): torch waits on such a lock forever. Returns what was removed."""
+    removed = []
+    for lock in glob.glob(os.path.join(root, "*", "lock")):
+        try:
+            if now - os.stat(lock).st_mtime > STALE_BUILD_LOCK_SECONDS:
+                os.unlink(lock)
+                removed.append(lock)
+        except FileNotFoundError:  # another worker removed it, or the build ended
+            continue
+    return removed
+
+
+for _lock in _clear_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"], time.time()):
+    print(f"conftest: removed {_lock}, left by a torch extension build that was killed", file=sys.stderr)
 import pyspark  # noqa: E402
 
 os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
