@@ -62,7 +62,7 @@ class DriverLogSink:
         self._files: dict[int, IO[str]] = {}
         self.tails: dict[int, deque[str]] = {}
         self.lines = 0
-        #: the live status of the current attempt (disabled unless shown)
+        #: the live status of the current attempt (disabled unless shown; :meth:`begin_attempt`)
         self.status = RunStatus(0, enabled=False)
         if config.log_dir is not None:
             os.makedirs(config.log_dir, exist_ok=True)
@@ -97,6 +97,13 @@ class DriverLogSink:
                     fh = self._files[rank] = _open_log(self._config.log_dir, rank)
                 fh.write(block + "\n")
 
+    def begin_attempt(self, world_size: int, show: bool) -> RunStatus:
+        """The live status of a new attempt of ``world_size`` ranks (shown when ``show``); the
+        previous attempt's status line is closed."""
+        self.status.close()
+        self.status = RunStatus(world_size, enabled=show)
+        return self.status
+
     def rank_event(self, rank: int, state: RankState) -> None:
         """A rank ``started``, ``finished`` or ``failed`` (feeds the live status)."""
         self.status.event(rank, state)
@@ -115,7 +122,8 @@ class DriverLogSink:
             return tuple(self.tails.get(rank, ()))
 
     def close(self) -> None:
-        """Close the per-rank files."""
+        """Close the status line and the per-rank files."""
+        self.status.close()
         with self._lock:
             for fh in self._files.values():
                 fh.close()

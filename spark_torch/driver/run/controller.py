@@ -15,7 +15,7 @@ from typing import Any
 from spark_torch.base.states import ProblemKind
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink
-from spark_torch.driver.console.status import RunStatus, interactive
+from spark_torch.driver.console.status import interactive
 from spark_torch.driver.console.tracker import ReportTracker
 from spark_torch.driver.result import (
     AttemptEnd,
@@ -171,7 +171,6 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
             logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
         tracker.close()
-        sink.status.close()
         sink.close()
         if storage is not None and config.run_id is None and config.storage_path is None:
             _prune(storage)  # the default storage keeps the newest runs that reported nothing, not all
@@ -312,8 +311,7 @@ class RunController:
         record = AttemptRecord(attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
         self.result.attempts.append(record)
         self.result.restarts = restart_count
-        self.sink.status.close()
-        self.sink.status = RunStatus(sized.world_size, enabled=show)
+        status = self.sink.begin_attempt(sized.world_size, show)
         config = self.config
         attempt = Attempt(
             spec=replace(
@@ -330,7 +328,7 @@ class RunController:
             score_attribute=config.checkpoint_score_attribute,
             score_order=config.checkpoint_score_order,
             membership=self.membership if config.elastic_grow else None,
-            on_stall=self.sink.status.stalled,
+            on_stall=status.stalled,
             trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
         )
         return record, attempt, problem
