@@ -1,6 +1,6 @@
 # Two commands on a fresh machine with Python 3.10+ and Java 17+:
 #   make demo   - create .venv, install what the demo needs, run a 2-rank DDP training on an embedded Spark
-#   make test   - create .venv, install the test toolchain, run the whole test suite (TEST_WORKERS=N: in N workers)
+#   make test   - create .venv, install the test toolchain, run the whole test suite (in 2 workers; TEST_WORKERS=0: one process)
 #   make test-fast - the unit tests and a smoke run in each mode (the development loop, minutes)
 #   make coverage  - the suite under coverage.py, every process a test starts measured (COVERAGE_ARGS=tests/...)
 # and
@@ -12,10 +12,12 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # TEST_WORKERS=N runs the suite in N pytest-xdist workers; tests/conftest.py groups the tests by the
 # Spark session they need (--dist loadgroup) and each worker runs them in the order of the sessions
-# (--no-loadscope-reorder). On 2 cores the suite is CPU-bound: 4 workers took 16% less time and
-# made deadline tests miss under the load (tests/README.md), so the default is one process.
-TEST_WORKERS ?= 0
+# (--no-loadscope-reorder). The default is 2: one worker runs the tests that mostly wait (stall and
+# timeout deadlines, the channel under network faults), the other the rest (SPARK_TORCH_TEST_SPLIT);
+# 4 workers of mixed tests starved each other's deadlines on 2 cores (tests/README.md); 0: one process.
+TEST_WORKERS ?= 2
 XDIST_ARGS := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+TEST_SPLIT := $(if $(filter 2,$(TEST_WORKERS)),SPARK_TORCH_TEST_SPLIT=waiting,)
 # torch: on Linux without an NVIDIA driver (no /proc/driver/nvidia/version), the CPU build from
 # PyTorch's CPU index (about 200 MB) instead of PyPI's CUDA build (several GB); with a driver,
 # PyPI's CUDA build. Override either way: TORCH_INDEX= (PyPI only) or TORCH_INDEX=<an index URL>.
@@ -58,7 +60,7 @@ demo: check-java $(VENV)/.demo
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) examples/ddp_digits.py --num-processes 2
 
 test: bootstrap
-	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(TEST_SPLIT) $(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
 
 # the development loop: tests/unit and the smoke runs (a success and a failure in local mode and on
 # local[2]); mypy keeps its cache in .mypy_cache, so it is quick from the second run on

@@ -104,15 +104,44 @@ def _session_kind(item: Any) -> str | None:
     return max(names, key=_ORDER.__getitem__) if names else None
 
 
+#: the test files whose tests mostly wait, not compute (stall and timeout deadlines, the channel
+#: under network faults; measured with the machine's busy CPU time per test): in two workers, one
+#: runs these while the other runs the rest, so neither starves the other's deadlines
+_MOSTLY_WAITING = frozenset(
+    {
+        "test_stall.py",
+        "test_flight_recorder.py",
+        "test_stop_race.py",
+        "test_orphans.py",
+        "test_progress.py",
+        "test_gpu_check.py",
+        "reliability/test_channel_faults.py",
+        "reliability/test_channel_wire.py",
+        "reliability/test_channel_scale.py",
+        "reliability/test_channel_flood.py",
+        "reliability/test_channel_messages.py",
+        "reliability/test_channel_strangers.py",
+        "reliability/test_channel_secrecy.py",
+        "reliability/test_progress_frames.py",
+        "reliability/test_log_channel.py",
+    }
+)
+
+
 def _xdist_group(item: Any) -> str | None:
     """The pytest-xdist group of ``item`` under ``--dist loadgroup`` (tests of a group run in one worker).
 
     A worker runs the tests it is sent in the order of this sorted collection (``--no-loadscope-reorder``),
-    so each worker switches sessions in ``_ORDER`` too. Tests of a session other than pytest-spark's
-    ``local[2]`` share a worker per test file (one start of that session for the file), the sessions of
-    ``_ONE_WORKER`` one worker in all, and a file's module-scoped fixtures stay in one worker."""
+    so each worker switches sessions in ``_ORDER`` too. With ``SPARK_TORCH_TEST_SPLIT=waiting`` (``make
+    test`` in two workers) the groups are two: the files of ``_MOSTLY_WAITING`` and all the others.
+    Otherwise tests of a session
+    other than pytest-spark's ``local[2]`` share a worker per test file (one start of that session for
+    the file), the sessions of ``_ONE_WORKER`` one worker in all, and a file's module-scoped fixtures
+    stay in one worker."""
     kind = _session_kind(item)
     path = Path(str(item.fspath)).name
+    if os.environ.get("SPARK_TORCH_TEST_SPLIT") == "waiting":
+        return "waiting" if Path(str(item.fspath)).relative_to(TESTS).as_posix() in _MOSTLY_WAITING else "working"
     if kind in _ONE_WORKER:
         return "one-worker"  # one after the other: run at once they starved each other's deadlines
     if kind is not None and kind != "spark_session":
