@@ -9,7 +9,7 @@ import time
 import pytest
 
 from spark_torch.base.background import BackgroundCall
-from spark_torch.base.states import ProblemKind, RankState, StopReason
+from spark_torch.base.states import NodeEnd, ProblemKind, RankState, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, classify_spark_text
 from spark_torch.driver.run.outcome import (
@@ -24,6 +24,7 @@ from spark_torch.driver.run.outcome import (
     Stacks,
     StallVerdict,
     still_running,
+    timed_out,
 )
 from spark_torch.errors import (
     ConfigurationError,
@@ -198,3 +199,19 @@ def test_a_timeout_says_which_ranks_it_found_running() -> None:
     assert still_running((StoppedRank(0, "h"),)) == "rank 0 was still running and stopped"
     assert still_running((StoppedRank(0, None), StoppedRank(3, None))) == "ranks 0, 3 were still running and stopped"
     assert still_running(()).startswith("no rank was running")
+
+
+def test_a_timeout_names_the_ranks_each_nodes_end_says_were_running_in_either_mode() -> None:
+    """One function for both modes: node 1 said rank 2 was stopped and rank 3 had finished; node 0
+    never said (it could not reach the driver): its ranks count as running. Dumps and lines travel."""
+    ends = {1: NodeEnd({2: RankState.STOPPED, 3: RankState.FINISHED}, StopReason.TIMEOUT, {2: ("/tmp/nccl_trace_rank_2",)})}
+    node_ranks = {0: range(0, 2), 1: range(2, 4)}
+    cause = timed_out(5.0, ends, node_ranks, lambda rank: (f"line of {rank}",), Stacks(), note="the Spark job was cancelled; ")
+    assert [s.rank for s in cause.ranks] == [0, 1, 2] and cause.ranks[2].dumps == ("/tmp/nccl_trace_rank_2",)
+    assert cause.ranks[0].last_lines == ("line of 0",) and cause.ranks[0].host is None
+    assert cause.what == "the Spark job was cancelled; ranks 0, 1, 2 were still running and stopped"
+    error = attempt_error(AttemptOutcome.ended(cause))
+    assert type(error) is RunTimeoutError and "timeout=5s; the Spark job was cancelled; ranks 0, 1, 2 were" in str(error)
+    # local mode: its one node said; only rank 1 ran on
+    local = timed_out(2.0, {0: NodeEnd({0: RankState.FINISHED, 1: RankState.STOPPED})}, {0: range(2)}, lambda rank: (), Stacks(), host="h")
+    assert [(s.rank, s.host) for s in local.ranks] == [(1, "h")] and local.what == "rank 1 was still running and stopped"

@@ -18,7 +18,7 @@ from typing import Any
 
 from spark_torch.base.background import BackgroundCall
 from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
-from spark_torch.base.states import ProblemKind, RankState, StopReason
+from spark_torch.base.states import ProblemKind, StopReason
 from spark_torch.channel.driver_end import DriverChannel, new_secret
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.endpoints import ChannelEndpoint
@@ -29,15 +29,14 @@ from spark_torch.driver.run.outcome import (
     DriverProblem,
     GrowRequested,
     Interrupted,
-    RanksStopped,
-    still_running,
+    timed_out,
 )
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
-from spark_torch.errors import LaunchError, StoppedRank
+from spark_torch.errors import LaunchError
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
@@ -229,28 +228,16 @@ class _BarrierStage:
             self._cancel(StopReason.TIMEOUT)
             if completed_while_stopping(job.value, plan.num_nodes):
                 return None
-            dumps = self._stopped_ranks_dumps()
-            running = tuple(StoppedRank(rank, None, attempt.tail(rank), dumps.get(rank, ())) for rank in self._running_at_stop())
-            what = f"the Spark job was cancelled; {still_running(running)}"
-            return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, running, what, stall.stacks()))
+            # each node's end (sent before its last line) says which of its ranks the stop found running
+            per_node = plan.procs_per_node
+            node_ranks = {node: range(node * per_node, (node + 1) * per_node) for node in range(plan.num_nodes)}
+            cause = timed_out(
+                attempt.run_timeout, self._channel().node_ends(), node_ranks, attempt.tail, stall.stacks(),
+                note="the Spark job was cancelled; ",
+            )  # fmt: skip
+            return AttemptOutcome.ended(cause)
         finally:
             self._close_stall()
-
-    def _running_at_stop(self) -> list[int]:
-        """The ranks the stop found running, as their nodes said (each node's end, sent before its
-        last line); every rank of a node that did not say (it could not reach the channel)."""
-        ends, per_node = self._channel().node_ends(), self.plan.procs_per_node
-        return [
-            rank
-            for node in range(self.plan.num_nodes)
-            for rank in range(node * per_node, (node + 1) * per_node)
-            if node not in ends or ends[node].ranks.get(rank) is RankState.STOPPED
-        ]
-
-    def _stopped_ranks_dumps(self) -> dict[int, tuple[str, ...]]:
-        """What torch wrote about the ranks the stop found running (their NCCL watchdog's dumps),
-        as their nodes said."""
-        return {rank: paths for end in self._channel().node_ends().values() for rank, paths in end.dumps.items()}
 
     def _close_stall(self) -> None:
         stall, self.stall_open = self.stall, False

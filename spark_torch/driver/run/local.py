@@ -13,11 +13,11 @@ from typing import Any
 
 from spark_torch.base.states import StopReason, StopSignal
 from spark_torch.driver.run.attempt import Attempt
-from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped, still_running
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, timed_out
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
-from spark_torch.errors import RankFailure, StoppedRank
+from spark_torch.errors import RankFailure
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, run_node
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.rank_group import GroupState
@@ -118,8 +118,10 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
         if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
             return AttemptOutcome.ended(io.stall.verdict())
         if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
-            stopped = tuple(StoppedRank(s.rank, io.host, s.last_lines, s.dumps) for s in group.still_running())
-            return AttemptOutcome.ended(RanksStopped(attempt.run_timeout, stopped, still_running(stopped), io.stall.stacks()))
+            lines = {status.rank: status.last_lines for status in group.ranks}
+            every_rank = {0: range(spec.plan.world_size)}
+            cause = timed_out(attempt.run_timeout, {0: group.end()}, every_rank, lambda rank: lines.get(rank, ()), io.stall.stacks(), host=io.host)
+            return AttemptOutcome.ended(cause)
         if group.state is GroupState.FAILED:
             return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
         if group.result_file is None:

@@ -11,9 +11,10 @@ user's exception, in one place, at the controller's edge.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spark_torch.base.states import ProblemKind, StopReason
+from spark_torch.base.states import NodeEnd, ProblemKind, RankState, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.errors import StoppedRank
 from spark_torch.shared.failure_reports import FailureReport
@@ -32,6 +33,7 @@ __all__ = [
     "GrowRequested",
     "Stacks",
     "still_running",
+    "timed_out",
 ]
 
 _PROBLEM_ENDS = {
@@ -132,6 +134,30 @@ class RanksStopped:
     @property
     def end(self) -> AttemptEnd:
         return AttemptEnd.TIMED_OUT
+
+
+def timed_out(
+    run_timeout: float | None,
+    ends: Mapping[int, NodeEnd],
+    node_ranks: Mapping[int, range],
+    last_lines: Callable[[int], tuple[str, ...]],
+    stacks: Stacks,
+    host: str | None = None,
+    note: str = "",
+) -> RanksStopped:
+    """The cause of an attempt its ``timeout`` stopped, in both modes: the ranks the stop found
+    running as their nodes' ends say (every rank of a node in ``node_ranks`` that did not say:
+    it could not reach the driver), each with its last lines (``last_lines``) and the dumps its
+    node found; ``note`` leads the message's account of them."""
+    running = [
+        rank
+        for node, ranks in node_ranks.items()
+        for rank in ranks
+        if node not in ends or ends[node].ranks.get(rank) is RankState.STOPPED
+    ]
+    dumps = {rank: paths for end in ends.values() for rank, paths in end.dumps.items()}
+    stopped = tuple(StoppedRank(rank, host, last_lines(rank), dumps.get(rank, ())) for rank in running)
+    return RanksStopped(run_timeout, stopped, note + still_running(stopped), stacks)
 
 
 def still_running(ranks: tuple[StoppedRank, ...]) -> str:
