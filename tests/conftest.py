@@ -80,6 +80,7 @@ CLUSTER_MASTER = "local-cluster[2,1,1024]"
 # Fixture names that own a SparkContext, in the order their tests run (one context at a time).
 _ORDER = {
     "spark_session": 1,
+    "local4_spark": 1.5,
     "plain_local_spark": 2,
     "cluster_spark": 3,
     "cluster3_spark": 3.5,
@@ -268,6 +269,16 @@ def spark_session() -> Any:
         return spark
 
     return _ensure("spark_session", start)
+
+
+@pytest.fixture
+def local4_spark() -> Any:
+    """A ``local[4]`` session: four task slots in the driver's JVM (two barrier jobs of two tasks at once)."""
+
+    def start() -> Any:
+        return make_session("local[4]")
+
+    return _ensure("local4_spark", start)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ def train(
     timeout: float = 20.0,
     checkpoint: bool = False,
     kill_rank: int = 0,
+    stale_group: int | None = None,
 ) -> list[float]:
     """Train a linear model with torchft's DDP until ``steps`` steps were committed with every
     group taking part (counted in the state that heals a group: a group alone goes on until the
@@ -26,11 +27,14 @@ def train(
     (``spark_torch.report``, with a checkpoint of the model, the optimizer, that count and the
     Manager's state when ``checkpoint``). A process that starts from a checkpoint restores all of
     it and writes ``PID STEP`` (the Manager's step after the restore) to ``work/g{GROUP}.resumed``.
+    The first process of ``stale_group`` writes its first checkpoint only (its newest is then older
+    than its peers').
     The first process of ``kill_group``'s rank ``kill_rank`` (-1: of every group) SIGKILLs itself
     at the step that all groups take together after ``kill_step`` such steps, between forward and
     backward: its peers are then in (or about to enter) the all-reduce. Returns (and writes to
     ``work/g{GROUP}.weights``) the final weights. In groups of several ranks, each rank's files
-    are ``g{GROUP}r{RANK}.*`` (each rank is a replica of the same rank of the other groups). ``timeout`` bounds each of torchft's waits
+    are ``g{GROUP}r{RANK}.*`` (each rank is a replica of the same rank of the other groups); each
+    rank's ``.env`` holds ``(RANK, NODE_RANK, WORLD_SIZE)``. ``timeout`` bounds each of torchft's waits
     (its default is 60 s)."""
     import tempfile
 
@@ -69,6 +73,7 @@ def train(
             fh.write(f"{os.getpid()} {mgr.current_step()}\n")
     ddp = DistributedDataParallel(mgr, model)
     killed = os.path.join(work, f"killed{group}")
+    checkpoints_left = 1 if group == stale_group and resumed is None else None  # None: one at every step
     with open(os.path.join(work, f"{name}.steps"), "a", buffering=1) as log:
         while True:
             mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
@@ -89,14 +94,19 @@ def train(
                 opt.step()
                 together += int(all_in)
                 log.write(f"{os.getpid()} {mgr.current_step()}\n")
+                keep = checkpoint and checkpoints_left != 0
+                if keep and checkpoints_left is not None:
+                    checkpoints_left -= 1
                 with tempfile.TemporaryDirectory() as folder:
-                    if checkpoint and rank == 0:
+                    if keep and rank == 0:
                         state = {"model": model.state_dict(), "opt": opt.state_dict(), "together": together}
                         torch.save({**state, "manager": mgr.state_dict()}, os.path.join(folder, "state.pt"))
-                    spark_torch.report({"loss": float(loss)}, checkpoint=folder if checkpoint else None)
+                    spark_torch.report({"loss": float(loss)}, checkpoint=folder if keep else None)
     weights = [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
     with open(os.path.join(work, f"{name}.weights"), "w") as fh:
         fh.write(repr(weights))
+    with open(os.path.join(work, f"{name}.env"), "w") as fh:  # where the rank ran in its group
+        fh.write(repr((rank, int(os.environ["NODE_RANK"]), int(os.environ["WORLD_SIZE"]))))
     with open(os.path.join(work, f"{name}.listening"), "w") as fh:  # this rank's listeners, torchft's included
         fh.write(repr(sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})))
     mgr.shutdown(wait=False)

@@ -150,23 +150,27 @@ def _weights(path: Path) -> list[float]:
 
 
 def test_when_every_group_dies_the_run_resumes_from_its_checkpoint(tmp_path: Path, no_leftovers: None) -> None:
-    """Both groups' processes SIGKILL themselves in the same step: each group restarts from its
-    latest report() checkpoint, with torchft's step restored (the Manager's state is in it)."""
+    """Both groups' processes SIGKILL themselves in the same step: each group restarts from the
+    newest report() checkpoint of any group, with torchft's step restored (the Manager's state is
+    in it): group 1 wrote its first checkpoint only, and resumes from group 0's newer one."""
     distributor = Distributor(
         num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
         storage_path=tmp_path / "runs",
     )  # fmt: skip
-    weights = distributor.run(ft_programs.train, 4, str(tmp_path), -1, 2, 20.0, True)
+    weights = distributor.run(ft_programs.train, 4, str(tmp_path), -1, 2, 20.0, True, 0, 1)
     first_after = []
+    newest = max(step for pid, step in _steps(tmp_path / "g0.steps") if pid == _steps(tmp_path / "g0.steps")[0][0])
     for group in (0, 1):
         steps = _steps(tmp_path / f"g{group}.steps")
         pids = list(dict.fromkeys(pid for pid, _ in steps))
         assert len(pids) == 2, (group, steps)
         before = [step for pid, step in steps if pid == pids[0]]
         after = [step for pid, step in steps if pid == pids[1]]
-        # the new process loaded the checkpoint of its group's last committed step, step and all
-        assert _steps(tmp_path / f"g{group}.resumed") == [(pids[1], before[-1])]
-        assert after[0] > before[-1] >= 2
+        # the new process loaded the newest checkpoint, group 0's last committed step, step and all
+        # (group 1's own newest is of its first step)
+        assert before[-1] == newest >= 2, (group, before[-3:], newest)
+        assert _steps(tmp_path / f"g{group}.resumed") == [(pids[1], newest)]
+        assert after[0] > before[-1]
         first_after.append(after[0] - before[-1])
         assert ast.literal_eval((tmp_path / f"g{group}.weights").read_text()) == weights
     assert min(first_after) == 1  # the first group back went on from the checkpoint's step, not from 0
@@ -245,6 +249,31 @@ def test_a_killed_group_restarts_alone_in_distributed_mode(spark_session: object
     assert last is not None and last.error is None
     _reported(last, tmp_path)
     assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+
+
+@pytest.mark.slow
+def test_groups_of_two_nodes_in_distributed_mode(local4_spark: object, tmp_path: Path, no_leftovers: None) -> None:
+    """On ``local[4]``, two groups of two nodes (a barrier job of two tasks each, one rank per
+    task): the rank of group 1's second node SIGKILLs itself mid-step; group 1's job fails and its
+    restart is a new job of both nodes, each rank healing from its peer of group 0, whose two
+    processes never changed; each rank of the group saw its node's rank and the group's world."""
+    distributor = Distributor(
+        num_processes=4, local_mode=False, replica_groups=2, spark=local4_spark, max_restarts=1,
+        lighthouse_options=_options(), timeout=240, log_ranks=[], storage_path=tmp_path / "runs",
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2, 20.0, False, 1)
+    survivor, restarted_at = _killed_group_healed_alone(tmp_path, _weights(tmp_path / "g0r1.weights"), "r1")
+    assert restarted_at in survivor
+    _killed_group_healed_alone(tmp_path, weights, "r0")  # group 1's node 0 restarted with its group
+    assert _weights(tmp_path / "g0r0.weights") == weights
+    for group in (0, 1):  # one rank per node: node ranks 0 and 1 in each group of WORLD_SIZE 2
+        seen = {ast.literal_eval((tmp_path / f"g{group}r{rank}.env").read_text()) for rank in (0, 1)}
+        assert seen == {(0, 0, 2), (1, 1, 2)}, (group, seen)
+    last = distributor.last_run
+    assert last is not None and [(a.replica_group, a.end) for a in last.attempts] == [
+        (0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED),
+    ]  # fmt: skip
+    assert [a.nodes for a in last.attempts] == [2, 2, 2]
 
 
 def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:

@@ -87,6 +87,9 @@ class DistributorConfig:
     replica_groups: int = 1
     #: the lighthouse's quorum rules (replica_groups > 1; None: torchft's defaults)
     lighthouse_options: LighthouseOptions | None = None
+    #: a replica group's run (set by the group layer, not by users): the other groups' run ids, in
+    #: the same storage; an attempt resumes from the newest checkpoint of its own run and theirs
+    peer_runs: tuple[str, ...] = ()
     # the settings of spark_torch.settings.SETTINGS given as keywords (None: environment, Spark conf, default)
     channel_host: Any = None
     channel_bind_address: Any = None

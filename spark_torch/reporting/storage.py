@@ -432,9 +432,12 @@ class RunStorage:
     # nodes
     @_withholding_options
     def download(self, checkpoint: CheckpointInfo, local_dir: str) -> str:
-        """The checkpoint as a local directory: itself for local storage, else a copy in ``local_dir``."""
+        """The checkpoint as a local directory: itself for local storage, else a copy in ``local_dir``
+        (by its URL: it may be another run's in the same storage, a replica group's peer's)."""
         if self.local:
             return checkpoint.url
-        name = f"checkpoint_{checkpoint.step:06d}"
-        self.fs.get(self._path(name), local_dir, recursive=True)
+        from fsspec.core import url_to_fs
+
+        fs, path = url_to_fs(checkpoint.url, **self.options)
+        fs.get(path, local_dir, recursive=True)
         return local_dir

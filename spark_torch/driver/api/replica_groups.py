@@ -54,7 +54,8 @@ LOCAL_HOST = "127.0.0.1"
 def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id: str) -> DistributorConfig:
     """The options of one group's runs: its share of the ranks, the group's variables, its own
     run id, no restarts of its own (:class:`GroupLoop` restarts it), its own ``log_dir/group-N``
-    (each group has a rank 0: one ``rank-0.log`` per group, and its Flight Recorder traces)."""
+    (each group has a rank 0: one ``rank-0.log`` per group, and its Flight Recorder traces), and
+    the other groups' runs as its peers (an attempt resumes from the newest checkpoint of any group)."""
     variables = GroupEnv(group, config.replica_groups, lighthouse).variables()
     return replace(
         config,
@@ -64,6 +65,7 @@ def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id:
         max_restarts=0,
         env={**config.env, **variables},
         run_id=group_run_id(run_id, group),
+        peer_runs=tuple(group_run_id(run_id, peer) for peer in range(config.replica_groups) if peer != group),
         log_dir=os.path.join(config.log_dir, f"group-{group}") if config.log_dir is not None else None,
     )
 

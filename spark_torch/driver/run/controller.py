@@ -48,6 +48,7 @@ from spark_torch.errors import (
     RunStalledError,
     RunTimeoutError,
 )
+from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, record
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import Settings
@@ -294,7 +295,7 @@ class RunController:
         executors whose Python cannot run a node): the attempt then ends with it, unstarted."""
         index = self.first_attempt + restart_count  # in the run's history
         storage = self.storage
-        latest = storage.latest() if storage is not None else None
+        latest = _newest_checkpoint(storage, self.config.peer_runs) if storage is not None else None
         resume = latest.step if latest is not None else 0
         if storage is not None:
             storage.discard_incomplete_after(resume)
@@ -332,6 +333,20 @@ class RunController:
             trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
         )
         return record, attempt, problem
+
+
+def _newest_checkpoint(storage: RunStorage, peer_runs: tuple[str, ...]) -> CheckpointInfo | None:
+    """The checkpoint an attempt resumes from: the newest complete one of this run and of its
+    ``peer_runs`` (a replica group's: the other groups', in the same storage), this run's on a tie.
+    A peer whose storage cannot be read is left out (its checkpoints are its own group's to resume)."""
+    found = [storage.latest()]
+    for peer in peer_runs:
+        try:
+            found.append(RunStorage(storage.base, peer, storage.options).latest())
+        except Exception as exc:  # noqa: BLE001 - this run's own checkpoint still serves
+            logger.warning("spark_torch: the checkpoints of %s could not be read: %s", peer, storage_error(storage.base, exc))
+    complete = [checkpoint for checkpoint in found if checkpoint is not None]
+    return max(complete, key=lambda checkpoint: checkpoint.step) if complete else None  # max keeps the first of equals
 
 
 def _record_end(storage: RunStorage | None, attempt: AttemptRecord) -> None:
