@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # The end-to-end suites that go through Spark (distributed, local-cluster, faults, DataFrame,
-# CLI, GPUs) once more on PySpark 3.5, then the built wheel beside it, in a venv of their own (.venv35). Spark Connect tests skip
+# CLI, GPUs) once more on PySpark 3.5, then the built wheel beside it, in a venv of their own
+# (.venv35; `--install-only` makes that venv and stops). Spark Connect tests skip
 # there: pip's pyspark 3.5 ships no Connect server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV35:-.venv35}
 LOCK=.ci/constraints-pyspark35.txt  # refreshed by `make lock`
-if [ ! -f "$VENV/.installed" ] || [ pyproject.toml -nt "$VENV/.installed" ] || [ .ci/requirements-pyspark35.txt -nt "$VENV/.installed" ] || [ "$LOCK" -nt "$VENV/.installed" ]; then
+# the dependencies (what --install-only makes: .ci/run installs them beside the main toolchain)
+if [ ! -f "$VENV/.deps" ] || [ pyproject.toml -nt "$VENV/.deps" ] || [ .ci/requirements-pyspark35.txt -nt "$VENV/.deps" ] || [ "$LOCK" -nt "$VENV/.deps" ]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade --constraint "$LOCK" pip
   # the CPU build of torch from the local wheel index; other torch requests may pull CUDA
   "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" torch==2.13.0
   "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" -r .ci/requirements-pyspark35.txt
+  touch "$VENV/.deps"
+fi
+"$VENV/bin/python" -c "import pyspark; assert pyspark.__version__.startswith('3.5'), pyspark.__version__; print('pyspark', pyspark.__version__)"
+[ "${1:-}" = "--install-only" ] && exit 0
+# the checkout itself (editable), not beside another install: setuptools writes its egg-info here
+if [ ! -f "$VENV/.installed" ] || [ "$VENV/.deps" -nt "$VENV/.installed" ]; then
   "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" --build-constraint "$LOCK" --no-deps -e .
   touch "$VENV/.installed"
 fi
-"$VENV/bin/python" -c "import pyspark; assert pyspark.__version__.startswith('3.5'), pyspark.__version__; print('pyspark', pyspark.__version__)"
 # the tests of these files that go through Spark (the channel's own tests, local mode and the CLI's
 # argument handling do not depend on its version: they are left out by name below), in TEST_WORKERS
 # workers grouped by Spark session, as `make test` runs them (default: one process)
