@@ -340,6 +340,30 @@ def descriptors_of_each_rank(folder: str) -> None:
         json.dump({"fds": seen["fds"], "report_fds": seen["report_fds"], "ppid_cmd": seen["ppid_cmd"]}, fh)
 
 
+def _sigint_in_the_rank() -> tuple[bool, bool]:
+    """(whether SIGINT is ignored in this rank, whether it was started warm)."""
+    import signal
+
+    started_by = psutil.Process(_launcher_pid()).cmdline()
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "spark_torch.node.template.server" in started_by
+
+
+def test_a_warm_rank_ignores_the_signals_its_driver_ignores_now(no_leftovers: None) -> None:
+    """A cold rank inherits what its driver ignores at that moment (exec keeps SIG_IGN): a driver
+    started as a background job ignores SIGINT until, say, a SparkContext installs its handler.
+    Warm ranks follow: templates are keyed by the ignored signals, so the rank of a run with SIGINT
+    ignored ignores it and the next run's, with a handler installed, does not."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ignoring = Distributor(num_processes=1).run(_sigint_in_the_rank)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    handling = Distributor(num_processes=1).run(_sigint_in_the_rank)
+    assert ignoring == (True, True) and handling == (previous is signal.SIG_IGN, True), (ignoring, handling)
+
+
 def test_ranks_hold_no_descriptor_but_their_own(tmp_path: Path, no_leftovers: None) -> None:
     """A warm rank holds stdin/stdout/stderr and its report pipes, as a cold rank does: nothing
     of the template (its socket, pidfds, pipes) and nothing of other runs' requests. Cold, rank 0

@@ -312,7 +312,7 @@ class RunController:
         record = AttemptRecord(attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
         self.result.attempts.append(record)
         self.result.restarts = restart_count
-        status = self.sink.begin_attempt(sized.world_size, show)
+        status = self.sink.begin_attempt(sized.world_size, show and problem is None)  # none for an attempt that cannot start
         config = self.config
         attempt = Attempt(
             spec=replace(

@@ -43,6 +43,7 @@ from spark_torch.base.envnames import SCRUBBED
 from spark_torch.node.template.protocol import (
     cold_reason,
     runner_affinity,
+    runner_ignored_signals,
     runner_limits,
     runner_priority,
     runner_umask,
@@ -136,7 +137,8 @@ def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) 
     interpreter, torch installation, owner (its pid and start time: a reused pid is another
     owner), interpreter-start settings of ``env``, hard resource limits (a child can lower
     them, never raise them), nice value, ``oom_score_adj``, scheduling policy and I/O class
-    (likewise: :func:`~spark_torch.node.template.protocol.runner_priority`)."""
+    (likewise: :func:`~spark_torch.node.template.protocol.runner_priority`) and the signals it
+    ignores (:func:`~spark_torch.node.template.protocol.runner_ignored_signals`)."""
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -145,7 +147,7 @@ def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) 
     identity = "\0".join((
         python, torch_version, str(owner.pid), repr(owner.create_time()),
         json.dumps(sorted(startup_env(env).items())), json.dumps(sorted(hard.items())),
-        json.dumps(sorted(runner_priority().items())),
+        json.dumps(sorted(runner_priority().items())), json.dumps(runner_ignored_signals()),
     ))
     return os.path.join(_socket_dir(), hashlib.sha256(identity.encode()).hexdigest()[:20] + ".sock")
 

@@ -13,6 +13,7 @@ import ctypes
 import os
 import platform
 import resource
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "runner_umask",
     "runner_affinity",
     "runner_priority",
+    "runner_ignored_signals",
     "cold_reason",
 ]
 
@@ -118,6 +120,21 @@ def runner_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def runner_ignored_signals() -> list[int]:
+    """The signals this process ignores (``SIG_IGN``), as a cold rank would inherit them (an exec
+    keeps an ignored signal ignored and resets a handled one). Templates are keyed by them: a
+    template keeps those it started with, and a driver may ignore another set later (a background
+    job ignores SIGINT until a SparkContext installs its handler)."""
+    ignored = []
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                ignored.append(int(sig))
+        except (OSError, ValueError):  # one the interpreter does not manage
+            continue
+    return sorted(ignored)
 
 
 def runner_affinity() -> list[int] | None:
