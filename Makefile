@@ -10,14 +10,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# TEST_WORKERS=N runs the suite in N pytest-xdist workers; tests/conftest.py groups the tests by the
-# Spark session they need (--dist loadgroup) and each worker runs them in the order of the sessions
-# (--no-loadscope-reorder). The default is 2: one worker runs the tests that mostly wait (stall and
-# timeout deadlines, the channel under network faults), the other the rest (SPARK_TORCH_TEST_SPLIT);
-# 4 workers of mixed tests starved each other's deadlines on 2 cores (tests/README.md); 0: one process.
+# TEST_WORKERS=N runs the suite in N pytest-xdist workers (default 2; 0: one process): tests/conftest.py
+# orders the tests by the Spark session they need and deals them out one at a time in that order
+# (each worker switches sessions in the same order), the heaviest sessions' files to one worker
+# (--dist loadscope: conftest names the scopes). 2 workers on 2 cores: 1,501 s instead of 2,412 s
+# for the suite (tests/README.md); 4 workers starved deadline tests.
 TEST_WORKERS ?= 2
-XDIST_ARGS := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
-TEST_SPLIT := $(if $(filter 2,$(TEST_WORKERS)),SPARK_TORCH_TEST_SPLIT=waiting,)
+XDIST_ARGS := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 # torch: on Linux without an NVIDIA driver (no /proc/driver/nvidia/version), the CPU build from
 # PyTorch's CPU index (about 200 MB) instead of PyPI's CUDA build (several GB); with a driver,
 # PyPI's CUDA build. Override either way: TORCH_INDEX= (PyPI only) or TORCH_INDEX=<an index URL>.
@@ -60,12 +59,12 @@ demo: check-java $(VENV)/.demo
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) examples/ddp_digits.py --num-processes 2
 
 test: bootstrap
-	SPARK_LOCAL_IP=127.0.0.1 $(TEST_SPLIT) $(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
 
 # the development loop: tests/unit and the smoke runs (a success and a failure in local mode and on
 # local[2]); mypy keeps its cache in .mypy_cache, so it is quick from the second run on
 test-fast: bootstrap
-	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "unit or smoke" $(PYTEST_ARGS)
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder -m "unit or smoke" $(PYTEST_ARGS)
 
 # the suite under coverage.py (pyproject.toml's [tool.coverage.*]): every Python process a test starts
 # is measured; the report lists spark_torch's lines by module (COVERAGE_ARGS: e.g. tests/unit)

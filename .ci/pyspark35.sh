@@ -27,7 +27,7 @@ if [ ! -f "$VENV/.installed" ] || [ "$VENV/.deps" -nt "$VENV/.installed" ]; then
 fi
 # the tests of these files that go through Spark (the channel's own tests, local mode and the CLI's
 # argument handling do not depend on its version: they are left out by name below), in TEST_WORKERS
-# workers grouped by Spark session, as `make test` runs them (default: one process)
+# workers, as `make test` deals them out (default: one process)
 no_spark="test_version_and_help or test_run_local_passes_script_args_untouched or test_failing_rank_exit_code_and_paragraph"
 no_spark="$no_spark or test_bad_input_exit_2 or (test_ctrl_c_stops_every_rank and local) or test_ctrl_c_prints_where_each_rank_was_once"
 no_spark="$no_spark or test_very_long_line_split_and_marked or test_line_endings_and_utf8_across_reads"
@@ -35,7 +35,7 @@ no_spark="$no_spark or test_client_delivers_in_order_and_drains or test_batches_
 no_spark="$no_spark or test_full_queue_drops_and_reports or test_rendezvous_through_the_channel"
 no_spark="$no_spark or test_rendezvous_stopped_before_every_node_said_hello or test_wrong_secret_rejected"
 no_spark="$no_spark or test_client_reconnects_after_connection_drop or test_the_stop_reason_reaches_the_node_and_its_end_comes_back"
-SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-0}" --dist loadgroup --no-loadscope-reorder \
+SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-0}" --dist loadscope --no-loadscope-reorder \
   tests/test_run_distributed.py tests/test_dataframe.py tests/reliability/test_faults.py \
   tests/reliability/test_channel_e2e.py tests/reliability/test_log_channel.py tests/test_cli.py tests/test_gpu.py \
   tests/test_concurrent_runs.py tests/test_spark_submit.py tests/test_connect.py tests/test_quiet_console.py \

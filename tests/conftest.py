@@ -94,9 +94,13 @@ _ORDER = {
 }
 
 
-#: the heaviest sessions (daemons of a standalone cluster, two namespace hosts, a Connect server): one
-#: worker runs them all, in _ORDER (together on 2 cores, the fallback deadlines of their tests were missed)
-_ONE_WORKER = {"standalone_spark", "two_host_spark", "connect_spark"}
+#: the test files of the heaviest sessions (daemons of a standalone cluster, two namespace hosts, a
+#: Connect server): in parallel runs one worker runs them all, one after the other (together on 2
+#: cores, the fallback deadlines of their tests were missed)
+_ONE_WORKER_FILES = frozenset({"test_standalone.py", "test_two_hosts.py", "test_connect.py"})
+#: files whose tests go to one worker together (DeepSpeed's CPU op: one compile, not a second
+#: worker waiting on its build lock)
+_WHOLE_FILES = frozenset({"test_integrations.py"})
 
 
 def _session_kind(item: Any) -> str | None:
@@ -105,57 +109,31 @@ def _session_kind(item: Any) -> str | None:
     return max(names, key=_ORDER.__getitem__) if names else None
 
 
-#: the test files whose tests mostly wait, not compute (stall and timeout deadlines, the channel
-#: under network faults; measured with the machine's busy CPU time per test): in two workers, one
-#: runs these while the other runs the rest, so neither starves the other's deadlines
-_MOSTLY_WAITING = frozenset(
-    {
-        "test_stall.py",
-        "test_flight_recorder.py",
-        "test_stop_race.py",
-        "test_orphans.py",
-        "test_progress.py",
-        "test_gpu_check.py",
-        "reliability/test_channel_faults.py",
-        "reliability/test_channel_wire.py",
-        "reliability/test_channel_scale.py",
-        "reliability/test_channel_flood.py",
-        "reliability/test_channel_messages.py",
-        "reliability/test_channel_strangers.py",
-        "reliability/test_channel_secrecy.py",
-        "reliability/test_progress_frames.py",
-        "reliability/test_log_channel.py",
-    }
-)
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    """How ``make test`` (``-n N --dist loadscope --no-loadscope-reorder``) deals the tests out: one
+    test at a time, in the order of this sorted collection (so each worker switches Spark sessions
+    in ``_ORDER`` too, and a worker that is free takes the next test), but the files of
+    ``_ONE_WORKER_FILES`` to one worker in all, and each of ``_WHOLE_FILES`` to one worker.
+    pytest-xdist's ``loadgroup`` would read ``xdist_group`` marks, but the suffix it gives each
+    test's id is lost with pytest 9 (every test became its own group), so the scopes are named
+    here, from the ids."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            if name in _ONE_WORKER_FILES:
+                return "one-worker"
+            return name if name in _WHOLE_FILES else nodeid
+
+    return SuiteScheduling(config, log)
 
 
-def _xdist_group(item: Any) -> str | None:
-    """The pytest-xdist group of ``item`` under ``--dist loadgroup`` (tests of a group run in one worker).
-
-    A worker runs the tests it is sent in the order of this sorted collection (``--no-loadscope-reorder``),
-    so each worker switches sessions in ``_ORDER`` too. With ``SPARK_TORCH_TEST_SPLIT=waiting`` (``make
-    test`` in two workers) the groups are two: the files of ``_MOSTLY_WAITING`` and all the others.
-    Otherwise tests of a session
-    other than pytest-spark's ``local[2]`` share a worker per test file (one start of that session for
-    the file), the sessions of ``_ONE_WORKER`` one worker in all, and a file's module-scoped fixtures
-    stay in one worker."""
-    kind = _session_kind(item)
-    path = Path(str(item.fspath)).name
-    if os.environ.get("SPARK_TORCH_TEST_SPLIT") == "waiting":
-        return "waiting" if Path(str(item.fspath)).relative_to(TESTS).as_posix() in _MOSTLY_WAITING else "working"
-    if kind in _ONE_WORKER:
-        return "one-worker"  # one after the other: run at once they starved each other's deadlines
-    if kind is not None and kind != "spark_session":
-        return f"{kind}-{path}"
-    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    if any(d.scope == "module" for fixture_defs in defs.values() for d in fixture_defs):
-        return f"module-{path}"
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker hook reads the groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """Run tests grouped by the Spark session they need, so each session starts once (per worker)."""
+    """Run tests ordered by the Spark session they need, so each session starts once (per worker)."""
 
     def weight(item: Any) -> float:
         kind = _session_kind(item)
@@ -165,9 +143,6 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if Path(str(item.fspath)).parent == TESTS / "unit":
             item.add_marker(pytest.mark.unit)
-        group = _xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_logreport(report: Any) -> None:
