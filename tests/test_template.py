@@ -439,10 +439,12 @@ def test_runs_sharing_a_template_each_keep_it_their_idle_time(no_leftovers: None
 def test_a_failure_of_the_loop_itself_removes_the_socket(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Not one connection's failure but the loop's own (here select() fails): one line on stderr,
     and the socket is gone, so the next runner starts a new template instead of meeting a dead
-    socket."""
+    socket. The loop runs in this test's process, which is no subreaper: its end sweeps none of
+    the process's own children (here a bystander; in a suite, the Spark driver's JVM)."""
     from spark_torch.node.template.server import _Template
 
     path = str(tmp_path / "t.sock")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     template = _Template(path, os.getpid(), None)
 
     def broken_select(timeout: float | None = None) -> list[Any]:
@@ -451,9 +453,13 @@ def test_a_failure_of_the_loop_itself_removes_the_socket(tmp_path: Path, capsys:
     template.selector.select = broken_select  # type: ignore[method-assign]
     try:
         template.serve()  # nothing runs: it stops listening and, with nothing left, returns
+        with pytest.raises(subprocess.TimeoutExpired):  # a SIGKILL sent would have ended it by now
+            bystander.wait(1.0)
     finally:
         template.selector.close()
         os.close(template.owner_fd)
+        bystander.kill()
+        bystander.wait()
     assert not os.path.exists(path) and template.listener is None
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "spark_torch template" in line]
     assert "stopped taking ranks after a failure of its loop (OSError: select() failed (injected))" in line

@@ -6,7 +6,9 @@ ranks' keepers and the store hosts it forked, each listed; a keeper keeps whatev
 leaves and stops it when the rank ends (:mod:`spark_torch.node.keeper`). Only a keeper that
 died without doing so (SIGKILL, the one signal it cannot ignore; its rank dies with it) hands
 its rank and the rank's orphans on, to the template: any child the template did not fork is
-such an orphan. :class:`Adopted` SIGKILLs each one with its whole tree (the rank it belonged to
+such an orphan. Only a subreaper has orphans: a process that is not one (a template's loop run
+inside another program, as a test does) has only children it or its host started, and sweeps
+none. :class:`Adopted` SIGKILLs each one with its whole tree (the rank it belonged to
 was killed the same way) and reaps it, on the template's own loop: no thread, no blocking wait.
 """
 
@@ -19,9 +21,10 @@ from collections.abc import Container
 
 import psutil
 
-__all__ = ["Adopted", "become_subreaper"]
+__all__ = ["Adopted", "become_subreaper", "is_subreaper"]
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 def become_subreaper() -> bool:
@@ -30,6 +33,16 @@ def become_subreaper() -> bool:
         return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def is_subreaper() -> bool:
+    """This process is a child subreaper (False where that cannot be asked)."""
+    flag = ctypes.c_int(0)
+    try:
+        done = int(ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0))
+    except (OSError, AttributeError):
+        return False
+    return done == 0 and flag.value != 0
 
 
 class Adopted:
@@ -47,7 +60,11 @@ class Adopted:
     def sweep(self, forked: Container[int]) -> None:
         """SIGKILL every child of this process that is not in ``forked`` (and all its
         descendants, found before the first signal), then reap those that have ended. Never
-        raises: a process that ended meanwhile is simply gone."""
+        raises: a process that ended meanwhile is simply gone. A process that is not a child
+        subreaper adopts nothing: it sweeps none of its children (they are its host's: the
+        Spark driver's JVM where a test runs the loop in its own process)."""
+        if not is_subreaper():
+            return
         try:
             children = psutil.Process().children()
         except psutil.Error:
