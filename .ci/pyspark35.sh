@@ -44,9 +44,14 @@ SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${
 # switches (test_the_command_as_docs_cli_md_says: three CLI runs) are the same code on either
 # version, and what Spark's console prints on each is checked by the other test_quiet_console tests
 # the wheel beside PySpark 3.5: installed over the checkout's editable install, run from outside it
+# (WHEEL: one built already, as .ci/run does once for this and the package check)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-.venv/bin/python -m build --wheel --outdir "$work" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+if [ -n "${WHEEL:-}" ]; then
+  cp "$WHEEL" "$work/"
+else
+  .venv/bin/python -m build --wheel --outdir "$work" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+fi
 case "$VENV" in /*) py35="$VENV/bin/python" ;; *) py35="$(pwd)/$VENV/bin/python" ;; esac
 "$py35" -m pip install --quiet --no-deps --force-reinstall "$work"/*.whl
 (cd "$work" && SPARK_LOCAL_IP=127.0.0.1 "$py35" - <<'PY'
