@@ -223,6 +223,43 @@ def _ensure(kind: str, start: Callable[[], Any]) -> Any:
     return made
 
 
+def _driver_jvm() -> Any:
+    """The Popen of this process's Spark driver JVM (PySpark's gateway), or None."""
+    from pyspark import SparkContext
+
+    return getattr(SparkContext._gateway, "proc", None)
+
+
+def _forget_dead_driver_jvm() -> None:
+    """Let the next session start a new driver JVM: PySpark keeps its gateway for the process's
+    life and would send every later command to the dead one."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    _MADE.clear()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+
+
+@pytest.fixture(autouse=True)
+def _driver_jvm_survives() -> Iterator[None]:
+    """A test that ends this process's Spark driver JVM fails by name, with the JVM's exit status,
+    and the tests after it get a new JVM instead of failing one by one on a dead gateway (a
+    template loop's sweep once SIGKILLed it: 172 tests failed after the one that did it)."""
+    jvm = _driver_jvm()
+    yield
+    if jvm is None or jvm.poll() is None:
+        return
+    _forget_dead_driver_jvm()
+    pytest.fail(
+        f"the Spark driver JVM of this process (pid {jvm.pid}) ended during this test with exit status "
+        f"{jvm.returncode} (negative: killed by that signal); the next session starts a new one"
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_sessions_at_the_end() -> Iterator[None]:
     """The last session of this process is stopped when the tests end."""
