@@ -1,6 +1,6 @@
 # Two commands on a fresh machine with Python 3.10+ and Java 17+:
 #   make demo   - create .venv, install what the demo needs, run a 2-rank DDP training on an embedded Spark
-#   make test   - create .venv, install the test toolchain, run the whole test suite (TEST_WORKERS=N: in N workers)
+#   make test   - create .venv, install the test toolchain, run the whole test suite (in 2 workers; TEST_WORKERS=0: one process)
 #   make test-fast - the unit tests and a smoke run in each mode (the development loop, minutes)
 #   make coverage  - the suite under coverage.py, every process a test starts measured (COVERAGE_ARGS=tests/...)
 # and

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import os
 from collections.abc import Container
+from typing import Any
 
 import psutil
 
@@ -27,22 +28,23 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
 
-def become_subreaper() -> bool:
-    """Mark this process a child subreaper (Linux); False where that is not possible."""
+def _prctl(option: int, arg: Any) -> bool:
+    """``prctl(option, arg)`` succeeded (False where there is no such call: not Linux)."""
     try:
-        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def become_subreaper() -> bool:
+    """Mark this process a child subreaper (Linux); False where that is not possible."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def is_subreaper() -> bool:
     """This process is a child subreaper (False where that cannot be asked)."""
     flag = ctypes.c_int(0)
-    try:
-        done = int(ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0))
-    except (OSError, AttributeError):
-        return False
-    return done == 0 and flag.value != 0
+    return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and flag.value != 0
 
 
 class Adopted:
