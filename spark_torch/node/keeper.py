@@ -19,7 +19,6 @@ rank to die with it (``SPARK_TORCH_PARENT_PID``). Standard library only.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import resource
 import signal
@@ -29,21 +28,13 @@ from typing import Any, NoReturn
 
 from spark_torch.base import envnames
 from spark_torch.base.grace import RANK_GRACE_SECONDS
+from spark_torch.base.prctl import become_subreaper, die_with_parent_thread
 
 __all__ = ["keep", "main", "descendants_of", "ignored_signals", "KEEPER_MODULE"]
 
 KEEPER_MODULE = "spark_torch.node.keeper"
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 #: after SIGKILL, how long the keeper waits to reap what the rank left
 _KILL_WAIT_SECONDS = 5.0
-
-
-def _prctl(option: int, value: int) -> bool:
-    try:
-        return int(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _process_table() -> dict[int, tuple[int, bool]]:
@@ -196,7 +187,7 @@ def _ignore_signals() -> dict[int, Any]:
 
 def keep(module: str, args: list[str], grace: float = RANK_GRACE_SECONDS) -> NoReturn:
     """Become the rank's keeper (this process) and run ``module`` with ``args`` in a child."""
-    if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):  # not Linux: no keeper, the rank runs here
+    if not become_subreaper():  # not Linux: no keeper, the rank runs here
         _run_module_here(module, args)
     previous = _ignore_signals()
     pid = os.fork()
@@ -227,7 +218,7 @@ def _run_module_here(module: str, args: list[str]) -> NoReturn:
 def main(argv: list[str]) -> NoReturn:
     """``MODULE ARGS...``: die with the node runner, then keep the rank."""
     parent = os.environ.get(envnames.PARENT_PID, "")
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent_thread()
     if parent.isdigit() and os.getppid() != int(parent):
         os._exit(137)  # the node runner is already gone
     if not argv:

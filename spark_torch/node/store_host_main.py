@@ -17,14 +17,13 @@ listening before any rank starts removes that race.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import datetime
 import os
 import signal
 import sys
 
 from spark_torch.base import envnames
+from spark_torch.base.prctl import die_with_parent_thread
 from spark_torch.shared.bound_store import host_store
 
 __all__ = ["main"]
@@ -33,8 +32,7 @@ __all__ = ["main"]
 def _die_with_parent() -> None:
     """Started cold: die with the node runner (``SPARK_TORCH_PARENT_PID``), as a rank does."""
     parent = os.environ.get(envnames.PARENT_PID, "")
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent_thread()
     if parent.isdigit() and os.getppid() != int(parent):
         os._exit(1)
 

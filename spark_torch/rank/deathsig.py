@@ -8,15 +8,13 @@ rank has been re-parented and exits at once. Imports only the standard library.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 
 from spark_torch.base import envnames
+from spark_torch.base.prctl import die_with_parent_thread
 
 __all__ = ["die_with_parent"]
 
-_PR_SET_PDEATHSIG = 1
 #: exit status of a rank whose node runner was already gone when it started (128 + SIGKILL)
 ORPHAN_EXIT = 137
 
@@ -24,10 +22,7 @@ ORPHAN_EXIT = 137
 def die_with_parent() -> None:
     """Get SIGKILL when the thread that started this process dies; exit now if it already did."""
     expected = os.environ.get(envnames.PARENT_PID)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the node runner's and the reaper's cleanup apply
+    if not die_with_parent_thread():  # not Linux: the node runner's and the reaper's cleanup apply
         return
     if expected and expected.isdigit() and os.getppid() != int(expected):
         os._exit(ORPHAN_EXIT)

@@ -15,9 +15,9 @@ import contextlib
 import ctypes
 import sys
 
-__all__ = ["set_title", "rank_title"]
+from spark_torch.base.prctl import PR_SET_NAME, prctl
 
-_PR_SET_NAME = 15
+__all__ = ["set_title", "rank_title"]
 
 
 def rank_title(rank: int | str, what: str) -> str:
@@ -38,8 +38,7 @@ def set_title(title: str, name: str) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode("utf-8", "replace")[:15]), 0, 0, 0)
+        prctl(PR_SET_NAME, ctypes.c_char_p(name.encode("utf-8", "replace")[:15]))
         start, end = _argument_area()
     except (OSError, ValueError, IndexError, AttributeError):
         return False

@@ -15,37 +15,14 @@ was killed the same way) and reaps it, on the template's own loop: no thread, no
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Container
-from typing import Any
 
 import psutil
 
-__all__ = ["Adopted", "become_subreaper", "is_subreaper"]
+from spark_torch.base.prctl import is_subreaper
 
-_PR_SET_CHILD_SUBREAPER = 36
-_PR_GET_CHILD_SUBREAPER = 37
-
-
-def _prctl(option: int, arg: Any) -> bool:
-    """``prctl(option, arg)`` succeeded (False where there is no such call: not Linux)."""
-    try:
-        return int(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def become_subreaper() -> bool:
-    """Mark this process a child subreaper (Linux); False where that is not possible."""
-    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-
-
-def is_subreaper() -> bool:
-    """This process is a child subreaper (False where that cannot be asked)."""
-    flag = ctypes.c_int(0)
-    return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and flag.value != 0
-
+__all__ = ["Adopted"]
 
 class Adopted:
     """The orphans re-parented to this process, SIGKILLed with their trees until reaped."""

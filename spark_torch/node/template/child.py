@@ -22,12 +22,12 @@ import contextlib
 import ctypes
 import os
 import resource
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from spark_torch.base import envnames
+from spark_torch.base.prctl import die_with_parent_thread
 from spark_torch.node.keeper import keep
 from spark_torch.node.template.protocol import MARK_SLOT_VALUE
 
@@ -130,8 +130,7 @@ def become_rank(request: dict[str, Any], fds: list[int], go: int, template: int,
 def _die_with_template(template: int) -> None:
     """Every child dies with the template (SIGKILL), whatever module it runs: ranks arm this
     themselves too, the store host does not; exit now if the template is already gone."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent_thread()
     if os.getppid() != template:
         os._exit(1)
 

@@ -61,7 +61,8 @@ import time
 from typing import Any
 
 from spark_torch.base.envnames import MARK_SLOT
-from spark_torch.node.template.adopted import Adopted, become_subreaper
+from spark_torch.base.prctl import become_subreaper
+from spark_torch.node.template.adopted import Adopted
 from spark_torch.node.template.child import become_rank, environ_slot, with_mark_slot
 from spark_torch.node.template.protocol import MAX_FDS, MAX_REQUEST, THREAD_ENV, check_request, clamp_idle
 from spark_torch.node.template.state import Client, Rank, kill_group, log
