@@ -28,7 +28,13 @@ def double_fork_a_sleep(seconds: str, fail: bool) -> dict[str, Any]:
     """A rank whose shell starts ``sleep`` in the background with an empty environment and a
     session of its own, then exits: the sleep is an orphan that carries nothing of the run."""
     subprocess.run(["/bin/sh", "-c", f"sleep {seconds} >/dev/null 2>&1 </dev/null &"], env={}, start_new_session=True, check=True)
-    sleeper = next(p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", seconds])
+    # the shell has exited, but its background child may not have exec'd sleep yet (seen on a busy machine)
+    deadline = time.monotonic() + 30
+    while not (found := [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", seconds]]):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the shell's background 'sleep {seconds}' did not start within 30 s")
+        time.sleep(0.01)
+    sleeper = found[0]
     seen = {"parent": " ".join(psutil.Process(sleeper.ppid()).cmdline()), "environ": sleeper.environ()}
     if fail:
         raise RuntimeError(f"the rank failed after its orphan was adopted by {seen['parent']}")
