@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The end-to-end suites that go through Spark (distributed, local-cluster, faults, DataFrame,
-# CLI, GPUs) once more on PySpark 3.5, then the built wheel beside it, in a venv of their own
-# (.venv35; `--install-only` makes that venv and stops). Spark Connect tests skip
-# there: pip's pyspark 3.5 ships no Connect server.
+# The end-to-end tests that go through what differs between PySpark versions (.ci/pyspark35-tests.txt)
+# once more on PySpark 3.5, then the built wheel beside it, in a venv of their own (.venv35;
+# `--install-only` makes that venv and stops).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -25,24 +24,11 @@ if [ ! -f "$VENV/.installed" ] || [ "$VENV/.deps" -nt "$VENV/.installed" ]; then
   "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" --build-constraint "$LOCK" --no-deps -e .
   touch "$VENV/.installed"
 fi
-# the tests of these files that go through Spark (the channel's own tests, local mode and the CLI's
-# argument handling do not depend on its version: they are left out by name below), in TEST_WORKERS
-# workers, as `make test` deals them out (default: one process)
-no_spark="test_version_and_help or test_run_local_passes_script_args_untouched or test_failing_rank_exit_code_and_paragraph"
-no_spark="$no_spark or test_bad_input_exit_2 or (test_ctrl_c_stops_every_rank and local) or test_ctrl_c_prints_where_each_rank_was_once"
-no_spark="$no_spark or test_very_long_line_split_and_marked or test_line_endings_and_utf8_across_reads"
-no_spark="$no_spark or test_client_delivers_in_order_and_drains or test_batches_larger_than_a_frame_are_split"
-no_spark="$no_spark or test_full_queue_drops_and_reports or test_rendezvous_through_the_channel"
-no_spark="$no_spark or test_rendezvous_stopped_before_every_node_said_hello or test_wrong_secret_rejected"
-no_spark="$no_spark or test_client_reconnects_after_connection_drop or test_the_stop_reason_reaches_the_node_and_its_end_comes_back"
+# the tests that go through what differs between PySpark 3.5 and 4.x (.ci/pyspark35-tests.txt says
+# which and why), in TEST_WORKERS workers, as `make test` deals them out (default: one process)
+mapfile -t selected < <(grep -v '^\s*\(#\|$\)' .ci/pyspark35-tests.txt)
 SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" -m pytest -p no:cacheprovider -n "${TEST_WORKERS:-0}" --dist loadscope --no-loadscope-reorder \
-  tests/test_run_distributed.py tests/test_dataframe.py tests/reliability/test_faults.py \
-  tests/reliability/test_channel_e2e.py tests/reliability/test_log_channel.py tests/test_cli.py tests/test_gpu.py \
-  tests/test_concurrent_runs.py tests/test_spark_submit.py tests/test_connect.py tests/test_quiet_console.py \
-  -k "not doctor and not test_the_command_as_docs_cli_md_says and not ($no_spark)" "$@"
-# left out above: doctor's probe is the preflight every distributed run above makes; the CLI's log
-# switches (test_the_command_as_docs_cli_md_says: three CLI runs) are the same code on either
-# version, and what Spark's console prints on each is checked by the other test_quiet_console tests
+  "${selected[@]}" "$@"
 # the wheel beside PySpark 3.5: installed over the checkout's editable install, run from outside it
 # (WHEEL: one built already, as .ci/run does once for this and the package check)
 work=$(mktemp -d)

@@ -62,3 +62,18 @@ def test_torch_comes_from_the_cpu_index_without_an_nvidia_driver() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "TORCH_INDEX ?= $(if $(wildcard /proc/driver/nvidia/version),,https://download.pytorch.org/whl/cpu)" in makefile
     assert "--extra-index-url $(TORCH_INDEX)" in makefile
+
+
+def test_every_line_of_the_pyspark35_selection_names_a_test() -> None:
+    """.ci/pyspark35-tests.txt: each node id is a test function (or a whole file) that exists, so a
+    renamed test is not silently dropped from CI's PySpark 3.5 run."""
+    lines = (ROOT / ".ci" / "pyspark35-tests.txt").read_text().splitlines()
+    selected = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    assert len(selected) >= 20, selected
+    for node in selected:
+        path, _, name = node.partition("::")
+        assert (ROOT / path).is_file(), f"{node}: no file {path}"
+        if name:
+            function = name.split("[", 1)[0]
+            assert re.search(rf"^def {function}\(", (ROOT / path).read_text(), re.MULTILINE), f"{node}: no test {function} in {path}"
+    assert ".ci/pyspark35-tests.txt" in (ROOT / ".ci" / "pyspark35.sh").read_text()
