@@ -1,6 +1,6 @@
 # Two commands on a fresh machine with Python 3.10+ and Java 17+:
 #   make demo   - create .venv, install what the demo needs, run a 2-rank DDP training on an embedded Spark
-#   make test   - create .venv, install the test toolchain, run the whole test suite (in 2 workers; TEST_WORKERS=0: one process)
+#   make test   - create .venv, install the test toolchain, run the whole test suite (in 3 workers; TEST_WORKERS=0: one process)
 #   make test-fast - the unit tests and a smoke run in each mode (the development loop, minutes)
 #   make coverage  - the suite under coverage.py, every process a test starts measured (COVERAGE_ARGS=tests/...)
 # and
@@ -10,12 +10,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# TEST_WORKERS=N runs the suite in N pytest-xdist workers (default 2; 0: one process): tests/conftest.py
-# orders the tests by the Spark session they need and deals them out one at a time in that order
-# (each worker switches sessions in the same order), the heaviest sessions' files to one worker
-# (--dist loadscope: conftest names the scopes). 2 workers on 2 cores: 1,671 s instead of 2,412 s
-# in a fresh-clone run (tests/README.md has the numbers).
-TEST_WORKERS ?= 2
+# TEST_WORKERS=N runs the suite in N pytest-xdist workers (default 3; 0: one process): tests/conftest.py
+# orders the tests by the Spark session they need and tests/scheduling.py deals them out one at a
+# time in that order (each worker switches sessions in the same order); with 3 or more workers the
+# last one is a waiting lane (the tests that mostly wait, then the heaviest sessions' files) beside
+# the others. On the quiet 2-core machine (2026-11-28): 666 s with 3 workers, 884 s with 2.
+TEST_WORKERS ?= 3
 XDIST_ARGS := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 # torch: on Linux without an NVIDIA driver (no /proc/driver/nvidia/version), the CPU build from
 # PyTorch's CPU index (about 200 MB) instead of PyPI's CUDA build (several GB); with a driver,

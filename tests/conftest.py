@@ -94,15 +94,6 @@ _ORDER = {
 }
 
 
-#: the test files of the heaviest sessions (daemons of a standalone cluster, two namespace hosts, a
-#: Connect server): in parallel runs one worker runs them all, one after the other (together on 2
-#: cores, the fallback deadlines of their tests were missed)
-_ONE_WORKER_FILES = frozenset({"test_standalone.py", "test_two_hosts.py", "test_connect.py"})
-#: files whose tests go to one worker together (DeepSpeed's CPU op: one compile, not a second
-#: worker waiting on its build lock)
-_WHOLE_FILES = frozenset({"test_integrations.py"})
-
-
 def _session_kind(item: Any) -> str | None:
     """The session fixture with the highest order among those ``item`` uses (None: no Spark, or pytest-spark's)."""
     names = [n for n in getattr(item, "fixturenames", ()) if n in _ORDER]
@@ -110,25 +101,10 @@ def _session_kind(item: Any) -> str | None:
 
 
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
-    """How ``make test`` (``-n N --dist loadscope --no-loadscope-reorder``) deals the tests out: one
-    test at a time, in the order of this sorted collection (so each worker switches Spark sessions
-    in ``_ORDER`` too, and a worker that is free takes the next test), but the files of
-    ``_ONE_WORKER_FILES`` to one worker in all, and each of ``_WHOLE_FILES`` to one worker.
-    pytest-xdist's ``loadgroup`` would read ``xdist_group`` marks, but the suffix it gives each
-    test's id is lost with pytest 9 (every test became its own group), so the scopes are named
-    here, from the ids."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+    """How ``make test`` deals the tests out to its workers: ``tests/scheduling.py``."""
+    from .scheduling import make_scheduler
 
-    class SuiteScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            if name in _ONE_WORKER_FILES:
-                return "one-worker"
-            return name if name in _WHOLE_FILES else nodeid
-
-    return SuiteScheduling(config, log)
+    return make_scheduler(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -16,7 +16,7 @@ import pytest
 from spark_torch import DeepspeedTorchDistributor, Distributor
 
 # one worker runs them all (pytest-xdist): the first DeepSpeed run on a fresh venv compiles its CPU
-# communication op into TORCH_EXTENSIONS_DIR (minutes on 2 cores; in parallel runs one worker runs this file: conftest._WHOLE_FILES)
+# communication op into TORCH_EXTENSIONS_DIR (minutes on 2 cores; in parallel runs one worker runs this file: scheduling.WHOLE_FILES)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CONFIG = {"train_batch_size": 16, "optimizer": {"type": "SGD", "params": {"lr": 0.05}}}
