@@ -24,6 +24,7 @@ from spark_torch.base.prctl import is_subreaper
 
 __all__ = ["Adopted"]
 
+
 class Adopted:
     """The orphans re-parented to this process, SIGKILLed with their trees until reaped."""
 

@@ -18,10 +18,10 @@ stdin, stdout, stderr and report pipes. The template forks; the child becomes th
 session, those descriptors as 0/1/2 and every other descriptor closed, the limits and umask, the
 rank's environment, directory and ``sys.argv``, its node's marker written where
 /proc/PID/environ shows it (a fork shows the template's block otherwise; the template runs with
-room for it), fresh random seeds, torch's thread count from the rank's ``OMP_NUM_THREADS``, then ``python -m spark_torch.rank.function_main`` (or
-``script_main``) runs in it exactly as in a cold start (the rank arms its own parent-death
-signal). The child waits for the template's go before any of that: it comes only once the pid
-reached the node runner, so a rank whose runner left mid-request never runs.
+room for it), fresh random seeds, torch's thread count from the rank's ``OMP_NUM_THREADS``, then
+``python -m spark_torch.rank.function_main`` (or ``script_main``) runs in it exactly as in a cold start (the rank
+arms its own parent-death signal). The child waits for the template's go before any of that: it comes only once the
+pid reached the node runner, so a rank whose runner left mid-request never runs.
 
 Settings Python, the dynamic loader, malloc and torch read when the interpreter starts cannot
 change after the fork: the node runner keys templates by them and starts each template with
