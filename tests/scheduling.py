@@ -89,19 +89,7 @@ def make_scheduler(config: Any, log: Any) -> Any:
                 if not node.shutting_down:
                     node.shutdown()
                 return
-            work_unit = self.workqueue.pop(scope)
-            self.assigned_work.setdefault(node, {})[scope] = work_unit
-            collection = self.registered_collections[node]
-            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
-
-        def _reschedule(self, node: Any) -> None:
-            if node.shutting_down:
-                return
-            if self._next_scope(node) is None:
-                node.shutdown()
-                return
-            if self._pending_of(self.assigned_work[node]) > 2:  # as pytest-xdist: a few tests queued
-                return
-            self._assign_work_unit(node)
+            self.workqueue.move_to_end(scope, last=False)  # pytest-xdist assigns the queue's first unit
+            super()._assign_work_unit(node)
 
     return SuiteScheduling(config, log)
