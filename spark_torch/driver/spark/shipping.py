@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 #: (session key, identity) pairs already shipped in this process
 _shipped: set[tuple[str, str]] = set()
+#: every entry's time: the zip's bytes depend on the package alone. Spark refuses a file whose name
+#: it has fetched before with other bytes (two builds of one package, e.g. two applications whose
+#: executors share a working directory, must be the same file)
+_ENTRY_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def _session_key(spark: Any) -> str:
@@ -42,9 +46,17 @@ def _session_key(spark: Any) -> str:
     return f"classic:{spark.sparkContext.applicationId}"
 
 
+def _add(zf: zipfile.ZipFile, arcname: str, data: bytes) -> None:
+    """One entry with a fixed time and mode, so the same package always makes the same bytes."""
+    entry = zipfile.ZipInfo(arcname, date_time=_ENTRY_TIME)
+    entry.external_attr = 0o644 << 16
+    entry.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(entry, data)
+
+
 def build_zip(directory: str) -> str | None:
-    """``directory/spark_torch-IDENTITY.zip`` of this driver's package; None when the package
-    is not a plain directory (it was itself imported from an archive)."""
+    """``directory/spark_torch-IDENTITY.zip`` of this driver's package, the same bytes for the same
+    package; None when the package is not a plain directory (it was itself imported from an archive)."""
     root = os.path.dirname(os.path.abspath(version.__file__))
     if not os.path.isdir(root):
         return None
@@ -56,12 +68,18 @@ def build_zip(directory: str) -> str | None:
             for name in sorted(f for f in files if f.endswith(".py")):
                 source = os.path.join(current, name)
                 arcname = "spark_torch/" + os.path.relpath(source, root).replace(os.sep, "/")
-                zf.write(source, arcname)
-                # zipimport reads ``module.pyc`` beside the source: no compiling in every worker
+                with open(source, "rb") as handle:
+                    _add(zf, arcname, handle.read())
+                # zipimport reads ``module.pyc`` beside the source: no compiling in every worker. A
+                # hash-based pyc does not depend on the source's time, which the zip does not keep.
                 compiled = os.path.join(tmp, "module.pyc")
-                py_compile.compile(source, cfile=compiled, dfile=arcname, doraise=True)
-                zf.write(compiled, arcname + "c")
-        zf.writestr(f"spark_torch/{SHIPPED_FILE}", json.dumps({"identity": identity}))
+                py_compile.compile(
+                    source, cfile=compiled, dfile=arcname, doraise=True,
+                    invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+                )  # fmt: skip
+                with open(compiled, "rb") as handle:
+                    _add(zf, arcname + "c", handle.read())
+        _add(zf, f"spark_torch/{SHIPPED_FILE}", json.dumps({"identity": identity}).encode())
     return path
 
 
