@@ -24,6 +24,8 @@ import pytest
 # A session marker and a private TMPDIR are inherited by every JVM, Python worker and rank this
 # test session starts, so leftover checks never confuse them with another test session's.
 SESSION_MARK = uuid.uuid4().hex
+#: when this process began: the applications' directories made since are this run's (pytest_sessionfinish)
+_RUN_STARTED = time.time()
 os.environ["SPARK_TORCH_TEST_SESSION"] = SESSION_MARK
 # pytest-xdist workers inherit the controller's TMPDIR: each makes its own beside it, not inside it
 # (a nested one lengthens the warm-start templates' socket paths past AF_UNIX's 108 bytes)
@@ -119,6 +121,18 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if Path(str(item.fspath)).parent == TESTS / "unit":
             item.add_marker(pytest.mark.unit)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """The controller removes the local-cluster applications' directories this run left in
+    ``$SPARK_HOME/work`` (``tests/spark_work.py``)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from .spark_work import remove_finished_applications, work_root
+
+    _, kept = remove_finished_applications(work_root(), since=_RUN_STARTED)
+    for app in kept:
+        print(f"conftest: {app} is still in use, left in place", file=sys.stderr)
 
 
 def pytest_runtest_logreport(report: Any) -> None:
