@@ -6,13 +6,11 @@ stderr are read), and the quiet period itself in this process."""
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,16 +37,14 @@ _PYTHON = re.compile(
 )
 
 
-@functools.cache
-def _no_ui_conf_dir() -> str:
-    """A Spark conf dir whose only setting turns the web UI off: the suite's workers start other
-    drivers at the same time, and a second UI on port 4040 prints "Service 'SparkUI' could not bind"
-    lines a user running one driver never sees (no log4j file, no Java options: the embedded
-    session's logging stays as without a conf dir)."""
-    path = tempfile.mkdtemp(prefix="no-ui-conf-")
-    with open(os.path.join(path, "spark-defaults.conf"), "w", encoding="utf-8") as fh:
-        fh.write("spark.ui.enabled false\n")
-    return path
+def _without_ui(environ: dict[str, str]) -> None:
+    """Turn the driver's web UI off (a Java system property the driver's SparkConf reads): the
+    suite's workers start other drivers at the same time, and a second UI on port 4040 prints
+    "Service 'SparkUI' could not bind" lines a user running one driver never sees. Not a conf
+    dir: no log4j file or Java options change (the embedded session's logging stays Spark's
+    default), and the JVM keeps the suite's class-data archive (tests/jvm_archive.py), which
+    another conf dir on its class path would cost."""
+    environ["SPARK_SUBMIT_OPTS"] = f"{environ.get('SPARK_SUBMIT_OPTS', '')} -Dspark.ui.enabled=false".strip()
 
 
 def user_script(
@@ -61,7 +57,7 @@ def user_script(
     for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS"):
         if name not in env:
             environ.pop(name, None)
-    environ.setdefault("SPARK_CONF_DIR", _no_ui_conf_dir())
+    _without_ui(environ)
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(SCRIPT), master, mode, *(f"{k}={v}" for k, v in (then or {}).items())], env=environ,
@@ -132,7 +128,7 @@ def cli_failure(**env: str) -> list[str]:
     for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_TORCH_CLI_VERBOSE", "SPARK_CONF_DIR"):
         if name not in env:
             environ.pop(name, None)
-    environ.setdefault("SPARK_CONF_DIR", _no_ui_conf_dir())
+    _without_ui(environ)
     done = subprocess.run(
         [sys.executable, "-m", "spark_torch", "run", "--distributed", "--master", "local[2]", "-n", "2",
          str(SCRIPTS / "raises.py")],
