@@ -133,10 +133,31 @@ def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     return train(steps, work, timeout=3.0)
 
 
-def listeners_after_a_step() -> tuple[str, list[str]]:
+def _hello_from(source: str, url: str) -> str:
+    """What the lighthouse at ``url`` did with an HTTP/2 client's first bytes sent from the address
+    ``source``: "answered", "closed" (the connection closed before a byte came back) or "silent"."""
+    import socket
+    from urllib.parse import urlparse
+
+    where = urlparse(url)
+    with socket.socket() as client:
+        client.bind((source, 0))
+        client.settimeout(5)
+        client.connect((where.hostname, where.port))
+        client.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        try:
+            return "answered" if client.recv(100) else "closed"
+        except ConnectionResetError:
+            return "closed"
+        except TimeoutError:
+            return "silent"
+
+
+def listeners_after_a_step() -> tuple[str, list[str], dict[str, str]]:
     """One torchft step (a quorum, an all-reduce, a commit), then the lighthouse this rank was
-    given and the addresses its own process listens on (the group's store when the rank hosts it,
-    torchft's Manager server, gloo's)."""
+    given, the addresses its own process listens on (the group's store when the rank hosts it,
+    torchft's Manager server, gloo's), and what the lighthouse did with a hello from this rank's
+    address (127.0.0.1) and from another address of the machine (127.0.0.2)."""
     import psutil
     import torch
 
@@ -153,7 +174,8 @@ def listeners_after_a_step() -> tuple[str, list[str]]:
     mgr.should_commit()
     listening = sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})
     mgr.shutdown(wait=False)
-    return os.environ["TORCHFT_LIGHTHOUSE"], listening
+    lighthouse = os.environ["TORCHFT_LIGHTHOUSE"]
+    return lighthouse, listening, {source: _hello_from(source, lighthouse) for source in ("127.0.0.1", "127.0.0.2")}
 
 
 def hang(work: str | None = None) -> None:

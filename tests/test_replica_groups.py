@@ -223,13 +223,16 @@ def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.Mo
 
 def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no_leftovers: None) -> None:
     """On ``local[2]``: each group is its own barrier job (two at once) and takes a torchft step,
-    the lighthouse listens on the channel's address and stops with the run. Cold ranks
+    the lighthouse is reached on the channel's address through a gate that lets only the
+    cluster's addresses in, and stops with the run. Cold ranks
     (``warm_start=False``): the group's rank 0 hosts the group's store itself, on the executor's
     address only, like torchft's Manager server and gloo."""
-    address, listening = Distributor(
+    address, listening, hellos = Distributor(
         num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, warm_start=False, log_ranks=[]
     ).run(ft_programs.listeners_after_a_step)
     assert listening == ["127.0.0.1"]
+    # the gate in front of the lighthouse: the executors' address gets torchft's answer, another is cut off
+    assert hellos == {"127.0.0.1": "answered", "127.0.0.2": "closed"}
     url = urlparse(address)
     assert url.hostname == "127.0.0.1" and url.port is not None
     assert not _listening(url.port)

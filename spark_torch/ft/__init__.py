@@ -2,7 +2,7 @@
 
 This package owns what is torchft-specific and below the driver: the replica-group variables of a
 rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
-(:mod:`spark_torch.ft.lighthouse`), the torchft ``Manager`` wired to the run inside a rank
+(:mod:`spark_torch.ft.lighthouse`, behind an address gate in distributed mode: :mod:`spark_torch.ft.gate`), the torchft ``Manager`` wired to the run inside a rank
 (:func:`manager`, :mod:`spark_torch.ft.rank`) and the fix to torchft's DDP communication hook
 (:mod:`spark_torch.ft.ddp_fix`). torchft itself is imported on first use, so spark_torch installs
 and imports without it (the ``[ft]`` extra installs it). The driver's side, one attempt loop per

@@ -33,7 +33,7 @@ from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.controller import execute, new_run_id
 from spark_torch.driver.run.endpoints import resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint
-from spark_torch.driver.spark.cluster import read_cluster
+from spark_torch.driver.spark.cluster import executor_hosts, read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
@@ -185,12 +185,14 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
             "(REPLICA_GROUP_ID, NUM_REPLICA_GROUPS) and use run() (docs/fault-tolerance.md)"
         )
     host, advertise = _lighthouse_address(config, spark)
+    # distributed: only the cluster's addresses reach the lighthouse (it authenticates nobody)
+    allowed = None if config.local_mode or spark is None else (lambda: executor_hosts(spark))
     run_id = config.run_id or new_run_id()
     started = time.time()
     deadline = time.monotonic() + config.timeout if config.timeout else None
     stop, lock = threading.Event(), threading.Lock()
     first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
-    with Lighthouse(host, config.lighthouse_options, advertise=advertise) as lighthouse:
+    with Lighthouse(host, config.lighthouse_options, advertise=advertise, allowed=allowed) as lighthouse:
 
         def fail_the_run(group: int | None) -> None:
             with lock:

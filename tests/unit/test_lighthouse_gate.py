@@ -1,0 +1,153 @@
+"""The address gate in front of the run's torchft lighthouse: the cluster's addresses pass through
+byte for byte, any other is closed before a byte reaches what is behind it, an unknown address
+asks for the cluster's addresses again at most once a second, and nothing is left after close().
+Loopback only: 127.0.0.2 and 127.0.0.3 are other addresses of the same machine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from spark_torch.ft.gate import REFRESH_SECONDS, AddressGate, _plain
+
+
+class Echo:
+    """A backend on 127.0.0.1 that sends back what it reads, counting its connections."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.accepted = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+def echo() -> Iterator[Echo]:
+    backend = Echo()
+    yield backend
+    backend.close()
+
+
+def _connect(port: int, source: str, host: str = "127.0.0.1") -> socket.socket:
+    client = socket.socket()
+    client.bind((source, 0))
+    client.settimeout(5)
+    client.connect((host, port))
+    return client
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex((host, port)) == 0
+
+
+def test_the_clusters_addresses_pass_through_byte_for_byte(echo: Echo) -> None:
+    gate = AddressGate("127.0.0.3", ("127.0.0.1", echo.port), lambda: {"127.0.0.1"})
+    try:
+        payload = os.urandom(1 << 20)
+        with _connect(gate.port, "127.0.0.1", "127.0.0.3") as client:
+            client.sendall(payload[:4])
+            assert client.recv(4) == payload[:4]
+            # both ends of the relay send each piece at once (Nagle's wait cost ~40 ms a gRPC call)
+            assert len(gate._open) == 2
+            assert all(end.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for end in gate._open)
+            client.sendall(payload[4:])
+            client.shutdown(socket.SHUT_WR)
+            received = bytearray()
+            while chunk := client.recv(65536):
+                received += chunk
+        assert bytes(received) == payload[4:] and echo.accepted == 1
+    finally:
+        gate.close()
+
+
+def test_any_other_address_is_closed_before_a_byte_reaches_the_backend(echo: Echo, caplog: pytest.LogCaptureFixture) -> None:
+    gate = AddressGate("127.0.0.1", ("127.0.0.1", echo.port), lambda: {"127.0.0.1"})
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch.ft.gate"):
+            for _ in range(2):
+                started = time.monotonic()
+                with _connect(gate.port, "127.0.0.2") as stranger:
+                    stranger.sendall(b"POST /replica/spark_torch_group_0/kill HTTP/1.1\r\n\r\n")
+                    try:
+                        answer = stranger.recv(100)
+                    except ConnectionResetError:
+                        answer = b""
+                assert answer == b"" and time.monotonic() - started < 2.0
+        assert echo.accepted == 0
+        refused = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+        assert refused == [
+            "spark_torch: refused a connection to the run's torchft lighthouse from 127.0.0.2, which is not one of the cluster's addresses"
+        ]  # once per address
+    finally:
+        gate.close()
+
+
+def test_an_unknown_address_asks_again_at_most_once_a_second(echo: Echo) -> None:
+    asked: list[float] = []
+    cluster = {"127.0.0.1"}
+
+    def addresses() -> set[str]:
+        asked.append(time.monotonic())
+        return set(cluster)
+
+    gate = AddressGate("127.0.0.1", ("127.0.0.1", echo.port), addresses)
+    try:
+        cluster.add("127.0.0.2")  # an executor that joined after the run began
+        assert not gate.admits("127.0.0.2") and len(asked) == 1  # asked at the start, under a second ago
+        time.sleep(REFRESH_SECONDS + 0.05)
+        assert gate.admits("127.0.0.2") and len(asked) == 2
+        assert not gate.admits("127.0.0.4") and not gate.admits("127.0.0.5") and len(asked) == 2
+        with _connect(gate.port, "127.0.0.2") as joined:
+            joined.sendall(b"ping")
+            assert joined.recv(4) == b"ping"
+    finally:
+        gate.close()
+
+
+def test_close_ends_every_connection_and_leaves_nothing(echo: Echo) -> None:
+    gate = AddressGate("127.0.0.1", ("127.0.0.1", echo.port), lambda: {"127.0.0.1"})
+    client = _connect(gate.port, "127.0.0.1")
+    client.sendall(b"ping")
+    assert client.recv(4) == b"ping"
+    gate.close()
+    gate.close()  # idempotent
+    try:
+        assert client.recv(4) == b""
+    except ConnectionResetError:
+        pass
+    client.close()
+    assert not _listening("127.0.0.1", gate.port)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("spark-torch-lighthouse")]
+    assert not [c for c in psutil.Process().net_connections("inet") if c.laddr.port == gate.port]
+
+
+def test_an_ipv4_address_mapped_into_ipv6_reads_as_ipv4() -> None:
+    assert _plain("::ffff:10.0.0.5") == "10.0.0.5"
+    assert _plain("::1") == "::1" and _plain("127.0.0.1") == "127.0.0.1" and _plain("not an address") == "not an address"
