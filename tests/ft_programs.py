@@ -133,6 +133,21 @@ def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     return train(steps, work, timeout=3.0)
 
 
+def fail_while_the_other_hangs(work: str) -> None:
+    """Group 0's rank hangs outside torchft (it never makes a Manager: the lighthouse going away
+    cannot reach it); group 1's rank raises once group 0's has started (a file, with a deadline)."""
+    import time
+
+    if os.environ["REPLICA_GROUP_ID"] == "0":
+        hang(work)
+    started, deadline = os.path.join(work, "started-0"), time.monotonic() + 120
+    while not os.path.exists(started):
+        if time.monotonic() > deadline:
+            raise TimeoutError("group 0's rank did not start within 120 s")
+        time.sleep(0.05)
+    raise RuntimeError("group 1 cannot start")
+
+
 def _hello_from(source: str, url: str) -> str:
     """What the lighthouse at ``url`` did with an HTTP/2 client's first bytes sent from the address
     ``source``: "answered", "closed" (the connection closed before a byte came back) or "silent"."""

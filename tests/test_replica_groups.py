@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import psutil
 import pytest
 
 from spark_torch import Distributor, ReplicaGroupError, RunResult, RunTimeoutError, list_runs
@@ -204,6 +205,26 @@ def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Pa
     assert shared >= 3 and first[:shared] == second[:shared] == sorted(set(first[:shared]))
 
 
+def test_a_failed_group_stops_the_others_whatever_their_ranks_do(tmp_path: Path, no_leftovers: None) -> None:
+    """Group 0's rank hangs outside torchft, where losing the lighthouse cannot reach it; group 1
+    fails past its budget: group 0's run is stopped at once (the run's error is group 1's, not
+    the timeout's), its process is gone, and its own run says why it ended."""
+    from spark_torch.driver.run.cancel import RunCancelled
+    from spark_torch.reporting.run_log import Outcome
+
+    distributor = Distributor(num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    started = time.monotonic()
+    with pytest.raises(ReplicaGroupError) as info:
+        distributor.run(ft_programs.fail_while_the_other_hangs, str(tmp_path))
+    assert time.monotonic() - started < 60  # not at the run's timeout, which would also have stopped group 0
+    assert info.value.group == 1 and "RuntimeError: group 1 cannot start" in str(info.value)
+    hung = int((tmp_path / "started-0").read_text())
+    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
+    stopped = distributor.last_run.replica_groups[0] if distributor.last_run is not None else None
+    assert stopped is not None and stopped.outcome is Outcome.FAILED
+    assert isinstance(stopped.error, RunCancelled) and str(stopped.error) == "stopped: replica group 1 failed the run"
+
+
 def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
     import spark_torch.driver.api.replica_groups as replica_groups
     from spark_torch.ft.lighthouse import Lighthouse
@@ -255,6 +276,26 @@ def test_a_killed_group_restarts_alone_in_distributed_mode(spark_session: object
 
 
 @pytest.mark.slow
+def test_a_failed_group_stops_the_others_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
+    """As in local mode: group 0's barrier job, whose rank hangs outside torchft, is stopped as
+    soon as group 1 fails past its budget (not at the run's timeout), and its rank is gone."""
+    from spark_torch.driver.run.cancel import RunCancelled
+
+    distributor = Distributor(
+        num_processes=2, local_mode=False, replica_groups=2, max_restarts=0, spark=spark_session,
+        lighthouse_options=_options(), timeout=120, log_ranks=[],
+    )  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(ReplicaGroupError) as info:
+        distributor.run(ft_programs.fail_while_the_other_hangs, str(tmp_path))
+    assert time.monotonic() - started < 60  # not at the run's timeout, which would also have stopped group 0
+    assert info.value.group == 1 and "RuntimeError: group 1 cannot start" in str(info.value)
+    hung = int((tmp_path / "started-0").read_text())
+    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
+    stopped = distributor.last_run.replica_groups[0] if distributor.last_run is not None else None
+    assert stopped is not None and isinstance(stopped.error, RunCancelled)
+
+
 def test_groups_of_two_nodes_in_distributed_mode(local4_spark: object, tmp_path: Path, no_leftovers: None) -> None:
     """On ``local[4]``, two groups of two nodes (a barrier job of two tasks each, one rank per
     task): the rank of group 1's second node SIGKILLs itself mid-step; group 1's job fails and its

@@ -30,6 +30,7 @@ from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.group_runs import group_rows, group_run_id, ranked_checkpoints
 from spark_torch.driver.result import RunResult
+from spark_torch.driver.run.cancel import Cancellation, RunCancelled
 from spark_torch.driver.run.controller import execute, new_run_id
 from spark_torch.driver.run.endpoints import resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint
@@ -87,6 +88,8 @@ class GroupLoop:
     #: called with the group when it fails the run (the other groups are then stopped)
     on_fatal: Callable[[int | None], None]
     deadline: float | None = None
+    #: stops this group's running attempt when another group fails the run (or on Ctrl-C)
+    cancellation: Cancellation | None = None
     #: one RunResult per attempt of this group, in order
     results: list[RunResult] = field(default_factory=list)
     value: Any = None
@@ -118,7 +121,7 @@ class GroupLoop:
             result = RunResult(run_id=str(config.run_id))
             self.results.append(result)
             try:
-                self.value, self.succeeded = execute(config, spark, entry, None, result), True
+                self.value, self.succeeded = execute(config, spark, entry, None, result, self.cancellation), True
                 return
             except BaseException as exc:  # noqa: BLE001 - decided below, per kind
                 if self.stop.is_set():  # another group failed the run: this one only stops
@@ -190,7 +193,7 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
     run_id = config.run_id or new_run_id()
     started = time.time()
     deadline = time.monotonic() + config.timeout if config.timeout else None
-    stop, lock = threading.Event(), threading.Lock()
+    stop, lock, cancellation = threading.Event(), threading.Lock(), Cancellation()
     first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
     with Lighthouse(host, config.lighthouse_options, advertise=advertise, allowed=allowed) as lighthouse:
 
@@ -198,12 +201,18 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
             with lock:
                 if not first:
                     first.append(group)
-            # the other groups' ranks fail at their next quorum and are not restarted
+            # the other groups' attempts are stopped now, whatever their ranks are doing (a rank
+            # that never calls into torchft again would run on), and are not restarted
             stop.set()
+            cancellation.cancel(
+                KeyboardInterrupt() if group is None else RunCancelled(f"stopped: replica group {group} failed the run")
+            )  # fmt: skip
             lighthouse.close()
 
         loops = [
-            GroupLoop(g, group_config(config, g, lighthouse.address, run_id), config.max_restarts, stop, fail_the_run, deadline)
+            GroupLoop(
+                g, group_config(config, g, lighthouse.address, run_id), config.max_restarts, stop, fail_the_run, deadline, cancellation
+            )
             for g in range(config.replica_groups)
         ]
         threads = [

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_torch.base.states import StopReason
+from spark_torch.driver.run.cancel import Cancellation
 from spark_torch.driver.run.flight_recorder import TraceDir
 from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.stall import StallWatch
@@ -47,6 +48,8 @@ class Attempt:
     on_stall: Callable[[float | None], None] = field(default=lambda idle: None, repr=False)
     #: where the ranks' Flight Recorder traces go when a stall is found
     trace_dir: TraceDir | None = None
+    #: stops this attempt from another thread (replica groups: another group failed the run, Ctrl-C)
+    cancellation: Cancellation | None = field(default=None, repr=False)
 
     def stall_watch(
         self, stop: Callable[[StopReason], None], request_traces: Callable[[bool], None] | None = None

@@ -210,9 +210,16 @@ class _BarrierStage:
         being stopped)."""
         stall, job, attempt, plan = self.stall, self.job, self.attempt, self.plan
         assert stall is not None and job is not None
+        cancellation, cancelled = attempt.cancellation, threading.Event()
+
+        def cancel() -> None:
+            cancelled.set()
+            self.wake.set()
+
         try:
             try:
-                self.wake.wait(attempt.timeout)
+                with cancellation.watch(cancel) if cancellation is not None else contextlib.nullcontext():
+                    self.wake.wait(attempt.timeout)
             except BaseException as interrupt:  # Ctrl-C (or anything else): stop every node first
                 note_stacks(interrupt, stall)
                 self._cancel(StopReason.CANCELLED)
@@ -221,6 +228,9 @@ class _BarrierStage:
                 raise
             if job.done:
                 return None
+            if cancelled.is_set() and cancellation is not None and cancellation.error is not None:  # from another thread
+                self._cancel(StopReason.CANCELLED)
+                return None if completed_while_stopping(job.value, plan.num_nodes) else AttemptOutcome.ended(Interrupted(cancellation.error))
             if stall.failed.is_set():
                 verdict = stall.verdict()
                 self._cancel(verdict.reason)

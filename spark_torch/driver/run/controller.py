@@ -26,6 +26,7 @@ from spark_torch.driver.result import (
     fill_from_storage,
 )
 from spark_torch.driver.run.attempt import Attempt
+from spark_torch.driver.run.cancel import Cancellation, RunCancelled
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
 from spark_torch.driver.run.failures import attempt_error
@@ -126,8 +127,12 @@ def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings)
     )
 
 
-def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, result: RunResult) -> Any:
-    """Run ``entry`` (see :meth:`Distributor.run`); fills ``result`` (the call's :class:`RunResult`) as it goes."""
+def execute(
+    config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, result: RunResult,
+    cancellation: Cancellation | None = None,
+) -> Any:  # fmt: skip
+    """Run ``entry`` (see :meth:`Distributor.run`); fills ``result`` (the call's :class:`RunResult`)
+    as it goes. ``cancellation`` stops its attempts from another thread (replica groups)."""
     cluster = read_cluster(spark) if spark is not None else ClusterInfo()
     plan = _plan(config, cluster)
     settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
@@ -153,7 +158,7 @@ def execute(config: DistributorConfig, spark: Any, entry: Entrypoint, data: Data
     controller = RunController(
         spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=result,
         sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
-        policy=RestartPolicy(config.max_restarts),
+        policy=RestartPolicy(config.max_restarts), cancellation=cancellation,
     )  # fmt: skip
     try:
         with quiet_spark_logs(None if plan.local_mode else spark, keep=settings.spark_logs):  # no Java wall
@@ -190,6 +195,8 @@ def run_outcome(result: RunResult) -> Outcome:
     error, last = result.error, result.attempts[-1].end if result.attempts else None
     if error is None:
         return Outcome.SUCCEEDED
+    if isinstance(error, RunCancelled):  # stopped because another replica group failed the run
+        return Outcome.FAILED
     if isinstance(error, KeyboardInterrupt) or last is AttemptEnd.INTERRUPTED:
         return Outcome.INTERRUPTED
     if isinstance(error, RunTimeoutError) or last is AttemptEnd.TIMED_OUT:
@@ -219,6 +226,9 @@ def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage |
 def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> AttemptOutcome:
     """One attempt; both modes return every way it ends as a typed outcome (an interrupt that
     comes before the attempt's own wait, while it ships or stages, too)."""
+    cancellation = attempt.cancellation
+    if cancellation is not None and cancellation.error is not None:  # stopped before it started
+        return AttemptOutcome.ended(Interrupted(cancellation.error))
     try:
         if endpoint is None:
             from spark_torch.driver.run.local import run_local
@@ -253,6 +263,8 @@ class RunController:
     #: the history index (``AttemptRecord.attempt``) of this call's first attempt: a resumed
     #: run_id counts on from its history; an attempt's index is this plus its ``restart_count``
     first_attempt: int = 0
+    #: stops the attempts from another thread (replica groups)
+    cancellation: Cancellation | None = None
 
     def run(self) -> ResultBytes | None:
         """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
@@ -331,6 +343,7 @@ class RunController:
             membership=self.membership if config.elastic_grow else None,
             on_stall=status.stalled,
             trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
+            cancellation=self.cancellation,
         )
         return record, attempt, problem
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from contextlib import nullcontext
 from typing import Any
 
 from spark_torch.base.states import StopReason, StopSignal
@@ -100,8 +101,10 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
         if timer is not None:
             timer.daemon = True
             timer.start()
+        cancellation = attempt.cancellation
         try:
-            hosted = run_node(spec, io, workdir, batches)
+            with cancellation.watch(lambda: io.stop_ranks(StopReason.CANCELLED)) if cancellation is not None else nullcontext():
+                hosted = run_node(spec, io, workdir, batches)
         except KeyboardInterrupt as interrupt:
             note_stacks(interrupt, io.stall)
             return AttemptOutcome.ended(Interrupted(interrupt))
@@ -114,7 +117,10 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
                 io.coordinator.close()
             io.stall.close()
         group = hosted.group
-        assert group is not None  # a local rendezvous is never stopped
+        stopped_here = group is None or (group.state is GroupState.STOPPED and group.stop_reason is StopReason.CANCELLED)
+        if cancellation is not None and cancellation.error is not None and stopped_here:
+            return AttemptOutcome.ended(Interrupted(cancellation.error))  # stopped from another thread
+        assert group is not None  # a local rendezvous is stopped only by a cancellation
         if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
             return AttemptOutcome.ended(io.stall.verdict())
         if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
