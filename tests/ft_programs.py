@@ -18,6 +18,7 @@ def train(
     checkpoint: bool = False,
     kill_rank: int = 0,
     stale_group: int | None = None,
+    lose_executor: bool = False,
 ) -> list[float]:
     """Train a linear model with torchft's DDP until ``steps`` steps were committed with every
     group taking part (counted in the state that heals a group: a group alone goes on until the
@@ -31,7 +32,8 @@ def train(
     than its peers').
     The first process of ``kill_group``'s rank ``kill_rank`` (-1: of every group) SIGKILLs itself
     at the step that all groups take together after ``kill_step`` such steps, between forward and
-    backward: its peers are then in (or about to enter) the all-reduce. Returns (and writes to
+    backward: its peers are then in (or about to enter) the all-reduce; with ``lose_executor`` it
+    SIGKILLs the executor JVM that runs its task first (a lost machine). Returns (and writes to
     ``work/g{GROUP}.weights``) the final weights. In groups of several ranks, each rank's files
     are ``g{GROUP}r{RANK}.*`` (each rank is a replica of the same rank of the other groups); each
     rank's ``.env`` holds ``(RANK, NODE_RANK, WORLD_SIZE)``. ``timeout`` bounds each of torchft's waits
@@ -88,6 +90,10 @@ def train(
             kill_here = kill_group in (group, -1) and rank == kill_rank
             if kill_here and all_in and int(together) == kill_step and not os.path.exists(killed):
                 open(killed, "w").close()
+                if lose_executor:  # the executor JVM that runs this rank's task dies, and the rank
+                    from tests.elastic_programs import lose_this_machine
+
+                    lose_this_machine()
                 os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the peer's all-reduce loses us
             loss.backward()
             if mgr.should_commit():  # what torchft's Optimizer.step() does, and we log the commit

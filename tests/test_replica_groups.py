@@ -276,6 +276,27 @@ def test_a_killed_group_restarts_alone_in_distributed_mode(spark_session: object
 
 
 @pytest.mark.slow
+def test_a_lost_executor_costs_its_group_a_restart_on_the_replacement(cluster_spark: object, tmp_path: Path, no_leftovers: None) -> None:
+    """local-cluster[2,1,1024], one group per executor: group 1's rank SIGKILLs the executor JVM
+    that runs it, mid-step. Group 0 keeps its process and never goes back in steps; group 1's
+    barrier job fails, and its restart runs on the executor Spark starts in the lost one's place
+    and heals from group 0's step (not 0); both end with the same weights."""
+    from .conftest import session_executors, wait_for_slots
+
+    wait_for_slots(cluster_spark, 2)
+    before = {process.pid for process in session_executors()}
+    distributor = Distributor(
+        num_processes=2, local_mode=False, replica_groups=2, max_restarts=2, spark=cluster_spark,
+        lighthouse_options=_options(), timeout=240, log_ranks=[],
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.train, 12, str(tmp_path), kill_group=1, kill_step=3, lose_executor=True)
+    survivor, first_after = _killed_group_healed_alone(tmp_path, weights)
+    assert first_after > 1 and max(survivor) >= first_after
+    after = {process.pid for process in session_executors()}
+    assert len(before) == 2 and len(before - after) == 1 and len(after - before) == 1  # one JVM lost, one new
+    wait_for_slots(cluster_spark, 2)  # the replacement serves the next tests too
+
+
 def test_a_failed_group_stops_the_others_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
     """As in local mode: group 0's barrier job, whose rank hangs outside torchft, is stopped as
     soon as group 1 fails past its budget (not at the run's timeout), and its rank is gone."""
@@ -296,6 +317,7 @@ def test_a_failed_group_stops_the_others_in_distributed_mode(spark_session: obje
     assert stopped is not None and isinstance(stopped.error, RunCancelled)
 
 
+@pytest.mark.slow
 def test_groups_of_two_nodes_in_distributed_mode(local4_spark: object, tmp_path: Path, no_leftovers: None) -> None:
     """On ``local[4]``, two groups of two nodes (a barrier job of two tasks each, one rank per
     task): the rank of group 1's second node SIGKILLs itself mid-step; group 1's job fails and its
