@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -147,6 +148,23 @@ def test_connect_unreachable_channel_falls_back(
     assert out == 10.0
     assert caplog.text.count("could not reach the driver's channel") == 1
     assert f"127.0.0.1:{port}" in caplog.text and "SPARK_TORCH_CHANNEL_HOST" in caplog.text
+
+
+def test_connect_replica_groups_take_a_torchft_step(connect_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+    """Replica groups from a Spark Connect client: the client cannot list the executors, so the
+    lighthouse has no address gate (said once), and both groups' barrier jobs take a step."""
+    pytest.importorskip("torchft")
+    from tests import ft_programs
+
+    with caplog.at_level(logging.WARNING, logger="spark_torch"):
+        address, _, hellos = Distributor(
+            num_processes=2, local_mode=False, replica_groups=2, spark=connect_spark, log_ranks=[]
+        ).run(ft_programs.listeners_after_a_step)
+    assert address.startswith("http://127.0.0.1:") and hellos["127.0.0.1"] == "answered"
+    assert [r.getMessage() for r in caplog.records if "cannot list the executors' addresses" in r.getMessage()] == [
+        "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
+        "(127.0.0.1) is open to any address that reaches it (docs/security.md)"
+    ]
 
 
 def test_connect_executors_python_is_checked(connect_spark: Any) -> None:

@@ -34,7 +34,7 @@ from spark_torch.driver.run.cancel import Cancellation, RunCancelled
 from spark_torch.driver.run.controller import execute, new_run_id
 from spark_torch.driver.run.endpoints import resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint
-from spark_torch.driver.spark.cluster import executor_hosts, read_cluster
+from spark_torch.driver.spark.cluster import executor_hosts, is_connect_session, read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
@@ -188,8 +188,14 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
             "(REPLICA_GROUP_ID, NUM_REPLICA_GROUPS) and use run() (docs/fault-tolerance.md)"
         )
     host, advertise = _lighthouse_address(config, spark)
-    # distributed: only the cluster's addresses reach the lighthouse (it authenticates nobody)
-    allowed = None if config.local_mode or spark is None else (lambda: executor_hosts(spark))
+    # distributed: only the cluster's addresses reach the lighthouse (it authenticates nobody);
+    # a Spark Connect client cannot list the executors, so there it has no gate
+    allowed = None if config.local_mode or spark is None or is_connect_session(spark) else (lambda: executor_hosts(spark))
+    if allowed is None and not config.local_mode and spark is not None:
+        logger.warning(
+            "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
+            "(%s) is open to any address that reaches it (docs/security.md)", host,
+        )  # fmt: skip
     run_id = config.run_id or new_run_id()
     started = time.time()
     deadline = time.monotonic() + config.timeout if config.timeout else None
