@@ -44,13 +44,17 @@ def _plain(address: str) -> str:
 class AddressGate:
     """Listens on ``host`` (a free port: :attr:`port`) and passes the connections of the
     addresses ``allowed()`` returns to ``backend`` (``(host, port)``); closes the others at once.
-    Stopped by :meth:`close` (idempotent): nothing listens or runs after it."""
+    ``clock`` times the asks for the addresses. Stopped by :meth:`close` (idempotent): nothing
+    listens or runs after it."""
 
-    def __init__(self, host: str, backend: tuple[str, int], allowed: Callable[[], set[str]]) -> None:
+    def __init__(
+        self, host: str, backend: tuple[str, int], allowed: Callable[[], set[str]], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.backend = backend
         self._allowed_of = allowed
+        self._clock = clock
         self._allowed = {_plain(a) for a in allowed()}
-        self._asked = time.monotonic()
+        self._asked = clock()
         self._refused: set[str] = set()
         info = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
         self._listener = socket.socket(info[0], socket.SOCK_STREAM)
@@ -74,8 +78,8 @@ class AddressGate:
         address = _plain(address)
         if address in self._allowed:
             return True
-        if time.monotonic() - self._asked >= REFRESH_SECONDS:
-            self._asked = time.monotonic()
+        if self._clock() - self._asked >= REFRESH_SECONDS:
+            self._asked = self._clock()
             try:
                 self._allowed = {_plain(a) for a in self._allowed_of()}
             except Exception as exc:  # noqa: BLE001 - keep the addresses known so far
