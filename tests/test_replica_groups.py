@@ -286,6 +286,7 @@ def test_a_lost_executor_costs_its_group_a_restart_on_the_replacement(cluster_sp
     distributor = Distributor(
         num_processes=2, local_mode=False, replica_groups=2, max_restarts=2, spark=cluster_spark,
         lighthouse_options=_options(), timeout=240, log_ranks=[],
+        warm_start=False,  # the rank under its executor's JVM: a warm template may have outlived an earlier executor
     )  # fmt: skip
     weights = distributor.run(ft_programs.train, 12, str(tmp_path), kill_group=1, kill_step=3, lose_executor=True)
     survivor, first_after = _killed_group_healed_alone(tmp_path, weights)
