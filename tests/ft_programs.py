@@ -139,6 +139,14 @@ def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     return train(steps, work, timeout=3.0)
 
 
+def train_while_group_1_hangs(work: str, steps: int) -> list[float]:
+    """Group 1's rank hangs outside torchft (never in a quorum); the others train, with torchft's
+    waits bounded by 3 s (their quorum times out when it needs group 1)."""
+    if os.environ["REPLICA_GROUP_ID"] == "1":
+        hang(work)
+    return train(steps, work, timeout=3.0)
+
+
 def fail_while_the_other_hangs(work: str) -> None:
     """Group 0's rank hangs outside torchft (it never makes a Manager: the lighthouse going away
     cannot reach it); group 1's rank raises once group 0's has started (a file, with a deadline)."""

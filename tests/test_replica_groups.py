@@ -223,6 +223,23 @@ def test_a_failed_group_stops_the_others_whatever_their_ranks_do(tmp_path: Path,
     assert isinstance(stopped.error, RunCancelled) and str(stopped.error) == "stopped: replica group 1 failed the run"
 
 
+def test_fewer_groups_than_min_replicas_fail_the_run_past_the_quorum_timeout(tmp_path: Path, no_leftovers: None) -> None:
+    """min_replicas=2 and group 1 never joins a quorum: group 0's quorum times out (torchft's
+    ``quorum_timeout``, 3 s here), which fails group 0 past its budget and the run with an error
+    naming it; group 1 is stopped, and nothing is left running."""
+    from spark_torch.driver.run.cancel import RunCancelled
+    from spark_torch.ft.lighthouse import LighthouseOptions
+
+    options = LighthouseOptions(**{**FAST, "min_replicas": 2})
+    distributor = Distributor(num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=options, timeout=120, log_ranks=[])
+    with pytest.raises(ReplicaGroupError) as info:
+        distributor.run(ft_programs.train_while_group_1_hangs, str(tmp_path), 5)
+    assert info.value.group == 0 and str(info.value).startswith("replica group 0 failed 1 time")
+    assert "TimeoutError" in str(info.value)  # torchft's quorum wait
+    stopped = distributor.last_run.replica_groups[1] if distributor.last_run is not None else None
+    assert stopped is not None and isinstance(stopped.error, RunCancelled)
+
+
 def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:
     import spark_torch.driver.api.replica_groups as replica_groups
     from spark_torch.ft.lighthouse import Lighthouse
