@@ -162,7 +162,7 @@ def fail_while_the_other_hangs(work: str) -> None:
     raise RuntimeError("group 1 cannot start")
 
 
-def _hello_from(source: str, url: str) -> str:
+def hello_from(source: str, url: str) -> str:
     """What the lighthouse at ``url`` did with an HTTP/2 client's first bytes sent from the address
     ``source``: "answered", "closed" (the connection closed before a byte came back) or "silent"."""
     import socket
@@ -204,7 +204,7 @@ def listeners_after_a_step() -> tuple[str, list[str], dict[str, str]]:
     listening = sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})
     mgr.shutdown(wait=False)
     lighthouse = os.environ["TORCHFT_LIGHTHOUSE"]
-    return lighthouse, listening, {source: _hello_from(source, lighthouse) for source in ("127.0.0.1", "127.0.0.2")}
+    return lighthouse, listening, {source: hello_from(source, lighthouse) for source in ("127.0.0.1", "127.0.0.2")}
 
 
 def hang(work: str | None = None) -> None:

@@ -205,22 +205,28 @@ def test_a_group_over_its_budget_fails_the_run_and_stops_the_others(tmp_path: Pa
     assert shared >= 3 and first[:shared] == second[:shared] == sorted(set(first[:shared]))
 
 
-def test_a_failed_group_stops_the_others_whatever_their_ranks_do(tmp_path: Path, no_leftovers: None) -> None:
-    """Group 0's rank hangs outside torchft, where losing the lighthouse cannot reach it; group 1
-    fails past its budget: group 0's run is stopped at once (the run's error is group 1's, not
-    the timeout's), its process is gone, and its own run says why it ended."""
+def _group_1_fails_and_stops_group_0(distributor: Distributor, work: Path) -> None:
+    """Run ``fail_while_the_other_hangs``: the run's error is group 1's; group 0's hung rank is gone
+    and its own run ended ``failed`` with ``RunCancelled`` (a run's timeout would say "timed out")."""
     from spark_torch.driver.run.cancel import RunCancelled
     from spark_torch.reporting.run_log import Outcome
 
-    distributor = Distributor(num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=120, log_ranks=[])
     with pytest.raises(ReplicaGroupError) as info:
-        distributor.run(ft_programs.fail_while_the_other_hangs, str(tmp_path))
+        distributor.run(ft_programs.fail_while_the_other_hangs, str(work))
     assert info.value.group == 1 and "RuntimeError: group 1 cannot start" in str(info.value)
-    hung = int((tmp_path / "started-0").read_text())
+    hung = int((work / "started-0").read_text())
     assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
     stopped = distributor.last_run.replica_groups[0] if distributor.last_run is not None else None
     assert stopped is not None and stopped.outcome is Outcome.FAILED
     assert isinstance(stopped.error, RunCancelled) and str(stopped.error) == "stopped: replica group 1 failed the run"
+
+
+def test_a_failed_group_stops_the_others_whatever_their_ranks_do(tmp_path: Path, no_leftovers: None) -> None:
+    """Group 0's rank hangs outside torchft, where losing the lighthouse cannot reach it; group 1
+    fails past its budget: group 0's run is stopped at once (the run's error is group 1's, not
+    the timeout's), its process is gone, and its own run says why it ended."""
+    distributor = Distributor(num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    _group_1_fails_and_stops_group_0(distributor, tmp_path)
 
 
 def test_fewer_groups_than_min_replicas_fail_the_run_past_the_quorum_timeout(tmp_path: Path, no_leftovers: None) -> None:
@@ -316,19 +322,11 @@ def test_a_lost_executor_costs_its_group_a_restart_on_the_replacement(cluster_sp
 def test_a_failed_group_stops_the_others_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
     """As in local mode: group 0's barrier job, whose rank hangs outside torchft, is stopped as
     soon as group 1 fails past its budget (not at the run's timeout), and its rank is gone."""
-    from spark_torch.driver.run.cancel import RunCancelled
-
     distributor = Distributor(
         num_processes=2, local_mode=False, replica_groups=2, max_restarts=0, spark=spark_session,
         lighthouse_options=_options(), timeout=120, log_ranks=[],
     )  # fmt: skip
-    with pytest.raises(ReplicaGroupError) as info:
-        distributor.run(ft_programs.fail_while_the_other_hangs, str(tmp_path))
-    assert info.value.group == 1 and "RuntimeError: group 1 cannot start" in str(info.value)
-    hung = int((tmp_path / "started-0").read_text())
-    assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
-    stopped = distributor.last_run.replica_groups[0] if distributor.last_run is not None else None
-    assert stopped is not None and isinstance(stopped.error, RunCancelled)  # not stopped by the run's timeout
+    _group_1_fails_and_stops_group_0(distributor, tmp_path)
 
 
 @pytest.mark.slow

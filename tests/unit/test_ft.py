@@ -21,6 +21,7 @@ from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
 from spark_torch.ft.lighthouse import Lighthouse, LighthouseOptions
 from spark_torch.ft.rank import bind_address
+from tests.ft_programs import hello_from
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,26 +134,6 @@ def test_the_lighthouse_listens_on_its_host_only_until_closed() -> None:
     lighthouse.close()  # idempotent
 
 
-#: an HTTP/2 client's first bytes (its preface and an empty SETTINGS frame): torchft's gRPC server answers them
-_HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-
-
-def _hello_from(source: str, host: str, port: int) -> str:
-    """"answered" when the lighthouse answered an HTTP/2 hello from ``source``, "closed" when the
-    connection was closed, "silent" when nothing came back within 5 s."""
-    with socket.socket() as client:
-        client.bind((source, 0))
-        client.settimeout(5)
-        client.connect((host, port))
-        client.sendall(_HTTP2_HELLO)
-        try:
-            return "answered" if client.recv(100) else "closed"
-        except ConnectionResetError:
-            return "closed"
-        except TimeoutError:
-            return "silent"
-
-
 def test_a_gated_lighthouse_listens_on_loopback_behind_the_gate_until_closed() -> None:
     """Distributed mode: torchft's server on loopback only, the gate on the host the executors
     reach (127.0.0.3 here), which lets the cluster's addresses in and closes any other's connection."""
@@ -165,8 +146,8 @@ def test_a_gated_lighthouse_listens_on_loopback_behind_the_gate_until_closed() -
         assert {(ip, port) for ip, port in listening if port in (lighthouse.port, lighthouse.server_port)} == {
             ("127.0.0.3", lighthouse.port), ("127.0.0.1", lighthouse.server_port)
         }  # fmt: skip
-        assert _hello_from("127.0.0.1", "127.0.0.3", lighthouse.port) == "answered"
-        assert _hello_from("127.0.0.2", "127.0.0.3", lighthouse.port) == "closed"
+        assert hello_from("127.0.0.1", lighthouse.address) == "answered"
+        assert hello_from("127.0.0.2", lighthouse.address) == "closed"
     assert not _listening(lighthouse.server_port)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.3", lighthouse.port)) != 0
