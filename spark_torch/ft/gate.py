@@ -29,6 +29,8 @@ REFRESH_SECONDS = 1.0
 BACKEND_CONNECT_SECONDS = 5.0
 #: how long close() waits for the gate's threads
 CLOSE_WAIT_SECONDS = 5.0
+#: strangers' addresses logged (once each); a scan of many addresses logs no more than these
+MAX_LOGGED_STRANGERS = 256
 
 
 def _plain(address: str) -> str:
@@ -96,7 +98,7 @@ class AddressGate:
                 return
             if not self.admits(peer[0]):
                 conn.close()
-                if peer[0] not in self._refused:
+                if peer[0] not in self._refused and len(self._refused) < MAX_LOGGED_STRANGERS:
                     self._refused.add(peer[0])
                     logger.warning(
                         "spark_torch: refused a connection to the run's torchft lighthouse from %s, which is not "
@@ -123,6 +125,7 @@ class AddressGate:
                 upstream.close()
                 return
             self._open |= {conn, upstream}
+            self._threads = [thread for thread in self._threads if thread.is_alive()]  # ended connections' pumps
             for source, target in ((conn, upstream), (upstream, conn)):
                 pump = threading.Thread(target=self._pump, args=(source, target), name="spark-torch-lighthouse-pipe", daemon=True)
                 self._threads.append(pump)

@@ -153,3 +153,23 @@ def test_close_ends_every_connection_and_leaves_nothing(echo: Echo) -> None:
 def test_an_ipv4_address_mapped_into_ipv6_reads_as_ipv4() -> None:
     assert _plain("::ffff:10.0.0.5") == "10.0.0.5"
     assert _plain("::1") == "::1" and _plain("127.0.0.1") == "127.0.0.1" and _plain("not an address") == "not an address"
+
+
+def test_strangers_are_logged_up_to_a_bound(echo: Echo, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scan from many addresses does not grow the gate's memory or log without end."""
+    import spark_torch.ft.gate as gate_module
+
+    monkeypatch.setattr(gate_module, "MAX_LOGGED_STRANGERS", 1)
+    gate = AddressGate("127.0.0.1", ("127.0.0.1", echo.port), lambda: {"127.0.0.1"})
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch.ft.gate"):
+            for source in ("127.0.0.2", "127.0.0.4"):
+                with _connect(gate.port, source) as stranger:
+                    try:
+                        assert stranger.recv(1) == b""
+                    except ConnectionResetError:
+                        pass
+        refused = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+        assert len(refused) == 1 and "127.0.0.2" in refused[0] and echo.accepted == 0
+    finally:
+        gate.close()
