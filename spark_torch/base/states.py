@@ -1,5 +1,6 @@
-"""The states an attempt's parts pass through, as types: a rank's state, why a node's ranks were
-stopped, and what kind of problem kept a node from starting them.
+"""The states an attempt's parts pass through, as types: a rank's state, a node's rank group's,
+why a node's ranks were stopped, what kind of problem kept a node from starting them, and how a
+node's part ended (:class:`NodeOutcome`, the one value that crosses the node-to-driver seam).
 
 A leaf module (no imports from the rest of the package): the node runner, the channel and the
 driver all speak these. Each is a ``str`` enum whose value is what travels (over the channel, in
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ValueEnum", "RankState", "StopReason", "ProblemKind", "StopSignal", "NodeEnd"]
+__all__ = ["ValueEnum", "RankState", "GroupState", "StopReason", "ProblemKind", "StopSignal", "NodeOutcome"]
 
 
 class ValueEnum(str, enum.Enum):
@@ -35,6 +36,17 @@ class RankState(ValueEnum):
     #: it exited with another code or a signal, by itself
     FAILED = "failed"
     #: spark_torch stopped it (a timeout, a stall, a cancel, another rank's failure, growing)
+    STOPPED = "stopped"
+
+
+class GroupState(ValueEnum):
+    """How a node's ranks ended, together."""
+
+    #: every rank exited with code 0 (and rank 0, when it ran here, wrote its result)
+    SUCCEEDED = "succeeded"
+    #: a rank failed; the others were stopped
+    FAILED = "failed"
+    #: stopped from outside (the driver's stop: timeout, stall, cancel, another node's failure)
     STOPPED = "stopped"
 
 
@@ -101,41 +113,64 @@ class StopSignal(threading.Event):
 
 #: bounds on the dump paths a node's end carries per rank (a path longer than this is cut)
 MAX_DUMPS, MAX_DUMP_PATH = 8, 4096
+#: bound on a node problem's message as it travels
+MAX_PROBLEM = 8 * 1024
 
 
 @dataclass(frozen=True)
-class NodeEnd:
-    """How a node's ranks ended, as the node tells the driver over the channel: each rank's last
-    state and the stop reason the node acted on (None: its ranks were not stopped)."""
+class NodeOutcome:
+    """How one node's part of an attempt ended: the one value a node gives the driver, in both
+    modes (returned in-process in local mode; over the channel and in the task's rows in
+    distributed mode), parsed by :meth:`from_wire` alone.
 
+    ``state`` is the rank group's (None: no rank started, because the node was stopped before or
+    had a ``problem``), ``ranks`` each rank's last state, ``stop`` the stop reason the node acted
+    on (None: not stopped, or a reason this version does not know), ``dumps`` per rank the files
+    torch wrote about it on the node (the NCCL watchdog's), ``problem`` what kept the node from
+    starting its ranks: the kind of error and its message."""
+
+    state: GroupState | None = None
     ranks: Mapping[int, RankState] = field(default_factory=dict)
     stop: StopReason | None = None
-    #: per rank, the files torch wrote about it on the node (the NCCL watchdog's dump), when any
     dumps: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    problem: tuple[ProblemKind, str] | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether every rank of the node finished."""
+        return self.state is GroupState.SUCCEEDED
 
     def to_wire(self) -> dict[str, Any]:
         """The message body (JSON-able)."""
         return {
+            "state": None if self.state is None else self.state.value,
             "ranks": {str(rank): state.value for rank, state in self.ranks.items()},
             "stop": None if self.stop is None else self.stop.value,
             "dumps": {str(rank): list(paths) for rank, paths in self.dumps.items()},
+            "problem": None if self.problem is None else [self.problem[0].value, self.problem[1][:MAX_PROBLEM]],
         }
 
     @classmethod
-    def from_wire(cls, value: object) -> NodeEnd:
+    def from_wire(cls, value: object) -> NodeOutcome:
         """Parse a message body; raises ``ValueError`` for anything but what :meth:`to_wire` makes
         (a stop reason this version does not know reads as None)."""
         if not isinstance(value, dict) or not isinstance(value.get("ranks"), dict):
-            raise ValueError("a node's end needs an object with its ranks' states")
-        ranks = {int(rank): RankState(state) for rank, state in value["ranks"].items()}
+            raise ValueError("a node's outcome needs an object with its ranks' states")
+        state = value.get("state")
+        ranks = {int(rank): RankState(rank_state) for rank, rank_state in value["ranks"].items()}
         stop = value.get("stop")
         dumps = {} if value.get("dumps") is None else value["dumps"]
         if not isinstance(dumps, dict) or not all(
             isinstance(paths, list) and all(isinstance(p, str) for p in paths) for paths in dumps.values()
         ):
             raise ValueError("a node's dumps need an object of lists of paths by rank")
+        problem = value.get("problem")
+        if problem is not None and (not isinstance(problem, list) or len(problem) != 2 or not isinstance(problem[1], str)):
+            raise ValueError("a node's problem must be [kind, message]")
         return cls(
+            state=None if state is None else GroupState(state),
             ranks=ranks,
             stop=None if stop is None else StopReason.parse(stop),
             dumps={int(rank): tuple(p[:MAX_DUMP_PATH] for p in paths[:MAX_DUMPS]) for rank, paths in dumps.items()},
+            problem=None if problem is None else (ProblemKind(problem[0]), problem[1][:MAX_PROBLEM]),
         )

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from spark_torch.base.states import NodeEnd, StopReason
+from spark_torch.base.states import NodeOutcome, StopReason
 from spark_torch.channel.log_stream import LineReceiver
 from spark_torch.channel.protocols import BulkSink, StepSink
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousCoordinator, fallback_warning
@@ -66,7 +66,7 @@ class DriverChannel:
         #: failure reports the nodes sent over the channel (authenticated), by node
         self.failures: dict[int, FailureReport] = {}
         #: how each node's ranks ended, as the node said before its last line (by node)
-        self.ends: dict[int, NodeEnd] = {}
+        self.outcomes: dict[int, NodeOutcome] = {}
         #: where the nodes' bulk data goes (rank 0's result)
         self.bulk_sink = bulk_sink
         #: receives each node's progress snapshots (stall detection)
@@ -166,10 +166,10 @@ class DriverChannel:
             with self._lock:  # a node's later report (with the ranks' last lines) completes its first
                 earlier = self.failures.get(node)
                 self.failures[node] = report if earlier is None else merge_reports([report, earlier]) or report
-        elif "end" in message:
-            end = NodeEnd.from_wire(message["end"])
+        elif "outcome" in message:
+            outcome = NodeOutcome.from_wire(message["outcome"])
             with self._lock:
-                self.ends[node] = end
+                self.outcomes[node] = outcome
         elif "report" in message:
             if self.reports is None:
                 raise ValueError("a report, but this run has no report coordinator")
@@ -267,10 +267,10 @@ class DriverChannel:
             self._stop_reason = reason
         self._server.broadcast({"stop": reason.value})
 
-    def node_ends(self) -> dict[int, NodeEnd]:
-        """How each node that said so ended its ranks, by node."""
+    def node_outcomes(self) -> dict[int, NodeOutcome]:
+        """How each node that said so ended its part, by node."""
         with self._lock:
-            return dict(self.ends)
+            return dict(self.outcomes)
 
     def wait_for_nodes(self, timeout: float) -> bool:
         """Wait (bounded) until every node that ever attached sent its last line."""

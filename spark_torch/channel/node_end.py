@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from spark_torch.base.states import NodeEnd, RankState, StopReason, StopSignal
+from spark_torch.base.states import NodeOutcome, RankState, StopReason, StopSignal
 from spark_torch.channel.client import ChannelClient
 from spark_torch.channel.log_stream import LineQueue, sendable
 from spark_torch.channel.protocols import StepAnswers
@@ -103,11 +103,12 @@ class NodeChannel:
         if timeout is not None:
             self._client.drain(timeout)
 
-    def send_end(self, end: NodeEnd) -> None:
-        """How this node's ranks ended (each rank's state, the stop reason it acted on), for the
-        driver; sent before the channel closes, so the driver has it when the node's last line came."""
+    def send_outcome(self, outcome: NodeOutcome) -> None:
+        """How this node's part ended (its group's state, each rank's, the stop reason it acted on,
+        the problem that kept it from starting its ranks), for the driver; sent before the
+        channel closes, so the driver has it when the node's last line came."""
         if not self._detached and self.connected_ever:
-            self._client.send({"end": end.to_wire()})
+            self._client.send({"outcome": outcome.to_wire()})
 
     def send_progress(self, stacks: list[dict[str, Any]]) -> None:
         """This node's ranks' progress and stacks (stall detection), for the driver."""

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spark_torch.base import envnames
-from spark_torch.base.states import ProblemKind, StopSignal
+from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, StopReason, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
-from spark_torch.node.rank_group import GroupResult, GroupState, NodeSpec, run_ranks
+from spark_torch.node.rank_group import GroupResult, NodeSpec, run_ranks
 from spark_torch.node.staging import check_shards, data_env, write_node_data
 from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
@@ -93,9 +93,14 @@ class NodeIO(Protocol):
 @dataclass(frozen=True)
 class NodeResult:
     """What a node produced: its rank group's result (None when the rendezvous was stopped,
-    before any rank started)."""
+    before any rank started) and, then, the reason of that stop."""
 
     group: GroupResult | None
+    stopped: StopReason | None = None
+
+    def outcome(self) -> NodeOutcome:
+        """How the node's part ended, as the driver gets it."""
+        return self.group.outcome() if self.group is not None else NodeOutcome(stop=self.stopped)
 
     def failure_report(self) -> FailureReport:
         """The failed ranks as one report."""
@@ -262,7 +267,7 @@ def run_node(
         hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": rows}
         peers = io.rendezvous(hello)
         if peers is None:
-            return NodeResult(group=None)
+            return NodeResult(group=None, stopped=io.stop.reason)
         output = io.output()
         _check_peers(run, io, peers, output)
         node_env = _node_env(run, io, workdir, peers, data_path)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from spark_torch.base import envnames
 from spark_torch.base.grace import INTERRUPT_GRACE_SECONDS, RANK_GRACE_SECONDS
-from spark_torch.base.states import NodeEnd, RankState, StopReason, StopSignal, ValueEnum
+from spark_torch.base.states import GroupState, NodeOutcome, RankState, StopReason, StopSignal
 from spark_torch.errors import RankFailure
 from spark_torch.node.processes import (
     RankProcess,
@@ -39,7 +39,7 @@ from spark_torch.shared.spec import FILE_ARGUMENT, RunSpec
 from spark_torch.shared.workdir_files import StorageFile, WorkdirFiles
 
 __all__ = [
-    "NodeSpec", "GroupState", "RankStatus", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE",
+    "NodeSpec", "RankStatus", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE",
 ]  # fmt: skip
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
@@ -76,17 +76,6 @@ class NodeSpec:
         return self.node_rank * self.procs_per_node + local_rank
 
 
-class GroupState(ValueEnum):
-    """How a node's ranks ended, together."""
-
-    #: every rank exited with code 0 (and rank 0, when it ran here, wrote its result)
-    SUCCEEDED = "succeeded"
-    #: a rank failed; the others were stopped
-    FAILED = "failed"
-    #: stopped from outside (the driver's stop: timeout, stall, cancel, another node's failure)
-    STOPPED = "stopped"
-
-
 @dataclass(frozen=True)
 class RankStatus:
     """One rank of the node at the end: its state, what it printed last, and for a failed
@@ -115,10 +104,10 @@ class GroupResult:
     #: why the group was stopped from outside, as the node's stop said (None: not stopped, or unknown)
     stop_reason: StopReason | None = None
 
-    def end(self) -> NodeEnd:
+    def outcome(self) -> NodeOutcome:
         """What the node tells the driver about how its ranks ended."""
         dumps = {status.rank: status.dumps for status in self.ranks if status.dumps}
-        return NodeEnd({status.rank: status.state for status in self.ranks}, self.stop_reason, dumps)
+        return NodeOutcome(self.state, {status.rank: status.state for status in self.ranks}, self.stop_reason, dumps)
 
     @property
     def failures(self) -> tuple[RankFailure, ...]:

@@ -5,7 +5,7 @@ Distributed mode; one owner for the whole contract. A barrier task (node) return
 
 =====================  ==============================================================
 ``seq >= 0``           a piece of rank 0's pickled result, through Spark (16 MiB each)
-``FINISHED_SEQ``       this node's ranks all finished (the driver checks every node did)
+``OUTCOME_SEQ``        this node's :class:`~spark_torch.base.states.NodeOutcome`, sealed with the run's secret
 ``HANDED_OVER_SEQ``    the result was moved into the driver's ``result_dir``; data = its size
 ``STREAMED_SEQ``       the result went over the channel into the driver's file; data = its size
 ``CHANNEL_ERROR_SEQ``  this node never reached the driver's channel; data = its last error
@@ -25,7 +25,9 @@ this run wrote, frames authenticated with the run's secret, or Spark's own resul
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
 import mmap
 import os
 import secrets
@@ -35,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from spark_torch.base.states import NodeOutcome
 from spark_torch.errors import LaunchError
 from spark_torch.shared import rank_files
 from spark_torch.shared.rank_files import ResultBytes
@@ -47,6 +50,8 @@ __all__ = [
     "BulkSender",
     "deliver",
     "node_rows",
+    "seal_outcome",
+    "open_outcome",
     "StreamedResult",
     "StageRows",
     "read_stage",
@@ -54,7 +59,7 @@ __all__ = [
 ]
 
 RESULT_SCHEMA = "node int, seq int, data binary"
-FINISHED_SEQ = -1
+OUTCOME_SEQ = -1
 HANDED_OVER_SEQ = -2
 CHANNEL_ERROR_SEQ = -3
 STREAMED_SEQ = -4
@@ -194,15 +199,38 @@ def _result_rows(node_rank: int, result_file: str) -> Iterator[Any]:
                 break
 
 
+_OUTCOME_LABEL = b"spark-torch-node-outcome-v1"
+
+
+def _outcome_mac(secret: bytes, body: bytes) -> bytes:
+    return hmac.new(secret, _OUTCOME_LABEL + body, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def seal_outcome(outcome: NodeOutcome, secret: bytes) -> bytes:
+    """A node's outcome as its row carries it: the MAC (keyed with the run's secret) and the JSON."""
+    body = json.dumps(outcome.to_wire()).encode("utf-8")
+    return _outcome_mac(secret, body) + b"." + body
+
+
+def open_outcome(sealed: bytes, secret: bytes) -> NodeOutcome:
+    """Inverse of :func:`seal_outcome`; raises ``ValueError`` when the MAC does not verify or the
+    body is not an outcome."""
+    mac, _, body = sealed.partition(b".")
+    if not hmac.compare_digest(mac, _outcome_mac(secret, body)):
+        raise ValueError("a node's outcome row is not authenticated with this run's secret")
+    return NodeOutcome.from_wire(json.loads(body.decode("utf-8")))
+
+
 def node_rows(
-    node_rank: int, *, finished: bool, channel_error: str | None, delivered: tuple[int, int] | None, result_file: str | None
+    node_rank: int, outcome: NodeOutcome, secret: bytes, *, channel_error: str | None, delivered: tuple[int, int] | None,
+    result_file: str | None,
 ) -> Iterator[Any]:
     """The rows a barrier task returns (see the module docstring)."""
     if channel_error:
         yield _row(node_rank, CHANNEL_ERROR_SEQ, channel_error.encode("utf-8"))
-    if not finished:
+    yield _row(node_rank, OUTCOME_SEQ, seal_outcome(outcome, secret))
+    if not outcome.finished:
         return  # the driver asked this node to stop (timeout, Ctrl-C, another node failed)
-    yield _row(node_rank, FINISHED_SEQ, b"")
     if delivered is not None:  # rank 0's result is already with the driver (file or channel)
         yield _row(node_rank, delivered[0], str(delivered[1]).encode("ascii"))
     elif result_file is not None:
@@ -256,13 +284,18 @@ class StageRows:
     """What the barrier stage's rows say."""
 
     table: Any
-    #: nodes that reported ``FINISHED_SEQ``
-    finished: set[int] = field(default_factory=set)
+    #: each node's outcome, as its row says (a row whose MAC does not verify is left out)
+    outcomes: dict[int, NodeOutcome] = field(default_factory=dict)
     #: per node that never reached the channel, its last connection error
     channel_errors: dict[int, str] = field(default_factory=dict)
 
+    @property
+    def finished(self) -> set[int]:
+        """The nodes whose ranks all finished."""
+        return {node for node, outcome in self.outcomes.items() if outcome.finished}
 
-def read_stage(table: Any) -> StageRows:
+
+def read_stage(table: Any, secret: bytes) -> StageRows:
     """Parse the collected rows (a ``pyarrow.Table`` of :data:`RESULT_SCHEMA`)."""
     nodes = table.column("node").to_pylist()
     seqs = table.column("seq").to_pylist()
@@ -272,8 +305,14 @@ def read_stage(table: Any) -> StageRows:
         for i, (node, seq) in enumerate(zip(nodes, seqs))
         if seq == CHANNEL_ERROR_SEQ
     }
-    finished = {node for node, seq in zip(nodes, seqs) if seq == FINISHED_SEQ}
-    return StageRows(table=table, finished=finished, channel_errors=errors)
+    outcomes = {}
+    for i, (node, seq) in enumerate(zip(nodes, seqs)):
+        if seq == OUTCOME_SEQ:
+            try:
+                outcomes[node] = open_outcome(data[i].as_py(), secret)
+            except (ValueError, UnicodeDecodeError):
+                continue  # not this run's: as if the node had said nothing
+    return StageRows(table=table, outcomes=outcomes, channel_errors=errors)
 
 
 def assemble(stage: StageRows, result_dir: str | None, streamed: StreamedResult | None) -> ResultBytes:

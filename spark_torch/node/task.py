@@ -20,13 +20,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from spark_torch.base.background import BackgroundCall
-from spark_torch.base.states import NodeEnd, ProblemKind, RankState, StopSignal
+from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopSignal
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.errors import RankFailure
 from spark_torch.node import result_transfer
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, host_of, run_node
 from spark_torch.node.progress import ProgressWatch
-from spark_torch.node.rank_group import GroupState
 from spark_torch.node.storage_check import storage_hello, storage_needed, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
@@ -159,9 +158,18 @@ class BarrierIO:
             return self.channel.last_error or "no connection"
         return None
 
+    @property
+    def secret(self) -> bytes:
+        """The run's secret (empty without a channel): what the node's reports and rows are sealed with."""
+        return self.spec.channel.secret if self.spec.channel is not None else b""
+
+    def send_outcome(self, outcome: NodeOutcome) -> None:
+        """How this node's part ended, to the driver over the channel (when it reaches the driver)."""
+        if self.channel is not None:
+            self.channel.send_outcome(outcome)
+
     def _encode(self, report: FailureReport) -> str:
-        secret = self.spec.channel.secret if self.spec.channel is not None else b""
-        return encode_report(report, secret)
+        return encode_report(report, self.secret)
 
     def fail(self, problem: NodeProblem) -> NodeFailed:
         """The task exception for a problem of this node before its ranks ran."""
@@ -197,23 +205,19 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
             try:
                 hosted = run_node(spec, io, workdir, batches)
             except NodeProblem as problem:
+                io.send_outcome(NodeOutcome(problem=(problem.kind, problem.message)))
                 raise io.fail(problem) from None
-            group = hosted.group
+            outcome = hosted.outcome()
             channel_error = io.channel_error()
-            if group is not None and group.state is GroupState.FAILED:
+            io.send_outcome(outcome)  # how its ranks ended, and the stop's reason when stopped
+            if outcome.state is GroupState.FAILED:
                 raise io.failed(hosted.failure_report())
-            if io.channel is not None:  # how its ranks ended, and the stop's reason when stopped
-                io.channel.send_end(group.end() if group is not None else NodeEnd(stop=io.stop.reason))
-            finished = group is not None and group.state is GroupState.SUCCEEDED
-            if finished and group is not None and group.result_file is not None:
-                delivered = result_transfer.deliver(spec, group.result_file, io.channel)
+            result_file = hosted.group.result_file if outcome.finished and hosted.group is not None else None
+            if result_file is not None:
+                delivered = result_transfer.deliver(spec, result_file, io.channel)
             io.close()  # sends the last lines (bounded) before the rows go back
             yield from result_transfer.node_rows(
-                io.node_rank,
-                finished=finished,
-                channel_error=channel_error,
-                delivered=delivered,
-                result_file=group.result_file if finished and group is not None else None,
+                io.node_rank, outcome, io.secret, channel_error=channel_error, delivered=delivered, result_file=result_file
             )
     finally:
         io.close()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.base.states import NodeEnd, RankState, StopReason, StopSignal
+from spark_torch.base.states import GroupState, NodeOutcome, RankState, StopReason, StopSignal
 from spark_torch.channel.driver_end import DriverChannel
 from spark_torch.channel.log_stream import QUEUE_LINES
 from spark_torch.channel.node_end import NodeChannel
@@ -233,10 +233,10 @@ def test_the_stop_reason_reaches_the_node_and_its_end_comes_back() -> None:
         driver.stop_nodes(StopReason.STALLED)
         assert stop.wait(10), "the driver's stop did not reach the node within 10 s"
         assert stop.reason is StopReason.STALLED
-        end = NodeEnd({0: RankState.FINISHED, 1: RankState.STOPPED}, stop.reason)
-        node.send_end(end)
+        end = NodeOutcome(GroupState.STOPPED, {0: RankState.FINISHED, 1: RankState.STOPPED}, stop.reason)
+        node.send_outcome(end)
         node.close()
         assert driver.wait_for_nodes(timeout=10), "the node's last line did not reach the driver within 10 s"
-        assert driver.ends == {0: end}
+        assert driver.node_outcomes() == {0: end}
     finally:
         driver.close()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from spark_torch.base.background import BackgroundCall
-from spark_torch.base.states import NodeEnd, ProblemKind, RankState, StopReason
+from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, classify_spark_text
 from spark_torch.driver.run.outcome import (
@@ -36,7 +36,7 @@ from spark_torch.errors import (
     RunTimeoutError,
     StoppedRank,
 )
-from spark_torch.node.rank_group import GroupResult, GroupState, RankStatus
+from spark_torch.node.rank_group import GroupResult, RankStatus
 from spark_torch.shared.failure_reports import FailureReport, report_from_dict, report_to_dict
 
 
@@ -204,7 +204,7 @@ def test_a_timeout_says_which_ranks_it_found_running() -> None:
 def test_a_timeout_names_the_ranks_each_nodes_end_says_were_running_in_either_mode() -> None:
     """One function for both modes: node 1 said rank 2 was stopped and rank 3 had finished; node 0
     never said (it could not reach the driver): its ranks count as running. Dumps and lines travel."""
-    ends = {1: NodeEnd({2: RankState.STOPPED, 3: RankState.FINISHED}, StopReason.TIMEOUT, {2: ("/tmp/nccl_trace_rank_2",)})}
+    ends = {1: NodeOutcome(GroupState.STOPPED, {2: RankState.STOPPED, 3: RankState.FINISHED}, StopReason.TIMEOUT, {2: ("/tmp/nccl_trace_rank_2",)})}
     node_ranks = {0: range(0, 2), 1: range(2, 4)}
     cause = timed_out(5.0, ends, node_ranks, lambda rank: (f"line of {rank}",), Stacks(), note="the Spark job was cancelled; ")
     assert [s.rank for s in cause.ranks] == [0, 1, 2] and cause.ranks[2].dumps == ("/tmp/nccl_trace_rank_2",)
@@ -213,5 +213,5 @@ def test_a_timeout_names_the_ranks_each_nodes_end_says_were_running_in_either_mo
     error = attempt_error(AttemptOutcome.ended(cause))
     assert type(error) is RunTimeoutError and "timeout=5s; the Spark job was cancelled; ranks 0, 1, 2 were" in str(error)
     # local mode: its one node said; only rank 1 ran on
-    local = timed_out(2.0, {0: NodeEnd({0: RankState.FINISHED, 1: RankState.STOPPED})}, {0: range(2)}, lambda rank: (), Stacks(), host="h")
+    local = timed_out(2.0, {0: NodeOutcome(GroupState.STOPPED, {0: RankState.FINISHED, 1: RankState.STOPPED})}, {0: range(2)}, lambda rank: (), Stacks(), host="h")
     assert [(s.rank, s.host) for s in local.ranks] == [(1, "h")] and local.what == "rank 1 was still running and stopped"

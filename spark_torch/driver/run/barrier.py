@@ -21,30 +21,25 @@ from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.base.states import ProblemKind, StopReason
 from spark_torch.channel.driver_end import DriverChannel, new_secret
 from spark_torch.driver.run.attempt import Attempt
+from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, Verdict, classify
 from spark_torch.driver.run.endpoints import ChannelEndpoint
 from spark_torch.driver.run.failures import spark_failure_cause
 from spark_torch.driver.run.membership import GrowWatch
-from spark_torch.driver.run.outcome import (
-    AttemptOutcome,
-    DriverProblem,
-    GrowRequested,
-    Interrupted,
-    timed_out,
-)
+from spark_torch.driver.run.outcome import AttemptCause, AttemptOutcome, DriverProblem, GrowRequested, Interrupted
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
-from spark_torch.errors import LaunchError
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
+from spark_torch.shared.rank_files import ResultBytes
 from spark_torch.shared.spec import RunSpec
 from spark_torch.shared.workdir_files import WorkdirFiles
 
-__all__ = ["run_distributed", "completed_while_stopping"]
+__all__ = ["run_distributed"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,24 +107,15 @@ def run_distributed(
         if problem is not None:
             return AttemptOutcome.ended(problem)
         stage.start()
-        stopped = stage.wait()
-        return stopped if stopped is not None else stage.classify()
+        return stage.classify(stage.wait())
     raise AssertionError("unreachable")  # pragma: no cover - for type checkers: the block returns
-
-
-def completed_while_stopping(table: Any, num_nodes: int) -> bool:
-    """Whether a job the driver was stopping (timeout, stall) had completed the run after all:
-    every node's rows (``table``, None when the job did not return) say it finished. A node that
-    was stopped returns normally, without that row, so the job can end without an error before
-    the cancel reaches Spark: that is the stop's outcome, not a completed run (once read as
-    "only 0 of 2 ... reported back")."""
-    return table is not None and len(result_transfer.read_stage(table).finished) >= num_nodes
 
 
 class _BarrierStage:
     """One attempt's barrier stage, in three steps: :meth:`start` the job, :meth:`wait` for it
     within the attempt's time (stopping it on a timeout, a stall or an interrupt), and
-    :meth:`classify` what came back. :meth:`close` releases what :meth:`open` made."""
+    :meth:`classify` what came back (:func:`~spark_torch.driver.run.classify.classify`, as in
+    local mode). :meth:`close` releases what :meth:`open` made."""
 
     def __init__(
         self, spark: Any, spec: RunSpec, attempt: Attempt, data: DataInput | None, streamed: result_transfer.StreamedResult | None
@@ -204,10 +190,10 @@ class _BarrierStage:
             cancel_tagged_job(self.spark, self.attempt.tag)
             self.job.wait(CANCEL_WAIT_SECONDS)
 
-    def wait(self) -> AttemptOutcome | None:
+    def wait(self) -> Verdict:
         """Until the job ended, the stall watch stopped the attempt, or the attempt's time is up:
-        the outcome of an attempt that was stopped, None when the job ended (or completed while
-        being stopped)."""
+        the driver's verdict when it stopped the attempt (every node's ranks stopped and the job
+        cancelled), None when the job ended by itself."""
         stall, job, attempt, plan = self.stall, self.job, self.attempt, self.plan
         assert stall is not None and job is not None
         cancellation, cancelled = attempt.cancellation, threading.Event()
@@ -224,28 +210,21 @@ class _BarrierStage:
                 note_stacks(interrupt, stall)
                 self._cancel(StopReason.CANCELLED)
                 if isinstance(interrupt, KeyboardInterrupt):
-                    return AttemptOutcome.ended(Interrupted(interrupt))
+                    return Interrupted(interrupt)
                 raise
             if job.done:
                 return None
             if cancelled.is_set() and cancellation is not None and cancellation.error is not None:  # from another thread
                 self._cancel(StopReason.CANCELLED)
-                return None if completed_while_stopping(job.value, plan.num_nodes) else AttemptOutcome.ended(Interrupted(cancellation.error))
+                return Interrupted(cancellation.error)
             if stall.failed.is_set():
                 verdict = stall.verdict()
                 self._cancel(verdict.reason)
-                return None if completed_while_stopping(job.value, plan.num_nodes) else AttemptOutcome.ended(verdict)
+                return verdict
             self._cancel(StopReason.TIMEOUT)
-            if completed_while_stopping(job.value, plan.num_nodes):
-                return None
-            # each node's end (sent before its last line) says which of its ranks the stop found running
             per_node = plan.procs_per_node
             node_ranks = {node: range(node * per_node, (node + 1) * per_node) for node in range(plan.num_nodes)}
-            cause = timed_out(
-                attempt.run_timeout, self._channel().node_ends(), node_ranks, attempt.tail, stall.stacks(),
-                note="the Spark job was cancelled; ",
-            )  # fmt: skip
-            return AttemptOutcome.ended(cause)
+            return TimeUp(attempt.run_timeout, node_ranks, attempt.tail, stall.stacks(), note="the Spark job was cancelled; ")
         finally:
             self._close_stall()
 
@@ -254,36 +233,37 @@ class _BarrierStage:
         if stall is not None:
             stall.close()
 
-    def classify(self) -> AttemptOutcome:
-        """What the ended job means: grow, the nodes' failure, too few tasks back, or rank 0's result."""
+    def classify(self, verdict: Verdict) -> AttemptOutcome:
+        """What the ended job means (see :func:`~spark_torch.driver.run.classify.classify`): the
+        nodes' outcomes as the channel and the task rows say them, the driver's ``verdict``, the
+        nodes' failure reports or Spark's job error, and rank 0's result."""
         channel, job, spec, plan = self._channel(), self.job, self.spec, self.plan
-        assert job is not None
-        if self.grow is not None and self.grow.requested is not None:  # the nodes stopped after a checkpoint: restart larger
-            channel.wait_for_nodes(timeout=DRAIN_SECONDS)
-            return AttemptOutcome.ended(GrowRequested(self.grow.requested))
-        if job.error is not None:
+        assert job is not None and spec.channel is not None
+        secret = spec.channel.secret
+        failure: AttemptCause | None = None
+        if verdict is None and self.grow is not None and self.grow.requested is not None:
+            channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # the nodes stopped after a checkpoint: restart larger
+            verdict = GrowRequested(self.grow.requested)
+        elif verdict is None and job.error is not None:
             channel.stop_nodes(StopReason.PEER_FAILED)  # the nodes Spark did not stop yet
             channel.wait_for_nodes(timeout=DRIVER_STOP_WAIT_SECONDS)  # other failed nodes' reports, their ranks stopped
-            assert spec.channel is not None
-            return AttemptOutcome.ended(spark_failure_cause(job.error, spec.channel.secret, list(channel.failures.values())))
-        channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # drain the last log lines
-        stage = result_transfer.read_stage(job.value)
-        channel.connect_errors(stage.channel_errors)
-        if len(stage.finished) < plan.num_nodes:
-            if self.data is not None and not stage.finished:
-                return AttemptOutcome.ended(DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on"))
-            return AttemptOutcome.ended(
-                DriverProblem(
-                    ProblemKind.LAUNCH,
-                    f"only {len(stage.finished)} of {plan.num_nodes} Spark barrier tasks reported back; check the executor logs",
-                )
-            )
-        if spec.payload is None:
-            return AttemptOutcome.succeeded(None)
-        try:
-            return AttemptOutcome.succeeded(result_transfer.assemble(stage, spec.result_dir, self.streamed))
-        except LaunchError as exc:  # rank 0's result did not arrive whole
-            return AttemptOutcome.ended(DriverProblem(ProblemKind.LAUNCH, str(exc), cause=exc.__cause__))
+            failure = spark_failure_cause(job.error, secret, list(channel.failures.values()))
+        elif verdict is None:
+            channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # drain the last log lines
+        outcomes = channel.node_outcomes()
+        stage = result_transfer.read_stage(job.value, secret) if job.value is not None else None
+        if stage is not None:
+            if verdict is None:
+                channel.connect_errors(stage.channel_errors)
+            outcomes.update(stage.outcomes)
+
+        def result() -> ResultBytes | None:
+            if spec.payload is None or stage is None:
+                return None
+            return result_transfer.assemble(stage, spec.result_dir, self.streamed)
+
+        evidence = AttemptEvidence(plan.num_nodes, outcomes, verdict, failure, result, dataframe=self.data is not None)
+        return classify(evidence)
 
     def close(self) -> None:
         """Stop the grow watch (and the stall watch if no wait closed it), close the channel and

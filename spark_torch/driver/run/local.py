@@ -12,16 +12,16 @@ import threading
 from contextlib import nullcontext
 from typing import Any
 
-from spark_torch.base.states import StopReason, StopSignal
+from spark_torch.base.states import GroupState, NodeOutcome, StopReason, StopSignal
 from spark_torch.driver.run.attempt import Attempt
-from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, timed_out
+from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, Verdict, classify
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
 from spark_torch.errors import RankFailure
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, run_node
 from spark_torch.node.progress import ProgressWatch
-from spark_torch.node.rank_group import GroupState
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
@@ -47,6 +47,8 @@ class LocalIO:
         self.stall = attempt.stall_watch(stop=self.stop_ranks)
         #: this attempt's report() coordinator, once the ranks' pipes exist
         self.coordinator: ReportCoordinator | None = None
+        #: the run's timeout passed (the timer stopped the ranks)
+        self.time_up = False
 
     def rendezvous(self, hello: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**hello, "node": 0}]
@@ -80,7 +82,23 @@ class LocalIO:
     def time_is_up(self) -> None:
         """``timeout``: keep where the ranks are, then stop them."""
         self.stall.freeze()
+        self.time_up = True
         self.stop_ranks(StopReason.TIMEOUT)
+
+    def verdict(self, hosted: NodeResult | None) -> Verdict:
+        """What the driver did to the attempt: a cancellation from another thread, a stall, the
+        timeout (in the order they are checked), or nothing."""
+        cancellation = self.attempt.cancellation
+        if cancellation is not None and cancellation.error is not None:
+            return Interrupted(cancellation.error)
+        if self.stall.failed.is_set():
+            return self.stall.verdict()
+        if not self.time_up:
+            return None
+        group = hosted.group if hosted is not None else None
+        lines = {status.rank: status.last_lines for status in group.ranks} if group is not None else {}
+        every_rank = {0: range(self.attempt.spec.plan.world_size)}
+        return TimeUp(self.attempt.run_timeout, every_rank, lambda rank: lines.get(rank, ()), self.stall.stacks(), host=self.host)
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         """Nothing to tell: the driver is right here."""
@@ -102,34 +120,30 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             timer.daemon = True
             timer.start()
         cancellation = attempt.cancellation
+        hosted: NodeResult | None = None
         try:
             with cancellation.watch(lambda: io.stop_ranks(StopReason.CANCELLED)) if cancellation is not None else nullcontext():
                 hosted = run_node(spec, io, workdir, batches)
+            outcome = hosted.outcome()
         except KeyboardInterrupt as interrupt:
             note_stacks(interrupt, io.stall)
-            return AttemptOutcome.ended(Interrupted(interrupt))
+            return classify(AttemptEvidence(nodes=1, verdict=Interrupted(interrupt)))
         except NodeProblem as problem:
-            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem)))
+            outcome = NodeOutcome(problem=(problem.kind, problem.message))
         finally:
             if timer is not None:
                 timer.cancel()
             if io.coordinator is not None:
                 io.coordinator.close()
             io.stall.close()
-        group = hosted.group
-        stopped_here = group is None or (group.state is GroupState.STOPPED and group.stop_reason is StopReason.CANCELLED)
-        if cancellation is not None and cancellation.error is not None and stopped_here:
-            return AttemptOutcome.ended(Interrupted(cancellation.error))  # stopped from another thread
-        assert group is not None  # a local rendezvous is stopped only by a cancellation
-        if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
-            return AttemptOutcome.ended(io.stall.verdict())
-        if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
-            lines = {status.rank: status.last_lines for status in group.ranks}
-            every_rank = {0: range(spec.plan.world_size)}
-            cause = timed_out(attempt.run_timeout, {0: group.end()}, every_rank, lambda rank: lines.get(rank, ()), io.stall.stacks(), host=io.host)
-            return AttemptOutcome.ended(cause)
-        if group.state is GroupState.FAILED:
-            return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
-        if group.result_file is None:
-            return AttemptOutcome.succeeded(None)
-        return AttemptOutcome.succeeded(map_file(group.result_file))  # readable after the workdir is removed
+        group = hosted.group if hosted is not None else None
+        failed = hosted is not None and outcome.state is GroupState.FAILED
+        result_file = group.result_file if group is not None else None
+        return classify(
+            AttemptEvidence(
+                nodes=1, outcomes={0: outcome}, verdict=io.verdict(hosted),
+                failure=RanksFailed(hosted.failure_report()) if failed and hosted is not None else None,
+                # readable after the workdir is removed
+                result=lambda: map_file(result_file) if result_file is not None else None,
+            )
+        )  # fmt: skip

@@ -14,7 +14,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spark_torch.base.states import NodeEnd, ProblemKind, RankState, StopReason
+from spark_torch.base.states import NodeOutcome, ProblemKind, RankState, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.errors import StoppedRank
 from spark_torch.shared.failure_reports import FailureReport
@@ -138,7 +138,7 @@ class RanksStopped:
 
 def timed_out(
     run_timeout: float | None,
-    ends: Mapping[int, NodeEnd],
+    ends: Mapping[int, NodeOutcome],
     node_ranks: Mapping[int, range],
     last_lines: Callable[[int], tuple[str, ...]],
     stacks: Stacks,

@@ -1,0 +1,125 @@
+"""The one classifier of an attempt's end (both modes), and the node outcome rows it reads in
+distributed mode (sealed with the run's secret, one parser)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopReason
+from spark_torch.driver.result import AttemptEnd, GrowRequest
+from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, classify
+from spark_torch.driver.run.outcome import (
+    DriverProblem,
+    GrowRequested,
+    Interrupted,
+    RanksFailed,
+    RanksStopped,
+    Stacks,
+    StallVerdict,
+)
+from spark_torch.errors import LaunchError, RankFailure
+from spark_torch.node import result_transfer
+from spark_torch.shared.failure_reports import FailureReport
+
+pytestmark = pytest.mark.unit
+
+FINISHED = NodeOutcome(GroupState.SUCCEEDED, {0: RankState.FINISHED, 1: RankState.FINISHED})
+SECRET = b"s" * 32
+
+
+def _stopped(node: int, still: int) -> NodeOutcome:
+    """Node ``node`` of two ranks each, stopped by the timeout while rank ``still`` ran."""
+    first = 2 * node
+    return NodeOutcome(
+        GroupState.STOPPED,
+        {rank: RankState.STOPPED if rank == still else RankState.FINISHED for rank in (first, first + 1)},
+        StopReason.TIMEOUT,
+    )
+
+
+def _time_up() -> TimeUp:
+    return TimeUp(5.0, {0: range(0, 2), 1: range(2, 4)}, lambda rank: (f"line of {rank}",), Stacks())
+
+
+def _evidence(**fields: Any) -> AttemptEvidence:
+    return AttemptEvidence(**{"nodes": 2, "result": lambda: b"rank 0's value", **fields})
+
+
+def test_every_node_finished_is_success_even_while_being_stopped() -> None:
+    outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, verdict=_time_up()))
+    assert outcome.end is AttemptEnd.SUCCEEDED and outcome.result == b"rank 0's value"
+    cancelled = Interrupted(RuntimeError("stopped: replica group 1 failed the run"))
+    assert classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, verdict=cancelled)).end is AttemptEnd.SUCCEEDED
+
+
+def test_a_timeout_names_only_the_ranks_still_running() -> None:
+    outcome = classify(_evidence(outcomes={0: _stopped(0, 1), 1: _stopped(1, 2)}, verdict=_time_up()))
+    assert isinstance(outcome.cause, RanksStopped) and outcome.end is AttemptEnd.TIMED_OUT
+    assert [r.rank for r in outcome.cause.ranks] == [1, 2]
+    assert outcome.cause.ranks[0].last_lines == ("line of 1",)
+    # a node that never said how it ended: each of its ranks may still have been running
+    silent = classify(_evidence(outcomes={0: _stopped(0, 1)}, verdict=_time_up()))
+    assert isinstance(silent.cause, RanksStopped) and [r.rank for r in silent.cause.ranks] == [1, 2, 3]
+
+
+def test_the_users_interrupt_wins_over_a_finished_run() -> None:
+    interrupt = Interrupted(KeyboardInterrupt())
+    outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, verdict=interrupt))
+    assert outcome.end is AttemptEnd.INTERRUPTED and outcome.cause is interrupt
+
+
+def test_growing_and_a_stall_are_the_drivers_verdicts() -> None:
+    grow = GrowRequested(GrowRequest(running=1, nodes=2, waited=3.0, step=4))
+    assert classify(_evidence(verdict=grow)).cause is grow
+    stall = StallVerdict(StopReason.STALLED, "no rank made progress")
+    failed = RanksFailed(FailureReport(failures=(RankFailure(rank=0, host="h", exc_type="ValueError"),)))
+    assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall, failure=failed)).cause is stall
+
+
+def test_a_failure_before_a_node_problem_before_missing_nodes() -> None:
+    problem = NodeOutcome(problem=(ProblemKind.CONFIGURATION, "node 1 got 0 rows for its 2 ranks"))
+    failed = RanksFailed(FailureReport(failures=(RankFailure(rank=0, host="h", exc_type="ValueError"),)))
+    assert classify(_evidence(outcomes={1: problem}, failure=failed)).cause is failed
+    from_problem = classify(_evidence(outcomes={0: FINISHED, 1: problem}))
+    assert isinstance(from_problem.cause, RanksFailed) and from_problem.end is AttemptEnd.MISCONFIGURED
+    assert from_problem.cause.report.problem == (ProblemKind.CONFIGURATION, "node 1 got 0 rows for its 2 ranks")
+    missing = classify(_evidence(outcomes={0: FINISHED}))
+    assert isinstance(missing.cause, DriverProblem) and missing.cause.kind is ProblemKind.LAUNCH
+    assert "only 1 of 2 Spark barrier tasks reported back" in missing.cause.message
+    empty = classify(_evidence(dataframe=True))
+    assert isinstance(empty.cause, DriverProblem) and empty.cause.kind is ProblemKind.CONFIGURATION
+    assert "the DataFrame is empty" in empty.cause.message
+
+
+def test_a_result_that_did_not_arrive_whole_is_a_launch_problem() -> None:
+    def broken() -> bytes:
+        raise LaunchError("rank 0's result: node 0 streamed 10 bytes over the channel, the driver has 3")
+
+    outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, result=broken))
+    assert isinstance(outcome.cause, DriverProblem) and outcome.end is AttemptEnd.LAUNCH_FAILED
+    assert "streamed 10 bytes" in outcome.cause.message
+
+
+def _table(*batches: Any) -> Any:
+    import pyarrow as pa
+
+    rows = [row for batch in batches for row in batch]
+    return pa.Table.from_batches(rows, schema=rows[0].schema)
+
+
+def test_the_task_rows_carry_each_nodes_outcome_sealed_with_the_runs_secret() -> None:
+    stopped = _stopped(1, 2)
+    table = _table(
+        result_transfer.node_rows(0, FINISHED, SECRET, channel_error=None, delivered=None, result_file=None),
+        result_transfer.node_rows(1, stopped, SECRET, channel_error="refused", delivered=None, result_file=None),
+    )
+    stage = result_transfer.read_stage(table, SECRET)
+    assert stage.outcomes == {0: FINISHED, 1: stopped} and stage.finished == {0}
+    assert stage.channel_errors == {1: "refused"}
+    # rows sealed with another secret (or altered) say nothing: as if those nodes had not reported
+    assert result_transfer.read_stage(table, b"x" * 32).outcomes == {}
+    sealed = result_transfer.seal_outcome(FINISHED, SECRET)
+    with pytest.raises(ValueError, match="not authenticated"):
+        result_transfer.open_outcome(sealed.replace(b"succeeded", b"failed"), SECRET)
