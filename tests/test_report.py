@@ -182,7 +182,7 @@ def test_unwritable_storage_path(tmp_path: Path) -> None:
 
 
 def test_storage_unit(tmp_path: Path) -> None:
-    storage = RunStorage(str(tmp_path), "r1")
+    storage = RunStorage(str(tmp_path), "r1", {})
     storage.create("tok")
     assert storage.visible("tok") and not storage.visible("other")
     for step in (1, 2, 3):

@@ -159,7 +159,7 @@ def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
     from spark_torch.reporting.ranking import CheckpointInfo
     from spark_torch.reporting.storage import RunStorage
 
-    local = RunStorage.from_spec(run.storage, run.run_id).download(
+    local = RunStorage(run.storage.base, run.run_id, run.storage.options).download(
         CheckpointInfo(step=run.resume_step, url=run.resume_url), WorkdirFiles(workdir).checkpoint()
     )
     return {envnames.CHECKPOINT: local}

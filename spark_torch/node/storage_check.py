@@ -28,7 +28,7 @@ def storage_hello(run: RunSpec) -> dict[str, Any]:
     from spark_torch.reporting.storage import RunStorage
 
     try:
-        seen = RunStorage.from_spec(run.storage, run.run_id).visible(run.storage.token)
+        seen = RunStorage(run.storage.base, run.run_id, run.storage.options).visible(run.storage.token)
         why = "" if seen else "the driver's marker is not there"
     except Exception as exc:  # noqa: BLE001 - every fsspec backend raises its own kinds
         seen, why = False, f"{type(exc).__name__}: {exc}"[:300]
@@ -50,7 +50,7 @@ def storage_problem(run: RunSpec, peers: list[dict[str, Any]]) -> str | None:
         return None
     from spark_torch.reporting.storage import RunStorage
 
-    url = RunStorage.from_spec(run.storage, run.run_id).url
+    url = RunStorage(run.storage.base, run.run_id, run.storage.options).url
     nodes = "; ".join(
         f"node {node} on {peer.get('host', '?')} ({peer.get('storage_why') or 'not visible'})" for node, peer in blind
     )

@@ -159,7 +159,7 @@ class _Reporter:
                     "storage_path= to the Distributor"
                 )
             described = StorageFile.read(path)
-            self._storage = RunStorage.from_spec(described.spec(), described.run_id)
+            self._storage = RunStorage(described.spec().base, described.run_id, described.spec().options)
             if not self._storage.visible(described.token):
                 host = os.uname().nodename
                 raise RuntimeError(

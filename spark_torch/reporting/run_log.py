@@ -201,7 +201,7 @@ def prune_unreported(base: str, keep: int = KEEP_UNREPORTED_RUNS, spare: str | N
     for run_id in run_ids(base):
         if run_id == spare:
             continue
-        storage = RunStorage(base, run_id)
+        storage = RunStorage(base, run_id, {})
         with contextlib.suppress(OSError):
             if not storage.holds_only_logs():  # reported or checkpointed: kept (one listing, no metrics read)
                 continue
@@ -210,6 +210,6 @@ def prune_unreported(base: str, keep: int = KEEP_UNREPORTED_RUNS, spare: str | N
                 ended.append((calls[-1].started, run_id))
     removed = []
     for _started, run_id in sorted(ended, reverse=True)[max(0, keep - (spare is not None)) :]:
-        if RunStorage(base, run_id).remove_if_unused():
+        if RunStorage(base, run_id, {}).remove_if_unused():
             removed.append(run_id)
     return removed

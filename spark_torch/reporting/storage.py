@@ -33,14 +33,11 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spark_torch.reporting.local_files import fsync_copy, fsync_path, make_dir, open_file, restrict_tree
 from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
-
-if TYPE_CHECKING:
-    from spark_torch.shared.spec import StorageSpec
 
 __all__ = ["RunStorage", "MANIFEST", "DEFAULT_STORAGE", "RUN_LOG", "local_base", "storage_error", "options_withheld", "run_ids", "split_run_path"]
 
@@ -129,9 +126,12 @@ def run_ids(base: str, options: Mapping[str, Any] | None = None) -> list[str]:
 
 class RunStorage:
     """The storage of one run (``base``/``run_id``). No error of its methods quotes a value of
-    the storage options (:func:`options_withheld`)."""
+    the storage options (:func:`options_withheld`).
 
-    def __init__(self, base: str, run_id: str, options: Mapping[str, Any] | None = None) -> None:
+    The one way every side opens a run's storage; ``options`` (fsspec's, with credentials) is a
+    required argument, so no side opens it without them by omission (None or ``{}``: none)."""
+
+    def __init__(self, base: str, run_id: str, options: Mapping[str, Any] | None) -> None:
         base = local_base(base)
         self.base = os.path.abspath(os.path.expanduser(base)) if _is_local(base) else base.rstrip("/")
         self.run_id = run_id
@@ -141,11 +141,6 @@ class RunStorage:
         self.url = os.path.join(self.base, run_id) if self.local else f"{self.base}/{run_id}"
         self._fs: Any = None
         self._root = self.url
-
-    @classmethod
-    def from_spec(cls, spec: StorageSpec, run_id: str) -> RunStorage:
-        """The storage of run ``run_id`` that ``spec`` describes (every side that holds a spec opens it so)."""
-        return cls(spec.base, run_id, spec.options)
 
     # filesystem plumbing
     @property

@@ -10,10 +10,11 @@ sends :class:`RankStack` fields in its progress messages, the driver groups them
 from __future__ import annotations
 
 import contextlib
-import enum
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+from spark_torch.base.states import ValueEnum
 
 __all__ = [
     "StackState",
@@ -77,7 +78,7 @@ def is_working() -> bool:
     return _working > 0
 
 
-class StackState(str, enum.Enum):
+class StackState(ValueEnum):
     """What is known about a rank's position."""
 
     #: sampled: ``text`` is where its main thread is

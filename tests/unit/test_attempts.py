@@ -98,7 +98,7 @@ def test_a_plan_says_why_it_left_the_gpus_unused() -> None:
 def test_an_old_attempt_log_still_loads(tmp_path: Path) -> None:
     """Attempt logs written by earlier versions (with or without free-text fields) still load:
     as past runs, in ``spark-torch runs show``, and as a RunResult."""
-    storage = RunStorage(str(tmp_path), "old")
+    storage = RunStorage(str(tmp_path), "old", {})
     storage.create("token")
     rows = [
         {"attempt": 0, "world_size": 3, "nodes": 3, "time": 1700000000.0},

@@ -370,7 +370,7 @@ def test_a_group_resumes_from_the_newest_checkpoint_of_any_group_and_fetches_it_
     from spark_torch.reporting.storage import RunStorage
 
     base = f"memory://ft-resume-{uuid.uuid4().hex}"
-    own, peer, empty = (RunStorage(base, f"run-g{n}") for n in range(3))
+    own, peer, empty = (RunStorage(base, f"run-g{n}", {}) for n in range(3))
     assert _newest_checkpoint(own, ("run-g1", "run-g2")) is None
     for storage, steps in ((own, (1, 3)), (peer, (3, 5))):
         for step in steps:

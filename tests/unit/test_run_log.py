@@ -59,7 +59,7 @@ def test_a_calls_outcome(error: BaseException | None, last: AttemptEnd | None, o
 
 
 def _run(base: Path, run_id: str, started: float, *, ended: bool = True, reported: bool = False) -> None:
-    storage = RunStorage(str(base), run_id)
+    storage = RunStorage(str(base), run_id, {})
     storage.create("token")
     storage.append_log(RUN_LOG, call_row("train", "function", started=started))
     if ended:

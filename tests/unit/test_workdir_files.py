@@ -136,10 +136,10 @@ def test_storage_file_opens_the_same_storage_as_the_spec(tmp_path: Path) -> None
     from spark_torch.reporting.storage import RunStorage
 
     spec = StorageSpec(base=str(tmp_path), token="abc")
-    RunStorage.from_spec(spec, "r1").create("abc")
+    RunStorage(spec.base, "r1", spec.options).create("abc")
     described = StorageFile.from_json(StorageFile.of(spec, "r1").to_json())
-    opened = RunStorage.from_spec(described.spec(), described.run_id)
-    assert opened.url == RunStorage(str(tmp_path), "r1").url == os.path.join(str(tmp_path), "r1")
+    opened = RunStorage(described.spec().base, described.run_id, described.spec().options)
+    assert opened.url == RunStorage(str(tmp_path), "r1", {}).url == os.path.join(str(tmp_path), "r1")
     assert opened.visible(described.token)
 
 

@@ -68,7 +68,7 @@ class Attempt:
     ) -> ReportCoordinator:
         """The coordinator of this attempt's report() steps; ``answer`` tells the nodes."""
         store = self.spec.storage
-        storage = RunStorage.from_spec(store, self.spec.run_id) if store is not None else None
+        storage = RunStorage(store.base, self.spec.run_id, store.options) if store is not None else None
         return ReportCoordinator(
             nodes=self.spec.plan.num_nodes,
             attempt=self.attempt,

@@ -10,11 +10,10 @@ user's exception, in one place, at the controller's edge.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spark_torch.base.states import NodeOutcome, ProblemKind, RankState, StopReason
+from spark_torch.base.states import NodeOutcome, ProblemKind, RankState, StopReason, ValueEnum
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.errors import StoppedRank
 from spark_torch.shared.failure_reports import FailureReport
@@ -65,7 +64,7 @@ class RanksFailed:
         return _PROBLEM_ENDS[self.report.kind] if self.report.kind is not None else AttemptEnd.FAILED
 
 
-class SparkFailureKind(str, enum.Enum):
+class SparkFailureKind(ValueEnum):
     """What a failed barrier job's text says went wrong when no node could report."""
 
     #: Spark's Python worker could not import a module spark_torch needs (``detail``: its name)

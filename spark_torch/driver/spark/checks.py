@@ -5,9 +5,9 @@ starts, a ``WARN`` the warning it logs (once), an ``OK`` nothing."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from spark_torch.base.states import ValueEnum
 from spark_torch.driver.spark.cluster import IGNORE_SSL_KEY, ClusterInfo, unencrypted_rpc_warning
 
 __all__ = ["Verdict", "ClusterCheck", "encryption_checks", "tls_check"]
@@ -15,7 +15,7 @@ __all__ = ["Verdict", "ClusterCheck", "encryption_checks", "tls_check"]
 _RPC_KEYS = "set spark.authenticate=true and spark.network.crypto.enabled=true"
 
 
-class Verdict(str, enum.Enum):
+class Verdict(ValueEnum):
     """What a check found: fine, worth a warning (a run goes on), or a blocker (a run is refused)."""
 
     OK = "ok"
