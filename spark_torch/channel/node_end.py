@@ -29,13 +29,16 @@ class NodeChannel:
     driver's reason.
     """
 
-    def __init__(self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event) -> None:
+    def __init__(
+        self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event, *, reports: StepAnswers | None = None,
+        on_trace_request: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``reports``: where the driver's answers to report() steps go; ``on_trace_request``:
+        called when the driver asks for the ranks' Flight Recorder traces (a stall), True when the
+        ranks are about to be stopped (a signal for a stack can no longer change what they do)."""
         self._spec = spec
-        #: the node's report pipes (set by the node runner): answers from the driver go there
-        self.reports: StepAnswers | None = None
-        #: called when the driver asks for the ranks' Flight Recorder traces (a stall); True: the
-        #: ranks are about to be stopped (a signal for a stack can no longer change what they do)
-        self.on_trace_request: Callable[[bool], None] | None = None
+        self.reports = reports
+        self.on_trace_request = on_trace_request
         self._node = node
         self._nodes = nodes
         self._stop = stop

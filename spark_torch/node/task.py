@@ -68,8 +68,15 @@ class BarrierIO:
         self.host = host_of(infos[self.node_rank].address) or socket.gethostname()
         self.first_rank = self.node_rank * spec.plan.procs_per_node
         self.stop = StopSignal()
+        #: this node's report() pipes and progress watch, once its ranks started
+        self._reports: NodeReports | None = None
+        self._progress: ProgressWatch | None = None
         self.channel = (
-            NodeChannel(spec.channel, self.node_rank, spec.plan.num_nodes, self.stop) if spec.channel is not None else None
+            NodeChannel(
+                spec.channel, self.node_rank, spec.plan.num_nodes, self.stop, reports=self, on_trace_request=self._trace_request
+            )
+            if spec.channel is not None
+            else None
         )
 
     # NodeIO
@@ -126,8 +133,18 @@ class BarrierIO:
     def report_pipes(self, ranks: range) -> NodeReports | None:
         if self.channel is None:
             return None
-        reports = self.channel.reports = NodeReports(self.node_rank, ranks, forward=self.channel.forward_report)
-        return reports
+        self._reports = NodeReports(self.node_rank, ranks, forward=self.channel.forward_report)
+        return self._reports
+
+    def persisted(self, step: int, error: str | None = None) -> None:
+        """The driver's answer to a report() step (the channel's ``reports``): to the ranks' pipes."""
+        if self._reports is not None:
+            self._reports.persisted(step, error)
+
+    def _trace_request(self, stopping: bool) -> None:
+        """The driver asks for the ranks' Flight Recorder traces (the channel's ``on_trace_request``)."""
+        if self._progress is not None:
+            self._progress.request_traces(stopping)
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         if self.channel is not None:  # the driver hears it before Spark's own report of any task
@@ -148,8 +165,7 @@ class BarrierIO:
             channel.send_trace(rank, data)
 
     def watching(self, watch: ProgressWatch) -> None:
-        if self.channel is not None:
-            self.channel.on_trace_request = watch.request_traces
+        self._progress = watch
 
     # the task's own ends
     def channel_error(self) -> str | None:

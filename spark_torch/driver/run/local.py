@@ -44,7 +44,9 @@ class LocalIO:
         self.attempt = attempt
         self.host = socket.gethostname()
         self.stop = StopSignal()
-        self.stall = attempt.stall_watch(stop=self.stop_ranks)
+        #: the node's progress watch, once the ranks started (it answers the stall watch's trace requests)
+        self._progress: ProgressWatch | None = None
+        self.stall = attempt.stall_watch(stop=self.stop_ranks, request_traces=self._request_traces)
         #: this attempt's report() coordinator, once the ranks' pipes exist
         self.coordinator: ReportCoordinator | None = None
         #: the run's timeout passed (the timer stopped the ranks)
@@ -72,7 +74,11 @@ class LocalIO:
         self.stall.trace(rank, data)
 
     def watching(self, watch: ProgressWatch) -> None:
-        self.stall.request_traces = watch.request_traces
+        self._progress = watch
+
+    def _request_traces(self, stopping: bool) -> None:
+        if self._progress is not None:
+            self._progress.request_traces(stopping)
 
     def stop_ranks(self, reason: StopReason) -> None:
         """Stop this attempt's ranks (the first reason given is the one kept, and the node's
