@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from spark_torch.reporting.api import GROUP_KEY
@@ -78,22 +79,20 @@ def merge_past_groups(run_id: str, parts: list[RunResult], score: str | None, or
     a value. It has no single directory (``path`` None; each group's is in ``replica_groups``)."""
     from spark_torch.driver.result import RunResult
 
-    result = RunResult(run_id=run_id, replica_groups=list(parts))
-    result.history = group_rows([(group, part.history) for group, part in enumerate(parts)])
-    result.best_checkpoints = ranked_checkpoints(parts, score, order)
     newest = [part.checkpoint for part in parts if part.checkpoint is not None]
-    result.checkpoint = max(newest, key=lambda c: c.step) if newest else None
-    for group, part in enumerate(parts):
-        for record in part.attempts:
-            record.replica_group = group
-            result.attempts.append(record)
-    # each restart of a group is a new call of its group's run: every attempt after a group's first
-    result.restarts = sum(max(0, len(part.attempts) - 1) for part in parts)
     failed = next((part for part in parts if part.outcome not in (None, Outcome.SUCCEEDED)), None)
     shown = failed if failed is not None else parts[0]
-    result.outcome, result.entry, result.past_error = shown.outcome, shown.entry, shown.past_error
     starts = [part.started for part in parts if part.started is not None]
     ends = [part.started + part.duration for part in parts if part.started is not None and part.duration is not None]
-    result.started = min(starts) if starts else None
-    result.duration = max(ends) - result.started if ends and result.started is not None else None
-    return result
+    started = min(starts) if starts else None
+    return RunResult(
+        run_id=run_id, replica_groups=list(parts),
+        history=group_rows([(group, part.history) for group, part in enumerate(parts)]),
+        best_checkpoints=ranked_checkpoints(parts, score, order),
+        checkpoint=max(newest, key=lambda c: c.step) if newest else None,
+        attempts=[replace(record, replica_group=group) for group, part in enumerate(parts) for record in part.attempts],
+        # each restart of a group is a new call of its group's run: every attempt after a group's first
+        restarts=sum(max(0, len(part.attempts) - 1) for part in parts),
+        outcome=shown.outcome, entry=shown.entry, past_error=shown.past_error, started=started,
+        duration=max(ends) - started if ends and started is not None else None,
+    )  # fmt: skip

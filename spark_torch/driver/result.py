@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RUN_MARKER, 
 
 __all__ = [
     "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
-    "GrowRequest", "fill_from_storage",
+    "GrowRequest", "StoredRun", "read_stored",
 ]
 
 
@@ -213,9 +214,12 @@ def _value_note(value: Any) -> str:
     return f"{kind}, {size} item{'s' if size != 1 else ''}"
 
 
-@dataclass(repr=False)
+@dataclass(frozen=True, repr=False)
 class RunResult:
     """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :meth:`RunResult.from_path`).
+
+    Made once, when the call ends (from what it recorded as it ran: :class:`~spark_torch.driver.run_record.RunRecord`),
+    and not changed after.
 
     Attributes:
         run_id: the run's id (pass it again as ``run_id=`` to resume from its checkpoint).
@@ -357,16 +361,16 @@ class RunResult:
             if path_form:
                 raise FileNotFoundError(_not_a_run(text, storage_options))
             raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
-        result = cls(run_id=run_id)
-        fill_from_storage(result, storage, *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
+        stored = read_stored(storage, (), *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
         calls = read_calls(storage.read_log(RUN_LOG))
-        if calls:  # the latest call: what it ran and how it ended; every call's attempts
-            last = calls[-1]
-            result.outcome, result.entry, result.started, result.duration = last.outcome, last.entry, last.started, last.duration
-            result.past_error = last.error
-            result.attempts = [_attempt_record(row) for call in calls for row in call.attempts]
-            result.restarts = max(0, len(last.attempts) - 1)
-        return result
+        if not calls:
+            return cls(run_id=run_id, **vars(stored))
+        last = calls[-1]  # the latest call: what it ran and how it ended; every call's attempts
+        return cls(
+            run_id=run_id, outcome=last.outcome, entry=last.entry, started=last.started, duration=last.duration,
+            past_error=last.error, attempts=[_attempt_record(row) for call in calls for row in call.attempts],
+            restarts=max(0, len(last.attempts) - 1), **vars(stored),
+        )  # fmt: skip
 
 
 def _attempt_record(row: AttemptEndRow) -> AttemptRecord:
@@ -385,20 +389,31 @@ def _attempt_record(row: AttemptEndRow) -> AttemptRecord:
     )  # fmt: skip
 
 
-def fill_from_storage(result: RunResult, storage: RunStorage | None, score: str | None = None, order: str = "max") -> None:
-    """Fill ``result``'s ``path``, ``history``, ``checkpoint`` and ``best_checkpoints`` from the
-    run's storage (ranked by ``score``/``order``); without storage, ``history`` is the call's own
-    ``rows``. The driver calls it when a run ends, :meth:`RunResult.from_path` for a past run."""
+@dataclass(frozen=True)
+class StoredRun:
+    """What a run's storage says about it: its directory, history and checkpoints (its fields
+    are :class:`RunResult`'s of the same names: ``RunResult(..., **vars(stored))``)."""
+
+    path: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: Checkpoint | None = None
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
+
+
+def read_stored(storage: RunStorage | None, rows: Sequence[dict[str, Any]], score: str | None = None, order: str = "max") -> StoredRun:
+    """The run's ``path``, ``history``, ``checkpoint`` and ``best_checkpoints`` from its storage
+    (ranked by ``score``/``order``); without storage (or before any step was stored) the history
+    is the call's own ``rows``. The driver reads it when a run ends, :meth:`RunResult.from_path`
+    for a past run."""
     if storage is None:
-        result.history = list(result.rows)
-        return
-    result.path = storage.url
-    result.history = storage.history() or list(result.rows)
+        return StoredRun(history=list(rows))
     complete, _ = storage.checkpoints()
-    result.checkpoint = persisted_checkpoint(complete[-1], storage.options) if complete else None
-    result.best_checkpoints = [
-        (persisted_checkpoint(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)
-    ]
+    return StoredRun(
+        path=storage.url,
+        history=storage.history() or list(rows),
+        checkpoint=persisted_checkpoint(complete[-1], storage.options) if complete else None,
+        best_checkpoints=[(persisted_checkpoint(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)],
+    )
 
 
 def _not_a_run(path: str, options: dict[str, Any] | None) -> str:

@@ -338,11 +338,12 @@ def test_last_run_is_every_groups_rows_attempts_and_checkpoints() -> None:
     config = DistributorConfig(num_processes=2, replica_groups=2, checkpoint_score_attribute="loss", checkpoint_score_order="min")
 
     def group_run(group: int, attempt: int, rows: list[dict[str, Any]], checkpoints: list[tuple[int, float]]) -> RunResult:
-        result = RunResult(run_id=f"r-g{group}", rows=rows, history=rows)
-        result.attempts = [AttemptRecord(attempt, 1, 1, AttemptReason.START, end=AttemptEnd.SUCCEEDED)]
-        result.best_checkpoints = [(Checkpoint(f"/runs/r-g{group}/{s}", s, {"loss": loss}), {"loss": loss}) for s, loss in checkpoints]
-        result.checkpoint = max((c for c, _ in result.best_checkpoints), key=lambda c: c.step, default=None)
-        return result
+        kept = [(Checkpoint(f"/runs/r-g{group}/{s}", s, {"loss": loss}), {"loss": loss}) for s, loss in checkpoints]
+        return RunResult(
+            run_id=f"r-g{group}", rows=rows, history=rows, best_checkpoints=kept,
+            attempts=[AttemptRecord(attempt, 1, 1, AttemptReason.START, end=AttemptEnd.SUCCEEDED)],
+            checkpoint=max((c for c, _ in kept), key=lambda c: c.step, default=None),
+        )  # fmt: skip
 
     loops = [GroupLoop(g, config, 1, threading.Event(), lambda group: None) for g in (0, 1)]
     loops[0].results = [group_run(0, 0, [{"step": 1, "replica_group": 0}, {"step": 2, "replica_group": 0}], [(2, 0.3)])]

@@ -52,10 +52,8 @@ def test_an_end_names_the_error_by_its_first_line() -> None:
     ],
 )
 def test_a_calls_outcome(error: BaseException | None, last: AttemptEnd | None, outcome: Outcome) -> None:
-    result = RunResult(run_id="r", error=error)
-    if last is not None:
-        result.attempts.append(AttemptRecord(attempt=0, world_size=1, nodes=1, reason=AttemptReason.START, end=last))
-    assert run_outcome(result) is outcome
+    attempts = [AttemptRecord(attempt=0, world_size=1, nodes=1, reason=AttemptReason.START, end=last)] if last is not None else []
+    assert run_outcome(error, attempts) is outcome
 
 
 def _run(base: Path, run_id: str, started: float, *, ended: bool = True, reported: bool = False) -> None:

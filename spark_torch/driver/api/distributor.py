@@ -17,6 +17,7 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.run.plan import host_facts, make_plan
+from spark_torch.driver.run_record import RunRecord
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.ft.lighthouse import LighthouseOptions
 from spark_torch.settings import SETTINGS
@@ -334,5 +335,8 @@ def run_entrypoint(distributor: Distributor, entry: Entrypoint, data: DataInput 
 
         return run_groups(distributor, entry, data, distributor._session())
     spark = distributor._session()
-    result = distributor._results.last = RunResult(run_id=config.run_id or new_run_id())
-    return execute(config, spark, entry, data, result)
+    record = RunRecord(run_id=config.run_id or new_run_id())
+    try:
+        return execute(config, spark, entry, data, record)
+    finally:  # the call's result, made once as it ended (or only its id: it failed before it ran)
+        distributor._results.last = record.result if record.result is not None else RunResult(run_id=record.run_id)

@@ -34,6 +34,7 @@ from spark_torch.driver.run.cancel import Cancellation, RunCancelled
 from spark_torch.driver.run.controller import execute, new_run_id
 from spark_torch.driver.run.endpoints import resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint
+from spark_torch.driver.run_record import RunRecord
 from spark_torch.driver.spark.cluster import executor_hosts, is_connect_session, read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
@@ -118,12 +119,11 @@ class GroupLoop:
             config = self.config
             if self.deadline is not None:
                 config = replace(config, timeout=max(0.001, self.deadline - time.monotonic()))
-            result = RunResult(run_id=str(config.run_id))
-            self.results.append(result)
+            record = RunRecord(run_id=str(config.run_id))
             try:
-                self.value, self.succeeded = execute(config, spark, entry, None, result, self.cancellation), True
-                return
+                value = execute(config, spark, entry, None, record, self.cancellation)
             except BaseException as exc:  # noqa: BLE001 - decided below, per kind
+                self._keep(record)
                 if self.stop.is_set():  # another group failed the run: this one only stops
                     self.error = exc
                     return
@@ -135,6 +135,14 @@ class GroupLoop:
                     "spark_torch: replica group %d failed (%s); restarting it alone (%d of %s), the other groups go on",
                     self.group, str(exc).splitlines()[0], self.restarts + 1, "unlimited" if self.budget == -1 else self.budget,
                 )
+                continue
+            self._keep(record)
+            self.value, self.succeeded = value, True
+            return
+
+    def _keep(self, record: RunRecord) -> None:
+        """This run of the group ended: its result (only its id when it failed before it ran)."""
+        self.results.append(record.result if record.result is not None else RunResult(run_id=record.run_id))
 
     def _fatal(self, error: BaseException) -> BaseException:
         """The error this group fails the run with: a rank failure past the budget names the group."""
@@ -251,21 +259,17 @@ def merged_result(
     group, every group's attempts (each naming its group), the newest checkpoint of any group, and
     each group's own last run in ``replica_groups``. ``run_id`` is the run's (pass it again to resume)."""
     lasts = [loop.results[-1] for loop in loops if loop.results]
-    result = RunResult(run_id=run_id, value=loops[0].value, replica_groups=lasts, started=started)
-    result.rows = group_rows([(loop.group, row) for loop in loops for row in (r.rows for r in loop.results)])
-    result.history = group_rows([(loop.group, loop.results[-1].history) for loop in loops if loop.results])
-    result.best_checkpoints = ranked_checkpoints(lasts, config.checkpoint_score_attribute, config.checkpoint_score_order)
     newest = [last.checkpoint for last in lasts if last.checkpoint is not None]
-    result.checkpoint = max(newest, key=lambda c: c.step) if newest else None
-    result.restarts = sum(loop.restarts for loop in loops)
-    for loop in loops:
-        for attempt_result in loop.results:
-            for record in attempt_result.attempts:
-                record.replica_group = loop.group
-                result.attempts.append(record)
-    result.error = failed.error if failed is not None else None
     shown = failed.results[-1] if failed is not None and failed.results else (lasts[0] if lasts else None)
-    if shown is not None:
-        result.outcome, result.entry = shown.outcome, shown.entry
-    result.duration = time.time() - started
-    return result
+    return RunResult(
+        run_id=run_id, value=loops[0].value, replica_groups=lasts, started=started,
+        rows=group_rows([(loop.group, row) for loop in loops for row in (r.rows for r in loop.results)]),
+        history=group_rows([(loop.group, loop.results[-1].history) for loop in loops if loop.results]),
+        best_checkpoints=ranked_checkpoints(lasts, config.checkpoint_score_attribute, config.checkpoint_score_order),
+        checkpoint=max(newest, key=lambda c: c.step) if newest else None,
+        restarts=sum(loop.restarts for loop in loops),
+        attempts=[replace(r, replica_group=loop.group) for loop in loops for each in loop.results for r in each.attempts],
+        error=failed.error if failed is not None else None,
+        outcome=shown.outcome if shown is not None else None, entry=shown.entry if shown is not None else None,
+        duration=time.time() - started,
+    )  # fmt: skip

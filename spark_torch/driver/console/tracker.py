@@ -1,6 +1,6 @@
 """Driver side: where the persisted ``report()`` rows of one ``run()`` go.
 
-Every row goes to ``RunResult.rows``, to the live status line (the latest metrics), to a live
+Every row goes to the call's record (``RunResult.rows`` in the end), to the live status line (the latest metrics), to a live
 chart in Jupyter (the numeric metrics against ``step``, redrawn at most once a second, left in
 the cell as a static image at the end; matplotlib, skipped without it), and to MLflow when
 asked (one MLflow run per ``run()``, restarts included).
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from typing import Any
 
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.driver.console.status import in_jupyter
-from spark_torch.driver.result import RunResult
+from spark_torch.driver.run_record import RunRecord
 from spark_torch.errors import ConfigurationError
 from spark_torch.reporting.api import RECORDED_KEYS
+from spark_torch.reporting.checkpoint import Checkpoint
 from spark_torch.shared.spec import LaunchPlan
 
 __all__ = ["ReportTracker", "numeric_metrics", "chart_figure"]
@@ -158,10 +158,9 @@ def _mlflow_for(config: DistributorConfig, plan: LaunchPlan, run_id: str) -> _Ml
 class ReportTracker:
     """Receives the persisted rows of one run() (from coordinator threads)."""
 
-    def __init__(self, result: RunResult, sink: DriverLogSink, config: DistributorConfig, plan: LaunchPlan, run_id: str) -> None:
-        self._result = result
+    def __init__(self, record: RunRecord, sink: DriverLogSink, config: DistributorConfig, plan: LaunchPlan, run_id: str) -> None:
+        self._record = record
         self._sink = sink
-        self._lock = threading.Lock()
         self._mlflow = _mlflow_for(config, plan, run_id)
         self._chart: _Chart | None = None
         show = config.progress is not False and in_jupyter()
@@ -173,14 +172,11 @@ class ReportTracker:
 
     def resume_from(self, step: int) -> None:
         """An attempt starts from the checkpoint of ``step``: later rows will be reported again."""
-        with self._lock:
-            self._result.rows[:] = [r for r in self._result.rows if r["step"] <= step]
+        self._record.resume_from(step)
 
     def row(self, row: dict[str, Any]) -> None:
         """A persisted report() step."""
-        with self._lock:
-            self._result.rows.append(row)
-            rows = list(self._result.rows)
+        rows = self._record.add_row(row)
         self._sink.status.metrics(row)
         if self._chart is not None:
             try:
@@ -194,16 +190,17 @@ class ReportTracker:
             except Exception as exc:  # noqa: BLE001 - nor must MLflow
                 logger.warning("spark_torch: could not log step %s to MLflow (%s)", row.get("step"), exc)
 
-    def close(self) -> None:
-        """The run ended: the final chart stays in the cell; the MLflow run is ended if ours."""
-        if self._chart is not None and self._result.rows:
+    def close(self, checkpoint: Checkpoint | None, error: BaseException | None) -> None:
+        """The run ended (its latest ``checkpoint``, its ``error``): the final chart stays in the
+        cell; the MLflow run is ended if ours."""
+        rows = list(self._record.rows)
+        if self._chart is not None and rows:
             try:
-                self._chart.draw(self._result.rows, force=True)
+                self._chart.draw(rows, force=True)
             except Exception:  # noqa: BLE001 - see row()
                 pass
         if self._mlflow is not None:
             try:
-                checkpoint = self._result.checkpoint
-                self._mlflow.close(checkpoint.path if checkpoint is not None else None, self._result.error)
+                self._mlflow.close(checkpoint.path if checkpoint is not None else None, error)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("spark_torch: could not finish the MLflow run (%s)", exc)

@@ -9,6 +9,7 @@ import os
 import platform
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,14 +18,7 @@ from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink
 from spark_torch.driver.console.status import interactive
 from spark_torch.driver.console.tracker import ReportTracker
-from spark_torch.driver.result import (
-    AttemptEnd,
-    AttemptError,
-    AttemptReason,
-    AttemptRecord,
-    RunResult,
-    fill_from_storage,
-)
+from spark_torch.driver.result import AttemptEnd, AttemptError, AttemptReason, AttemptRecord, StoredRun, read_stored
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.cancel import Cancellation, RunCancelled
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
@@ -36,6 +30,7 @@ from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRe
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.run.policy import Action, RestartPolicy
+from spark_torch.driver.run_record import RunRecord
 from spark_torch.driver.spark.checks import Verdict, encryption_checks
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
 from spark_torch.driver.spark.dataframe import DataInput
@@ -50,7 +45,8 @@ from spark_torch.errors import (
     RunTimeoutError,
 )
 from spark_torch.reporting.ranking import CheckpointInfo
-from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, record
+from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported
+from spark_torch.reporting.run_log import record as log_call
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
 from spark_torch.settings import Settings
 from spark_torch.settings import resolve as resolve_settings
@@ -128,11 +124,12 @@ def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings)
 
 
 def execute(
-    config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, result: RunResult,
+    config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, record: RunRecord,
     cancellation: Cancellation | None = None,
 ) -> Any:  # fmt: skip
-    """Run ``entry`` (see :meth:`Distributor.run`); fills ``result`` (the call's :class:`RunResult`)
-    as it goes. ``cancellation`` stops its attempts from another thread (replica groups)."""
+    """Run ``entry`` (see :meth:`Distributor.run`), recording it in ``record``; once it ended,
+    however, ``record.result`` is the call's :class:`~spark_torch.driver.result.RunResult`.
+    ``cancellation`` stops its attempts from another thread (replica groups)."""
     cluster = read_cluster(spark) if spark is not None else ClusterInfo()
     plan = _plan(config, cluster)
     settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
@@ -142,41 +139,44 @@ def execute(
     token = uuid.uuid4().hex
     sink = DriverLogSink(config, plan.world_size)  # raises before anything is created for a bad log_dir
     try:
-        storage = _storage(config, result.run_id, token)
+        storage = _storage(config, record.run_id, token)
     except BaseException:
         sink.close()
         raise
-    result.path = storage.url if storage is not None else None
-    result.started, script = time.time(), entry if isinstance(entry, ScriptEntrypoint) else None
-    call = call_row(entry.description, "script" if script else "function", script.argv if script else (), started=result.started)
-    result.entry = call["entry"]
-    record(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
-    base = _run_spec(config, plan, entry, payload, data, result.run_id, storage, token, settings)
+    record.started, script = time.time(), entry if isinstance(entry, ScriptEntrypoint) else None
+    call = call_row(entry.description, "script" if script else "function", script.argv if script else (), started=record.started)
+    record.entry = call["entry"]
+    log_call(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
+    base = _run_spec(config, plan, entry, payload, data, record.run_id, storage, token, settings)
     deadline = time.monotonic() + config.timeout if config.timeout else None
-    tracker = ReportTracker(result, sink, config, plan, result.run_id)
+    tracker = ReportTracker(record, sink, config, plan, record.run_id)
     membership = _membership(config, plan, settings)
     controller = RunController(
-        spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, result=result,
+        spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, record=record,
         sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
         policy=RestartPolicy(config.max_restarts), cancellation=cancellation,
     )  # fmt: skip
+    value: Any = None
+    error: BaseException | None = None
     try:
         with quiet_spark_logs(None if plan.local_mode else spark, keep=settings.spark_logs):  # no Java wall
             pickled = controller.run()
-        result.value = _unpickle_result(pickled)
-        return result.value
+        value = _unpickle_result(pickled)
+        return value
     except BaseException as exc:
-        result.error = exc
+        error = exc
         raise
     finally:
         ended = time.time()
-        result.outcome, result.duration = run_outcome(result), ended - result.started
-        record(storage, end_row(result.outcome, result.error, ended))
+        outcome = run_outcome(error, record.attempts)
+        log_call(storage, end_row(outcome, error, ended))
         try:
-            fill_from_storage(result, storage, config.checkpoint_score_attribute, config.checkpoint_score_order)
+            stored = read_stored(storage, record.rows, config.checkpoint_score_attribute, config.checkpoint_score_order)
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
             logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
-        tracker.close()
+            stored = StoredRun(path=storage.url if storage is not None else None, history=list(record.rows))
+        result = record.finish(value=value, error=error, outcome=outcome, ended=ended, stored=stored)
+        tracker.close(result.checkpoint, result.error)
         sink.close()
         if storage is not None and config.run_id is None and config.storage_path is None:
             _prune(storage)  # the default storage keeps the newest runs that reported nothing, not all
@@ -190,9 +190,9 @@ def _prune(storage: RunStorage) -> None:
         logger.warning("spark_torch: could not remove old runs that reported nothing from %s: %s", storage.base, exc)
 
 
-def run_outcome(result: RunResult) -> Outcome:
+def run_outcome(error: BaseException | None, attempts: Sequence[AttemptRecord]) -> Outcome:
     """How the call ended: from its error, and its last attempt's end (a stop names its cause)."""
-    error, last = result.error, result.attempts[-1].end if result.attempts else None
+    last = attempts[-1].end if attempts else None
     if error is None:
         return Outcome.SUCCEEDED
     if isinstance(error, RunCancelled):  # stopped because another replica group failed the run
@@ -252,7 +252,7 @@ class RunController:
     config: DistributorConfig
     endpoint: ChannelEndpoint | None
     data: DataInput | None
-    result: RunResult
+    record: RunRecord
     sink: DriverLogSink
     tracker: ReportTracker
     storage: RunStorage | None
@@ -273,7 +273,7 @@ class RunController:
         show = interactive() if self.config.progress is None else self.config.progress
         reason, failures = AttemptReason.START, 0
         while True:
-            record, attempt, problem = self._next_attempt(len(self.result.attempts), reason, show)
+            record, attempt, problem = self._next_attempt(len(self.record.attempts), reason, show)
             # a check before the attempt that found it impossible ends it as the attempt would have
             ended = AttemptOutcome.ended(problem) if problem is not None else _run_attempt(self.spark, attempt, self.endpoint, self.data)
             record.end = ended.end
@@ -294,7 +294,7 @@ class RunController:
                 stacks = getattr(error, "stacks_text", None)  # a stall's or a timeout's: said here, once
                 logger.warning(
                     "spark_torch: run %s %s (%s); restarting the gang (%d of %s)%s",
-                    self.result.run_id, ended.end, record.detail, failures, policy.budget(),
+                    self.record.run_id, ended.end, record.detail, failures, policy.budget(),
                     f"\nWhere each rank was:\n{stacks}" if stacks else "",
                 )
             reason = decision.reason
@@ -322,8 +322,7 @@ class RunController:
                 kind = ProblemKind.SLOTS if isinstance(exc, InsufficientSlotsError) else ProblemKind.LAUNCH
                 problem = DriverProblem(kind, str(exc), cause=exc.__cause__)
         record = AttemptRecord(attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
-        self.result.attempts.append(record)
-        self.result.restarts = restart_count
+        self.record.attempts.append(record)
         status = self.sink.begin_attempt(sized.world_size, show and problem is None)  # none for an attempt that cannot start
         config = self.config
         attempt = Attempt(
@@ -342,7 +341,7 @@ class RunController:
             score_order=config.checkpoint_score_order,
             membership=self.membership if config.elastic_grow else None,
             on_stall=status.stalled,
-            trace_dir=trace_dir(config.log_dir, self.result.run_id, index),
+            trace_dir=trace_dir(config.log_dir, self.record.run_id, index),
             cancellation=self.cancellation,
         )
         return record, attempt, problem
@@ -367,7 +366,7 @@ def _record_end(storage: RunStorage | None, attempt: AttemptRecord) -> None:
     error = (attempt.error.type_name, attempt.error.first_line) if attempt.error is not None else None
     end = str(attempt.end) if attempt.end is not None else "?"
     row = attempt_row(attempt.attempt, attempt.world_size, attempt.nodes, str(attempt.reason), end, error, attempt.size_note, time.time())
-    record(storage, {**row, "detail": str(attempt.grow)} if attempt.grow is not None else row)
+    log_call(storage, {**row, "detail": str(attempt.grow)} if attempt.grow is not None else row)
 
 
 def _unpickle_result(result: ResultBytes | None) -> Any:
