@@ -21,6 +21,7 @@ from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
+from spark_torch.shared.staged_shards import Staging
 
 __all__ = [
     "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
@@ -242,6 +243,9 @@ class RunResult:
         duration: how long it took, in seconds.
         error_line: for a past run (:meth:`from_path`), its error's type and first line (``error``
             itself stays None there); for this call, the same from ``error``.
+        staging: with ``run_on_dataframe(..., reuse_staged=True)``, how the last attempt's rows
+            reached the ranks (:class:`~spark_torch.shared.staged_shards.Staging`: staged and
+            kept, reused, staged again, not kept); else None.
         replica_groups: with ``replica_groups``, each group's own last run (``run_id`` RUN_ID-gN,
             its ``path``); the call's ``rows``, ``history`` and ``attempts`` are every group's, each
             row with its ``replica_group``. Empty otherwise.
@@ -263,6 +267,7 @@ class RunResult:
     duration: float | None = None
     past_error: str | None = field(default=None, repr=False)
     replica_groups: list[RunResult] = field(default_factory=list)
+    staging: Staging | None = None
 
     @property
     def error_line(self) -> str | None:

@@ -9,6 +9,8 @@ Distributed mode; one owner for the whole contract. A barrier task (node) return
 ``HANDED_OVER_SEQ``    the result was moved into the driver's ``result_dir``; data = its size
 ``STREAMED_SEQ``       the result went over the channel into the driver's file; data = its size
 ``CHANNEL_ERROR_SEQ``  this node never reached the driver's channel; data = its last error
+``SHARD_SEQ``          where this node's DataFrame rows came from (``reuse_staged``): a
+                       :class:`~spark_torch.shared.staged_shards.ShardUse` as JSON
 =====================  ==============================================================
 
 How the result travels (the ``result_transfer`` setting): ``auto`` moves rank 0's result file
@@ -26,6 +28,7 @@ this run wrote, frames authenticated with the run's secret, or Spark's own resul
 from __future__ import annotations
 
 import hmac
+import json
 import mmap
 import os
 import secrets
@@ -39,6 +42,7 @@ from spark_torch.errors import LaunchError
 from spark_torch.shared import rank_files
 from spark_torch.shared.rank_files import ResultBytes
 from spark_torch.shared.spec import RunSpec
+from spark_torch.shared.staged_shards import ShardSource, ShardUse
 from spark_torch.shared.workdir_files import WorkdirFiles
 
 __all__ = [
@@ -58,6 +62,7 @@ FINISHED_SEQ = -1
 HANDED_OVER_SEQ = -2
 CHANNEL_ERROR_SEQ = -3
 STREAMED_SEQ = -4
+SHARD_SEQ = -5
 #: how long the channel may go without taking a piece of the result before Spark carries it
 STREAM_STALL_SECONDS = 60.0
 #: a piece of the result through Spark
@@ -195,11 +200,14 @@ def _result_rows(node_rank: int, result_file: str) -> Iterator[Any]:
 
 
 def node_rows(
-    node_rank: int, *, finished: bool, channel_error: str | None, delivered: tuple[int, int] | None, result_file: str | None
-) -> Iterator[Any]:
+    node_rank: int, *, finished: bool, channel_error: str | None, delivered: tuple[int, int] | None, result_file: str | None,
+    shard: ShardUse | None = None,
+) -> Iterator[Any]:  # fmt: skip
     """The rows a barrier task returns (see the module docstring)."""
     if channel_error:
         yield _row(node_rank, CHANNEL_ERROR_SEQ, channel_error.encode("utf-8"))
+    if shard is not None:
+        yield _row(node_rank, SHARD_SEQ, json.dumps({"shard": shard.shard, "rows": shard.rows, "source": shard.source.value}).encode("ascii"))
     if not finished:
         return  # the driver asked this node to stop (timeout, Ctrl-C, another node failed)
     yield _row(node_rank, FINISHED_SEQ, b"")
@@ -260,6 +268,8 @@ class StageRows:
     finished: set[int] = field(default_factory=set)
     #: per node that never reached the channel, its last connection error
     channel_errors: dict[int, str] = field(default_factory=dict)
+    #: per node, where its DataFrame rows came from (``reuse_staged``)
+    shards: dict[int, ShardUse] = field(default_factory=dict)
 
 
 def read_stage(table: Any) -> StageRows:
@@ -273,7 +283,12 @@ def read_stage(table: Any) -> StageRows:
         if seq == CHANNEL_ERROR_SEQ
     }
     finished = {node for node, seq in zip(nodes, seqs) if seq == FINISHED_SEQ}
-    return StageRows(table=table, finished=finished, channel_errors=errors)
+    shards = {}
+    for i, (node, seq) in enumerate(zip(nodes, seqs)):
+        if seq == SHARD_SEQ:
+            use = json.loads(data[i].as_py())
+            shards[node] = ShardUse(shard=int(use["shard"]), rows=int(use["rows"]), source=ShardSource(use["source"]))
+    return StageRows(table=table, finished=finished, channel_errors=errors, shards=shards)
 
 
 def assemble(stage: StageRows, result_dir: str | None, streamed: StreamedResult | None) -> ResultBytes:

@@ -214,6 +214,7 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
                 channel_error=channel_error,
                 delivered=delivered,
                 result_file=group.result_file if finished and group is not None else None,
+                shard=hosted.shard,
             )
     finally:
         io.close()

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -36,12 +37,14 @@ from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
+from spark_torch.driver.spark.staged_reuse import KeptRows
 from spark_torch.errors import LaunchError
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.shared.spec import RunSpec
+from spark_torch.shared.staged_shards import ShardSource, ShardUse
 from spark_torch.shared.workdir_files import WorkdirFiles
 
 __all__ = ["run_distributed", "completed_while_stopping"]
@@ -89,14 +92,38 @@ def run_distributed(
     spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None = None
 ) -> AttemptOutcome:
     """Run the barrier stage; every way the attempt ends is returned: succeeded (rank 0's
-    pickled result in function mode), grow requested, or the typed cause of its failure."""
+    pickled result in function mode), grow requested, or the typed cause of its failure. With
+    ``reuse_staged`` and rows kept by an earlier run, the stage's input is one placeholder row
+    per node and each node takes a kept shard of its executor; when they do not cover every
+    node, a second stage stages them from the DataFrame again."""
     spec = attempt.spec
-    by_file = spec.payload is not None and spec.settings.result_transfer != "spark"
     if spec.settings.ship_package:
         try:
             ship_package(spark)
         except Exception as exc:  # noqa: BLE001 - the nodes still check that they run the driver's code
             logger.warning("spark_torch: could not ship spark_torch to the executors (%s); they use their own", exc)
+    if data is None or data.digest is None or spec.data is None:
+        return _run_stage(spark, attempt, endpoint, data)[0]
+    kept = KeptRows.for_attempt(spark, data.digest, data.columns, data.explicit, spec.plan)
+    cache, missed, started = kept.first(), False, time.monotonic()
+    while True:
+        here = replace(attempt, spec=replace(spec, data=replace(spec.data, cache=cache)))
+        outcome, shards = _run_stage(spark, here, endpoint, None if cache.reuse else data)
+        if cache.reuse and any(use.source is ShardSource.MISSED for use in shards.values()):
+            cache, missed = kept.missed(cache), True
+            left = attempt.timeout - (time.monotonic() - started) if attempt.timeout is not None else None
+            attempt = replace(attempt, timeout=max(left, 0.0) if left is not None else None)
+            continue
+        return replace(outcome, staging=kept.settle(cache, shards, spec.plan.num_nodes, missed))
+
+
+def _run_stage(
+    spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None
+) -> tuple[AttemptOutcome, dict[int, ShardUse]]:
+    """One barrier stage (``data``: the DataFrame as its input; None: a placeholder row per
+    node); how it ended, and where each node's rows came from."""
+    spec = attempt.spec
+    by_file = spec.payload is not None and spec.settings.result_transfer != "spark"
     with contextlib.ExitStack() as cleanup:
         streamed = None
         if by_file:
@@ -110,10 +137,10 @@ def run_distributed(
         cleanup.callback(stage.close)
         problem = stage.open(endpoint)
         if problem is not None:
-            return AttemptOutcome.ended(problem)
+            return AttemptOutcome.ended(problem), {}
         stage.start()
         stopped = stage.wait()
-        return stopped if stopped is not None else stage.classify()
+        return (stopped if stopped is not None else stage.classify()), stage.shards
     raise AssertionError("unreachable")  # pragma: no cover - for type checkers: the block returns
 
 
@@ -144,6 +171,8 @@ class _BarrierStage:
         self.stall: StallWatch | None = None
         self.stall_open = True  # closed once the wait is over (or by close())
         self.job: BackgroundCall[Any] | None = None
+        #: per node, where its DataFrame rows came from (``reuse_staged``; read by classify())
+        self.shards: dict[int, ShardUse] = {}
 
     def _channel(self) -> DriverChannel:
         assert self.channel is not None, "the stage's channel is opened first"
@@ -269,6 +298,9 @@ class _BarrierStage:
         channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # drain the last log lines
         stage = result_transfer.read_stage(job.value)
         channel.connect_errors(stage.channel_errors)
+        self.shards = stage.shards
+        if any(use.source is ShardSource.MISSED for use in stage.shards.values()):  # run_distributed stages again
+            return AttemptOutcome.ended(DriverProblem(ProblemKind.LAUNCH, "the DataFrame rows kept by an earlier run are not on every node"))
         if len(stage.finished) < plan.num_nodes:
             if self.data is not None and not stage.finished:
                 return AttemptOutcome.ended(DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on"))

@@ -10,14 +10,16 @@ from __future__ import annotations
 import socket
 import threading
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
-from spark_torch.base.states import StopReason, StopSignal
+from spark_torch.base.states import ProblemKind, StopReason, StopSignal
 from spark_torch.driver.run.attempt import Attempt
-from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, timed_out
+from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, Interrupted, RanksFailed, timed_out
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
+from spark_torch.driver.spark.staged_reuse import KeptRows
 from spark_torch.errors import RankFailure
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, run_node
 from spark_torch.node.progress import ProgressWatch
@@ -28,6 +30,7 @@ from spark_torch.reporting.pipes import NodeReports
 from spark_torch.shared.failure_reports import FailureReport
 from spark_torch.shared.lines import RankOutput
 from spark_torch.shared.rank_files import map_file
+from spark_torch.shared.staged_shards import ShardSource, ShardUse
 
 __all__ = ["run_local", "LocalIO", "LOCAL_HOST"]
 
@@ -91,7 +94,27 @@ class LocalIO:
 
 def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome:
     """Run all ranks here; every way the attempt ends is returned: succeeded with rank 0's
-    pickled result (function mode) or None, else the typed cause."""
+    pickled result (function mode) or None, else the typed cause. With ``reuse_staged`` the
+    rows a previous run kept are used when they are still there (else staged again)."""
+    if data is None or data.digest is None:
+        return _run_here(attempt, data)[0]
+    spec = attempt.spec
+    assert spec.data is not None
+    kept = KeptRows.for_attempt(data.df.sparkSession, data.digest, data.columns, data.explicit, spec.plan)
+    cache, missed = kept.first(), False
+    while True:
+        here = replace(attempt, spec=replace(spec, data=replace(spec.data, cache=cache)))
+        outcome, use = _run_here(here, None if cache.reuse else data)
+        if use is not None and use.source is ShardSource.MISSED and cache.reuse:
+            cache, missed = kept.missed(cache), True
+            continue
+        staging = kept.settle(cache, {0: use} if use is not None else {}, 1, missed)
+        return replace(outcome, staging=staging)
+
+
+def _run_here(attempt: Attempt, data: DataInput | None) -> tuple[AttemptOutcome, ShardUse | None]:
+    """One node runner here (``data``: the DataFrame to read; None: nothing to read); how the
+    attempt ended and where its rows came from."""
     spec = attempt.spec
     io = LocalIO(attempt)
     # local mode: the driver reads the DataFrame and the ranks split its rows
@@ -107,29 +130,37 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
                 hosted = run_node(spec, io, workdir, batches)
         except KeyboardInterrupt as interrupt:
             note_stacks(interrupt, io.stall)
-            return AttemptOutcome.ended(Interrupted(interrupt))
+            return AttemptOutcome.ended(Interrupted(interrupt)), None
         except NodeProblem as problem:
-            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem)))
+            return AttemptOutcome.ended(RanksFailed(NodeResult.problem_report(problem))), None
         finally:
             if timer is not None:
                 timer.cancel()
             if io.coordinator is not None:
                 io.coordinator.close()
             io.stall.close()
-        group = hosted.group
-        stopped_here = group is None or (group.state is GroupState.STOPPED and group.stop_reason is StopReason.CANCELLED)
-        if cancellation is not None and cancellation.error is not None and stopped_here:
-            return AttemptOutcome.ended(Interrupted(cancellation.error))  # stopped from another thread
-        assert group is not None  # a local rendezvous is stopped only by a cancellation
-        if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
-            return AttemptOutcome.ended(io.stall.verdict())
-        if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
-            lines = {status.rank: status.last_lines for status in group.ranks}
-            every_rank = {0: range(spec.plan.world_size)}
-            cause = timed_out(attempt.run_timeout, {0: group.end()}, every_rank, lambda rank: lines.get(rank, ()), io.stall.stacks(), host=io.host)
-            return AttemptOutcome.ended(cause)
-        if group.state is GroupState.FAILED:
-            return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
-        if group.result_file is None:
-            return AttemptOutcome.succeeded(None)
-        return AttemptOutcome.succeeded(map_file(group.result_file))  # readable after the workdir is removed
+        return _classify(attempt, io, hosted), hosted.shard
+
+
+def _classify(attempt: Attempt, io: LocalIO, hosted: NodeResult) -> AttemptOutcome:
+    """How the node runner's end ends the attempt."""
+    spec, cancellation = attempt.spec, attempt.cancellation
+    group = hosted.group
+    if group is None and hosted.shard is not None:  # kept rows missing: run_local stages them again
+        return AttemptOutcome.ended(DriverProblem(ProblemKind.LAUNCH, "the DataFrame rows kept by an earlier run are gone"))
+    stopped_here = group is None or (group.state is GroupState.STOPPED and group.stop_reason is StopReason.CANCELLED)
+    if cancellation is not None and cancellation.error is not None and stopped_here:
+        return AttemptOutcome.ended(Interrupted(cancellation.error))  # stopped from another thread
+    assert group is not None  # a local rendezvous is stopped only by a cancellation
+    if group.state is GroupState.STOPPED and group.stop_reason in (StopReason.STALLED, StopReason.REPORT_DEADLOCK):
+        return AttemptOutcome.ended(io.stall.verdict())
+    if group.state is GroupState.STOPPED:  # the timeout (nothing else stops a local attempt)
+        lines = {status.rank: status.last_lines for status in group.ranks}
+        every_rank = {0: range(spec.plan.world_size)}
+        cause = timed_out(attempt.run_timeout, {0: group.end()}, every_rank, lambda rank: lines.get(rank, ()), io.stall.stacks(), host=io.host)
+        return AttemptOutcome.ended(cause)
+    if group.state is GroupState.FAILED:
+        return AttemptOutcome.ended(RanksFailed(hosted.failure_report()))
+    if group.result_file is None:
+        return AttemptOutcome.succeeded(None)
+    return AttemptOutcome.succeeded(map_file(group.result_file))  # readable after the workdir is removed
