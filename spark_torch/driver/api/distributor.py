@@ -18,6 +18,7 @@ from spark_torch.driver.result import RunResult
 from spark_torch.driver.run.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.run.plan import host_facts, make_plan
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
+from spark_torch.errors import ConfigurationError
 from spark_torch.ft.lighthouse import LighthouseOptions
 from spark_torch.settings import SETTINGS
 from spark_torch.shared.spec import LaunchPlan
@@ -314,6 +315,8 @@ class Distributor:
         from spark_torch.driver.spark.dataframe import DataInput, check_columns
 
         try:
+            if not isinstance(reuse_staged, bool):
+                raise ConfigurationError(f"reuse_staged must be True or False, got {reuse_staged!r}")
             chosen = check_columns(df.schema, columns)
             if self._spark is None and not self._config.local_mode:
                 self._spark = df.sparkSession
