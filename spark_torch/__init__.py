@@ -136,7 +136,7 @@ __all__ = [
 
 
 #: names kept for old code, not in ``__all__`` (each warns when called)
-_DEPRECATED = {"load_run": "spark_torch.driver.result"}
+_DEPRECATED = {"load_run": "spark_torch.driver.api.past_runs"}
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ValueEnum", "RankState", "GroupState", "StopReason", "ProblemKind", "StopSignal", "NodeOutcome"]
+__all__ = ["ValueEnum", "RankState", "GroupState", "StopReason", "ProblemKind", "StopSignal", "ShardSource", "ShardUse", "NodeOutcome"]
 
 
 class ValueEnum(str, enum.Enum):
@@ -111,6 +111,28 @@ class StopSignal(threading.Event):
             return self._reason
 
 
+class ShardSource(ValueEnum):
+    """Where one node's DataFrame rows came from (``run_on_dataframe``)."""
+
+    #: staged from the input and kept (``reuse_staged``)
+    KEPT = "kept"
+    #: staged from the input into the run's scratch directory only
+    PRIVATE = "private"
+    #: a shard an earlier run kept
+    REUSED = "reused"
+    #: kept shards did not cover every node: no rank started
+    MISSED = "missed"
+
+
+@dataclass(frozen=True)
+class ShardUse:
+    """One node's rows for this attempt: which shard, how many rows, where they came from."""
+
+    shard: int
+    rows: int
+    source: ShardSource
+
+
 #: bounds on the dump paths a node's end carries per rank (a path longer than this is cut)
 MAX_DUMPS, MAX_DUMP_PATH = 8, 4096
 #: bound on a node problem's message as it travels
@@ -134,6 +156,8 @@ class NodeOutcome:
     stop: StopReason | None = None
     dumps: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     problem: tuple[ProblemKind, str] | None = None
+    #: ``run_on_dataframe``: where the node's rows came from
+    shard: ShardUse | None = None
 
     @property
     def finished(self) -> bool:
@@ -148,6 +172,7 @@ class NodeOutcome:
             "stop": None if self.stop is None else self.stop.value,
             "dumps": {str(rank): list(paths) for rank, paths in self.dumps.items()},
             "problem": None if self.problem is None else [self.problem[0].value, self.problem[1][:MAX_PROBLEM]],
+            "shard": None if self.shard is None else [self.shard.shard, self.shard.rows, self.shard.source.value],
         }
 
     @classmethod
@@ -167,10 +192,16 @@ class NodeOutcome:
         problem = value.get("problem")
         if problem is not None and (not isinstance(problem, list) or len(problem) != 2 or not isinstance(problem[1], str)):
             raise ValueError("a node's problem must be [kind, message]")
+        shard = value.get("shard")
+        if shard is not None and (
+            not isinstance(shard, list) or len(shard) != 3 or not all(type(n) is int and n >= 0 for n in shard[:2])
+        ):
+            raise ValueError("a node's shard must be [shard, rows, source]")
         return cls(
             state=None if state is None else GroupState(state),
             ranks=ranks,
             stop=None if stop is None else StopReason.parse(stop),
             dumps={int(rank): tuple(p[:MAX_DUMP_PATH] for p in paths[:MAX_DUMPS]) for rank, paths in dumps.items()},
             problem=None if problem is None else (ProblemKind(problem[0]), problem[1][:MAX_PROBLEM]),
+            shard=None if shard is None else ShardUse(shard[0], shard[1], ShardSource(shard[2])),
         )

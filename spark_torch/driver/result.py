@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,8 @@ from spark_torch.reporting.api import GROUP_KEY, RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
+from spark_torch.reporting.storage import RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
+from spark_torch.shared.staged_shards import Staging
 
 __all__ = [
     "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
@@ -246,6 +246,9 @@ class RunResult:
         duration: how long it took, in seconds.
         error_line: for a past run (:meth:`from_path`), its error's type and first line (``error``
             itself stays None there); for this call, the same from ``error``.
+        staging: with ``run_on_dataframe(..., reuse_staged=True)``, how the last attempt's rows
+            reached the ranks (:class:`~spark_torch.shared.staged_shards.Staging`: staged and
+            kept, reused, staged again, not kept); else None.
         replica_groups: with ``replica_groups``, each group's own last run (``run_id`` RUN_ID-gN,
             its ``path``); the call's ``rows``, ``history`` and ``attempts`` are every group's, each
             row with its ``replica_group``. Empty otherwise.
@@ -267,6 +270,7 @@ class RunResult:
     duration: float | None = None
     past_error: str | None = field(default=None, repr=False)
     replica_groups: list[RunResult] = field(default_factory=list)
+    staging: Staging | None = None
 
     @property
     def error_line(self) -> str | None:
@@ -425,24 +429,3 @@ def _not_a_run(path: str, options: dict[str, Any] | None) -> str:
     example = os.path.join(path, runs[0]) if "://" not in path else f"{path.rstrip('/')}/{runs[0]}"
     shown = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
     return text + f"; it is a storage holding the runs {shown}: pass one run's directory, e.g. {example!r}"
-
-
-def load_run(
-    storage_path: str | os.PathLike[str] = DEFAULT_STORAGE,
-    run_id: str = "",
-    *,
-    storage_options: dict[str, Any] | None = None,
-    checkpoint_score_attribute: str | None = None,
-    checkpoint_score_order: str | None = None,
-) -> RunResult:
-    """Deprecated: use :meth:`RunResult.from_path` (the same arguments)."""
-    warnings.warn("spark_torch.load_run() is deprecated; use spark_torch.RunResult.from_path()", DeprecationWarning, stacklevel=2)
-    if not run_id:
-        raise ValueError("load_run() needs the run_id (see distributor.last_run.run_id, or the directory names under storage_path)")
-    return RunResult.from_path(
-        storage_path,
-        run_id,
-        storage_options=storage_options,
-        checkpoint_score_attribute=checkpoint_score_attribute,
-        checkpoint_score_order=checkpoint_score_order,
-    )

@@ -15,6 +15,7 @@ from typing import Any
 
 from spark_torch.driver.result import AttemptRecord, RunResult, StoredRun
 from spark_torch.reporting.run_log import Outcome
+from spark_torch.shared.staged_shards import Staging
 
 __all__ = ["RunRecord"]
 
@@ -32,6 +33,8 @@ class RunRecord:
     rows: list[dict[str, Any]] = field(default_factory=list)
     #: one record per attempt of this call
     attempts: list[AttemptRecord] = field(default_factory=list)
+    #: ``reuse_staged``: how the latest attempt's DataFrame rows reached the ranks
+    staging: Staging | None = None
     #: the call's result, once :meth:`finish` made it
     result: RunResult | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -58,6 +61,6 @@ class RunRecord:
         self.result = RunResult(
             run_id=self.run_id, value=value, rows=rows, restarts=max(0, len(self.attempts) - 1), error=error,
             attempts=list(self.attempts), outcome=outcome, entry=self.entry, started=self.started,
-            duration=ended - started, **vars(stored),
+            duration=ended - started, staging=self.staging, **vars(stored),
         )  # fmt: skip
         return self.result

@@ -15,17 +15,18 @@ import os
 import platform
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from spark_torch.base import envnames
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, StopReason, StopSignal
+from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, ShardUse, StopReason, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.rank_group import GroupResult, NodeSpec, run_ranks
-from spark_torch.node.staging import check_shards, data_env, write_node_data
+from spark_torch.node.shard_reuse import NodeShard, Placement, node_shard
+from spark_torch.node.staging import check_shards, data_env
 from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
@@ -93,14 +94,18 @@ class NodeIO(Protocol):
 @dataclass(frozen=True)
 class NodeResult:
     """What a node produced: its rank group's result (None when the rendezvous was stopped,
-    before any rank started) and, then, the reason of that stop."""
+    before any rank started: then the reason of that stop; or kept shards did not cover every
+    node) and, for ``run_on_dataframe``, where its rows came from."""
 
     group: GroupResult | None
     stopped: StopReason | None = None
+    shard: ShardUse | None = None
 
     def outcome(self) -> NodeOutcome:
         """How the node's part ended, as the driver gets it."""
-        return self.group.outcome() if self.group is not None else NodeOutcome(stop=self.stopped)
+        if self.group is not None:
+            return replace(self.group.outcome(), shard=self.shard)
+        return NodeOutcome(stop=self.stopped, shard=self.shard)
 
     def failure_report(self) -> FailureReport:
         """The failed ranks as one report."""
@@ -183,17 +188,18 @@ def _usable_dir(path: str | None) -> str | None:
     return path if path and os.path.isdir(path) else None
 
 
-def _stage_rows(run: RunSpec, workdir: NodeWorkdir, batches: Iterable[Any] | None) -> tuple[str | None, int]:
-    """The node's DataFrame rows to a file (``run_on_dataframe``); else drain the placeholder row.
-    Nulls in a numeric column are the user's to fix: refused here, before any rank starts."""
+def _stage_rows(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, batches: Iterable[Any] | None) -> NodeShard | None:
+    """The node's DataFrame rows (``run_on_dataframe``: :mod:`spark_torch.node.shard_reuse`); else
+    drain the placeholder row. Nulls in a numeric column are the user's to fix: refused here,
+    before any rank starts."""
     if run.data is not None:
         try:
-            return write_node_data(batches or (), workdir.path)
+            return node_shard(run, io.node_rank, workdir.path, batches)
         except NullValuesError as exc:
             raise NodeProblem(str(exc), kind=ProblemKind.CONFIGURATION) from None
     for _ in batches or ():  # one placeholder row per node
         pass
-    return None, 0
+    return None
 
 
 def _check_peers(run: RunSpec, io: NodeIO, peers: list[dict[str, Any]], output: RankOutput) -> None:
@@ -208,16 +214,15 @@ def _check_peers(run: RunSpec, io: NodeIO, peers: list[dict[str, Any]], output: 
         output(-1, "stderr", warning)
 
 
-def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, peers: list[dict[str, Any]], data_path: str | None) -> dict[str, str]:
+def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, placement: Placement | None) -> dict[str, str]:
     """The variables every rank of this node gets on top of torchrun's: its DataFrame shard,
     the checkpoint it resumes from. Raises :class:`NodeProblem` for shards or a missing script."""
     node_env: dict[str, str] = {}
-    if run.data is not None and data_path is not None:
-        rows_per_node = [int(p["rows"]) for p in peers]
-        problem = check_shards(rows_per_node, run.plan.procs_per_node)
+    if run.data is not None and placement is not None:
+        problem = check_shards(placement.rows_per_node, run.plan.procs_per_node)
         if problem:
             raise NodeProblem(problem, kind=ProblemKind.CONFIGURATION)
-        node_env.update(data_env(data_path, run.data.columns, run.data.explicit, rows_per_node=rows_per_node))
+        node_env.update(data_env(placement.path, run.data.columns, run.data.explicit, rows_per_node=placement.rows_per_node))
     if run.script is not None and not os.path.isfile(run.script):
         raise NodeProblem(
             f"training script {run.script} does not exist on executor host {io.host}; "
@@ -258,19 +263,31 @@ def run_node(
     ``run_on_dataframe``; otherwise whatever input rows shaped the stage (drained). Raises
     :class:`NodeProblem` for a problem found before any rank started.
     """
-    data_path, rows = _stage_rows(run, workdir, batches)
+    shard = _stage_rows(run, io, workdir, batches)
+    try:
+        return _run_staged(run, io, workdir, shard)
+    finally:
+        if shard is not None:
+            shard.close()  # the kept shard is free for a sweep once the ranks are done
+
+
+def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard | None) -> NodeResult:
+    """:func:`run_node` once the node's rows are staged (or offered)."""
     cwd = _usable_dir(run.cwd)
     reservation, store = _master_port(run, io, cwd)
     reports = None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
-        hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": rows}
-        peers = io.rendezvous(hello)
+        hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": 0}
+        peers = io.rendezvous({**hello, **(shard.hello() if shard is not None else {})})
         if peers is None:
             return NodeResult(group=None, stopped=io.stop.reason)
         output = io.output()
         _check_peers(run, io, peers, output)
-        node_env = _node_env(run, io, workdir, peers, data_path)
+        placement = shard.place(peers) if shard is not None else None
+        if shard is not None and placement is None:  # kept shards do not cover every node: restage
+            return NodeResult(group=None, shard=shard.missed())
+        node_env = _node_env(run, io, workdir, placement)
         visible = _visible_devices(run, io)
         first = io.node_rank * run.plan.procs_per_node
         reports = io.report_pipes(range(first, first + run.plan.procs_per_node))
@@ -282,7 +299,7 @@ def run_node(
             spec, output, workdir, stop=io.stop, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
             on_trace=io.trace, watching=io.watching,
         )
-        result = NodeResult(group=group)
+        result = NodeResult(group=group, shard=placement.use if placement is not None else None)
         if group.state is GroupState.FAILED:
             # every failed node tells the driver, which then puts the earliest failure first,
             # whichever task Spark saw failing first

@@ -15,7 +15,7 @@ from typing import Any
 
 from spark_torch.settings import Settings
 
-__all__ = ["LaunchPlan", "GpuFallback", "ChannelSpec", "DataSpec", "StorageSpec", "RunSpec", "FILE_ARGUMENT", "file_argument"]
+__all__ = ["LaunchPlan", "GpuFallback", "ChannelSpec", "StagedCache", "DataSpec", "StorageSpec", "RunSpec", "FILE_ARGUMENT", "file_argument"]
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,27 @@ class ChannelSpec:
 
 
 @dataclass(frozen=True)
+class StagedCache:
+    """``run_on_dataframe(..., reuse_staged=True)``: the kept shards of this attempt
+    (:mod:`spark_torch.shared.staged_shards`). ``key``: the driver's digest of the DataFrame's plan,
+    the columns and the layout; ``generation``: one staging of it; ``reuse``: the nodes take kept
+    shards (their input is a placeholder row) instead of staging theirs from the input;
+    ``root``: where they are kept (local mode: the driver's folder; None: the node's Spark local dir)."""
+
+    key: str
+    generation: str
+    reuse: bool = False
+    root: str | None = None
+
+
+@dataclass(frozen=True)
 class DataSpec:
-    """``run_on_dataframe``: the columns arriving as each node's rows; ``explicit``: tuples, not dicts."""
+    """``run_on_dataframe``: the columns arriving as each node's rows; ``explicit``: tuples, not
+    dicts; ``cache``: the kept shards (``reuse_staged``), else None."""
 
     columns: tuple[str, ...]
     explicit: bool = False
+    cache: StagedCache | None = None
 
 
 @dataclass(frozen=True)

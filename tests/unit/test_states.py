@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopReason, StopSignal
+from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, ShardSource, ShardUse, StopReason, StopSignal
 
 
 def test_a_stop_keeps_the_first_reason() -> None:
@@ -32,6 +32,8 @@ def test_a_node_outcome_round_trips() -> None:
     problem = NodeOutcome(problem=(ProblemKind.CONFIGURATION, "the DataFrame is empty"))
     assert NodeOutcome.from_wire(problem.to_wire()) == problem and not problem.finished
     assert NodeOutcome(GroupState.SUCCEEDED).finished
+    kept = NodeOutcome(GroupState.SUCCEEDED, {0: RankState.FINISHED}, shard=ShardUse(1, 500, ShardSource.REUSED))
+    assert NodeOutcome.from_wire(kept.to_wire()) == kept
     assert NodeOutcome.from_wire({"ranks": {}, "problem": ["LaunchError", "m" * 100_000]}).problem == (ProblemKind.LAUNCH, "m" * 8192)
 
 
@@ -42,7 +44,8 @@ def test_an_outcome_without_state_dumps_or_problem_reads_as_none() -> None:
 @pytest.mark.parametrize("body", [None, [], {"ranks": []}, {"ranks": {"0": "exploded"}}, {"ranks": {"x": "finished"}},
      {"ranks": {}, "dumps": {"0": "/a/path"}}, {"ranks": {}, "dumps": {"0": [1]}}, {"ranks": {}, "dumps": []},
      {"ranks": {}, "state": "exploded"}, {"ranks": {}, "problem": "LaunchError"}, {"ranks": {}, "problem": ["Nope", "m"]},
-     {"ranks": {}, "problem": ["LaunchError", 3]}])
+     {"ranks": {}, "problem": ["LaunchError", 3]}, {"ranks": {}, "shard": [0, 1]}, {"ranks": {}, "shard": [0, -1, "kept"]},
+     {"ranks": {}, "shard": [0, 1, "borrowed"]}, {"ranks": {}, "shard": [True, 1, "kept"]}])
 def test_a_malformed_node_outcome_is_refused(body: object) -> None:
     with pytest.raises(ValueError):
         NodeOutcome.from_wire(body)

@@ -19,6 +19,7 @@ from spark_torch.driver.run.entrypoint import Entrypoint, make_entrypoint
 from spark_torch.driver.run.plan import host_facts, make_plan
 from spark_torch.driver.run_record import RunRecord
 from spark_torch.driver.spark.cluster import ClusterInfo, read_cluster
+from spark_torch.errors import ConfigurationError
 from spark_torch.ft.lighthouse import LighthouseOptions
 from spark_torch.settings import SETTINGS
 from spark_torch.shared.spec import LaunchPlan
@@ -293,7 +294,7 @@ class Distributor:
             raise
 
     def run_on_dataframe(
-        self, main: Any, df: Any, *args: Any, columns: Sequence[str] | None = None, **kwargs: Any
+        self, main: Any, df: Any, *args: Any, columns: Sequence[str] | None = None, reuse_staged: bool = False, **kwargs: Any
     ) -> Any:
         """Like :meth:`run`, with ``df``'s rows spread evenly over the ranks.
 
@@ -306,14 +307,26 @@ class Distributor:
         receives its rows through the barrier stage itself (Arrow, no pandas); in local mode
         the driver reads the DataFrame. An empty DataFrame, or fewer rows than ranks, fails
         before training starts; so does a column type that cannot become a tensor.
+
+        With ``reuse_staged=True`` the staged rows are kept until the Spark session stops, and a
+        later call on the same DataFrame (the same plan, columns and layout) trains on them
+        without reading the DataFrame again (``RunResult.staging`` says which happened;
+        docs/dataframe.md says what "the same" means). Not under Spark Connect.
         """
         from spark_torch.driver.spark.dataframe import DataInput, check_columns
 
         try:
+            if not isinstance(reuse_staged, bool):
+                raise ConfigurationError(f"reuse_staged must be True or False, got {reuse_staged!r}")
             chosen = check_columns(df.schema, columns)
             if self._spark is None and not self._config.local_mode:
                 self._spark = df.sparkSession
-            data = DataInput(df=df, columns=tuple(chosen), explicit=columns is not None)
+            digest = None
+            if reuse_staged:
+                from spark_torch.driver.spark.staged_reuse import plan_digest
+
+                digest = plan_digest(df)
+            data = DataInput(df=df, columns=tuple(chosen), explicit=columns is not None, digest=digest)
             return self._run(main, args, kwargs, data)
         except BaseException as error:  # every error leaves without spark_torch's frames
             without_internal_frames(error)

@@ -7,17 +7,19 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from spark_torch.driver.group_runs import group_of
+from spark_torch.driver.result import RunResult
 from spark_torch.reporting.api import RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import CallRecord, Outcome, read_calls
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RunStorage, run_ids
 
-__all__ = ["RunSummary", "list_runs", "read_summary", "runs_table", "run_details", "summary_json"]
+__all__ = ["RunSummary", "list_runs", "read_summary", "runs_table", "run_details", "summary_json", "load_run"]
 
 
 @dataclass(frozen=True)
@@ -267,3 +269,24 @@ def summary_json(summary: RunSummary) -> dict[str, Any]:
         data[key] = None if checkpoint is None else {"path": checkpoint.path, "step": checkpoint.step, "metrics": checkpoint.metrics}
     plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
     return plain
+
+
+def load_run(
+    storage_path: str | os.PathLike[str] = DEFAULT_STORAGE,
+    run_id: str = "",
+    *,
+    storage_options: dict[str, Any] | None = None,
+    checkpoint_score_attribute: str | None = None,
+    checkpoint_score_order: str | None = None,
+) -> RunResult:
+    """Deprecated: use :meth:`RunResult.from_path` (the same arguments)."""
+    warnings.warn("spark_torch.load_run() is deprecated; use spark_torch.RunResult.from_path()", DeprecationWarning, stacklevel=2)
+    if not run_id:
+        raise ValueError("load_run() needs the run_id (see distributor.last_run.run_id, or the directory names under storage_path)")
+    return RunResult.from_path(
+        storage_path,
+        run_id,
+        storage_options=storage_options,
+        checkpoint_score_attribute=checkpoint_score_attribute,
+        checkpoint_score_order=checkpoint_score_order,
+    )

@@ -13,12 +13,13 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from dataclasses import replace
 from typing import Any
 
 from spark_torch.base.background import BackgroundCall
 from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
-from spark_torch.base.states import ProblemKind, StopReason
+from spark_torch.base.states import ProblemKind, ShardSource, ShardUse, StopReason
 from spark_torch.channel.driver_end import DriverChannel, new_secret
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, Verdict, classify
@@ -31,6 +32,7 @@ from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
+from spark_torch.driver.spark.staged_reuse import KeptRows
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
@@ -84,14 +86,38 @@ def run_distributed(
     spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None = None
 ) -> AttemptOutcome:
     """Run the barrier stage; every way the attempt ends is returned: succeeded (rank 0's
-    pickled result in function mode), grow requested, or the typed cause of its failure."""
+    pickled result in function mode), grow requested, or the typed cause of its failure. With
+    ``reuse_staged`` and rows kept by an earlier run, the stage's input is one placeholder row
+    per node and each node takes a kept shard of its executor; when they do not cover every
+    node, a second stage stages them from the DataFrame again."""
     spec = attempt.spec
-    by_file = spec.payload is not None and spec.settings.result_transfer != "spark"
     if spec.settings.ship_package:
         try:
             ship_package(spark)
         except Exception as exc:  # noqa: BLE001 - the nodes still check that they run the driver's code
             logger.warning("spark_torch: could not ship spark_torch to the executors (%s); they use their own", exc)
+    if data is None or data.digest is None or spec.data is None:
+        return _run_stage(spark, attempt, endpoint, data)[0]
+    kept = KeptRows.for_attempt(spark, data.digest, data.columns, data.explicit, spec.plan)
+    cache, missed, started = kept.first(), False, time.monotonic()
+    while True:
+        here = replace(attempt, spec=replace(spec, data=replace(spec.data, cache=cache)))
+        outcome, shards = _run_stage(spark, here, endpoint, None if cache.reuse else data)
+        if cache.reuse and any(use.source is ShardSource.MISSED for use in shards.values()):
+            cache, missed = kept.missed(cache), True
+            left = attempt.timeout - (time.monotonic() - started) if attempt.timeout is not None else None
+            attempt = replace(attempt, timeout=max(left, 0.0) if left is not None else None)
+            continue
+        return replace(outcome, staging=kept.settle(cache, shards, spec.plan.num_nodes, missed))
+
+
+def _run_stage(
+    spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None
+) -> tuple[AttemptOutcome, dict[int, ShardUse]]:
+    """One barrier stage (``data``: the DataFrame as its input; None: a placeholder row per
+    node); how it ended, and where each node's rows came from."""
+    spec = attempt.spec
+    by_file = spec.payload is not None and spec.settings.result_transfer != "spark"
     with contextlib.ExitStack() as cleanup:
         streamed = None
         if by_file:
@@ -105,9 +131,10 @@ def run_distributed(
         cleanup.callback(stage.close)
         problem = stage.open(endpoint)
         if problem is not None:
-            return AttemptOutcome.ended(problem)
+            return AttemptOutcome.ended(problem), {}
         stage.start()
-        return stage.classify(stage.wait())
+        ended = stage.classify(stage.wait())
+        return ended, stage.shards
     raise AssertionError("unreachable")  # pragma: no cover - for type checkers: the block returns
 
 
@@ -130,6 +157,8 @@ class _BarrierStage:
         self.stall: StallWatch | None = None
         self.stall_open = True  # closed once the wait is over (or by close())
         self.job: BackgroundCall[Any] | None = None
+        #: per node, where its DataFrame rows came from (``reuse_staged``; read by classify())
+        self.shards: dict[int, ShardUse] = {}
 
     def _channel(self) -> DriverChannel:
         assert self.channel is not None, "the stage's channel is opened first"
@@ -256,6 +285,7 @@ class _BarrierStage:
             if verdict is None:
                 channel.connect_errors(stage.channel_errors)
             outcomes.update(stage.outcomes)
+        self.shards = {node: outcome.shard for node, outcome in outcomes.items() if outcome.shard is not None}
 
         def result() -> ResultBytes | None:
             if spec.payload is None or stage is None:

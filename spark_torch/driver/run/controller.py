@@ -277,6 +277,8 @@ class RunController:
             # a check before the attempt that found it impossible ends it as the attempt would have
             ended = AttemptOutcome.ended(problem) if problem is not None else _run_attempt(self.spark, attempt, self.endpoint, self.data)
             record.end = ended.end
+            if ended.staging is not None:
+                self.record.staging = ended.staging
             # the edge: the attempt's typed end becomes the user's exception here, and only here
             error = attempt_error(ended) if ended.end not in (AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED) else None
             record.error = AttemptError.from_exception(error) if error is not None else None

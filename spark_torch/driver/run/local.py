@@ -10,15 +10,17 @@ from __future__ import annotations
 import socket
 import threading
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
-from spark_torch.base.states import GroupState, NodeOutcome, StopReason, StopSignal
+from spark_torch.base.states import GroupState, NodeOutcome, ShardSource, ShardUse, StopReason, StopSignal
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, Verdict, classify
 from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
+from spark_torch.driver.spark.staged_reuse import KeptRows
 from spark_torch.errors import RankFailure
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, run_node
 from spark_torch.node.progress import ProgressWatch
@@ -115,7 +117,27 @@ class LocalIO:
 
 def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome:
     """Run all ranks here; every way the attempt ends is returned: succeeded with rank 0's
-    pickled result (function mode) or None, else the typed cause."""
+    pickled result (function mode) or None, else the typed cause. With ``reuse_staged`` the
+    rows a previous run kept are used when they are still there (else staged again)."""
+    if data is None or data.digest is None:
+        return _run_here(attempt, data)[0]
+    spec = attempt.spec
+    assert spec.data is not None
+    kept = KeptRows.for_attempt(data.df.sparkSession, data.digest, data.columns, data.explicit, spec.plan)
+    cache, missed = kept.first(), False
+    while True:
+        here = replace(attempt, spec=replace(spec, data=replace(spec.data, cache=cache)))
+        outcome, use = _run_here(here, None if cache.reuse else data)
+        if use is not None and use.source is ShardSource.MISSED and cache.reuse:
+            cache, missed = kept.missed(cache), True
+            continue
+        staging = kept.settle(cache, {0: use} if use is not None else {}, 1, missed)
+        return replace(outcome, staging=staging)
+
+
+def _run_here(attempt: Attempt, data: DataInput | None) -> tuple[AttemptOutcome, ShardUse | None]:
+    """One node runner here (``data``: the DataFrame to read; None: nothing to read); how the
+    attempt ended and where its rows came from."""
     spec = attempt.spec
     io = LocalIO(attempt)
     # local mode: the driver reads the DataFrame and the ranks split its rows
@@ -133,7 +155,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
             outcome = hosted.outcome()
         except KeyboardInterrupt as interrupt:
             note_stacks(interrupt, io.stall)
-            return classify(AttemptEvidence(nodes=1, verdict=Interrupted(interrupt)))
+            return classify(AttemptEvidence(nodes=1, verdict=Interrupted(interrupt))), None
         except NodeProblem as problem:
             outcome = NodeOutcome(problem=(problem.kind, problem.message))
         finally:
@@ -145,7 +167,7 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
         group = hosted.group if hosted is not None else None
         failed = hosted is not None and outcome.state is GroupState.FAILED
         result_file = group.result_file if group is not None else None
-        return classify(
+        ended = classify(
             AttemptEvidence(
                 nodes=1, outcomes={0: outcome}, verdict=io.verdict(hosted),
                 failure=RanksFailed(hosted.failure_report()) if failed and hosted is not None else None,
@@ -153,3 +175,4 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
                 result=lambda: map_file(result_file) if result_file is not None else None,
             )
         )  # fmt: skip
+        return ended, outcome.shard

@@ -18,6 +18,7 @@ from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.errors import StoppedRank
 from spark_torch.shared.failure_reports import FailureReport
 from spark_torch.shared.rank_files import ResultBytes
+from spark_torch.shared.staged_shards import Staging
 
 __all__ = [
     "AttemptOutcome",
@@ -210,11 +211,13 @@ AttemptCause = RanksFailed | SparkJobFailed | DriverProblem | RanksStopped | Sta
 
 @dataclass(frozen=True)
 class AttemptOutcome:
-    """How an attempt ended: its end, rank 0's pickled value when it succeeded, else its cause."""
+    """How an attempt ended: its end, rank 0's pickled value when it succeeded, else its cause;
+    ``staging``: how its DataFrame rows reached the ranks (``reuse_staged``), else None."""
 
     end: AttemptEnd
     result: ResultBytes | None = None
     cause: AttemptCause | None = None
+    staging: Staging | None = None
 
     @classmethod
     def succeeded(cls, result: ResultBytes | None) -> AttemptOutcome:

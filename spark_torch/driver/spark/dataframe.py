@@ -52,8 +52,11 @@ def check_columns(schema: Any, columns: Sequence[str] | None) -> list[str]:
 
 @dataclass(frozen=True)
 class DataInput:
-    """A DataFrame to spread over the ranks, and which columns (``explicit``: tuples, not dicts)."""
+    """A DataFrame to spread over the ranks, and which columns (``explicit``: tuples, not dicts);
+    ``digest``: with ``reuse_staged``, the digest of its plan
+    (:func:`spark_torch.driver.spark.staged_reuse.plan_digest`), else None."""
 
     df: Any
     columns: tuple[str, ...]
     explicit: bool = False
+    digest: str | None = None
