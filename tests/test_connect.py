@@ -115,6 +115,20 @@ def test_connect_too_few_slots_fails_fast(connect_spark: Any) -> None:
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
+def test_connect_refuses_reuse_staged_before_anything_starts(connect_spark: Any, no_leftovers: None) -> None:
+    """Kept rows would live on the Connect server's executors, past the user's session."""
+    from spark_torch import ConfigurationError
+
+    df = connect_spark.range(8).selectExpr("cast(id as double) as x")
+    start = time.monotonic()
+    with pytest.raises(ConfigurationError, match=r"reuse_staged=True needs a classic Spark session.*Drop reuse_staged"):
+        Distributor(num_processes=2, local_mode=False, spark=connect_spark).run_on_dataframe(
+            all_reduce_and_say, df, 1, reuse_staged=True
+        )
+    assert time.monotonic() - start < 30
+
+
 def _cuda_visible() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
