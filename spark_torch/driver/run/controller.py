@@ -23,7 +23,7 @@ from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.cancel import Cancellation, RunCancelled
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
-from spark_torch.driver.run.failures import attempt_error
+from spark_torch.driver.run.failures import attempt_error, unreadable_result_error
 from spark_torch.driver.run.flight_recorder import trace_dir
 from spark_torch.driver.run.membership import Membership
 from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRequested, Interrupted
@@ -38,7 +38,6 @@ from spark_torch.driver.spark.preflight import check_executors
 from spark_torch.driver.spark.quiet import quiet_spark_logs
 from spark_torch.errors import (
     ConfigurationError,
-    DistributedRunError,
     InsufficientSlotsError,
     LaunchError,
     RunStalledError,
@@ -380,12 +379,7 @@ def _unpickle_result(result: ResultBytes | None) -> Any:
     try:
         return cloudpickle.loads(result)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure gets the same advice
-        raise DistributedRunError(
-            [],
-            headline=f"rank 0 returned a result that cannot be unpickled on the driver "
-            f"({type(exc).__name__}: {exc}); return plain data (numbers, lists, dicts, tensors, "
-            "state_dict()) or make the classes it uses importable on the driver",
-        ) from exc
+        raise unreadable_result_error(exc) from exc
     finally:
         close = getattr(result, "close", None)  # a memory map of the result file
         if close is not None:

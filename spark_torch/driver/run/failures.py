@@ -42,7 +42,7 @@ from spark_torch.errors import (
 from spark_torch.shared.failure_reports import MARKER, FailureReport, decode_report, merge_reports
 from spark_torch.shared.rank_files import rebuild_exception
 
-__all__ = ["attempt_error", "error_from_report", "problem_error", "spark_failure_cause", "classify_spark_text", "SparkJobError", "without_reports"]
+__all__ = ["attempt_error", "unreadable_result_error", "error_from_report", "problem_error", "spark_failure_cause", "classify_spark_text", "SparkJobError", "without_reports"]
 
 #: a node runner that could not even start: an import failed in Spark's Python worker
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -206,3 +206,12 @@ def attempt_error(outcome: AttemptOutcome) -> BaseException:
     raise AssertionError(f"an attempt that ended {outcome.end} has no error")  # succeeded, or asked to grow
 
 
+def unreadable_result_error(exc: Exception) -> DistributedRunError:
+    """The error of a run whose attempt succeeded but whose rank 0 value does not unpickle on
+    the driver (``exc``: why), with what to return instead."""
+    return DistributedRunError(
+        [],
+        headline=f"rank 0 returned a result that cannot be unpickled on the driver "
+        f"({type(exc).__name__}: {exc}); return plain data (numbers, lists, dicts, tensors, "
+        "state_dict()) or make the classes it uses importable on the driver",
+    )
