@@ -77,7 +77,8 @@ _VOLATILE = [
     (re.compile(r"/[^\s\"']*/(site-packages|spark_torch|tests|examples|notebooks)/"), r"<\1>/"),
     (re.compile(r"/[\w./-]*(spark-torch|tmp|pytest)[\w./-]*"), "<path>"),
     (re.compile(r"\b[0-9a-f]{12}\b"), "<id>"),  # run ids
-    (re.compile(r"\d+(\.\d+)?(e-?\d+)?"), "#"),  # numbers: losses, timings, ports, pids
+    # numbers: losses, timings, ports, pids; a sign too (a weight near 0 prints either way)
+    (re.compile(r"(?:(?<=[\s\[(,=:])-)?\d+(\.\d+)?(e-?\d+)?"), "#"),
 ]
 
 

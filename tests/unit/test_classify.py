@@ -74,8 +74,27 @@ def test_growing_and_a_stall_are_the_drivers_verdicts() -> None:
     grow = GrowRequested(GrowRequest(running=1, nodes=2, waited=3.0, step=4))
     assert classify(_evidence(verdict=grow)).cause is grow
     stall = StallVerdict(StopReason.STALLED, "no rank made progress")
+    assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall)).cause is stall
+    # a rank that failed by itself is the cause, whatever the driver decided meanwhile
     failed = RanksFailed(FailureReport(failures=(RankFailure(rank=0, host="h", exc_type="ValueError"),)))
-    assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall, failure=failed)).cause is stall
+    assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall, failure=failed)).cause is failed
+
+
+def test_a_job_that_failed_after_every_node_finished_failed() -> None:
+    """Spark refused rank 0's result (over spark.driver.maxResultSize) after both nodes said over
+    the channel that their ranks finished: the job's failure, not a success without a value."""
+    failed = RanksFailed(FailureReport(problem=(ProblemKind.LAUNCH, "result larger than spark.driver.maxResultSize")))
+    outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, failure=failed, returned=set()))
+    assert outcome.cause is failed
+
+
+def test_finished_nodes_whose_rows_never_came_did_not_complete() -> None:
+    """Stopped by the timeout: both nodes said they finished, but the cancelled job returned no
+    rows (no result): the timeout's outcome, naming no rank as still running."""
+    outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, verdict=_time_up(), returned=set()))
+    assert isinstance(outcome.cause, RanksStopped) and outcome.cause.ranks == ()
+    one = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, returned={0}))
+    assert isinstance(one.cause, DriverProblem) and "only 1 of 2 Spark barrier tasks reported back" in one.cause.message
 
 
 def test_a_failure_before_a_node_problem_before_missing_nodes() -> None:

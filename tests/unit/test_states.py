@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, ShardSource, ShardUse, StopReason, StopSignal
+from spark_torch.base.states import (
+    GroupState,
+    NodeOutcome,
+    ProblemKind,
+    RankState,
+    ShardSource,
+    ShardUse,
+    StopReason,
+    StopSignal,
+)
 
 
 def test_a_stop_keeps_the_first_reason() -> None:

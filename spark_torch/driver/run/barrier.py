@@ -292,7 +292,8 @@ class _BarrierStage:
                 return None
             return result_transfer.assemble(stage, spec.result_dir, self.streamed)
 
-        evidence = AttemptEvidence(plan.num_nodes, outcomes, verdict, failure, result, dataframe=self.data is not None)
+        returned = set(stage.outcomes) if stage is not None else set()
+        evidence = AttemptEvidence(plan.num_nodes, outcomes, verdict, failure, result, dataframe=self.data is not None, returned=returned)
         return classify(evidence)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ alone decides what that means, in one order, as an :class:`AttemptOutcome`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from spark_torch.base.states import NodeOutcome, ProblemKind
@@ -71,10 +71,16 @@ class AttemptEvidence:
     result: Callable[[], ResultBytes | None] = lambda: None
     #: the attempt's input was a DataFrame (a stage that ran no task had no rows to give)
     dataframe: bool = False
+    #: distributed mode: the nodes whose task returned (its rows arrived through Spark); a node
+    #: that said over the channel that it finished but whose rows never came did not complete
+    #: (None: every node's, local mode)
+    returned: Collection[int] | None = None
 
 
-def _finished(evidence: AttemptEvidence) -> bool:
-    return sum(outcome.finished for outcome in evidence.outcomes.values()) >= evidence.nodes
+def _completed(evidence: AttemptEvidence) -> int:
+    """How many nodes finished and returned."""
+    returned = evidence.returned
+    return sum(outcome.finished and (returned is None or node in returned) for node, outcome in evidence.outcomes.items())
 
 
 def _problem(outcomes: Mapping[int, NodeOutcome]) -> FailureReport | None:
@@ -87,17 +93,20 @@ def _problem(outcomes: Mapping[int, NodeOutcome]) -> FailureReport | None:
 
 
 def classify(evidence: AttemptEvidence) -> AttemptOutcome:
-    """How the attempt ended, in this order: the user's interrupt; growing; every node finished
-    (also while being stopped: a completed run is not a stopped one); the driver's stop (stall,
-    timeout, a cancellation from another thread), naming only the ranks the nodes found still
-    running; the failure the mode found; a node's problem; nodes that never said how they
-    ended."""
+    """How the attempt ended, in this order: the user's interrupt; growing; the failure the mode
+    found (a job that failed by itself failed, even after every node said it finished: rank 0's
+    result may be what Spark refused); every node finished and returned (also while being
+    stopped: a completed run is not a stopped one); the driver's stop (stall, timeout, a
+    cancellation from another thread), naming only the ranks the nodes found still running; a
+    node's problem; nodes that never said how they ended."""
     verdict = evidence.verdict
     if isinstance(verdict, Interrupted) and isinstance(verdict.interrupt, KeyboardInterrupt):
         return AttemptOutcome.ended(verdict)
     if isinstance(verdict, GrowRequested):
         return AttemptOutcome.ended(verdict)
-    if _finished(evidence):
+    if evidence.failure is not None:
+        return AttemptOutcome.ended(evidence.failure)
+    if _completed(evidence) >= evidence.nodes:
         try:
             return AttemptOutcome.succeeded(evidence.result())
         except LaunchError as exc:  # rank 0's result did not arrive whole
@@ -108,12 +117,10 @@ def classify(evidence: AttemptEvidence) -> AttemptOutcome:
         return AttemptOutcome.ended(cause)
     if verdict is not None:
         return AttemptOutcome.ended(verdict)
-    if evidence.failure is not None:
-        return AttemptOutcome.ended(evidence.failure)
     problem = _problem(evidence.outcomes)
     if problem is not None:
         return AttemptOutcome.ended(RanksFailed(problem))
-    finished = sum(outcome.finished for outcome in evidence.outcomes.values())
+    finished = _completed(evidence)
     if evidence.dataframe and not evidence.outcomes:
         return AttemptOutcome.ended(DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on"))
     return AttemptOutcome.ended(
