@@ -62,9 +62,11 @@ def rank_positions(
     """The row positions (in this node's file) one rank iterates per epoch (pure; a list, for
     tests and readers: :class:`RankDataset` computes the same positions batch by batch).
 
-    Its own rows are ``local_rank, local_rank + local_world_size, ...``; with ``rows_per_node``
-    (every node's row count) they are padded by wrapping around (``drop_last=False``) or cut
-    (``drop_last=True``) to the count every rank of the world gets.
+    Its own rows are one contiguous block of the node's file: the node's rows split into
+    ``local_world_size`` blocks in local-rank order, the first ``node_rows % local_world_size``
+    one row longer (so each rank touches only its own pages of the memory-mapped file); with
+    ``rows_per_node`` (every node's row count) they are padded by wrapping around
+    (``drop_last=False``) or cut (``drop_last=True``) to the count every rank of the world gets.
     """
     sharding = _Sharding(node_rows, local_rank, local_world_size, rows_per_node, drop_last)
     return [int(p) for p in sharding.positions(range(sharding.count))]
@@ -72,14 +74,14 @@ def rank_positions(
 
 class _Sharding:
     """One rank's rows as arithmetic: the j-th row of its epoch (0 <= j < count) is at file
-    position ``local_rank + (j mod own) * local_world_size`` (see :func:`rank_positions`)."""
+    position ``first + (j mod own)``, ``first`` being where its block starts (see :func:`rank_positions`)."""
 
     def __init__(
         self, node_rows: int, local_rank: int, local_world_size: int, rows_per_node: Sequence[int] | None, drop_last: bool
     ) -> None:
-        self.first = local_rank
-        self.step = local_world_size
-        self.own = len(range(local_rank, node_rows, local_world_size))
+        base, longer = divmod(node_rows, local_world_size)
+        self.own = base + (local_rank < longer)
+        self.first = local_rank * base + min(local_rank, longer)
         if not rows_per_node or not self.own:
             self.count = self.own
         else:
@@ -92,7 +94,7 @@ class _Sharding:
         js = np.asarray(js, dtype=np.int64)
         if self.count > self.own:
             js = js % self.own
-        return self.first + js * self.step
+        return self.first + js
 
 
 class RankDataset:

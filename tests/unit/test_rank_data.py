@@ -48,6 +48,15 @@ def test_batches_follow_rank_positions_padded_and_cut(tmp_path: Path) -> None:
             assert len(expected) == (5 if drop_last else 8)
 
 
+def test_each_rank_owns_one_contiguous_block_of_its_nodes_rows() -> None:
+    """A rank reads only its own pages of the memory-mapped files (with every second row, both
+    ranks of a node touched every page: at 4M rows a rank's RSS was 1.22x PySpark's loader's)."""
+    blocks = [rank_positions(11, rank, 3, None, False) for rank in range(3)]
+    assert blocks == [list(range(0, 4)), list(range(4, 8)), list(range(8, 11))]
+    padded = rank_positions(11, 2, 3, [11, 12], False)  # node 1's ranks own 4 rows each: rank 2 wraps within its block
+    assert padded == [8, 9, 10, 8]
+
+
 def test_shuffle_per_epoch_reproducible(tmp_path: Path) -> None:
     path = write(tmp_path, 40)
     ds = RankDataset(path, batch_size=5, shuffle=True, seed=3, local_rank=0, local_world_size=1)
