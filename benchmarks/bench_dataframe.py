@@ -53,13 +53,25 @@ BATCH = 1024
 SCALARS = 16
 
 
+def _rss_mb() -> tuple[float, float]:
+    """This process's resident memory now, anonymous and file-backed (mapped files), MB."""
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith(("RssAnon", "RssFile")))
+    return float(fields["RssAnon"].split()[0]) / 1024, float(fields["RssFile"].split()[0]) / 1024
+
+
 def ddp_loop(batches: Iterable[tuple[Any, Any]], total: int, width: int) -> dict[str, Any]:
-    """The body both methods run: DDP on (x, label) batches, counting every row it trains on."""
+    """The body every method runs: DDP on (x, label) batches, counting every row it trains on.
+
+    Besides the count and the loop's time it returns, the largest over the ranks, the peak RSS,
+    the RSS at the loop's end split into anonymous and file-backed memory, and the wall-clock
+    times (``time.time()``) of the body's entry, the loop's first batch and its end, so the caller
+    can tell the time before the loop from the loop."""
     import resource
 
     import torch
     import torch.distributed as dist
 
+    entered = time.time()
     if not dist.is_initialized():  # Mosaic's body starts it first (StreamingDataset would start its own)
         dist.init_process_group("gloo", init_method="env://")
     torch.manual_seed(0)
@@ -67,7 +79,7 @@ def ddp_loop(batches: Iterable[tuple[Any, Any]], total: int, width: int) -> dict
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     seen = torch.zeros(total, dtype=torch.int32)
     rows = 0
-    start = time.perf_counter()
+    start, loop_started = time.perf_counter(), time.time()
     for x, label in batches:
         ids = label.long()
         loss = torch.nn.functional.mse_loss(model(x.float()).squeeze(1), (label.float() / total))
@@ -76,13 +88,17 @@ def ddp_loop(batches: Iterable[tuple[Any, Any]], total: int, width: int) -> dict
         opt.step()
         seen.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         rows += len(ids)
-    stats = torch.tensor([time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, rows], dtype=torch.float64)
+    loop_s, loop_ended = time.perf_counter() - start, time.time()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stats = torch.tensor([loop_s, peak, *_rss_mb(), entered, loop_started, loop_ended], dtype=torch.float64)
     dist.all_reduce(seen)
-    dist.all_reduce(stats[:2], op=dist.ReduceOp.MAX)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     rows_all = torch.tensor([rows])
     dist.all_reduce(rows_all)
     out = {
-        "loop_s": float(stats[0]), "peak_rss_mb": float(stats[1]), "rows_trained": int(rows_all),
+        "loop_s": float(stats[0]), "peak_rss_mb": float(stats[1]), "rss_anon_mb": float(stats[2]),
+        "rss_file_mb": float(stats[3]), "entered_at": float(stats[4]), "loop_started_at": float(stats[5]),
+        "loop_ended_at": float(stats[6]), "rows_trained": int(rows_all),
         "missing": int((seen == 0).sum()), "repeated": int((seen > 1).sum()),
     }  # fmt: skip
     # gloo's worker thread drops a finished all_reduce's tensors under the GIL; a group destroyed
@@ -115,17 +131,19 @@ def pyspark_fn(total: int, table: str, num_samples: int) -> dict[str, Any]:
     return ddp_loop(((torch.stack(b[:-1], dim=1), b[-1]) for b in loader), total, SCALARS)
 
 
-def write_tables(spark: Any, rows: int, where: str) -> dict[str, str]:
+def write_tables(spark: Any, rows: int, where: str, tables: list[str]) -> dict[str, str]:
+    """Write the named tables (``array``, ``scalar``) to Parquet under ``where``; their paths."""
     from pyspark.sql import functions as F
 
     base = spark.range(rows, numPartitions=8)
-    paths = {"array": os.path.join(where, "array"), "scalar": os.path.join(where, "scalar")}
-    base.select(
-        F.array(*[F.rand(seed=i).cast("float") for i in range(32)]).alias("features"), F.col("id").cast("double").alias("label")
-    ).write.parquet(paths["array"])
-    base.select(*[F.rand(seed=i).alias(f"f{i}") for i in range(SCALARS)], F.col("id").cast("double").alias("label")).write.parquet(
-        paths["scalar"]
-    )
+    label = F.col("id").cast("double").alias("label")
+    columns = {
+        "array": [F.array(*[F.rand(seed=i).cast("float") for i in range(32)]).alias("features"), label],
+        "scalar": [*[F.rand(seed=i).alias(f"f{i}") for i in range(SCALARS)], label],
+    }
+    paths = {table: os.path.join(where, table) for table in tables}
+    for table, path in paths.items():
+        base.select(*columns[table]).write.parquet(path)
     return paths
 
 
@@ -135,7 +153,7 @@ def run_once(spark: Any, method: str, table: str, path: str, rows: int, limit: i
 
     from spark_torch import Distributor
 
-    start = time.perf_counter()
+    start, called = time.perf_counter(), time.time()
     df = spark.read.parquet(path) if limit is None else spark.read.parquet(path).limit(limit)
     if method == "spark_torch":
         columns = ["features", "label"] if table == "array" else [*[f"f{i}" for i in range(SCALARS)], "label"]
@@ -147,7 +165,7 @@ def run_once(spark: Any, method: str, table: str, path: str, rows: int, limit: i
             pyspark_fn, df.repartition(2), rows, table, (limit or rows) // 2
         )
     train = time.perf_counter() - start
-    return {**out, "prep_s": 0.0, "train_s": train, "total_s": train}
+    return {**out, "prep_s": 0.0, "train_s": train, "total_s": train, "train_called_at": called, "train_ended_at": called + train}
 
 
 def peer_command(peer: str, venvs: str, table: str, path: str, rows: int, out: str) -> tuple[list[str], dict[str, str]]:
@@ -185,6 +203,12 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         f"{max(r['missing'] for r in runs):,} missing, {max(r['repeated'] for r in runs):,} repeated",
         "missing": max(r["missing"] for r in runs), "repeated": max(r["repeated"] for r in runs),
         "peak_rss_mb_per_rank": round(max(r["peak_rss_mb"] for r in runs)),
+        # where train s goes: the run call to the last rank's first batch (Spark jobs, staging, rank
+        # start, the loader's set-up), the loop, and the slowest rank's loop end to the call's return
+        "before_loop_s": round(statistics.median(r["loop_started_at"] - r["train_called_at"] for r in runs), 2),
+        "after_loop_s": round(statistics.median(r["train_ended_at"] - r["loop_ended_at"] for r in runs), 2),
+        "loop_s": round(statistics.median(r["loop_s"] for r in runs), 2),
+        "rss_at_loop_end_mb": {"anon": round(max(r["rss_anon_mb"] for r in runs)), "file": round(max(r["rss_file_mb"] for r in runs))},
     }  # fmt: skip
 
 
@@ -235,16 +259,18 @@ def main() -> None:
              .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())  # fmt: skip
     spark.sparkContext.setLogLevel("ERROR")
     where = tempfile.mkdtemp(prefix="bench_dataframe_")
-    log = os.path.splitext(args.out)[0] + "_peers.log"
-    open(log, "w").close()
+    log = os.path.join(os.path.dirname(args.out), "logs", os.path.splitext(os.path.basename(args.out))[0] + "_peers.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    open(log, "w").close()  # the peers' processes' output, Spark's included
     results: dict[str, Any] = {}
     peer_versions: dict[str, Any] = {}
     failures: list[str] = []
     try:
-        paths = write_tables(spark, args.rows, where)
+        tables = args.tables.split(",")
+        paths = write_tables(spark, args.rows, where, tables)
         for method in ("spark_torch", "pyspark"):  # warm-up: the JVM, Python workers, imports
-            run_once(spark, method, "scalar", paths["scalar"], args.rows, limit=20_000)
-        for table in args.tables.split(","):
+            run_once(spark, method, tables[-1], paths[tables[-1]], args.rows, limit=20_000)
+        for table in tables:
             methods = ["spark_torch", "pyspark", *peers]
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
             for rep in range(args.reps):
