@@ -204,8 +204,8 @@ def test_stall_lists_each_line_has_its_tests() -> None:
 
 def test_dataframe_numbers_are_the_measured_ones() -> None:
     """docs/dataframe.md's measured table, its loader costs and every "x the rows/s" claim about
-    the DataFrame path (README too) are the numbers in benchmarks/results/ (dataframe.json from
-    bench_dataframe.py, loader.json from bench_loader.py)."""
+    the DataFrame path (README too) are the numbers in benchmarks/results/ (dataframe.json and
+    dataframe_4m.json from bench_dataframe.py, loader.json from bench_loader.py)."""
     import json
 
     results = json.loads((ROOT / "benchmarks" / "results" / "dataframe.json").read_text(encoding="utf-8"))
@@ -218,6 +218,18 @@ def test_dataframe_numbers_are_the_measured_ones() -> None:
         assert f"{ratios['peak_rss']:.2f}x" in row, row
         ours, theirs = results[table]["spark_torch"], results[table]["pyspark"]
         assert f"{ours['loop_rows_per_s']:,} vs {theirs['loop_rows_per_s']:,}" in row, row
+        for peer, name in (("petastorm", "Petastorm"), ("streaming", "Mosaic")):
+            (row,) = [line for line in page.splitlines() if line.startswith(f"| {table}, {name}")]
+            cells = [c.strip() for c in row.split("|")[2:-1]]
+            measured = results[table][peer]
+            assert cells[:4] == [f"{measured[k]:.1f}" for k in ("prep_s", "train_s", "total_s")] + [f"{measured['loop_rows_per_s']:,}"], row
+    # the 4M-row run (bench_dataframe.py --rows 4000000 --tables array --out results/dataframe_4m.json)
+    four = json.loads((ROOT / "benchmarks" / "results" / "dataframe_4m.json").read_text(encoding="utf-8"))["array"]
+    text = " ".join(page.split())
+    for claim in (f"reads {four['ratios']['loop_rows_per_s']:.2f}x PySpark's rows/s", f"{four['ratios']['total_speedup']:.2f}x faster than PySpark's",
+                  f"{four['ratios']['total_speedup_vs_petastorm']:.2f}x faster than Petastorm's", f"{four['ratios']['peak_rss']:.2f}x PySpark's "
+                  f"({four['spark_torch']['peak_rss_mb_per_rank']} vs {four['pyspark']['peak_rss_mb_per_rank']} MB)"):  # fmt: skip
+        assert claim in text, claim
     for text in (page, README):
         for claim in re.findall(r"(\d+(?:\.\d+)?)x the (?:loop )?rows/s", " ".join(text.split())):
             assert claim == f"{results['array']['ratios']['loop_rows_per_s']:.2f}", claim

@@ -1,0 +1,1 @@
+"""Stand-in for ``torchvision.transforms``: only ``functional``."""
