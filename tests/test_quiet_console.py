@@ -174,6 +174,7 @@ def test_quiet_periods_nest_and_restore_what_was_there(spark_session: Any) -> No
     log4j = spark_session.sparkContext._jvm.org.apache.logging.log4j
     executor, tasks = "org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"
     log4j.core.config.Configurator.setLevel(tasks, log4j.Level.INFO)
+    assert quiet.wait_restored(60), "an earlier run's quiet period did not end within 60 s"
     assert not _configured(spark_session, executor)
     root = _level(spark_session, executor)
     try:
@@ -189,6 +190,27 @@ def test_quiet_periods_nest_and_restore_what_was_there(spark_session: Any) -> No
     finally:
         log4j.LogManager.getContext(False).getConfiguration().removeLogger(tasks)
         log4j.LogManager.getContext(False).updateLoggers()
+
+
+def test_a_restore_still_pending_when_another_session_runs_keeps_the_users_levels(spark_session: Any) -> None:
+    """A run's quiet period ended while tasks still ran (its restore waits for them, up to 30 s) and
+    a run on another session of the same JVM starts meanwhile (a test, or a notebook, that stopped
+    its session and made a new one): log4j's levels are the JVM's, so the new run must restore the
+    user's, not the silenced ones it found (CI's rehearsal once found the Executor logger left OFF
+    in the next test's session)."""
+    executor = "org.apache.spark.executor.Executor"
+    assert quiet.wait_restored(60), "an earlier run's quiet period did not end within 60 s"
+    assert not _configured(spark_session, executor)
+    earlier = spark_session.newSession()  # another session object on the same JVM
+    log4j = spark_session.sparkContext._jvm.org.apache.logging.log4j
+    assert quiet._enter(earlier, log4j)
+    with quiet._lock:  # the earlier run left; its restore is pending (tasks still running)
+        quiet._holders -= 1
+    assert _level(spark_session, executor) == "OFF"
+    with quiet.quiet_spark_logs(spark_session):
+        assert _level(spark_session, executor) == "OFF"
+    assert quiet.wait_restored(30)
+    assert not _configured(spark_session, executor), "the user's levels were lost: the silenced ones were restored"
 
 
 def _interrupting(monkeypatch: pytest.MonkeyPatch, name: str) -> None:

@@ -200,13 +200,25 @@ def wait_restored(timeout: float) -> bool:
     return _restored.wait(timeout)
 
 
+def _same_jvm(one: Any, other: Any) -> bool:
+    """Whether two sessions talk to the same driver JVM (the same Py4J gateway)."""
+    try:
+        return one.sparkContext._gateway is other.sparkContext._gateway
+    except Exception:  # noqa: BLE001 - a session that cannot say: not the same
+        return False
+
+
 def _enter(spark: Any, log4j: Any) -> bool:
     """Join the quiet period (the first one in takes the snapshot, then silences): the levels
     are saved before any is changed, so whatever interrupts the change, what was there is known
-    and put back. A snapshot an interrupted restore left is kept: it holds the user's levels."""
+    and put back. A snapshot an interrupted or pending restore left is kept while the JVM is the
+    same, whichever session this run has (log4j's levels are the JVM's: a session stopped and made
+    again meanwhile shares them): it holds the user's levels, the current ones are ours."""
     global _holders, _saved
     with _lock:
         if _holders == 0:
+            if _saved is not None and _saved[0] is not spark and _same_jvm(_saved[0], spark):
+                _saved = (spark, _saved[1], _saved[2], False)  # the new session's progress bar is its own
             if _saved is None or _saved[0] is not spark:
                 try:
                     _saved = (spark, *_snapshot(log4j), False)
