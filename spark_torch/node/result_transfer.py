@@ -289,11 +289,6 @@ class StageRows:
     #: per node that never reached the channel, its last connection error
     channel_errors: dict[int, str] = field(default_factory=dict)
 
-    @property
-    def finished(self) -> set[int]:
-        """The nodes whose ranks all finished."""
-        return {node for node, outcome in self.outcomes.items() if outcome.finished}
-
 
 def read_stage(table: Any, secret: bytes) -> StageRows:
     """Parse the collected rows (a ``pyarrow.Table`` of :data:`RESULT_SCHEMA`)."""

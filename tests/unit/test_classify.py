@@ -135,7 +135,7 @@ def test_the_task_rows_carry_each_nodes_outcome_sealed_with_the_runs_secret() ->
         result_transfer.node_rows(1, stopped, SECRET, channel_error="refused", delivered=None, result_file=None),
     )
     stage = result_transfer.read_stage(table, SECRET)
-    assert stage.outcomes == {0: FINISHED, 1: stopped} and stage.finished == {0}
+    assert stage.outcomes == {0: FINISHED, 1: stopped} and [n for n, o in stage.outcomes.items() if o.finished] == [0]
     assert stage.channel_errors == {1: "refused"}
     # rows sealed with another secret (or altered) say nothing: as if those nodes had not reported
     assert result_transfer.read_stage(table, b"x" * 32).outcomes == {}
