@@ -11,9 +11,11 @@ session has. Spark's console progress bar (``[Stage 3:>  (0 + 2) / 2]``, drawn o
 the ranks print, and left half-erased above the error when a stage fails) is set aside the same
 way, by the SparkContext's own field (no public switch exists once the context runs), and a new
 one is put back afterwards. Runs in several threads share one quiet period (the last one out
-restores). The levels are saved before any is changed and restored with Ctrl-C held back; the
-saved levels are dropped only once they are back, so an interrupt in either moment cannot leave
-Spark's loggers off, nor make the next run save OFF as the level to restore.
+restores). Every Py4J call of a quiet period in the caller's thread (the snapshot, the silencing,
+the count of running tasks at its end, the restore) runs with Ctrl-C held back, and the wait for
+running tasks happens in a thread of its own; the saved levels are dropped only once they are
+back, so an interrupt at any moment cannot leave Spark's loggers off, nor make the next run save
+OFF as the level to restore (tests/scripts/quiet_interrupts.py sends one during each call).
 
 The loggers are the driver JVM's, for every job: while a run is quiet, a Spark job of your own
 that fails in another thread of the same driver prints no ``ERROR Executor`` or ``Lost task``
@@ -166,7 +168,8 @@ def _running_tasks(spark: Any) -> int:
 
 
 def _restore_when_idle(spark: Any, deadline: float) -> None:
-    """Put the levels back once no task runs (or at ``deadline``) unless a new run came in."""
+    """Put the levels back once no task runs (or at ``deadline``) unless a new run came in. Runs
+    in its own thread (never the main one, where a Ctrl-C would end the wait and the restore)."""
     try:
         while time.monotonic() < deadline and _running_tasks(spark) > 0:
             if _holders > 0:
@@ -240,22 +243,29 @@ def _enter(spark: Any, log4j: Any) -> bool:
 
 
 def _leave(spark: Any) -> None:
+    """Leave the quiet period; the last one out restores at once when no task runs, else starts
+    the restorer thread. All of it with Ctrl-C held back (a few Py4J calls; the wait for running
+    tasks happens in the thread, where no KeyboardInterrupt can land): an interrupt during any of
+    these calls cannot leave the levels off, and reaches the user once they are back."""
     global _holders
-    with _lock:
-        _holders -= 1
-        if _holders > 0:
-            return
-    deadline = time.monotonic() + RESTORE_WAIT_SECONDS
-    try:
-        idle = _running_tasks(spark) == 0
-    except Exception:  # noqa: BLE001 - a stopped session: restore now
-        idle = True
-    if idle:
-        _restore_when_idle(spark, deadline)
-    else:
-        threading.Thread(
-            target=_restore_when_idle, args=(spark, deadline), name="spark_torch-restore-spark-logs", daemon=True
-        ).start()
+    with _interrupts_held():
+        with _lock:
+            _holders -= 1
+            if _holders > 0:
+                return
+        deadline = time.monotonic() + RESTORE_WAIT_SECONDS
+        try:
+            idle = _running_tasks(spark) == 0
+        except Exception:  # noqa: BLE001 - a stopped session: restore now
+            idle = True
+        if idle:
+            with _lock:
+                if _holders == 0 and _saved is not None:
+                    _restore_saved()
+        else:
+            threading.Thread(
+                target=_restore_when_idle, args=(spark, deadline), name="spark_torch-restore-spark-logs", daemon=True
+            ).start()
 
 
 @contextmanager
