@@ -21,6 +21,7 @@ from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
 from spark_torch.reporting.storage import RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
+from spark_torch.reporting.storage_keys import remember
 from spark_torch.shared.staged_shards import Staging
 
 __all__ = [
@@ -412,11 +413,12 @@ def read_stored(storage: RunStorage | None, rows: Sequence[dict[str, Any]], scor
     if storage is None:
         return StoredRun(history=list(rows))
     complete, _ = storage.checkpoints()
+    key = remember(storage.options)  # the checkpoints hold the key, not the options (the pickling rule)
     return StoredRun(
         path=storage.url,
         history=storage.history() or list(rows),
-        checkpoint=persisted_checkpoint(complete[-1], storage.options) if complete else None,
-        best_checkpoints=[(persisted_checkpoint(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)],
+        checkpoint=persisted_checkpoint(complete[-1], key) if complete else None,
+        best_checkpoints=[(persisted_checkpoint(info, key), dict(info.metrics)) for info in best(complete, score, order)],
     )
 
 
