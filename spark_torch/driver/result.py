@@ -220,7 +220,10 @@ class RunResult:
     """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :meth:`RunResult.from_path`).
 
     Made once, when the call ends (from what it recorded as it ran: :class:`~spark_torch.driver.run_record.RunRecord`),
-    and not changed after.
+    and not changed after. It holds no storage option, nor does anything in it (the pickling rule:
+    its checkpoints hold a :class:`~spark_torch.reporting.storage_keys.StorageKey`), so it pickles
+    and copies without a credential; a pickle opened in another process needs the options again
+    to download a checkpoint (``checkpoint.to_directory(storage_options=...)``).
 
     Attributes:
         run_id: the run's id (pass it again as ``run_id=`` to resume from its checkpoint).
