@@ -53,23 +53,10 @@ def _given_storage_options(flag: str | None) -> dict[str, Any] | None:
 
 
 def _storage_options(text: str, source: str) -> dict[str, Any]:
-    """A JSON object, or ``@FILE`` naming a file that holds one. The text may hold credentials:
-    an error says what is wrong with it, never what it is."""
-    if text.startswith("@"):
-        path = text[1:]
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{source}: cannot read {path} ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
-        source = f"{source}: {path}"
-    try:
-        value = json.loads(text)
-    except ValueError as exc:  # its message gives the position, never the text
-        raise ValueError(f"{source} is not valid JSON ({exc}); give a JSON object like {{\"anon\": false}} or @FILE") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{source} must be a JSON object (got a JSON {type(value).__name__}), like {{\"anon\": false}}")
-    return value
+    """A JSON object, or ``@FILE`` naming a file that holds one (never quoted in an error)."""
+    from spark_torch.reporting.storage_keys import options_from_text
+
+    return options_from_text(text, source)
 
 
 def _log_ranks(text: str) -> Any:

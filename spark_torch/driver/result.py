@@ -21,6 +21,7 @@ from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
 from spark_torch.reporting.storage import RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
+from spark_torch.reporting.storage_keys import remember
 from spark_torch.shared.staged_shards import Staging
 
 __all__ = [
@@ -219,7 +220,10 @@ class RunResult:
     """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :meth:`RunResult.from_path`).
 
     Made once, when the call ends (from what it recorded as it ran: :class:`~spark_torch.driver.run_record.RunRecord`),
-    and not changed after.
+    and not changed after. It holds no storage option, nor does anything in it (the pickling rule:
+    its checkpoints hold a :class:`~spark_torch.reporting.storage_keys.StorageKey`), so it pickles
+    and copies without a credential; a pickle opened in another process needs the options again
+    to download a checkpoint (``checkpoint.to_directory(storage_options=...)``).
 
     Attributes:
         run_id: the run's id (pass it again as ``run_id=`` to resume from its checkpoint).
@@ -412,11 +416,12 @@ def read_stored(storage: RunStorage | None, rows: Sequence[dict[str, Any]], scor
     if storage is None:
         return StoredRun(history=list(rows))
     complete, _ = storage.checkpoints()
+    key = remember(storage.options)  # the checkpoints hold the key, not the options (the pickling rule)
     return StoredRun(
         path=storage.url,
         history=storage.history() or list(rows),
-        checkpoint=persisted_checkpoint(complete[-1], storage.options) if complete else None,
-        best_checkpoints=[(persisted_checkpoint(info, storage.options), dict(info.metrics)) for info in best(complete, score, order)],
+        checkpoint=persisted_checkpoint(complete[-1], key) if complete else None,
+        best_checkpoints=[(persisted_checkpoint(info, key), dict(info.metrics)) for info in best(complete, score, order)],
     )
 
 

@@ -2,7 +2,8 @@
 or a directory a rank wrote (:meth:`Checkpoint.from_directory`, as in Ray Train).
 
 Lives in the reporting layer so that a rank can use it without loading the driver; imports
-neither torch nor pyspark (fsspec only to fetch a remote checkpoint).
+neither torch nor pyspark (fsspec only to fetch a remote checkpoint). It holds no storage option:
+a :class:`~spark_torch.reporting.storage_keys.StorageKey` stands for them (the pickling rule).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.redaction import options_withheld
+from spark_torch.reporting.storage_keys import StorageKey, remember, resolve_options
 
 __all__ = ["Checkpoint", "persisted_checkpoint"]
 
@@ -37,6 +39,13 @@ class Checkpoint:
     ``pathlib.Path`` of a file in a local one (what :func:`spark_torch.get_checkpoint` returned
     before it returned a ``Checkpoint``). :meth:`to_directory` and :meth:`as_directory` always
     give a local directory.
+
+    A checkpoint on remote storage holds no storage option (no credential), so neither does
+    its pickle, copy, ``dataclasses.asdict`` or ``vars()``: ``storage_options=`` given when it is
+    made go to this process's memory, and ``storage_key`` stands for them there. Opened in
+    another process (a pickled result), it needs them again: ``to_directory(storage_options=...)``,
+    ``as_directory(storage_options=...)``, or ``SPARK_TORCH_STORAGE_OPTIONS``
+    (:mod:`~spark_torch.reporting.storage_keys`).
     """
 
     path: str
@@ -44,7 +53,14 @@ class Checkpoint:
     step: int = 0
     #: the metrics reported with it (rank 0's, plus ``step``, ``time``, ``attempt``, ``world_size``)
     metrics: dict[str, Any] = field(default_factory=dict)
-    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: stands for the storage options it opens with, in this process (None: none)
+    storage_key: StorageKey | None = field(default=None, repr=False, compare=False)
+    #: fsspec's options for its storage: kept in this process's memory, not in the checkpoint
+    storage_options: InitVar[Mapping[str, Any] | None] = None
+
+    def __post_init__(self, storage_options: Mapping[str, Any] | None) -> None:
+        if storage_options:
+            object.__setattr__(self, "storage_key", remember(storage_options))
 
     def __fspath__(self) -> str:
         return self.path
@@ -84,40 +100,60 @@ class Checkpoint:
             )
         return cls(path=os.path.abspath(text))
 
-    def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
+    def to_directory(self, path: str | os.PathLike[str] | None = None, *, storage_options: Mapping[str, Any] | None = None) -> str:
         """A local directory with the checkpoint's files: the checkpoint itself when it is local
         and no ``path`` is given, else a copy in ``path`` (default: a new temporary directory,
-        which the caller removes)."""
+        which the caller removes).
+
+        ``storage_options``: fsspec's options for remote storage; default: the run's, while this
+        process holds them, else ``SPARK_TORCH_STORAGE_OPTIONS`` (the pickling rule:
+        :mod:`~spark_torch.reporting.storage_keys`).
+
+        Raises:
+            ConfigurationError: the run used storage options, and none are given or known in
+                this process (nothing was downloaded).
+        """
         local = not _is_remote(self.path)
         if local and path is None:
             return self.path
+        options = {} if local else resolve_options(self.storage_key, storage_options, self.path, "checkpoint.to_directory")
+        return self._fetch(path, options)
+
+    def _fetch(self, path: str | os.PathLike[str] | None, options: dict[str, Any]) -> str:
+        """The checkpoint's files copied or downloaded (with ``options``) into ``path``."""
         target = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
-        if local:
+        if not _is_remote(self.path):
             shutil.copytree(self.path, target, dirs_exist_ok=True)
             return target
         from fsspec.core import url_to_fs
 
-        with options_withheld(self.storage_options):
-            fs, root = url_to_fs(self.path, **self.storage_options)
+        with options_withheld(options):
+            fs, root = url_to_fs(self.path, **options)
             fs.get(root.rstrip("/") + "/", target.rstrip("/") + "/", recursive=True)
         return target
 
     @contextlib.contextmanager
-    def as_directory(self) -> Iterator[str]:
+    def as_directory(self, *, storage_options: Mapping[str, Any] | None = None) -> Iterator[str]:
         """``with checkpoint.as_directory() as d:`` a local directory with the checkpoint's files
         (Ray Train's ``as_directory``): the checkpoint itself when it is local (nothing is
-        copied; do not change it), else a temporary download removed when the block ends."""
+        copied; do not change it), else a temporary download removed when the block ends
+        (``storage_options`` as in :meth:`to_directory`).
+
+        Raises:
+            ConfigurationError: as :meth:`to_directory`.
+        """
         if not _is_remote(self.path):
             yield self.path
             return
+        options = resolve_options(self.storage_key, storage_options, self.path, "checkpoint.as_directory")
         target = tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
         try:
-            yield self.to_directory(target)
+            yield self._fetch(target, options)
         finally:
             shutil.rmtree(target, ignore_errors=True)
 
 
-def persisted_checkpoint(info: CheckpointInfo, options: Mapping[str, Any]) -> Checkpoint:
+def persisted_checkpoint(info: CheckpointInfo, key: StorageKey | None) -> Checkpoint:
     """The :class:`Checkpoint` of a run's persisted checkpoint ``info`` (read from its storage,
-    opened with ``options``)."""
-    return Checkpoint(path=info.url, step=info.step, metrics=dict(info.metrics), storage_options=dict(options))
+    whose options ``key`` stands for: :func:`~spark_torch.reporting.storage_keys.remember`)."""
+    return Checkpoint(path=info.url, step=info.step, metrics=dict(info.metrics), storage_key=key)

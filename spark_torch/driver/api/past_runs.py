@@ -18,6 +18,7 @@ from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
 from spark_torch.reporting.run_log import CallRecord, Outcome, read_calls
 from spark_torch.reporting.storage import DEFAULT_STORAGE, RUN_LOG, RunStorage, run_ids
+from spark_torch.reporting.storage_keys import remember
 
 __all__ = ["RunSummary", "list_runs", "read_summary", "runs_table", "run_details", "summary_json", "load_run"]
 
@@ -96,6 +97,7 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str | Non
     started = calls[0].started if calls else log[0].get("time") if log else (history[0].get("time") if history else None)
     last_call = calls[-1] if calls else None
     world_size = log[-1].get("world_size") if log else last.get("world_size")
+    key = remember(storage.options)  # the checkpoints hold the key, not the options (the pickling rule)
     return RunSummary(
         run_id=storage.run_id,
         path=storage.url,
@@ -104,8 +106,8 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str | Non
         world_size=world_size if isinstance(world_size, int) else None,
         steps=len(history),
         metrics=last,
-        checkpoint=persisted_checkpoint(complete[-1], storage.options) if complete else None,
-        best_checkpoint=persisted_checkpoint(ranked[0], storage.options) if ranked else None,
+        checkpoint=persisted_checkpoint(complete[-1], key) if complete else None,
+        best_checkpoint=persisted_checkpoint(ranked[0], key) if ranked else None,
         attempt_log=log,
         checkpoint_score_attribute=score,
         checkpoint_score_order=order,
