@@ -14,50 +14,26 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from spark_torch.errors import ConfigurationError
 from spark_torch.reporting.storage import ATTEMPTS, METRICS, RUN_MARKER, RunStorage, run_ids
+from tests.other_user import NOBODY, as_user, open_folder
 
-NOBODY = 65534  # also the group nogroup, nobody's primary group: a "team" of one other user
 DAEMON = 1  # not a member of nogroup
 RUN = "planted-run"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (setuid in a child)")
 
 
-def as_user(uid: int, gid: int, plant: Callable[[], None]) -> None:
-    """Run ``plant`` in a forked child that is the user ``uid`` (group ``gid``, umask 000)."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            os.umask(0)
-            plant()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the other user's child failed (see stderr)"
-
-
 @pytest.fixture
 def open_base() -> Iterator[Path]:
-    """A storage folder every user may write to (``0777``, no sticky bit), outside the test's
-    private temporary folders so that uid 65534 reaches it."""
-    base = Path(tempfile.mkdtemp(prefix="spark-torch-open-storage-", dir=os.environ.get("SPARK_TORCH_TEST_TMP_BASE", "/tmp")))
-    base.chmod(0o777)
+    """A storage folder every user may write to (``0777``, no sticky bit)."""
+    base = Path(open_folder())
     yield base
     shutil.rmtree(base)
 
