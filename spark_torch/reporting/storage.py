@@ -419,8 +419,10 @@ class RunStorage:
     def download(self, checkpoint: CheckpointInfo, local_dir: str) -> str:
         """The checkpoint as a local directory: itself for local storage, else a copy in ``local_dir``
         (by its URL: it may be another run's in the same storage, a replica group's peer's)."""
-        if self.local:
-            return checkpoint.url
+        if self.local:  # its run's folder and itself checked here, on the node, before a rank reads it
+            run_dir, name = os.path.split(checkpoint.url)
+            with run_folder(*os.path.split(run_dir)) as run, run.folder(name):
+                return checkpoint.url
         from fsspec.core import url_to_fs
 
         fs, path = url_to_fs(checkpoint.url, **self.options)

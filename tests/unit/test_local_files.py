@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from spark_torch.errors import ConfigurationError
+from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.storage import ATTEMPTS, METRICS, RUN_MARKER, RunStorage, run_ids
 from tests.other_user import NOBODY, as_user, open_folder
 
@@ -126,6 +127,8 @@ def test_a_link_in_the_run_folder_is_refused(open_base: Path, victim: Path, tmp_
         storage.upload(str(source), 1)
     with pytest.raises(ConfigurationError, match="checkpoint_000001 is a symbolic link"):
         storage.complete(1, 0, [0])
+    with pytest.raises(ConfigurationError, match="checkpoint_000001 is a symbolic link"):  # a node, before a rank resumes from it
+        storage.download(CheckpointInfo(step=1, url=storage.checkpoint_url(1)), str(tmp_path / "unused"))
     (run / "checkpoint_000002").mkdir()
     (run / "checkpoint_000002" / "w.bin").symlink_to(victim)
     with pytest.raises(ConfigurationError, match="w.bin is a symbolic link"):
