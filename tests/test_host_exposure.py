@@ -169,9 +169,9 @@ def victim(tmp_path: Path) -> Path:
     return path
 
 
-def _mode(request: pytest.FixtureRequest, local_mode: bool) -> None:
-    if not local_mode:
-        request.getfixturevalue("spark_session")  # distributed: the ranks run under a barrier task
+def _mode(request: pytest.FixtureRequest, local_mode: bool) -> Any:
+    """Distributed: the ``local[2]`` session, whose barrier task runs the ranks; local: none."""
+    return None if local_mode else request.getfixturevalue("spark_session")
 
 
 @needs_root
@@ -182,7 +182,7 @@ def test_a_run_folder_another_user_made_first_is_refused(
     """Issue 55's attack: nobody makes RUN_ID/ first, its metrics.jsonl a link to the victim's
     file and a 0666 attempts.jsonl of its own. The run stops at once with a ConfigurationError
     naming the folder and what to do; nothing reaches either file, and nothing is left."""
-    _mode(request, local_mode)
+    spark = _mode(request, local_mode)
 
     def plant() -> None:
         run = open_base / RUN
@@ -193,7 +193,7 @@ def test_a_run_folder_another_user_made_first_is_refused(
     as_user(NOBODY, NOBODY, plant)
     started = time.monotonic()
     with pytest.raises(ConfigurationError) as caught:
-        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN).run(checkpoint_and_metrics)
+        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN, spark=spark).run(checkpoint_and_metrics)
     elapsed = time.monotonic() - started
     message = str(caught.value)
     assert f"{open_base / RUN} belongs to another user (uid {NOBODY})" in message and "storage_path=" in message
@@ -241,18 +241,24 @@ def swap_then_report(base: str, victim_dir: str) -> None:
 
 
 @needs_root
-@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+@pytest.mark.parametrize(
+    "session",
+    [None, "spark_session", pytest.param("cluster_spark", marks=pytest.mark.slow)],
+    ids=["local", "distributed", "local-cluster"],
+)
 def test_a_run_folder_swapped_under_a_running_run_is_refused_in_the_rank(
-    local_mode: bool, request: pytest.FixtureRequest, open_base: Path, tmp_path: Path, no_leftovers: None
+    session: str | None, request: pytest.FixtureRequest, open_base: Path, tmp_path: Path, no_leftovers: None
 ) -> None:
-    """The rank's report() (on the executor, distributed) opens the run's folder afresh for each
-    checkpoint: the swapped-in folder is refused, naming it, and nothing lands in the victim's
-    folder; the driver's own later writes (the run's log) are refused too, with a warning."""
-    _mode(request, local_mode)
+    """The rank's report() (on the executor, distributed: a Python worker of the driver's JVM,
+    or of an executor JVM of its own) opens the run's folder afresh for each checkpoint: the
+    swapped-in folder is refused, naming it, and nothing lands in the victim's folder; the
+    driver's own later writes (the run's log) are refused too, with a warning."""
+    local_mode = session is None
+    spark = request.getfixturevalue(session) if session is not None else None
     victim_dir = tmp_path / "victim_dir"
     victim_dir.mkdir()
     with pytest.raises(DistributedRunError) as caught:
-        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN).run(
+        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN, spark=spark).run(
             swap_then_report, str(open_base), str(victim_dir)
         )
     message = str(caught.value)
