@@ -4,21 +4,27 @@ rendezvous store (torch's ``TCPStore``, no authentication), hosted warm or cold,
 the driver's channel. Checked during a run from inside a rank, in both modes, against the
 listening sockets of this test's whole process tree (``psutil.net_connections``, what ``ss
 -ltnp`` shows). And the run's storage is private (0700 folders, 0600 files) whatever the
-umask, or shared with a team folder's group (a set-group-ID storage folder: 2770, 0660)."""
+umask, or shared with a team folder's group (a set-group-ID storage folder: 2770, 0660); a
+run folder another user made first, or swapped in under a running run, is refused in both modes,
+on the driver and in a rank's report(), and nothing is written through its links."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from spark_torch import Distributor
+from spark_torch import ConfigurationError, DistributedRunError, Distributor
 from spark_torch.node.template.client import TEMPLATE_MODULE
+from tests.other_user import NOBODY, as_user, open_folder
 
 
 def _tree(root: int) -> set[int]:
@@ -139,3 +145,124 @@ def test_the_runs_storage_is_private_or_the_team_folders(team: bool, tmp_path: P
     folder_mode, file_mode = (0o2770, 0o660) if team else (0o700, 0o600)
     wrong = {name: oct(mode) for name, mode in modes.items() if mode != (folder_mode if name in folders else file_mode)}
     assert wrong == {}, f"expected folders {oct(folder_mode)} and files {oct(file_mode)}: {wrong}"
+
+
+RUN = "planted-run"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (setuid in a child)")
+
+
+@pytest.fixture
+def open_base() -> Iterator[Path]:
+    """A storage folder every user may write to (``0777``, no sticky bit: ``/tmp``-like, or
+    ``~/spark_torch_runs`` made under ``umask 000``)."""
+    base = Path(open_folder())
+    yield base
+    shutil.rmtree(base)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """This user's own private file, that a planted link points at."""
+    path = tmp_path / "victim.txt"
+    path.write_text("mine\n")
+    path.chmod(0o600)
+    return path
+
+
+def _mode(request: pytest.FixtureRequest, local_mode: bool) -> Any:
+    """Distributed: the ``local[2]`` session, whose barrier task runs the ranks; local: none."""
+    return None if local_mode else request.getfixturevalue("spark_session")
+
+
+@needs_root
+@pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
+def test_a_run_folder_another_user_made_first_is_refused(
+    local_mode: bool, request: pytest.FixtureRequest, open_base: Path, victim: Path, no_leftovers: None
+) -> None:
+    """Issue 55's attack: nobody makes RUN_ID/ first, its metrics.jsonl a link to the victim's
+    file and a 0666 attempts.jsonl of its own. The run stops at once with a ConfigurationError
+    naming the folder and what to do; nothing reaches either file, and nothing is left."""
+    spark = _mode(request, local_mode)
+
+    def plant() -> None:
+        run = open_base / RUN
+        run.mkdir(0o777)
+        (run / "metrics.jsonl").symlink_to(victim)
+        (run / "attempts.jsonl").touch(0o666)
+
+    as_user(NOBODY, NOBODY, plant)
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError) as caught:
+        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN, spark=spark).run(checkpoint_and_metrics)
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert f"{open_base / RUN} belongs to another user (uid {NOBODY})" in message and "storage_path=" in message
+    assert elapsed < 5.0, f"refused after {elapsed:.1f}s"
+    assert victim.read_text() == "mine\n" and (open_base / RUN / "attempts.jsonl").stat().st_size == 0
+    assert sorted(os.listdir(open_base)) == [RUN] and sorted(os.listdir(open_base / RUN)) == ["attempts.jsonl", "metrics.jsonl"]
+
+
+@needs_root
+def test_the_default_storage_refuses_too(
+    open_base: Path, victim: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+) -> None:
+    """~/spark_torch_runs made under umask 000 (0777) with nobody's RUN_ID/ in it: the run is
+    refused the same way (not run without checkpoints, as a default that cannot be created is)."""
+    home = open_base / "home"
+    (home / "spark_torch_runs").mkdir(parents=True)
+    (home / "spark_torch_runs").chmod(0o777)
+    monkeypatch.setenv("HOME", str(home))
+    as_user(NOBODY, NOBODY, lambda: (home / "spark_torch_runs" / RUN).mkdir(0o777))
+    with pytest.raises(ConfigurationError, match=f"{home / 'spark_torch_runs' / RUN} belongs to another user"):
+        Distributor(num_processes=1, run_id=RUN).run(checkpoint_and_metrics)
+    assert os.listdir(home / "spark_torch_runs" / RUN) == [] and victim.read_text() == "mine\n"
+
+
+def swap_then_report(base: str, victim_dir: str) -> None:
+    """Rank: one checkpoint reported; then, as another user would in a storage folder all may
+    write to, the run's folder is moved away and nobody's own put in its place, holding a link
+    to the victim's folder where the next checkpoint goes; then report() again."""
+    import spark_torch
+    from tests.other_user import NOBODY, as_user
+
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "weights.bin"), "wb") as fh:
+        fh.write(b"w")
+    spark_torch.report({"loss": 1.0}, checkpoint=folder)
+    run = os.path.join(base, RUN)
+    os.rename(run, run + ".moved")
+
+    def plant() -> None:
+        os.mkdir(run, 0o777)
+        os.symlink(victim_dir, os.path.join(run, "checkpoint_000002"))
+
+    as_user(NOBODY, NOBODY, plant)
+    spark_torch.report({"loss": 0.5}, checkpoint=folder)
+
+
+@needs_root
+@pytest.mark.parametrize(
+    "session",
+    [None, "spark_session", pytest.param("cluster_spark", marks=pytest.mark.slow)],
+    ids=["local", "distributed", "local-cluster"],
+)
+def test_a_run_folder_swapped_under_a_running_run_is_refused_in_the_rank(
+    session: str | None, request: pytest.FixtureRequest, open_base: Path, tmp_path: Path, no_leftovers: None
+) -> None:
+    """The rank's report() (on the executor, distributed: a Python worker of the driver's JVM,
+    or of an executor JVM of its own) opens the run's folder afresh for each checkpoint: the
+    swapped-in folder is refused, naming it, and nothing lands in the victim's folder; the
+    driver's own later writes (the run's log) are refused too, with a warning."""
+    local_mode = session is None
+    spark = request.getfixturevalue(session) if session is not None else None
+    victim_dir = tmp_path / "victim_dir"
+    victim_dir.mkdir()
+    with pytest.raises(DistributedRunError) as caught:
+        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN, spark=spark).run(
+            swap_then_report, str(open_base), str(victim_dir)
+        )
+    message = str(caught.value)
+    assert f"ConfigurationError: the run's storage {open_base / RUN} belongs to another user (uid {NOBODY})" in message, message
+    assert list(victim_dir.iterdir()) == []
+    assert sorted(os.listdir(open_base / RUN)) == ["checkpoint_000002"]
+    assert (open_base / (RUN + ".moved") / "checkpoint_000001" / "weights.bin").read_bytes() == b"w"

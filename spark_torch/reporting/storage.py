@@ -30,12 +30,11 @@ import json
 import os
 import posixpath
 import re
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from spark_torch.reporting.local_files import fsync_copy, fsync_path, make_dir, open_file, restrict_tree
+from spark_torch.reporting.local_files import listed_runs, remove_run, run_folder
 from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
 
@@ -107,12 +106,7 @@ def run_ids(base: str, options: Mapping[str, Any] | None = None) -> list[str]:
     options = dict(options or {})
     with options_withheld(options):
         if _is_local(base):
-            root = os.path.expanduser(base)
-            try:
-                names = os.listdir(root)
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-            return sorted(n for n in names if os.path.isfile(os.path.join(root, n, RUN_MARKER)))
+            return listed_runs(os.path.expanduser(base), RUN_MARKER)  # links and other users' not listed
         from fsspec.core import url_to_fs
 
         fs, root = url_to_fs(base.rstrip("/"), **options)
@@ -167,9 +161,8 @@ class RunStorage:
     def create(self, token: str) -> None:
         """Make the run's directory and mark it with ``token`` (the driver, before ranks start)."""
         if self.local:
-            make_dir(self.base, self.url)  # private (0700) unless the storage is a team's
-            with open_file(self.base, os.path.join(self.url, RUN_MARKER), "w") as fh:
-                fh.write(token)
+            with run_folder(self.base, self.run_id, create=True) as run:  # private (0700) unless the storage is a team's
+                run.write(RUN_MARKER, token)
         else:
             self.fs.makedirs(self._path(), exist_ok=True)
             self.fs.pipe_file(self._path(RUN_MARKER), token.encode("utf-8"))
@@ -193,8 +186,8 @@ class RunStorage:
         """Whether this host sees the driver's run directory (the same ``token`` in its marker)."""
         try:
             if self.local:
-                with open(os.path.join(self.url, RUN_MARKER), encoding="utf-8") as fh:
-                    return fh.read() == token
+                with run_folder(self.base, self.run_id) as run:  # refused: raises (the node says why)
+                    return run.read(RUN_MARKER) == token.encode("utf-8")
             return bool(self.fs.cat_file(self._path(RUN_MARKER)).decode("utf-8") == token)
         except (OSError, UnicodeDecodeError):
             return False
@@ -211,7 +204,8 @@ class RunStorage:
         if not self.holds_only_logs():
             return False
         if self.local:
-            shutil.rmtree(self.url, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_run(self.base, self.run_id)
         else:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self._path(), recursive=True)
@@ -224,12 +218,11 @@ class RunStorage:
         if not os.path.isdir(local_dir):
             raise FileNotFoundError(f"report(checkpoint={local_dir!r}): not a directory")
         target = self.checkpoint_url(step)
-        if self.local:
-            shutil.copytree(local_dir, target, dirs_exist_ok=True)
-            restrict_tree(self.base, target)
-            fsync_copy(local_dir, target)
-            return
         name = posixpath.basename(target)
+        if self.local:
+            with run_folder(self.base, self.run_id) as run:
+                run.copy_in(local_dir, name)
+            return
         for root, _dirs, files in os.walk(local_dir):
             relative = os.path.relpath(root, local_dir)
             remote_dir = posixpath.join(self._path(name), *([] if relative == "." else relative.split(os.sep)))
@@ -247,15 +240,8 @@ class RunStorage:
         )
         name = f"checkpoint_{step:06d}"
         if self.local:
-            make_dir(self.base, os.path.join(self.url, name))
-            path = os.path.join(self.url, name, MANIFEST)
-            tmp = path + ".tmp"
-            with open_file(self.base, tmp, "w") as fh:
-                fh.write(manifest)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            fsync_path(os.path.dirname(path), directory=True)  # the rename itself is durable
+            with run_folder(self.base, self.run_id) as run:
+                run.write(MANIFEST, manifest, folder=name, atomic=True)  # fsynced, renamed, the rename fsynced
         else:
             self.fs.makedirs(self._path(name), exist_ok=True)
             self.fs.pipe_file(self._path(name, MANIFEST), manifest.encode("utf-8"))
@@ -263,7 +249,8 @@ class RunStorage:
     def _names(self) -> list[str]:
         if self.local:
             try:
-                return os.listdir(self.url)
+                with run_folder(self.base, self.run_id) as run:
+                    return run.names()
             except FileNotFoundError:
                 return []
         try:
@@ -275,8 +262,10 @@ class RunStorage:
         """A checkpoint's manifest, or None while it is incomplete."""
         try:
             if self.local:
-                with open(os.path.join(self.url, name, MANIFEST), "rb") as fh:
-                    raw = fh.read()
+                with run_folder(self.base, self.run_id) as run:
+                    raw = run.read(name, MANIFEST)
+                if raw is None:
+                    return None
             else:
                 raw = self.fs.cat_file(self._path(name, MANIFEST))
         except (FileNotFoundError, NotADirectoryError):
@@ -322,7 +311,8 @@ class RunStorage:
         """Delete checkpoint ``step`` (complete or not)."""
         name = f"checkpoint_{step:06d}"
         if self.local:
-            shutil.rmtree(os.path.join(self.url, name), ignore_errors=True)
+            with contextlib.suppress(OSError), run_folder(self.base, self.run_id) as run:
+                run.remove(name)
         else:
             try:
                 self.fs.rm(self._path(name), recursive=True)
@@ -357,8 +347,8 @@ class RunStorage:
         """The rows of one of the run's JSON-lines logs (a line cut short by a crash: skipped)."""
         try:
             if self.local:
-                with open(os.path.join(self.url, name), "rb") as fh:
-                    raw = fh.read()
+                with run_folder(self.base, self.run_id) as run:
+                    raw = run.read(name) or b""
             else:
                 raw = self.fs.cat_file(self._path(name))
         except FileNotFoundError:
@@ -386,8 +376,8 @@ class RunStorage:
         """Append one row to one of the run's JSON-lines logs."""
         line = json.dumps(row, default=str) + "\n"
         if self.local:
-            with open_file(self.base, os.path.join(self.url, name), "a") as fh:
-                fh.write(line)
+            with run_folder(self.base, self.run_id) as run:
+                run.append(name, line)
             return
         path = self._path(name)
         try:
@@ -429,8 +419,10 @@ class RunStorage:
     def download(self, checkpoint: CheckpointInfo, local_dir: str) -> str:
         """The checkpoint as a local directory: itself for local storage, else a copy in ``local_dir``
         (by its URL: it may be another run's in the same storage, a replica group's peer's)."""
-        if self.local:
-            return checkpoint.url
+        if self.local:  # its run's folder and itself checked here, on the node, before a rank reads it
+            run_dir, name = os.path.split(checkpoint.url)
+            with run_folder(*os.path.split(run_dir)) as run, run.folder(name):
+                return checkpoint.url
         from fsspec.core import url_to_fs
 
         fs, path = url_to_fs(checkpoint.url, **self.options)

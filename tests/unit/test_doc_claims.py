@@ -239,3 +239,27 @@ def test_dataframe_numbers_are_the_measured_ones() -> None:
     (row,) = [line for line in page.splitlines() if line.startswith("| replaced loader, array column |")]
     cells = [f" {sizes[n]['ms_per_batch']['shuffled/features/arrow_table_take']:.1f} " for n in ("62500", "500000", "4000000")]
     assert row.split("|")[2:5] == cells, row
+
+
+def test_security_page_storage_claims_are_the_code() -> None:
+    """docs/security.md's storage paragraphs: the default storage, the private and the team
+    folder's modes, the set-group-ID command and the refusal's error type are the code's, and
+    the tests they cite exist."""
+    from spark_torch.errors import ConfigurationError
+    from spark_torch.reporting.local_files import Owners, refusal
+    from spark_torch.reporting.storage import DEFAULT_STORAGE
+
+    page = " ".join((ROOT / "docs" / "security.md").read_text(encoding="utf-8").split())
+    private, team = Owners(uid=1000, group=None), Owners(uid=1000, group=1000)
+    assert f"(`storage_path`, default `{DEFAULT_STORAGE}`)" in page
+    assert f"every folder in it, is `{private.folder_mode:04o}`" in page
+    assert f"whatever their modes where the rank wrote them) is `{private.file_mode:04o}`" in page
+    assert f"(the default, and any missing folder above a `storage_path`) is `{private.folder_mode:04o}`" in page
+    command = f"chgrp TEAM DIR; chmod {team.folder_mode:o} DIR"
+    assert f"(`{command}`, the usual mark of a group's folder)" in page
+    assert f"are then `{team.folder_mode:o}` and their files `{team.file_mode:04o}`" in page
+    error = refusal("/runs/RUN", "is a symbolic link")
+    assert isinstance(error, ConfigurationError) and command in str(error)
+    assert "is refused with a `ConfigurationError` naming the path and what to do" in page
+    for cited in ("tests/unit/test_local_files.py", "tests/test_host_exposure.py", "spark_torch/reporting/local_files.py"):
+        assert f"`{cited}`" in page and (ROOT / cited).is_file()

@@ -207,10 +207,14 @@ def run_outcome(error: BaseException | None, attempts: Sequence[AttemptRecord]) 
 def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage | None:
     """The run's storage, created and marked now; without an explicit ``storage_path`` a
     default that cannot be created only disables checkpoints (with a warning). Whatever an fsspec
-    backend raises becomes one ConfigurationError naming the URL."""
+    backend raises becomes one ConfigurationError naming the URL; a local run folder that is
+    refused (a link, another user's: :mod:`~spark_torch.reporting.local_files`) is one with
+    either storage."""
     storage = RunStorage(config.storage_path or DEFAULT_STORAGE, run_id, config.storage_options)
     try:
         storage.create(token)
+    except ConfigurationError:
+        raise  # a run folder refused (a link, another user's): says which and what to do, default storage too
     except Exception as exc:  # noqa: BLE001 - every backend raises its own kinds (TypeError, botocore's...)
         if config.storage_path is not None:
             raise ConfigurationError(f"storage_path={config.storage_path!r}: cannot create the run's directory; {storage_error(storage.url, exc)}") from exc
