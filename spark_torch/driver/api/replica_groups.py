@@ -69,6 +69,7 @@ def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id:
         run_id=group_run_id(run_id, group),
         peer_runs=tuple(group_run_id(run_id, peer) for peer in range(config.replica_groups) if peer != group),
         log_dir=os.path.join(config.log_dir, f"group-{group}") if config.log_dir is not None else None,
+        host_ranks=config.num_processes,  # local mode: every group's ranks share the driver's cores
     )
 
 
