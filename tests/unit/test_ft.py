@@ -260,7 +260,19 @@ def test_spark_torch_without_torchft() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "replica_groups > 1 needs torchft" in done.stdout and "pip install 'spark-torch[ft]'" in done.stdout
+    assert "replica_groups > 1 needs torchft" in done.stdout and "pip install 'torchft>=0.2.0' into the Python" in done.stdout
+
+
+def test_the_install_hint_names_what_pip_finds() -> None:
+    """spark-torch is not on PyPI: the hint installs torchft itself, at the [ft] extra's version
+    (read from the installed metadata, so a checkout and a wheel say the same)."""
+    from spark_torch.ft.install import REQUIREMENT, install_hint, requirement
+
+    assert requirement() == REQUIREMENT == "torchft>=0.2.0"  # the editable install's metadata, as pyproject.toml has it
+    assert requirement(['torchft >= 0.3; extra == "ft"', "psutil>=5"]) == "torchft>=0.3"
+    assert requirement(['torchft>=9; extra == "other"']) == REQUIREMENT
+    assert install_hint().startswith("pip install 'torchft>=0.2.0' into the Python of the driver and of the executors")
+    assert "spark-torch[ft]" not in install_hint()
 
 
 

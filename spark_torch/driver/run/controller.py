@@ -15,7 +15,7 @@ from typing import Any
 
 from spark_torch.base.states import ProblemKind
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.console.logs import DriverLogSink
+from spark_torch.driver.console.logs import DriverLogSink, replica_group_of
 from spark_torch.driver.console.status import interactive
 from spark_torch.driver.console.tracker import ReportTracker
 from spark_torch.driver.result import AttemptEnd, AttemptError, AttemptReason, AttemptRecord, StoredRun, read_stored
@@ -43,6 +43,8 @@ from spark_torch.errors import (
     RunStalledError,
     RunTimeoutError,
 )
+from spark_torch.ft.install import MODULE as FT_MODULE
+from spark_torch.ft.install import install_hint
 from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported
 from spark_torch.reporting.run_log import record as log_call
@@ -317,7 +319,8 @@ class RunController:
         if self.membership is not None and self.spark is not None:
             try:
                 size = self.membership.nodes_for(self.spark, first=restart_count == 0)
-                check_executors(self.spark, size.nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
+                # their Python (and torchft for a replica group's ranks), before the barrier stage
+                check_executors(self.spark, size.nodes, self.base.settings.ship_package, _needed(self.config))
                 sized = replace(self.plan, num_nodes=size.nodes)
             except (InsufficientSlotsError, LaunchError) as exc:
                 kind = ProblemKind.SLOTS if isinstance(exc, InsufficientSlotsError) else ProblemKind.LAUNCH
@@ -346,6 +349,12 @@ class RunController:
             cancellation=self.cancellation,
         )
         return record, attempt, problem
+
+
+def _needed(config: DistributorConfig) -> dict[str, str]:
+    """The modules a run needs on the executors beyond a node's, each with its install hint: a
+    replica group's ranks import torchft (a rank's ImportError would spend the group's restarts)."""
+    return {FT_MODULE: f"replica_groups needs {FT_MODULE}: {install_hint()}"} if replica_group_of(config) is not None else {}
 
 
 def _newest_checkpoint(storage: RunStorage, peer_runs: tuple[str, ...]) -> CheckpointInfo | None:
