@@ -126,11 +126,14 @@ def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings)
 
 def execute(
     config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, record: RunRecord,
-    cancellation: Cancellation | None = None,
+    cancellation: Cancellation | None = None, *, restart: bool = False,
 ) -> Any:  # fmt: skip
     """Run ``entry`` (see :meth:`Distributor.run`), recording it in ``record``; once it ended,
     however, ``record.result`` is the call's :class:`~spark_torch.driver.result.RunResult`.
-    ``cancellation`` stops its attempts from another thread (replica groups)."""
+    ``cancellation`` stops its attempts from another thread (replica groups). ``restart``: this
+    continues the run's previous call (a replica group restarted alone after a rank failure): the
+    run's log gets no new call (``spark-torch runs show`` lists one) and the first attempt is a
+    restart after a failure, not a start."""
     cluster = read_cluster(spark) if spark is not None else ClusterInfo()
     plan = _plan(config, cluster)
     settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
@@ -147,7 +150,8 @@ def execute(
     record.started, script = time.time(), entry if isinstance(entry, ScriptEntrypoint) else None
     call = call_row(entry.description, "script" if script else "function", script.argv if script else (), started=record.started)
     record.entry = call["entry"]
-    log_call(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
+    if not restart:  # a restart's attempts and end belong to the call it continues
+        log_call(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
     base = _run_spec(config, plan, entry, payload, data, record.run_id, storage, token, settings)
     deadline = time.monotonic() + config.timeout if config.timeout else None
     tracker = ReportTracker(record, sink, config, plan, record.run_id)
@@ -156,6 +160,7 @@ def execute(
         spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, record=record,
         sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
         policy=RestartPolicy(config.max_restarts), cancellation=cancellation,
+        first_reason=AttemptReason.RESTART_AFTER_FAILURE if restart else AttemptReason.START,
     )  # fmt: skip
     value: Any = None
     error: BaseException | None = None
@@ -266,13 +271,15 @@ class RunController:
     first_attempt: int = 0
     #: stops the attempts from another thread (replica groups)
     cancellation: Cancellation | None = None
+    #: why the first attempt starts (a replica group restarted alone: after a failure)
+    first_reason: AttemptReason = AttemptReason.START
 
     def run(self) -> ResultBytes | None:
         """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
         policy = self.policy
         self.first_attempt = self.storage.next_attempt() if self.storage is not None else 0
         show = interactive() if self.config.progress is None else self.config.progress
-        reason, failures = AttemptReason.START, 0
+        reason, failures = self.first_reason, 0
         while True:
             record, attempt, problem = self._next_attempt(len(self.record.attempts), reason, show)
             # a check before the attempt that found it impossible ends it as the attempt would have
