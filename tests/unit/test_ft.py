@@ -134,6 +134,29 @@ def test_the_lighthouse_listens_on_its_host_only_until_closed() -> None:
     lighthouse.close()  # idempotent
 
 
+def test_the_watch_names_the_groups_whose_manager_never_heartbeat() -> None:
+    """The lighthouse's status page, as torchft 0.2.0 writes it, read by ManagerWatch: a group
+    whose Manager heartbeats (under spark_torch's replica id plus torchft's UUID) is seen, the
+    other is named; a Manager under the user's own replica id means no warning at all."""
+    pytest.importorskip("torchft")
+    from datetime import timedelta
+
+    from torchft.coordination import LighthouseClient
+
+    from spark_torch.driver.api.manager_watch import ManagerWatch, heartbeating
+    from spark_torch.ft.rank import replica_id
+
+    assert heartbeating("<li>\n    spark_torch_group_1:ab-12: seen 0.004s ago\n  </li>") == {"spark_torch_group_1"}
+    with Lighthouse("127.0.0.1") as lighthouse:
+        client = LighthouseClient(lighthouse.address, timedelta(seconds=5))
+        watch = ManagerWatch("127.0.0.1", lighthouse.server_port, 2).start()
+        client.heartbeat(f"{replica_id(1)}:{uuid.uuid4()}")
+        assert watch.stop() == [0]
+        client.heartbeat(f"my_own_id:{uuid.uuid4()}")
+        assert ManagerWatch("127.0.0.1", lighthouse.server_port, 2).stop() == []
+    assert ManagerWatch("127.0.0.1", lighthouse.server_port, 2).stop() == [0, 1]  # no lighthouse: nothing heard
+
+
 def test_a_gated_lighthouse_listens_on_loopback_behind_the_gate_until_closed() -> None:
     """Distributed mode: torchft's server on loopback only, the gate on the host the executors
     reach (127.0.0.3 here), which lets the cluster's addresses in and closes any other's connection."""

@@ -76,7 +76,8 @@ class ManagerWatch:
         """Stop reading (one last read while the lighthouse still runs); the groups never seen
         (none when a Manager under the user's own replica id was)."""
         self._stop.set()
-        self._thread.join(timeout=5.0)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=5.0)
         if not self._done():
             self._poll()
         with self._lock:
