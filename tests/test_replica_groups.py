@@ -96,6 +96,7 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     assert str(last.attempts[1]).startswith("replica group 1: ") and last.restarts == 1
     # each group's own run counts its restarts, and a restart's attempt is labelled one
     assert [r.restarts for r in last.replica_groups] == [0, 1]
+    assert [a.attempt for a in last.replica_groups[1].attempts] == [0, 1]
     reasons = [(a.replica_group, str(a.reason)) for a in last.attempts]
     assert reasons == [(0, "start"), (1, "start"), (1, "restart after a failure")], reasons
     # the run's steps: the last step committed, not the groups' rows added up
@@ -130,6 +131,9 @@ def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
     assert shown.returncode == 0, shown.stderr
     calls = [[[a["reason"] for a in call["attempts"]] for call in group["calls"]] for group in json.loads(shown.stdout)["replica_groups"]]
     assert calls == [[["start"]], [["start", "restart after a failure"]]], calls
+    # each group's own run in last_run starts when its one call did (group 1's: before its restart)
+    starts = [group["calls"][0]["started"] for group in json.loads(shown.stdout)["replica_groups"]]
+    assert starts == [r.started for r in last.replica_groups], (starts, last.replica_groups)
     # the list: each group's run names the whole run, the groups together, group 0 first
     listed = [s for s in list_runs(storage) if s.replica_run == last.run_id]
     assert [(s.run_id, s.replica_group) for s in listed] == [(f"{last.run_id}-g0", 0), (f"{last.run_id}-g1", 1)]

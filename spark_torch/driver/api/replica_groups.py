@@ -110,10 +110,16 @@ class GroupLoop:
         return max(0, len(self.results) - 1)
 
     def group_result(self) -> RunResult:
-        """The group's own run as ``last_run.replica_groups`` shows it: its last call, with every
-        attempt and restart of this group (each restart is an ``execute`` of its own; needs a result)."""
+        """The group's own run as ``last_run.replica_groups`` shows it (and ``spark-torch runs show``
+        its one call): its last ``execute``'s, with every attempt and restart of this group, from
+        the group's start (each restart is an ``execute`` of its own; needs a result)."""
         last = self.results[-1]
-        return replace(last, restarts=self.restarts, attempts=[a for each in self.results for a in each.attempts])
+        started = next((each.started for each in self.results if each.started is not None), None)
+        ended = last.started + last.duration if last.started is not None and last.duration is not None else None
+        return replace(
+            last, restarts=self.restarts, attempts=[a for each in self.results for a in each.attempts], started=started,
+            duration=ended - started if ended is not None and started is not None else last.duration,
+        )  # fmt: skip
 
     def run(self, spark: Any, entry: Entrypoint) -> None:
         """The loop; never raises (the outcome is in ``value``/``error``)."""
