@@ -219,3 +219,34 @@ def hang(work: str | None = None) -> None:
 
     while True:
         time.sleep(60)
+
+
+def what_a_rank_sees(work: str) -> int:
+    """A plain function (no torchft Manager): write what this rank sees to ``work/seen-{GROUP}.json``
+    (its thread variables and torch's thread count, RUST_LOG, its process title as psutil reads
+    it), return the group."""
+    import json
+
+    import psutil
+    import torch
+
+    group = os.environ["REPLICA_GROUP_ID"]
+    seen = {
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
+        "RUST_LOG": os.environ.get("RUST_LOG"),
+        "cmdline": psutil.Process().cmdline(),
+    }
+    path = os.path.join(work, f"seen-{group}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(seen, fh)
+    os.replace(path + ".tmp", path)
+    return int(group)
+
+
+def needs(module: str) -> None:
+    """Import ``module`` (as a torchft program imports torchft), then return."""
+    import importlib
+
+    importlib.import_module(module)

@@ -265,6 +265,18 @@ def test_problem_names_each_interpreter_once() -> None:
     assert describe_problem(found[2:], "python3") is None
 
 
+def test_a_missing_module_of_the_run_leads_with_its_own_install_hint() -> None:
+    """Replica groups need torchft on the executors: its hint comes first, once, and only when it is missing."""
+    lacking = [ExecutorPython("/venv/bin/python", "3.11.2", "h1", (("torchft", ""),))]
+    hints = {"torchft": "replica_groups needs torchft: pip install 'torchft>=0.2.0'", "other": "never shown"}
+    message = describe_problem(lacking, None, driver_python="/venv/bin/python", hints=hints)
+    assert message is not None and message.startswith(
+        "the executors' Python cannot run spark_torch: /venv/bin/python (Python 3.11.2, on h1) cannot import torchft. "
+        "replica_groups needs torchft: pip install 'torchft>=0.2.0'. Point PYSPARK_PYTHON at"
+    ), message
+    assert "never shown" not in message
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -48,6 +48,14 @@ def test_a_function_rank_shows_the_functions_name(warm: bool, no_leftovers: None
     assert seen == {"cmdline": ["spark-torch", "rank", "0:", "who_am_i()"], "name": "who_am_i"}
 
 
+def test_a_replica_groups_rank_names_its_group() -> None:
+    """Every group has a rank 0: the title says which group's (tests/test_replica_groups.py sees it in a run)."""
+    from spark_torch.rank.title import rank_title
+
+    assert rank_title(0, "train.py --lr 0.1", "1") == "spark-torch group 1 rank 0: train.py --lr 0.1"
+    assert rank_title(0, "train()") == "spark-torch rank 0: train()"
+
+
 def test_a_distributed_rank_is_named_too(spark_session: Any, no_leftovers: None) -> None:
     seen = Distributor(num_processes=2, local_mode=False, spark=spark_session, log_ranks=[]).run(who_am_i)
     assert seen == {"cmdline": ["spark-torch", "rank", "0:", "who_am_i()"], "name": "who_am_i"}

@@ -7,6 +7,7 @@ are step counts and files (tests/ft_programs.py), never timing; torchft's timeou
 from __future__ import annotations
 
 import ast
+import json
 import os
 import socket
 import subprocess
@@ -93,6 +94,14 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     _reported(last, tmp_path)
     assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
     assert str(last.attempts[1]).startswith("replica group 1: ") and last.restarts == 1
+    # each group's own run counts its restarts, and a restart's attempt is labelled one
+    assert [r.restarts for r in last.replica_groups] == [0, 1]
+    assert [a.attempt for a in last.replica_groups[1].attempts] == [0, 1]
+    reasons = [(a.replica_group, str(a.reason)) for a in last.attempts]
+    assert reasons == [(0, "start"), (1, "start"), (1, "restart after a failure")], reasons
+    # the run's steps: the last step committed, not the groups' rows added up
+    assert last.steps == max(row["step"] for row in last.history) < len(last.history), last.history
+    assert f"steps={last.steps}," in repr(last)
     _the_past_run_is_the_whole_run(tmp_path / "runs", last)
 
 
@@ -114,6 +123,17 @@ def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
     assert shown.returncode == 0, shown.stderr
     assert f"replica group 0 of run {last.run_id}" in shown.stdout and f"replica group 1 of run {last.run_id}" in shown.stdout
     assert f"{last.run_id}-g1" in shown.stdout
+    # one run() call per group: group 1's restart goes on in its call, not listed as another call
+    shown = subprocess.run(
+        [sys.executable, "-m", "spark_torch", "runs", "show", last.run_id, "--storage", str(storage), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    calls = [[[a["reason"] for a in call["attempts"]] for call in group["calls"]] for group in json.loads(shown.stdout)["replica_groups"]]
+    assert calls == [[["start"]], [["start", "restart after a failure"]]], calls
+    # each group's own run in last_run starts when its one call did (group 1's: before its restart)
+    starts = [group["calls"][0]["started"] for group in json.loads(shown.stdout)["replica_groups"]]
+    assert starts == [r.started for r in last.replica_groups], (starts, last.replica_groups)
     # the list: each group's run names the whole run, the groups together, group 0 first
     listed = [s for s in list_runs(storage) if s.replica_run == last.run_id]
     assert [(s.run_id, s.replica_group) for s in listed] == [(f"{last.run_id}-g0", 0), (f"{last.run_id}-g1", 1)]
@@ -356,7 +376,8 @@ def test_groups_of_two_nodes_in_distributed_mode(local4_spark: object, tmp_path:
 
 def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:
     """SIGINT reaches the driver's main thread only; every group's run stops its ranks as a
-    Ctrl-C stops a run's, and run() raises KeyboardInterrupt (tests/scripts/ft_interrupt.py)."""
+    Ctrl-C stops a run's, run() raises KeyboardInterrupt and last_run is the stopped run
+    (tests/scripts/ft_interrupt.py)."""
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
@@ -366,6 +387,66 @@ def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert "interrupted" in lines and "ranks still running: []" in lines, done.stdout
+    shown = "last_run: stopped by Ctrl-C, KeyboardInterrupt, groups ['stopped by Ctrl-C', 'stopped by Ctrl-C']"
+    assert shown in lines, done.stdout
+
+
+def test_what_a_plain_functions_ranks_see_and_the_warning_it_gets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
+    """A function that never creates a torchft Manager, two groups of one rank: each rank gets its
+    share of the cores over both groups' ranks (the env and torch's thread count the rank really
+    has), torchft's Rust logs at warn, a title that names its group; the run warns that the groups
+    never synced, naming them."""
+    from spark_torch.driver.run.cpus import available_cpus
+
+    if available_cpus() < 2:
+        pytest.skip("needs 2 CPUs: with 1, a group's share and the whole run's share are both 1 thread")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # one exported on the driver is the user's to keep
+    monkeypatch.delenv("RUST_LOG", raising=False)
+    caplog.set_level("WARNING", logger="spark_torch")
+    distributor = Distributor(num_processes=2, replica_groups=2, timeout=120, log_ranks=[])
+    assert distributor.run(ft_programs.what_a_rank_sees, str(tmp_path)) == 0
+    share = max(1, available_cpus() // 2)
+    for group in (0, 1):
+        seen = json.loads((tmp_path / f"seen-{group}.json").read_text())
+        assert (seen["OMP_NUM_THREADS"], seen["MKL_NUM_THREADS"], seen["torch_threads"]) == (str(share), str(share), share), seen
+        assert seen["RUST_LOG"] == "warn"
+        assert seen["cmdline"] == ["spark-torch", "group", str(group), "rank", "0:", "what_a_rank_sees()"]
+    warned = [r.getMessage() for r in caplog.records if "never created a torchft Manager" in r.getMessage()]
+    assert len(warned) == 1 and "replica groups 0, 1 never created a torchft Manager" in warned[0], warned
+    assert "spark_torch.ft.manager(" in warned[0] and "did not sync" in warned[0]
+
+
+def test_a_function_with_a_manager_is_not_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+    """Both groups made the Manager (spark_torch.ft.manager): no warning about copies that never synced."""
+    caplog.set_level("WARNING", logger="spark_torch")
+    distributor = Distributor(num_processes=2, replica_groups=2, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    distributor.run(ft_programs.train, 2, str(tmp_path))
+    assert not [r for r in caplog.records if "never created a torchft Manager" in r.getMessage()]
+
+
+def test_executors_without_torchft_fail_the_run_before_any_restart(
+    spark_session: Any, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+) -> None:
+    """The check of the executors' Python looks for torchft before a group's barrier job (here a
+    module no Python has stands in for it): one LaunchError saying how to install it, no group
+    restarted although max_restarts allows it."""
+    from spark_torch.driver.run import controller
+    from spark_torch.errors import LaunchError
+
+    monkeypatch.setattr(controller, "FT_MODULE", "spark_torch_test_no_torchft")
+    distributor = Distributor(
+        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, max_restarts=2, timeout=120, log_ranks=[],
+    )  # fmt: skip
+    with pytest.raises(LaunchError) as raised:
+        distributor.run(ft_programs.needs, "spark_torch_test_no_torchft")  # each rank would fail importing it
+    message = str(raised.value)
+    assert "cannot import spark_torch_test_no_torchft" in message and "\n" not in message, message
+    assert "pip install 'torchft>=0.2.0' into the Python of the driver and of the executors" in message, message
+    last = distributor.last_run
+    assert last is not None and last.restarts == 0 and [r.restarts for r in last.replica_groups] == [0, 0]
+    assert AttemptEnd.LAUNCH_FAILED in {a.end for a in last.attempts} and AttemptEnd.FAILED not in {a.end for a in last.attempts}
 
 
 def test_run_on_dataframe_refuses_replica_groups(spark_session: Any, no_leftovers: None) -> None:

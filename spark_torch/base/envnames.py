@@ -46,6 +46,8 @@ __all__ = [
     "REPLICA_GROUP_ID",
     "NUM_REPLICA_GROUPS",
     "TORCHFT_LIGHTHOUSE",
+    "RUST_LOG",
+    "RUST_LOG_DEFAULT",
     "CLI_VERBOSE",
     "DS_ACCELERATOR",
     "STACK_FILE",
@@ -124,6 +126,10 @@ DATA_ROWS = "SPARK_TORCH_DATA_ROWS"
 REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
 NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
 TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+#: the log filter of torchft's Rust side (its Manager server logs ~9 INFO lines a step); a replica
+#: group's ranks get RUST_LOG_DEFAULT unless the user set RUST_LOG (spark_torch.node.rank_env)
+RUST_LOG = "RUST_LOG"
+RUST_LOG_DEFAULT = "warn"
 
 #: stall detection: where a rank's sampler writes its main thread's stack, how often, and
 #: whether it adds every other thread's stack (spark_torch.rank.sampler)

@@ -90,6 +90,9 @@ class DistributorConfig:
     #: a replica group's run (set by the group layer, not by users): the other groups' run ids, in
     #: the same storage; an attempt resumes from the newest checkpoint of its own run and theirs
     peer_runs: tuple[str, ...] = ()
+    #: a replica group's run in local mode (set by the group layer, not by users): the ranks of
+    #: every group, which share the driver's cores (None: ``num_processes``)
+    host_ranks: int | None = None
     # the settings of spark_torch.settings.SETTINGS given as keywords (None: environment, Spark conf, default)
     channel_host: Any = None
     channel_bind_address: Any = None

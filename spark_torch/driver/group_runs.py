@@ -91,7 +91,7 @@ def merge_past_groups(run_id: str, parts: list[RunResult], score: str | None, or
         best_checkpoints=ranked_checkpoints(parts, score, order),
         checkpoint=max(newest, key=lambda c: c.step) if newest else None,
         attempts=[replace(record, replica_group=group) for group, part in enumerate(parts) for record in part.attempts],
-        # each restart of a group is a new call of its group's run: every attempt after a group's first
+        # a group restarted alone goes on in the same call of its group's run: every attempt after a group's first
         restarts=sum(max(0, len(part.attempts) - 1) for part in parts),
         outcome=shown.outcome, entry=shown.entry, past_error=shown.past_error, started=started,
         duration=max(ends) - started if ends and started is not None else None,

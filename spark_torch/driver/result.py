@@ -291,7 +291,7 @@ class RunResult:
         if self.outcome is not None:
             parts.append(f"outcome={str(self.outcome)!r}")
         parts.append("value=None" if self.value is None else f"value=<{_value_note(self.value)}>")
-        parts.append(f"steps={len(self.history or self.rows)}")
+        parts.append(f"steps={self.steps}")
         if self.checkpoint is not None:
             parts.append(f"checkpoint={self.checkpoint.path!r}")
         parts.append(f"restarts={self.restarts}")
@@ -300,6 +300,16 @@ class RunResult:
         if self.path is not None:
             parts.append(f"path={self.path!r}")
         return f"RunResult({', '.join(parts)})"
+
+    @property
+    def steps(self) -> int:
+        """How many steps the run reported (its history's rows); with ``replica_groups``, the
+        highest step any group reported: the groups report torchft's committed steps, the same
+        steps, so their rows are not added up."""
+        rows = self.history or self.rows
+        if self.replica_groups:
+            return max((row["step"] for row in rows if isinstance(row.get("step"), int)), default=0)
+        return len(rows)
 
     @property
     def metrics(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from spark_torch.ft.gate import AddressGate
+from spark_torch.ft.install import install_hint
 from spark_torch.ft.rank import bind_address
 
 __all__ = ["Lighthouse", "LighthouseOptions"]
@@ -50,7 +51,7 @@ class Lighthouse:
             from torchft.coordination import LighthouseServer
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(
-                f"replica_groups > 1 needs torchft ({exc}): pip install 'spark-torch[ft]' on the driver and the executors"
+                f"replica_groups > 1 needs torchft ({exc}): {install_hint()}"
             ) from exc
         opts = options or LighthouseOptions()
         self.host = host

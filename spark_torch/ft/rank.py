@@ -11,6 +11,7 @@ from typing import Any
 from spark_torch.base.envnames import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
 from spark_torch.ft import ddp_fix
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
+from spark_torch.ft.install import install_hint
 from spark_torch.reporting.api import follow_steps
 
 __all__ = ["manager", "bind_address", "replica_id"]
@@ -95,7 +96,7 @@ def manager(
 
     Raises:
         NotInReplicaGroupError (a RuntimeError): outside a rank of a run with replica groups.
-        ModuleNotFoundError: torchft is not installed (``pip install 'spark-torch[ft]'``).
+        ModuleNotFoundError: torchft is not installed (the message says how: :mod:`spark_torch.ft.install`).
     """
     group, rank, world_size, host, port = _group(os.environ)
     try:
@@ -104,7 +105,7 @@ def manager(
         from torchft.checkpointing.pg_transport import PGTransport
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            f"spark_torch.ft.manager() needs torchft ({exc}): pip install 'spark-torch[ft]' on the driver and the executors"
+            f"spark_torch.ft.manager() needs torchft ({exc}): {install_hint()}"
         ) from exc
     ddp_fix.install()
     dev = torch.device(device) if device is not None else torch.device("cpu")

@@ -50,6 +50,10 @@ def rank_env(
         env[names.CUDA_VISIBLE_DEVICES] = cuda_visible_devices
     if extra:
         env.update(extra)
+    if names.REPLICA_GROUP_ID in env:
+        # torchft's Rust side logs every quorum at INFO (several lines a step): warnings only,
+        # unless the user (``extra``, the driver's or the executor's environment) chose a filter
+        env.setdefault(names.RUST_LOG, names.RUST_LOG_DEFAULT)
     env.update(
         {
             names.RANK: str(identity.rank),

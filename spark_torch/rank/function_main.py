@@ -77,7 +77,8 @@ def main(argv: list[str]) -> int:
         with open(payload_path, "rb") as fh:
             fn, args, kwargs = rank_files.load_function_payload(fh.read())
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
-        set_title(rank_title(rank, f"{name}()"), name)  # ps, htop and pgrep show the function, warm or cold
+        group = os.environ.get(envnames.REPLICA_GROUP_ID)  # a replica group's rank names its group
+        set_title(rank_title(rank, f"{name}()", group), name)  # ps, htop and pgrep show the function, warm or cold
         value = fn(*args, **kwargs)
     except SystemExit as exc:
         if exc.code in (None, 0):

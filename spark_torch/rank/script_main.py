@@ -43,7 +43,8 @@ def main(argv: list[str]) -> int:
     sys.argv = [script, *args]
     # ps, htop and pgrep -f show the script and its arguments, warm or cold
     name = os.path.basename(script)
-    set_title(rank_title(os.environ.get(envnames.RANK, "0"), " ".join([name, *args])), name)
+    group = os.environ.get(envnames.REPLICA_GROUP_ID)
+    set_title(rank_title(os.environ.get(envnames.RANK, "0"), " ".join([name, *args]), group), name)
     start_sampler()  # stall detection, when the node asked for it
     host_rendezvous_store()  # rank 0, when node 0 did not host it (warm starts off)
     sys.path[0] = os.path.dirname(os.path.abspath(script))

@@ -1,6 +1,8 @@
 """A rank's process title: what ``ps``, ``htop``, ``pgrep -f`` and psutil show for it, in both
 modes and warm or cold (a warm rank was forked from the template, whose command line it keeps
-otherwise): ``spark-torch rank 0: train.py --lr 0.1``, or ``spark-torch rank 0: train()``.
+otherwise): ``spark-torch rank 0: train.py --lr 0.1``, or ``spark-torch rank 0: train()``; a
+replica group's rank names its group, ``spark-torch group 1 rank 0: train.py`` (every group has a
+rank 0, and a warm rank's environment, where ``REPLICA_GROUP_ID`` is, cannot be read by psutil).
 
 Linux only, without a dependency: the title is written over the process's own argument area
 (what /proc/PID/cmdline reads; ``setproctitle``'s way, within the area's length, never into the
@@ -20,9 +22,10 @@ from spark_torch.base.prctl import PR_SET_NAME, prctl
 __all__ = ["set_title", "rank_title"]
 
 
-def rank_title(rank: int | str, what: str) -> str:
-    """The title of rank ``rank`` running ``what`` (a script and its arguments, or ``name()``)."""
-    return f"spark-torch rank {rank}: {what}"
+def rank_title(rank: int | str, what: str, group: int | str | None = None) -> str:
+    """The title of rank ``rank`` (of replica group ``group``, if any) running ``what`` (a script
+    and its arguments, or ``name()``)."""
+    return f"spark-torch rank {rank}: {what}" if group is None else f"spark-torch group {group} rank {rank}: {what}"
 
 
 def _argument_area() -> tuple[int, int]:

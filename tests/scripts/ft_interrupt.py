@@ -1,6 +1,7 @@
 """Ctrl-C in a run with replica groups: SIGINT to this driver once every group's rank has
 started (a file per group, never a delay), then print what run() raised and which of the ranks
-still run (``python tests/scripts/ft_interrupt.py WORK_DIR``, from the repository's root)."""
+still run, and what ``last_run`` says (``python tests/scripts/ft_interrupt.py WORK_DIR``, from
+the repository's root)."""
 
 import os
 import signal
@@ -29,11 +30,18 @@ def interrupt_once_started() -> None:
 
 
 threading.Thread(target=interrupt_once_started, daemon=True).start()
+distributor = Distributor(num_processes=2, replica_groups=2, log_ranks=[])
 try:
-    Distributor(num_processes=2, replica_groups=2, log_ranks=[]).run(ft_programs.hang, str(work))
+    distributor.run(ft_programs.hang, str(work))
     print("returned")
 except KeyboardInterrupt:
     print("interrupted")
+last = distributor.last_run
+if last is None:
+    print("last_run: None")
+else:
+    groups = [str(group.outcome) for group in last.replica_groups]
+    print(f"last_run: {last.outcome}, {type(last.error).__name__}, groups {groups}", flush=True)
 
 
 def running(pid: int) -> bool:

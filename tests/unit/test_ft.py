@@ -134,6 +134,29 @@ def test_the_lighthouse_listens_on_its_host_only_until_closed() -> None:
     lighthouse.close()  # idempotent
 
 
+def test_the_watch_names_the_groups_whose_manager_never_heartbeat() -> None:
+    """The lighthouse's status page, as torchft 0.2.0 writes it, read by ManagerWatch: a group
+    whose Manager heartbeats (under spark_torch's replica id plus torchft's UUID) is seen, the
+    other is named; a Manager under the user's own replica id means no warning at all."""
+    pytest.importorskip("torchft")
+    from datetime import timedelta
+
+    from torchft.coordination import LighthouseClient
+
+    from spark_torch.driver.api.manager_watch import ManagerWatch, heartbeating
+    from spark_torch.ft.rank import replica_id
+
+    assert heartbeating("<li>\n    spark_torch_group_1:ab-12: seen 0.004s ago\n  </li>") == {"spark_torch_group_1"}
+    with Lighthouse("127.0.0.1") as lighthouse:
+        client = LighthouseClient(lighthouse.address, timedelta(seconds=5))
+        watch = ManagerWatch("127.0.0.1", lighthouse.server_port, 2).start()
+        client.heartbeat(f"{replica_id(1)}:{uuid.uuid4()}")
+        assert watch.stop() == [0]
+        client.heartbeat(f"my_own_id:{uuid.uuid4()}")
+        assert ManagerWatch("127.0.0.1", lighthouse.server_port, 2).stop() == []
+    assert ManagerWatch("127.0.0.1", lighthouse.server_port, 2).stop() == [0, 1]  # no lighthouse: nothing heard
+
+
 def test_a_gated_lighthouse_listens_on_loopback_behind_the_gate_until_closed() -> None:
     """Distributed mode: torchft's server on loopback only, the gate on the host the executors
     reach (127.0.0.3 here), which lets the cluster's addresses in and closes any other's connection."""
@@ -260,7 +283,19 @@ def test_spark_torch_without_torchft() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "replica_groups > 1 needs torchft" in done.stdout and "pip install 'spark-torch[ft]'" in done.stdout
+    assert "replica_groups > 1 needs torchft" in done.stdout and "pip install 'torchft>=0.2.0' into the Python" in done.stdout
+
+
+def test_the_install_hint_names_what_pip_finds() -> None:
+    """spark-torch is not on PyPI: the hint installs torchft itself, at the [ft] extra's version
+    (read from the installed metadata, so a checkout and a wheel say the same)."""
+    from spark_torch.ft.install import REQUIREMENT, install_hint, requirement
+
+    assert requirement() == REQUIREMENT == "torchft>=0.2.0"  # the editable install's metadata, as pyproject.toml has it
+    assert requirement(['torchft >= 0.3; extra == "ft"', "psutil>=5"]) == "torchft>=0.3"
+    assert requirement(['torchft>=9; extra == "other"']) == REQUIREMENT
+    assert install_hint().startswith("pip install 'torchft>=0.2.0' into the Python of the driver and of the executors")
+    assert "spark-torch[ft]" not in install_hint()
 
 
 

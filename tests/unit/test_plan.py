@@ -45,6 +45,20 @@ def test_local_plan_cpu() -> None:
     assert plan.threads_per_rank == 2
 
 
+def test_a_replica_groups_ranks_share_the_cores_with_every_group() -> None:
+    """Local mode: each rank gets the driver's cores over every group's ranks (torchrun's share),
+    not over its own group's; a thread count exported on the driver is kept."""
+    from spark_torch.driver.api.replica_groups import group_config
+    from spark_torch.driver.run.plan import HostFacts
+
+    whole = DistributorConfig(num_processes=4, replica_groups=2)
+    group = group_config(whole, 1, "http://127.0.0.1:1", "run")
+    assert group.num_processes == 2 and group.host_ranks == 4
+    assert make_plan(group, ClusterInfo(), cpu_count=8).threads_per_rank == 2  # 8 cores / 4 ranks, not / 2
+    assert make_plan(group, ClusterInfo(), cpu_count=2).threads_per_rank == 1
+    assert make_plan(group, ClusterInfo(), cpu_count=8, host=HostFacts(omp_threads="3")).threads_per_rank is None
+
+
 def test_distributed_plan_cpu_one_rank_per_task() -> None:
     cluster = ClusterInfo(task_cpus=4)
     plan = make_plan(DistributorConfig(num_processes=3, local_mode=False), cluster)
@@ -183,6 +197,21 @@ def test_endpoint_errors(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         _endpoint(ClusterInfo(), env)
     assert message in str(info.value)
+
+
+def test_a_replica_groups_rank_gets_torchfts_logs_at_warn_unless_the_user_chose() -> None:
+    """RUST_LOG=warn for a replica group's rank only, and only when neither the node's
+    environment (the driver's in local mode, the executor's) nor ``env=`` set it."""
+    who = RankIdentity(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1)
+    group = {"REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "2", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:1"}
+
+    def env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+        return rank_env(base, who, master_addr="127.0.0.1", master_port=1, run_id="r", extra=extra)
+
+    assert env({}, group)["RUST_LOG"] == "warn"
+    assert env({"RUST_LOG": "info"}, group)["RUST_LOG"] == "info"
+    assert env({}, {**group, "RUST_LOG": "torchft=debug"})["RUST_LOG"] == "torchft=debug"
+    assert "RUST_LOG" not in env({}, {})  # not a replica group's rank: untouched
 
 
 def test_rank_env_scrubs_spark_secrets() -> None:

@@ -11,8 +11,10 @@ its budget, or one that ends with an error that a restart does not cure (a bad a
 timeout), fails the run: the lighthouse is stopped at once, so the other groups' ranks fail at
 their next quorum and are not restarted, and :class:`~spark_torch.ReplicaGroupError` names the
 group. Ctrl-C is raised in every group's thread too, so each group's run stops its ranks. The lighthouse is stopped whatever the end. ``run()`` returns group 0's rank-0
-value; ``last_run`` is the whole run (:func:`merged_result`): every group's report() rows, each
-with its ``replica_group``, and every group's attempts.
+value; ``last_run`` is the whole run (:func:`merged_result`, Ctrl-C included): every group's
+report() rows, each with its ``replica_group``, and every group's attempts. A run whose groups
+never created a torchft Manager (the lighthouse never heard from them:
+:mod:`~spark_torch.driver.api.manager_watch`) trained copies that never synced, and says so.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
+from spark_torch.driver.api.manager_watch import ManagerWatch
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.group_runs import group_rows, group_run_id, ranked_checkpoints
 from spark_torch.driver.result import RunResult
@@ -39,6 +42,7 @@ from spark_torch.driver.spark.cluster import executor_hosts, is_connect_session,
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
+from spark_torch.reporting.run_log import Outcome
 from spark_torch.settings import resolve as resolve_settings
 
 if TYPE_CHECKING:
@@ -69,6 +73,7 @@ def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id:
         run_id=group_run_id(run_id, group),
         peer_runs=tuple(group_run_id(run_id, peer) for peer in range(config.replica_groups) if peer != group),
         log_dir=os.path.join(config.log_dir, f"group-{group}") if config.log_dir is not None else None,
+        host_ranks=config.num_processes,  # local mode: every group's ranks share the driver's cores
     )
 
 
@@ -104,6 +109,18 @@ class GroupLoop:
         """How many times this group was restarted."""
         return max(0, len(self.results) - 1)
 
+    def group_result(self) -> RunResult:
+        """The group's own run as ``last_run.replica_groups`` shows it (and ``spark-torch runs show``
+        its one call): its last ``execute``'s, with every attempt and restart of this group, from
+        the group's start (each restart is an ``execute`` of its own; needs a result)."""
+        last = self.results[-1]
+        started = next((each.started for each in self.results if each.started is not None), None)
+        ended = last.started + last.duration if last.started is not None and last.duration is not None else None
+        return replace(
+            last, restarts=self.restarts, attempts=[a for each in self.results for a in each.attempts], started=started,
+            duration=ended - started if ended is not None and started is not None else last.duration,
+        )  # fmt: skip
+
     def run(self, spark: Any, entry: Entrypoint) -> None:
         """The loop; never raises (the outcome is in ``value``/``error``)."""
         try:
@@ -121,7 +138,7 @@ class GroupLoop:
                 config = replace(config, timeout=max(0.001, self.deadline - time.monotonic()))
             record = RunRecord(run_id=str(config.run_id))
             try:
-                value = execute(config, spark, entry, None, record, self.cancellation)
+                value = execute(config, spark, entry, None, record, self.cancellation, restart=bool(self.results))
             except BaseException as exc:  # noqa: BLE001 - decided below, per kind
                 self._keep(record)
                 if self.stop.is_set():  # another group failed the run: this one only stops
@@ -233,17 +250,24 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
             threading.Thread(target=loop.run, args=(spark, entry), name=f"spark-torch-replica-group-{loop.group}", daemon=True)
             for loop in loops
         ]
+        # the lighthouse's own port, from this machine (behind a gate it listens on loopback)
+        watch = ManagerWatch(LOCAL_HOST if allowed is not None else host, lighthouse.server_port, config.replica_groups).start()
         for thread in threads:
             thread.start()
         try:
             for loop in loops:
                 loop.done.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             fail_the_run(None)
             _interrupt(loops, threads)
+            distributor._results.last = merged_result(run_id, loops, config, None, started, interrupt)
             raise
+        finally:
+            without_manager = watch.stop()  # while the lighthouse still runs
         for thread in threads:
             thread.join()  # each has set its loop's done: it is ending
+    if without_manager and not first:
+        _warn_without_manager(without_manager, config.replica_groups)
     failed = loops[first[0]] if first and first[0] is not None else None
     distributor._results.last = merged_result(run_id, loops, config, failed, started)
     if first:
@@ -252,13 +276,27 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
     return loops[0].value
 
 
+def _warn_without_manager(groups: list[int], count: int) -> None:
+    """The run succeeded but these groups never made a torchft Manager: they never synced."""
+    named = ", ".join(map(str, groups))
+    logger.warning(
+        "spark_torch: replica group%s %s never created a torchft Manager (the lighthouse never heard from %s): "
+        "the %d groups trained as independent copies that did not sync. Create the Manager with "
+        "spark_torch.ft.manager(...) and wrap the model and the optimizer with torchft's DistributedDataParallel "
+        "and Optimizer (docs/fault-tolerance.md), or run without replica_groups",
+        "s" if len(groups) > 1 else "", named, "them" if len(groups) > 1 else "it", count,
+    )  # fmt: skip
+
+
 def merged_result(
-    run_id: str, loops: list[GroupLoop], config: DistributorConfig, failed: GroupLoop | None, started: float
-) -> RunResult:
+    run_id: str, loops: list[GroupLoop], config: DistributorConfig, failed: GroupLoop | None, started: float,
+    interrupt: KeyboardInterrupt | None = None,
+) -> RunResult:  # fmt: skip
     """The run as users see it (``last_run``): every group's rows and history, each row naming its
     group, every group's attempts (each naming its group), the newest checkpoint of any group, and
-    each group's own last run in ``replica_groups``. ``run_id`` is the run's (pass it again to resume)."""
-    lasts = [loop.results[-1] for loop in loops if loop.results]
+    each group's own run in ``replica_groups`` (with all its attempts and restarts). ``run_id`` is
+    the run's (pass it again to resume). ``interrupt``: Ctrl-C stopped the run (its error and outcome)."""
+    lasts = [loop.group_result() for loop in loops if loop.results]
     newest = [last.checkpoint for last in lasts if last.checkpoint is not None]
     shown = failed.results[-1] if failed is not None and failed.results else (lasts[0] if lasts else None)
     return RunResult(
@@ -269,7 +307,8 @@ def merged_result(
         checkpoint=max(newest, key=lambda c: c.step) if newest else None,
         restarts=sum(loop.restarts for loop in loops),
         attempts=[replace(r, replica_group=loop.group) for loop in loops for each in loop.results for r in each.attempts],
-        error=failed.error if failed is not None else None,
-        outcome=shown.outcome if shown is not None else None, entry=shown.entry if shown is not None else None,
+        error=failed.error if failed is not None else interrupt,
+        outcome=Outcome.INTERRUPTED if interrupt is not None and failed is None else (shown.outcome if shown is not None else None),
+        entry=shown.entry if shown is not None else None,
         duration=time.time() - started,
     )  # fmt: skip

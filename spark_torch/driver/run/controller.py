@@ -15,7 +15,7 @@ from typing import Any
 
 from spark_torch.base.states import ProblemKind
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.console.logs import DriverLogSink
+from spark_torch.driver.console.logs import DriverLogSink, replica_group_of
 from spark_torch.driver.console.status import interactive
 from spark_torch.driver.console.tracker import ReportTracker
 from spark_torch.driver.result import AttemptEnd, AttemptError, AttemptReason, AttemptRecord, StoredRun, read_stored
@@ -43,6 +43,8 @@ from spark_torch.errors import (
     RunStalledError,
     RunTimeoutError,
 )
+from spark_torch.ft.install import MODULE as FT_MODULE
+from spark_torch.ft.install import install_hint
 from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported
 from spark_torch.reporting.run_log import record as log_call
@@ -124,11 +126,14 @@ def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings)
 
 def execute(
     config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, record: RunRecord,
-    cancellation: Cancellation | None = None,
+    cancellation: Cancellation | None = None, *, restart: bool = False,
 ) -> Any:  # fmt: skip
     """Run ``entry`` (see :meth:`Distributor.run`), recording it in ``record``; once it ended,
     however, ``record.result`` is the call's :class:`~spark_torch.driver.result.RunResult`.
-    ``cancellation`` stops its attempts from another thread (replica groups)."""
+    ``cancellation`` stops its attempts from another thread (replica groups). ``restart``: this
+    continues the run's previous call (a replica group restarted alone after a rank failure): the
+    run's log gets no new call (``spark-torch runs show`` lists one) and the first attempt is a
+    restart after a failure, not a start."""
     cluster = read_cluster(spark) if spark is not None else ClusterInfo()
     plan = _plan(config, cluster)
     settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
@@ -145,7 +150,8 @@ def execute(
     record.started, script = time.time(), entry if isinstance(entry, ScriptEntrypoint) else None
     call = call_row(entry.description, "script" if script else "function", script.argv if script else (), started=record.started)
     record.entry = call["entry"]
-    log_call(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
+    if not restart:  # a restart's attempts and end belong to the call it continues
+        log_call(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
     base = _run_spec(config, plan, entry, payload, data, record.run_id, storage, token, settings)
     deadline = time.monotonic() + config.timeout if config.timeout else None
     tracker = ReportTracker(record, sink, config, plan, record.run_id)
@@ -154,6 +160,7 @@ def execute(
         spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, record=record,
         sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
         policy=RestartPolicy(config.max_restarts), cancellation=cancellation,
+        first_reason=AttemptReason.RESTART_AFTER_FAILURE if restart else AttemptReason.START,
     )  # fmt: skip
     value: Any = None
     error: BaseException | None = None
@@ -268,13 +275,15 @@ class RunController:
     first_attempt: int = 0
     #: stops the attempts from another thread (replica groups)
     cancellation: Cancellation | None = None
+    #: why the first attempt starts (a replica group restarted alone: after a failure)
+    first_reason: AttemptReason = AttemptReason.START
 
     def run(self) -> ResultBytes | None:
         """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
         policy = self.policy
         self.first_attempt = self.storage.next_attempt() if self.storage is not None else 0
         show = interactive() if self.config.progress is None else self.config.progress
-        reason, failures = AttemptReason.START, 0
+        reason, failures = self.first_reason, 0
         while True:
             record, attempt, problem = self._next_attempt(len(self.record.attempts), reason, show)
             # a check before the attempt that found it impossible ends it as the attempt would have
@@ -321,7 +330,8 @@ class RunController:
         if self.membership is not None and self.spark is not None:
             try:
                 size = self.membership.nodes_for(self.spark, first=restart_count == 0)
-                check_executors(self.spark, size.nodes, self.base.settings.ship_package)  # their Python, before the barrier stage
+                # their Python (and torchft for a replica group's ranks), before the barrier stage
+                check_executors(self.spark, size.nodes, self.base.settings.ship_package, _needed(self.config))
                 sized = replace(self.plan, num_nodes=size.nodes)
             except (InsufficientSlotsError, LaunchError) as exc:
                 kind = ProblemKind.SLOTS if isinstance(exc, InsufficientSlotsError) else ProblemKind.LAUNCH
@@ -350,6 +360,12 @@ class RunController:
             cancellation=self.cancellation,
         )
         return record, attempt, problem
+
+
+def _needed(config: DistributorConfig) -> dict[str, str]:
+    """The modules a run needs on the executors beyond a node's, each with its install hint: a
+    replica group's ranks import torchft (a rank's ImportError would spend the group's restarts)."""
+    return {FT_MODULE: f"replica_groups needs {FT_MODULE}: {install_hint()}"} if replica_group_of(config) is not None else {}
 
 
 def _newest_checkpoint(storage: RunStorage, peer_runs: tuple[str, ...]) -> CheckpointInfo | None:

@@ -120,8 +120,9 @@ def make_plan(
             procs_per_node=n,
             use_gpu=use_gpu,
             local_gpus=gpus.local_gpu_addresses(source.addresses, n) if use_gpu else (),
-            # a thread count the user exported on the driver is theirs
-            threads_per_rank=None if host.omp_threads else max(1, cpus // n),
+            # a thread count the user exported on the driver is theirs; else each rank on the
+            # machine (every replica group's) gets its share of the cores, as torchrun's do
+            threads_per_rank=None if host.omp_threads else max(1, cpus // (config.host_ranks or n)),
             gpu_fallback=gpu_fallback,
         )
     if use_gpu and source.addresses:  # a local master: one GPU per rank, nodes share the driver's

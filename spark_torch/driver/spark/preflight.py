@@ -29,7 +29,7 @@ import sys
 import threading
 import types
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +65,10 @@ class ExecutorPython:
     missing: tuple[tuple[str, str], ...] = ()
 
 
-def node_modules(ship_package: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(modules to import, modules to find) on an executor; spark_torch itself unless shipped."""
-    return IMPORTED + (() if ship_package else ("spark_torch",)), FOUND
+def node_modules(ship_package: bool, needed: Sequence[str] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(modules to import, modules to find) on an executor; spark_torch itself unless shipped,
+    and the run's ``needed`` ones (looked up: torchft for replica groups)."""
+    return IMPORTED + (() if ship_package else ("spark_torch",)), FOUND + tuple(needed)
 
 
 def _probe(imported: Sequence[str], found: Sequence[str], _row: Any) -> str:
@@ -192,9 +193,11 @@ def _started(configured: str | None, ignored: str | None = None) -> str:
 
 
 def describe_problem(
-    found: Sequence[ExecutorPython], configured: str | None, driver_python: str = sys.executable, ignored: str | None = None
-) -> str | None:
-    """One line naming each executor interpreter that lacks something, and the fix; None if all is well."""
+    found: Sequence[ExecutorPython], configured: str | None, driver_python: str = sys.executable, ignored: str | None = None,
+    hints: Mapping[str, str] | None = None,
+) -> str | None:  # fmt: skip
+    """One line naming each executor interpreter that lacks something, and the fix (``hints``: a
+    missing module's own, first); None if all is well."""
     groups: dict[tuple[str, str, tuple[tuple[str, str], ...]], set[str]] = {}
     for facts in found:
         if facts.missing:
@@ -206,7 +209,9 @@ def describe_problem(
         names = ", ".join(m if not why else f"{m} ({why[:200]})" for m, why in missing)
         where = ", ".join(sorted(hosts)[:4]) + ("..." if len(hosts) > 4 else "")
         parts.append(f"{executable} (Python {version}, on {where}) cannot import {names}")
-    return f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured, ignored)}. " + _fix(
+    lacking = {m for (_, _, missing) in groups for m, _ in missing}
+    own = "".join(f"{hint}. " for module, hint in sorted((hints or {}).items()) if module in lacking)
+    return f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured, ignored)}. {own}" + _fix(
         "that has them", driver_python
     )
 
@@ -240,14 +245,16 @@ def describe_failure(
     return None
 
 
-def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
-    """Raise :class:`LaunchError` (one line) unless the executors' Python can run a node; cached
-    per SparkContext and executor set once it passed."""
-    key = _executor_set(spark)
+def check_executors(spark: Any, nodes: int, ship_package: bool, needed: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`LaunchError` (one line) unless the executors' Python can run a node (and has
+    the modules ``needed`` names, each with its install hint: torchft for replica groups); cached
+    per SparkContext, executor set and needed modules once it passed."""
+    needed = dict(needed or {})
+    key = _executor_set(spark) + "".join(f"+{name}" for name in sorted(needed))
     with _lock:
         if key in _passed:
             return
-    imported, found = node_modules(ship_package)
+    imported, found = node_modules(ship_package, sorted(needed))
     configured = _configured_python(spark)
     ignored = _ignored_setting(spark, configured)
     answer = _ask(spark, max(1, nodes), imported, found)
@@ -267,7 +274,7 @@ def check_executors(spark: Any, nodes: int, ship_package: bool) -> None:
             "spark_torch: the check of the executors' Python failed (%s); starting the run unchecked", first[:300]
         )
         return
-    message = describe_problem(answer, configured, ignored=ignored)
+    message = describe_problem(answer, configured, ignored=ignored, hints=needed)
     if message is not None:
         raise LaunchError(message)
     with _lock:
