@@ -558,3 +558,26 @@ def test_ranks_start_warm_under_a_130_character_temporary_directory(spark_sessio
         if not short_existed:
             shutil.rmtree(short, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_socket_folder_is_chosen_by_the_socket_paths_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a template's socket fits in the temporary directory, its folder is there; where it
+    would not (a 100-character TMPDIR), it is the short folder's, and every socket path fits."""
+    from spark_torch.node.template import client
+
+    monkeypatch.setattr("spark_torch.shared.owned_files._fallbacks", {})
+    short, fits = Path(tempfile.mkdtemp(prefix="s-", dir="/tmp")), Path(tempfile.mkdtemp(prefix="t-", dir="/tmp"))
+    monkeypatch.setattr(client, "SHORT_TEMP", str(short))
+    name = f"{client.SOCKET_FOLDER}-{os.getuid()}"
+    try:
+        monkeypatch.setattr("tempfile.tempdir", str(fits))
+        assert client._socket_dir() == str(fits / name)
+        long_tmp = tmp_path / ("y" * max(1, 100 - len(str(tmp_path)) - 1))
+        long_tmp.mkdir()
+        monkeypatch.setattr("tempfile.tempdir", str(long_tmp))
+        assert client._socket_dir() == str(short / name) and not (long_tmp / name).exists()
+        for folder in (fits / name, short / name):
+            assert len(str(folder / ("x" * 20 + ".sock"))) <= client.MAX_SOCKET_PATH
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+        shutil.rmtree(fits, ignore_errors=True)
