@@ -536,6 +536,7 @@ def test_ranks_start_warm_under_a_130_character_temporary_directory(spark_sessio
     saved = environment.get("TMPDIR")
     environment["TMPDIR"] = long_tmp
     templates: list[psutil.Process] = []
+    socket_path = ""
     try:
         distributor = Distributor(num_processes=1, local_mode=False, warm_start_idle=30)
         first, second = distributor.run(tmpdir_of_rank), distributor.run(tmpdir_of_rank)
@@ -555,6 +556,8 @@ def test_ranks_start_warm_under_a_130_character_temporary_directory(spark_sessio
         for template in templates:
             template.kill()
             template.wait(10)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)  # a SIGKILLed template leaves its socket
         if not short_existed:
             shutil.rmtree(short, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
