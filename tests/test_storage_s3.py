@@ -151,3 +151,47 @@ def test_a_storage_error_never_quotes_the_options(s3: dict[str, Any], quoted: di
         with pytest.raises(TypeError, match="storage_options") as error:
             DistributorConfig(storage_options=bad)  # type: ignore[arg-type]
         assert SECRET not in str(error.value) and "object at" not in str(error.value)
+
+
+def saves_a_checkpoint() -> None:
+    import os
+    import tempfile
+
+    import spark_torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.mkdir(os.path.join(tmp, "sub"))
+        for name in ("state.pt", os.path.join("sub", "shard.pt")):
+            with open(os.path.join(tmp, name), "w") as fh:
+                fh.write("x")
+        spark_torch.report({"loss": 1.0}, checkpoint=tmp)
+
+
+def checkpoint_modes() -> dict[str, str]:
+    """The modes of the checkpoint this attempt resumed from (its own folder as ``.``)."""
+    import os
+    import stat
+
+    import spark_torch
+
+    root = spark_torch.get_checkpoint()
+    assert root is not None
+    paths = [str(root)] + [os.path.join(d, n) for d, dirs, files in os.walk(root) for n in dirs + files]
+    return {os.path.relpath(p, root): oct(stat.S_IMODE(os.lstat(p).st_mode)) for p in paths}
+
+
+def test_a_checkpoint_downloaded_into_the_scratch_folder_is_private(s3: dict[str, Any], no_leftovers: None) -> None:
+    """Under umask 0 (an executor's, often), fsspec's copy would be 0666: the node narrows it to
+    files 0600 and folders 0700 before any rank reads it."""
+    storage = {"storage_path": "s3://runs/modes", "storage_options": s3["options"]}
+    first = Distributor(num_processes=1, **storage)
+    first.run(saves_a_checkpoint)
+    assert first.last_run is not None
+    old = os.umask(0)
+    try:
+        modes = Distributor(num_processes=1, run_id=first.last_run.run_id, **storage).run(checkpoint_modes)
+    finally:
+        os.umask(old)
+    assert modes.pop(".") == "0o700" and modes.pop("sub") == "0o700"
+    assert "state.pt" in modes and os.path.join("sub", "shard.pt") in modes
+    assert set(modes.values()) == {"0o600"}, modes

@@ -3,7 +3,7 @@
 One connection's failure never ends the template (whose other ranks all die with it): a runner
 that leaves before its answer, a rank's exit in the same batch as its runner leaving, fork()
 refused by a pids limit; a refused request's descriptors are closed; a burst of runners all get
-ranks. Then the same through the Distributor: a run stalled in rank start-up does not end
+ranks; another user's request is closed unanswered, and a runner refuses another user's listener. Then the same through the Distributor: a run stalled in rank start-up does not end
 another run's training, and eight nodes on one executor all start warm.
 """
 
@@ -627,3 +627,95 @@ def test_eight_nodes_on_one_executor_all_start_warm(local8_spark: Any, no_leftov
         ranks = out["ranks"]
         assert all(TEMPLATE_MODULE in r["cmdline"] for r in ranks), [r["cmdline"] for r in ranks]
         assert len({r["parent"] for r in ranks}) == 1, ranks
+
+
+#: the user another user's processes run as in these tests (nobody)
+STRANGER = 65534
+
+
+def _fork_as_stranger(work: Callable[[], int], cwd: str) -> int:
+    """Run ``work`` in a forked child that moves to the folder ``cwd`` (a socket there is then
+    reached by its name: the session's temporary directory above it is this user's only) and
+    becomes uid/gid 65534 (nobody), and exits with the value ``work`` returned (99: it raised);
+    the child's pid."""
+    pid = os.fork()
+    if pid == 0:  # the child: system calls only, then _exit
+        code = 99
+        try:
+            os.chdir(cwd)
+            os.setgroups([])
+            os.setgid(STRANGER)
+            os.setuid(STRANGER)
+            code = work()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _as_stranger(work: Callable[[], int], cwd: str) -> int:
+    """:func:`_fork_as_stranger`, waited for: its exit status."""
+    _, status = os.waitpid(_fork_as_stranger(work, cwd), 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming another user needs root")
+def test_the_template_refuses_another_users_request(template: Template, no_leftovers: None) -> None:
+    """Even with its folder and socket opened to everyone (they are 0700 and 0600), a request
+    from another user (``SO_PEERCRED``) is closed unanswered and starts nothing; the template
+    goes on serving its own user."""
+    os.chmod(template.dir, 0o711)
+    os.chmod(template.path, 0o666)
+    request = json.dumps({"argv": [SCRIPT_MAIN, str(SCRIPTS / "exit_code.py"), "0"], "env": {}, "cwd": "/"}).encode()
+
+    def ask() -> int:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.settimeout(ANSWER_SECONDS)
+        try:
+            conn.connect(os.path.basename(template.path))
+        except PermissionError:
+            return 3  # refused by the file's mode: the door this test opened is shut
+        null = os.open(os.devnull, os.O_RDONLY)
+        try:
+            socket.send_fds(conn, [request], [null, null, null])
+            answer = conn.recv(4096)
+        except (BrokenPipeError, ConnectionResetError):
+            return 0
+        return 0 if answer == b"" else 1  # 1: it answered a stranger
+
+    assert _as_stranger(ask, template.dir) == 0
+    assert template.alive() and psutil.Process(template.process.pid).children() == []
+    assert run_rank(template, "exit_code.py", "0") == 0
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming another user needs root")
+def test_a_runner_refuses_a_template_of_another_user() -> None:
+    """Something of another user listening where this user's template should: the runner
+    connects, sees the peer's user and refuses it, naming the path and the user."""
+    folder = tempfile.mkdtemp(prefix="tpl-")  # Unix socket paths are short: not under tmp_path
+    os.chown(folder, STRANGER, STRANGER)
+    path = os.path.join(folder, "t.sock")
+    ready, go = os.pipe()
+
+    def listen() -> int:
+        os.close(ready)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        server.bind(os.path.basename(path))
+        server.listen(1)
+        os.write(go, b"x")
+        server.settimeout(ANSWER_SECONDS)
+        server.accept()
+        return 0
+
+    pid = _fork_as_stranger(listen, folder)
+    os.close(go)
+    try:
+        listening, _, _ = select.select([ready], [], [], ANSWER_SECONDS)
+        assert listening and os.read(ready, 1) == b"x", f"the stranger's listener did not start within {ANSWER_SECONDS:g}s"
+        with pytest.raises(OSError, match=rf"the warm-start template at {path} runs as user {STRANGER}, not as this user"):
+            warm._connect(path)
+    finally:
+        os.close(ready)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -508,3 +509,78 @@ def test_the_store_is_hosted_in_distributed_mode(spark_session: Any, no_leftover
     assert all("spark_torch.node.template.server" in r["host_cmd"] for r in out)  # a fork of the template, not a rank
     assert all(r["host_parent"] == r["parent"] for r in out)  # one template per executor, store host included
     assert [r["agent"] for r in out] == ["True", None]  # only node 0's ranks are told
+
+
+def tmpdir_of_rank() -> dict[str, Any]:
+    """The temporary directory a rank's node runner had, and what started the rank."""
+    import tempfile
+
+    return {"tmpdir": os.environ.get("TMPDIR"), "tempdir": tempfile.gettempdir(), "launcher": _launcher_pid(),
+            "cmd": psutil.Process(_launcher_pid()).cmdline()}  # fmt: skip
+
+
+def test_ranks_start_warm_under_a_130_character_temporary_directory(spark_session: Any, no_leftovers: None) -> None:
+    """A YARN container's temporary directory is 100-130 characters long: the Python workers'
+    ``TMPDIR`` here is 130, far past a Unix socket's 107 bytes with the template's socket name in
+    it; the template listens in ``/tmp/spark_torch_templates-UID`` instead, and the second run's
+    rank is forked by the template the first run started."""
+    from spark_torch.node.template.client import SHORT_TEMP, SOCKET_FOLDER
+
+    base = tempfile.mkdtemp(prefix="long-")
+    long_tmp = os.path.join(base, "container_" + "x" * (130 - len(base) - len("/container_")))
+    assert len(long_tmp) == 130
+    os.mkdir(long_tmp, 0o700)
+    short = os.path.join(SHORT_TEMP, f"{SOCKET_FOLDER}-{os.getuid()}")
+    short_existed = os.path.exists(short)
+    environment = spark_session.sparkContext.environment  # the Python workers' environment (a new pyspark.daemon)
+    saved = environment.get("TMPDIR")
+    environment["TMPDIR"] = long_tmp
+    templates: list[psutil.Process] = []
+    socket_path = ""
+    try:
+        distributor = Distributor(num_processes=1, local_mode=False, warm_start_idle=30)
+        first, second = distributor.run(tmpdir_of_rank), distributor.run(tmpdir_of_rank)
+        assert first["tmpdir"] == long_tmp  # the rank's environment is its node runner's (the daemon's)
+        for out in (first, second):
+            assert "spark_torch.node.template.server" in " ".join(out["cmd"]), out
+        templates = [psutil.Process(first["launcher"])]
+        assert second["launcher"] == first["launcher"]
+        socket_path = first["cmd"][3]  # python -m MODULE SOCKET OWNER IDLE
+        assert os.path.dirname(socket_path) == short and len(socket_path) <= 107, socket_path
+        assert stat.S_IMODE(os.stat(short).st_mode) == 0o700 and stat.S_IMODE(os.stat(socket_path).st_mode) == 0o600
+    finally:
+        if saved is None:
+            environment.pop("TMPDIR", None)
+        else:
+            environment["TMPDIR"] = saved
+        for template in templates:
+            template.kill()
+            template.wait(10)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)  # a SIGKILLed template leaves its socket
+        if not short_existed:
+            shutil.rmtree(short, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_socket_folder_is_chosen_by_the_socket_paths_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a template's socket fits in the temporary directory, its folder is there; where it
+    would not (a 100-character TMPDIR), it is the short folder's, and every socket path fits."""
+    from spark_torch.node.template import client
+
+    monkeypatch.setattr("spark_torch.shared.owned_files._fallbacks", {})
+    short, fits = Path(tempfile.mkdtemp(prefix="s-", dir="/tmp")), Path(tempfile.mkdtemp(prefix="t-", dir="/tmp"))
+    monkeypatch.setattr(client, "SHORT_TEMP", str(short))
+    name = f"{client.SOCKET_FOLDER}-{os.getuid()}"
+    try:
+        monkeypatch.setattr("tempfile.tempdir", str(fits))
+        assert client._socket_dir() == str(fits / name)
+        long_tmp = tmp_path / ("y" * max(1, 100 - len(str(tmp_path)) - 1))
+        long_tmp.mkdir()
+        monkeypatch.setattr("tempfile.tempdir", str(long_tmp))
+        assert client._socket_dir() == str(short / name) and not (long_tmp / name).exists()
+        for folder in (fits / name, short / name):
+            assert len(str(folder / ("x" * 20 + ".sock"))) <= client.MAX_SOCKET_PATH
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+        shutil.rmtree(fits, ignore_errors=True)

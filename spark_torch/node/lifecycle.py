@@ -34,7 +34,7 @@ from spark_torch.shared.column_files import NullValuesError
 from spark_torch.shared.failure_reports import FailureReport
 from spark_torch.shared.lines import RankOutput
 from spark_torch.shared.spec import RunSpec
-from spark_torch.shared.workdir_files import WorkdirFiles
+from spark_torch.shared.workdir_files import WorkdirFiles, make_private
 from spark_torch.version import package_identity
 
 __all__ = ["NodeIO", "NodeProblem", "NodeResult", "run_node", "resume_env", "python_mismatch", "package_mismatch", "host_of"]
@@ -164,9 +164,12 @@ def resume_env(run: RunSpec, workdir: str) -> dict[str, str]:
     from spark_torch.reporting.ranking import CheckpointInfo
     from spark_torch.reporting.storage import RunStorage
 
+    scratch = WorkdirFiles(workdir).checkpoint()
     local = RunStorage(run.storage.base, run.run_id, run.storage.options).download(
-        CheckpointInfo(step=run.resume_step, url=run.resume_url), WorkdirFiles(workdir).checkpoint()
+        CheckpointInfo(step=run.resume_step, url=run.resume_url), scratch
     )
+    if local == scratch:  # fsspec's copy has the umask's modes
+        make_private(scratch)
     return {envnames.CHECKPOINT: local}
 
 

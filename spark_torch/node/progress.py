@@ -41,7 +41,7 @@ from spark_torch.shared.stacks import (
     StackState,
     strip_source_lines,
 )
-from spark_torch.shared.workdir_files import trace_path, trace_request_path
+from spark_torch.shared.workdir_files import open_private, trace_path, trace_request_path
 
 __all__ = ["ProgressWatch", "sample_interval", "NOT_ANSWERING_AFTER"]
 
@@ -158,7 +158,7 @@ class ProgressWatch:
         for state in self._ranks.values():
             if not state.exited:
                 try:
-                    with open(trace_request_path(state.file), "w", encoding="utf-8") as fh:
+                    with open_private(trace_request_path(state.file)) as fh:
                         fh.write(str(time.time()))
                 except OSError:
                     pass  # the workdir is going away: the run is ending

@@ -36,7 +36,7 @@ from spark_torch.shared import rank_files
 from spark_torch.shared.lines import RankOutput
 from spark_torch.shared.rank_files import RankError
 from spark_torch.shared.spec import FILE_ARGUMENT, RunSpec
-from spark_torch.shared.workdir_files import StorageFile, WorkdirFiles
+from spark_torch.shared.workdir_files import StorageFile, WorkdirFiles, open_private
 
 __all__ = [
     "NodeSpec", "RankStatus", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE",
@@ -277,6 +277,9 @@ class RankGroup:
         spec, settings = self.spec, self.spec.run.settings
         env = _rank_env(spec, local_rank, self._workdir.path)
         env.update(self._workdir.marker)  # this attempt's: a stop finds its processes, no other
+        elastic = env.get(envnames.TORCHELASTIC_ERROR_FILE, "")
+        if os.path.dirname(elastic) == self._workdir.path:  # torch's @record opens it with the umask's mode:
+            open_private(elastic).close()  # made 0600 first (empty: no error, as before)
         if self._progress is not None:  # the rank's stack sampler (spark_torch.rank.sampler)
             env[envnames.STACK_FILE] = WorkdirFiles(self._workdir.path).stack(spec.global_rank(local_rank))
             env[envnames.SAMPLE_SECONDS] = f"{sample_interval(settings.stall_timeout):g}"

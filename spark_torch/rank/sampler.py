@@ -44,7 +44,13 @@ from spark_torch.shared.stacks import (
     cut_head,
     cut_tail,
 )
-from spark_torch.shared.workdir_files import child_stack_path, native_dump_path, trace_path, trace_request_path
+from spark_torch.shared.workdir_files import (
+    child_stack_path,
+    native_dump_path,
+    open_private,
+    trace_path,
+    trace_request_path,
+)
 
 __all__ = ["start_sampler"]
 
@@ -208,7 +214,7 @@ class _Sampler:
             "pid": os.getpid(), "thread": self.main_id, "sampler": self.native_id,
         }  # fmt: skip
         temporary = f"{self.path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as fh:
+        with open_private(temporary, "w") as fh:
             json.dump(record, fh)
         os.replace(temporary, self.path)
 
@@ -230,7 +236,7 @@ class _Sampler:
             return
         data = keep_tail(data, MAX_TRACE_BYTES)  # a long run's record: its newest entries
         temporary = f"{self.path}.{os.getpid()}.trace.tmp"
-        with open(temporary, "wb") as fh:
+        with open_private(temporary, "wb") as fh:
             fh.write(data)
         os.replace(temporary, trace_path(self.path))
 
@@ -253,7 +259,7 @@ def _register_dump(path: str) -> None:
     """faulthandler dumps every thread's stack into ``path`` on the node's signal, without the GIL."""
     global _dump_file
     try:
-        _dump_file = open(native_dump_path(path), "a", encoding="utf-8")  # noqa: SIM115 - open for the rank's life; appended: the node truncates it
+        _dump_file = open_private(native_dump_path(path), "a")  # open for the rank's life; appended: the node truncates it
         own_descriptor(_dump_file.fileno())  # faulthandler writes it directly: nothing to flush at exit
         faulthandler.register(signal.SIGRTMIN + DUMP_SIGNAL_OFFSET, file=_dump_file, all_threads=True, chain=False)
     except (OSError, AttributeError, ValueError, RuntimeError):

@@ -37,6 +37,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from spark_torch.shared.workdir_files import open_private
+
 __all__ = ["ColumnWriter", "StagedColumns", "NullValuesError", "MANIFEST", "column_kind"]
 
 #: the folder's description, written last (a folder without it was not staged completely)
@@ -133,7 +135,7 @@ class ColumnWriter:
         self._columns: list[dict[str, Any]] = []
         self._started = False
         self._ends: dict[tuple[int, str], int] = {}
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
 
     def _path(self, index: int, part: str) -> str:
         return os.path.join(self.directory, f"{index}.{part}")
@@ -147,7 +149,7 @@ class ColumnWriter:
                 "width": None, "uniform": True,
             })  # fmt: skip
             for part in _PARTS[kind]:
-                open(self._path(index, part), "wb").close()
+                open_private(self._path(index, part), "wb").close()
                 if part.endswith("ends"):
                     self._ends[(index, part)] = 0
 
@@ -235,7 +237,7 @@ class ColumnWriter:
         """Write the manifest (the folder is complete); returns the rows written."""
         manifest = {"rows": self.rows, "columns": self._columns}
         temp = os.path.join(self.directory, MANIFEST + ".tmp")
-        with open(temp, "w") as fh:
+        with open_private(temp, "w") as fh:
             json.dump(manifest, fh)
         os.replace(temp, os.path.join(self.directory, MANIFEST))
         return self.rows

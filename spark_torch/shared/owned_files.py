@@ -1,6 +1,7 @@
 """Files and folders that only this user's process may have made: the one set of checks behind
 ``log_dir``'s rank logs, the Flight Recorder trace files and the warm-start template's sockets,
-and the per-user folders of the last two (:func:`private_folder`).
+and the per-user folders of the last two (:func:`private_folder`, and the fallback folders it
+takes, which live as long as the process that made them).
 
 A path in a shared place (a ``log_dir`` others can write to, the temporary directory) can hold
 something planted there: a symbolic link or a hard link to a victim's file (writing would change
@@ -11,14 +12,17 @@ was found.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import os
+import re
+import shutil
 import stat
 import tempfile
 import threading
 
-__all__ = ["UnsafePathError", "open_own_file", "own_directory", "private_folder"]
+__all__ = ["UnsafePathError", "open_own_file", "own_directory", "private_folder", "sweep_stale_folders"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,29 +95,36 @@ def own_directory(path: str, *, private: bool, dir_fd: int | None = None) -> int
     return fd
 
 
-#: per-user folders refused in this process: name -> the private folder used instead
-_fallbacks: dict[str, str] = {}
+#: per-user folders refused in this process: (name, base) -> the private folder used instead
+_fallbacks: dict[tuple[str, str], str] = {}
+#: (name, base) whose stale fallback folders this process has swept
+_swept: set[tuple[str, str]] = set()
 _fallback_lock = threading.Lock()
 
 
-def private_folder(name: str) -> str:
-    """This user's private folder ``$TMPDIR/NAME-UID`` (created 0700), checked. Its name is
-    predictable, so another local user may have made it first, or it may have lost its
-    permissions: then it is never used, and this process takes a private folder of its own
-    instead (``$XDG_RUNTIME_DIR/NAME`` when that is this user's private folder, else a new
-    ``mkdtemp``), with one WARNING naming the refused path. Raises :class:`UnsafePathError`
-    only when no private folder can be had at all."""
-    path = os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid()}")
+def private_folder(name: str, *, base: str | None = None) -> str:
+    """This user's private folder ``BASE/NAME-UID`` (created 0700; ``base``: the temporary
+    directory when None), checked. Its name is predictable, so another local user may have made
+    it first, or it may have lost its permissions: then it is never used, and this process takes
+    a private folder instead (``$XDG_RUNTIME_DIR/NAME`` when that is this user's private folder,
+    else a new ``BASE/NAME-UID-PID.START-XXXXXXXX`` of this process, removed when it exits and,
+    if it could not, by the next process that looks for that folder), with one WARNING naming
+    the refused path. Raises :class:`UnsafePathError` only when no private folder can be had."""
+    base = base or tempfile.gettempdir()
+    path = os.path.join(base, f"{name}-{os.getuid()}")
     with _fallback_lock:
-        if name in _fallbacks:
-            return _fallbacks[name]
+        if (name, base) in _fallbacks:
+            return _fallbacks[(name, base)]
+        if (name, base) not in _swept:
+            _swept.add((name, base))
+            sweep_stale_folders(base, name)
         try:
             os.close(own_directory(path, private=True))
             return path
         except UnsafePathError as exc:
             refused = exc
-        instead = _fallback(name)
-        _fallbacks[name] = instead
+        instead = _fallback(name, base)
+        _fallbacks[(name, base)] = instead
     logger.warning(
         "spark_torch: refused the folder %s (%s: another user's, or readable or writable by others); "
         "using the private folder %s instead. Remove the refused folder (or set TMPDIR) to get it back.",
@@ -122,8 +133,9 @@ def private_folder(name: str) -> str:
     return instead
 
 
-def _fallback(name: str) -> str:
-    """``$XDG_RUNTIME_DIR/NAME`` when that is this user's own private folder, else a new one."""
+def _fallback(name: str, base: str) -> str:
+    """``$XDG_RUNTIME_DIR/NAME`` when that is this user's own private folder, else a new one of
+    this process (removed at its exit)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if runtime and os.path.isabs(runtime):
         try:
@@ -134,4 +146,59 @@ def _fallback(name: str) -> str:
                 return path
         except OSError:  # UnsafePathError too: on to a folder of our own
             pass
-    return tempfile.mkdtemp(prefix=f"{name}-{os.getuid()}-")
+    pid = os.getpid()
+    path = tempfile.mkdtemp(prefix=f"{name}-{os.getuid()}-{pid}.{_started(pid) or 0}-", dir=base)
+    atexit.register(_remove_own, path, pid)
+    return path
+
+
+def _remove_own(path: str, pid: int) -> None:
+    """At exit: remove the fallback folder ``path`` if this is the process that made it (a fork
+    inherits the handler)."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat``), or None: no such
+    process (or no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def sweep_stale_folders(base: str, name: str) -> list[str]:
+    """Remove this user's fallback folders ``BASE/NAME-UID-PID.START-*`` whose process is gone
+    (no process ``PID``, or one that started at another time: the pid was reused) and that
+    :func:`private_folder` could not remove at exit (a process ended with ``os._exit`` or a
+    signal); another user's folder, or anything not a folder, is never touched. Returns the removed."""
+    uid = os.getuid()
+    pattern = re.compile(rf"{re.escape(name)}-{uid}-(\d+)\.(\d+)-[A-Za-z0-9_]+\Z")
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        found = pattern.match(entry.name)
+        if found is None:
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+            continue
+        pid, started = int(found.group(1)), int(found.group(2))
+        now = _started(pid)
+        if now is not None and (now == started or started == 0):
+            continue  # its process runs (0: made where /proc was not readable; kept while the pid lives)
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed

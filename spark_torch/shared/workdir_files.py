@@ -9,7 +9,9 @@ environment (``SPARK_TORCH_STORAGE``, ``SPARK_TORCH_STACK_FILE``, ``SPARK_TORCH_
 ``SPARK_TORCH_CHECKPOINT``, ``TORCHELASTIC_ERROR_FILE``; names in :mod:`spark_torch.base.envnames`).
 
 Files appear whole: the writer of each file writes a temporary file next to it and renames it
-(:func:`spark_torch.shared.rank_files.write_atomic`, mode 0600). What is inside the payload, result and
+(:func:`spark_torch.shared.rank_files.write_atomic`, mode 0600). Every file of the folder is
+created 0600 whatever the umask (Spark executors often run with umask 0): a writer that does not
+go through ``write_atomic`` opens its file with :func:`open_private`. What is inside the payload, result and
 error files is :mod:`spark_torch.shared.rank_files`; inside ``storage.json`` is :class:`StorageFile`.
 A rank's stack file has companions named after it (:func:`trace_path` and the functions below
 it), since a rank knows only its stack file's path.
@@ -24,7 +26,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from spark_torch.errors import LaunchError
 
@@ -39,7 +41,41 @@ __all__ = [
     "native_dump_path",
     "child_stack_path",
     "child_stack_pattern",
+    "open_private",
+    "make_private",
 ]
+
+#: ``open()`` modes :func:`open_private` takes, and how each opens the file
+_PRIVATE_MODES = {
+    "w": os.O_TRUNC, "wb": os.O_TRUNC, "a": os.O_APPEND, "ab": os.O_APPEND, "x": os.O_EXCL, "xb": os.O_EXCL,
+}  # fmt: skip
+
+
+def open_private(path: str, mode: str = "w", *, encoding: str | None = None) -> IO[Any]:
+    """``open(path, mode)`` for writing (``mode``: ``w``, ``a`` or ``x``, text or ``b``), except
+    that a file it creates is 0600 (never more, whatever the umask): how every file of a node's
+    scratch folder that :func:`~spark_torch.shared.rank_files.write_atomic` does not write is
+    opened, its temporary files included (a rank inherits its executor's umask, often 0)."""
+    if mode not in _PRIVATE_MODES:
+        raise ValueError(f"open_private takes the modes {sorted(_PRIVATE_MODES)}, not {mode!r}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | _PRIVATE_MODES[mode], 0o600)
+    try:
+        return os.fdopen(fd, mode, encoding=None if "b" in mode else (encoding or "utf-8"))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_private(path: str) -> None:
+    """Folders 0700 and files 0600 under ``path`` (itself included; symbolic links are left
+    alone): for what a library wrote into the scratch folder with its own modes (a resumed
+    checkpoint fsspec downloaded)."""
+    for root, _dirs, files in os.walk(path):
+        os.chmod(root, 0o700)
+        for name in files:
+            full = os.path.join(root, name)
+            if not os.path.islink(full):
+                os.chmod(full, 0o600)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,23 @@ def test_kept_shards_are_private_and_found_complete(tmp_path: Path) -> None:
         h.release()
 
 
+def test_a_nodes_data_folder_is_private_under_umask_0(tmp_path: Path) -> None:
+    """The data folder of a node's scratch folder (and a kept shard): files 0600, itself 0700,
+    whatever the umask (Spark executors often run with umask 0)."""
+    import pyarrow as pa
+
+    old = os.umask(0)
+    try:
+        writer = ColumnWriter(str(tmp_path / "data"))
+        writer.write(pa.RecordBatch.from_pydict({"id": [1, 2], "name": ["a", "b"]}))
+        writer.close()
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in (tmp_path / "data").iterdir()}
+    assert len(modes) > 2 and set(modes.values()) == {"0o600"}, modes
+    assert stat.S_IMODE((tmp_path / "data").stat().st_mode) == 0o700
+
+
 def test_a_folder_of_another_mode_is_refused(tmp_path: Path) -> None:
     os.mkdir(tmp_path / "spark_torch_staged", 0o755)
     os.chmod(tmp_path / "spark_torch_staged", 0o755)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from spark_torch.shared.workdir_files import (
     WorkdirFiles,
     child_stack_path,
     child_stack_pattern,
+    make_private,
     native_dump_path,
+    open_private,
     trace_path,
     trace_request_path,
 )
@@ -177,3 +180,55 @@ def test_a_garbled_storage_file_is_a_clear_error_that_quotes_nothing(
 
 def test_options_may_be_absent() -> None:
     assert StorageFile.from_json('{"base": "/x", "run_id": "r", "token": "t"}').options == {}
+
+
+@pytest.fixture
+def umask_0() -> Iterator[None]:
+    """The umask Spark executors often have: files are created as wide as their opener asks."""
+    old = os.umask(0)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mode", ["w", "wb", "a", "ab", "x", "xb"])
+def test_open_private_creates_0600_whatever_the_umask(mode: str, tmp_path: Path, umask_0: None) -> None:
+    path = tmp_path / "f"
+    with open_private(str(path), mode) as fh:
+        fh.write(b"x" if "b" in mode else "x")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text() == "x"
+
+
+def test_open_private_appends_and_truncates_like_open(tmp_path: Path) -> None:
+    path = str(tmp_path / "f")
+    with open_private(path, "a") as fh:
+        fh.write("ab")
+    with open_private(path, "a") as fh:
+        fh.write("cd")
+    assert Path(path).read_text() == "abcd"
+    with open_private(path, "w") as fh:
+        fh.write("e")
+    assert Path(path).read_text() == "e"
+    with pytest.raises(FileExistsError):
+        open_private(path, "x")
+
+
+def test_open_private_names_the_modes_it_takes(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"open_private takes the modes .*'w'.*, not 'r\+'"):
+        open_private(str(tmp_path / "f"), "r+")
+    assert not (tmp_path / "f").exists()
+
+
+def test_make_private_narrows_a_downloaded_tree(tmp_path: Path, umask_0: None) -> None:
+    root = tmp_path / "checkpoint"
+    (root / "sub").mkdir(parents=True, mode=0o777)
+    (root / "sub" / "w.pt").write_bytes(b"1")
+    (root / "top.json").write_text("{}")
+    os.chmod(root / "top.json", 0o666)
+    outside = tmp_path / "outside"
+    outside.write_text("")
+    os.chmod(outside, 0o644)
+    (root / "link").symlink_to(outside)
+    make_private(str(root))
+    modes = {p.relative_to(root).as_posix(): oct(stat.S_IMODE(p.lstat().st_mode)) for p in [root, *root.rglob("*")] if not p.is_symlink()}
+    assert modes == {".": "0o700", "sub": "0o700", "sub/w.pt": "0o600", "top.json": "0o600"}
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o644  # a link is not followed

@@ -3,8 +3,9 @@ interpreter, torch installation, owner, interpreter-start settings and hard reso
 started on first use and reused by later runs. The owner is the driver process in local mode and
 the executor JVM in a Spark task, so all Python workers of an executor share one template (Spark
 starts new Python workers as it likes; each would otherwise start its own). Templates listen in
-a private directory, ``$TMPDIR/spark_torch_templates-<uid>`` (if that is another user's or
-others may use it: a private folder of this process, with one WARNING); the first process to need one
+a private directory, ``$TMPDIR/spark_torch_templates-<uid>`` (``/tmp/...`` when a socket's path
+there would pass ``AF_UNIX``'s 107 bytes; if that is another user's or others may use it: a
+private folder of this process, with one WARNING); the first process to need one
 starts it under a file lock, the others connect to it (a burst of connections queues, with a
 deadline). A template ends with its owner, or after the run's ``warm_start_idle`` seconds
 with no rank running; this process reaps the templates it started.
@@ -31,6 +32,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -69,6 +71,14 @@ CONNECT_SECONDS = 30.0
 #: how long a request may wait for its answer (the template forks one rank at a time)
 ANSWER_SECONDS = 30.0
 TEMPLATE_MODULE = "spark_torch.node.template.server"
+#: the folder of template sockets (``NAME-UID``, :func:`~spark_torch.shared.owned_files.private_folder`)
+SOCKET_FOLDER = "spark_torch_templates"
+#: where that folder goes when the temporary directory's path is too long for a socket in it
+SHORT_TEMP = "/tmp"
+#: the longest path of a Unix socket (``sun_path``: 108 bytes with its NUL)
+MAX_SOCKET_PATH = 107
+#: a socket's name in the folder: 20 hex digits of its key and ``.sock``
+SOCKET_NAME_CHARS = 25
 
 class WarmProcess:
     """A rank forked by the template, seen like a ``subprocess.Popen`` (pid, poll, wait)."""
@@ -126,10 +136,21 @@ def _owner() -> psutil.Process:
     return me
 
 
+def _fits(folder: str) -> bool:
+    """Whether a template's socket in ``folder`` fits ``AF_UNIX``'s path limit."""
+    return len(os.fsencode(os.path.join(folder, "x" * SOCKET_NAME_CHARS))) <= MAX_SOCKET_PATH
+
+
 def _socket_dir() -> str:
     """This user's private directory of template sockets (created 0700; another user's, or one
-    others may use, is refused for a private folder of this process: a WARNING names it)."""
-    return private_folder("spark_torch_templates")
+    others may use, is refused for a private folder of this process: a WARNING names it): in the
+    temporary directory, or in :data:`SHORT_TEMP` when a socket's path there would not fit (a
+    YARN container's temporary directory is 100-130 characters long)."""
+    default = os.path.join(tempfile.gettempdir(), f"{SOCKET_FOLDER}-{os.getuid()}")
+    if not _fits(default):
+        return private_folder(SOCKET_FOLDER, base=SHORT_TEMP)
+    folder = private_folder(SOCKET_FOLDER)
+    return folder if _fits(folder) else private_folder(SOCKET_FOLDER, base=SHORT_TEMP)  # a longer fallback
 
 
 def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) -> str:
@@ -149,7 +170,7 @@ def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) 
         json.dumps(sorted(startup_env(env).items())), json.dumps(sorted(hard.items())),
         json.dumps(sorted(runner_priority().items())), json.dumps(runner_ignored_signals()),
     ))
-    return os.path.join(_socket_dir(), hashlib.sha256(identity.encode()).hexdigest()[:20] + ".sock")
+    return os.path.join(_socket_dir(), hashlib.sha256(identity.encode()).hexdigest()[: SOCKET_NAME_CHARS - 5] + ".sock")
 
 
 def _connect(path: str) -> socket.socket | None:
