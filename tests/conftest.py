@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -70,6 +71,7 @@ os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
 # (tests/jvm_archive.py: a driver starts in ~4 s instead of ~10 s on 2 cores); the drivers and
 # standalone daemons take the options from the environment, the executors from make_session
 from tests import jvm_archive  # noqa: E402
+from tests.other_user import open_folder  # noqa: E402
 
 EXECUTOR_JAVA_OPTIONS = (
     jvm_archive.install() if os.environ.get("SPARK_TORCH_TEST_JVM_ARCHIVE", "1") != "0" else ""
@@ -536,3 +538,22 @@ def hiding_python(tmp_path_factory: Any) -> str:
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "shadow"}:$PYTHONPATH" exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
+
+
+@pytest.fixture
+def open_base() -> Iterator[Path]:
+    """A storage folder every user may write to (``0777``, no sticky bit: ``/tmp``-like, or
+    ``~/spark_torch_runs`` made under ``umask 000``) where another user (tests/other_user.py)
+    plants things; removed afterwards."""
+    base = Path(open_folder())
+    yield base
+    shutil.rmtree(base)
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """This user's own private file, that a planted link points at."""
+    path = tmp_path / "victim.txt"
+    path.write_text("mine\n")
+    path.chmod(0o600)
+    return path

@@ -11,11 +11,9 @@ on the driver and in a rank's report(), and nothing is written through its links
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ import pytest
 
 from spark_torch import ConfigurationError, DistributedRunError, Distributor
 from spark_torch.node.template.client import TEMPLATE_MODULE
-from tests.other_user import NOBODY, as_user, open_folder
+from tests.other_user import NOBODY, as_user
 
 
 def _tree(root: int) -> set[int]:
@@ -149,24 +147,6 @@ def test_the_runs_storage_is_private_or_the_team_folders(team: bool, tmp_path: P
 
 RUN = "planted-run"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (setuid in a child)")
-
-
-@pytest.fixture
-def open_base() -> Iterator[Path]:
-    """A storage folder every user may write to (``0777``, no sticky bit: ``/tmp``-like, or
-    ``~/spark_torch_runs`` made under ``umask 000``)."""
-    base = Path(open_folder())
-    yield base
-    shutil.rmtree(base)
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    """This user's own private file, that a planted link points at."""
-    path = tmp_path / "victim.txt"
-    path.write_text("mine\n")
-    path.chmod(0o600)
-    return path
 
 
 def _mode(request: pytest.FixtureRequest, local_mode: bool) -> Any:

@@ -37,8 +37,8 @@ SECRET = "pickled-secret-" + uuid.uuid4().hex
 _NOT_STATE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
 
 
-def _options(s3: dict[str, Any]) -> dict[str, Any]:
-    return {**s3["options"], "secret": SECRET}
+def _options(server: dict[str, Any]) -> dict[str, Any]:
+    return {**server["options"], "secret": SECRET}
 
 
 def _reachable_secrets(root: Any) -> list[str]:
@@ -144,12 +144,14 @@ print((Path(result.checkpoint.to_directory(Path(sys.argv[1]) / "env")) / "score.
 """
 
 
-def test_a_local_runs_result_holds_no_credential(s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:  # noqa: F811
+def _run_and_check(server: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **mode: Any) -> None:
+    """A run with the secret in its storage options (``mode``: the Distributor's mode arguments),
+    then every check of the pickling rule on its result."""
     monkeypatch.delenv(envnames.STORAGE_OPTIONS, raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # options that do not arrive must not send the test to AWS
-    options = _options(s3)
+    options = _options(server)
     d = Distributor(num_processes=2, storage_path="s3://runs/pickles", storage_options=options,
-                    checkpoint_score_attribute="score")  # fmt: skip
+                    checkpoint_score_attribute="score", **mode)  # fmt: skip
     d.run(report_scores, [0.5, 0.7, 0.9])
     assert d.last_run is not None
     _check_no_credential_anywhere(d.last_run, options)
@@ -157,20 +159,13 @@ def test_a_local_runs_result_holds_no_credential(s3: dict[str, Any], tmp_path: P
     _check_live(d.last_run, dump, tmp_path, options)
     del d  # the run's result with it
     _check_orphan(dump, tmp_path, options, monkeypatch)
+
+
+def test_a_local_runs_result_holds_no_credential(s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:  # noqa: F811
+    _run_and_check(s3, tmp_path, monkeypatch)
 
 
 def test_a_distributed_runs_result_holds_no_credential(
     s3: dict[str, Any], spark_session: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None  # noqa: F811
 ) -> None:
-    monkeypatch.delenv(envnames.STORAGE_OPTIONS, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # options that do not arrive must not send the test to AWS
-    options = _options(s3)
-    d = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path="s3://runs/pickles",
-                    storage_options=options, checkpoint_score_attribute="score")  # fmt: skip
-    d.run(report_scores, [0.5, 0.7, 0.9])
-    assert d.last_run is not None
-    _check_no_credential_anywhere(d.last_run, options)
-    dump = pickle.dumps(d.last_run)
-    _check_live(d.last_run, dump, tmp_path, options)
-    del d  # the run's result with it
-    _check_orphan(dump, tmp_path, options, monkeypatch)
+    _run_and_check(s3, tmp_path, monkeypatch, local_mode=False, spark=spark_session)

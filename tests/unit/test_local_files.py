@@ -12,10 +12,8 @@ under ``umask 000``). An outsider of the team folder's group is uid 1 (daemon).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,29 +21,12 @@ import pytest
 from spark_torch.errors import ConfigurationError
 from spark_torch.reporting.ranking import CheckpointInfo
 from spark_torch.reporting.storage import ATTEMPTS, METRICS, RUN_MARKER, RunStorage, run_ids
-from tests.other_user import NOBODY, as_user, open_folder
+from tests.other_user import NOBODY, as_user
 
 DAEMON = 1  # not a member of nogroup
 RUN = "planted-run"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (setuid in a child)")
-
-
-@pytest.fixture
-def open_base() -> Iterator[Path]:
-    """A storage folder every user may write to (``0777``, no sticky bit)."""
-    base = Path(open_folder())
-    yield base
-    shutil.rmtree(base)
-
-
-@pytest.fixture
-def victim(tmp_path: Path) -> Path:
-    """This user's own private file, that a planted link points at."""
-    path = tmp_path / "victim.txt"
-    path.write_text("mine\n")
-    path.chmod(0o600)
-    return path
 
 
 def _storage(base: Path) -> RunStorage:
