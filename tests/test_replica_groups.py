@@ -96,6 +96,25 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     _the_past_run_is_the_whole_run(tmp_path / "runs", last)
 
 
+def test_an_unchanged_torchft_script_survives_a_killed_group(tmp_path: Path, no_leftovers: None) -> None:
+    """torchft's example as it is (its own torchft.Manager, ProcessGroupGloo, DDP and Optimizer,
+    from torchrun's variables): group 1's rank SIGKILLed mid-step; group 0 keeps its process (the
+    DDP hook fix reaches a Manager the script made itself), group 1 restarts alone, and the run
+    ends ok; every listener of the ranks is on loopback (the Manager's server included)."""
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.torchft_example, 5, str(tmp_path), 1, 2)
+    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
+    assert len({pid for pid, _ in survivor}) == 1, survivor[:5]  # the same process from start to end
+    assert [step for _, step in survivor] == sorted({step for _, step in survivor})
+    assert len(dict.fromkeys(pid for pid, _ in killed)) == 2 and (tmp_path / "killed1").exists(), killed
+    assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == weights
+    last = distributor.last_run
+    assert last is not None and last.error is None
+    assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+
+
 def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
     """RunResult.from_path and `spark-torch runs show` open the whole run by its id (each group
     stored as RUN_ID-gN): every group's rows and attempts, as last_run had them."""

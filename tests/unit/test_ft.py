@@ -229,6 +229,39 @@ def test_install_puts_the_fixed_hook_on_torchfts_ddp() -> None:
         ddp.DistributedDataParallel._comm_hook = original
 
 
+def test_a_manager_the_users_code_makes_is_wired_in_a_replica_group_rank_only() -> None:
+    """The rank's start-up hook (spark_torch.ft.wiring): nothing is imported before the user's code
+    imports torchft; then torchft's Manager.__init__ is wrapped (the DDP hook fix, the node's
+    address, PGTransport: tests/test_replica_groups.py runs it); outside a replica group nothing."""
+    pytest.importorskip("torchft")
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from spark_torch.ft import wiring
+        before = list(sys.meta_path)
+        assert wiring.install({}) is False and sys.meta_path == before
+        os.environ.update(REPLICA_GROUP_ID="1", MASTER_ADDR="127.0.0.1")
+        assert wiring.install() is True and wiring.install() is True
+        assert len(sys.meta_path) == len(before) + 1 and "torch" not in sys.modules
+        import torchft
+        assert getattr(torchft.Manager.__init__, "_spark_torch_wired", False)
+        assert torchft.Manager.__init__.__wrapped__.__qualname__ == "Manager.__init__"
+        print("wired")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["wired"], done.stderr[-2000:]
+
+
+def test_what_a_manager_of_a_rank_gets_unless_given() -> None:
+    from spark_torch.ft.wiring import filled
+
+    environ = {"MASTER_ADDR": "10.0.0.5", "REPLICA_GROUP_ID": "2"}
+    assert filled({}, environ) == {"hostname": "10.0.0.5", "replica_id": "spark_torch_group_2"}
+    assert filled({"hostname": "me", "replica_id": "train_ddp_2"}, environ) == {}
+    assert filled({}, {}) == {}
+
+
 def test_replica_group_error_pickles_with_its_group() -> None:
     import pickle
 
