@@ -287,3 +287,23 @@ def torchft_example(steps: int, work: str, kill_group: int, kill_step: int) -> l
         fh.write(repr(weights))
     manager.shutdown(wait=False)
     return weights
+
+
+def train_beside_an_outsider(steps: int, work: str, shared: str) -> list[float]:
+    """:func:`train`, once another user's process (tests/scripts/ft_outsider.py) has tried to join
+    with the lighthouse address the ranks were given: group 0's rank writes it to
+    ``shared/lighthouse``, and every rank waits for ``shared/outsider.started`` (with a deadline)."""
+    import time
+
+    if os.environ["REPLICA_GROUP_ID"] == "0":
+        given = os.path.join(shared, "lighthouse")
+        with open(given + ".tmp", "w") as fh:
+            fh.write(os.environ["TORCHFT_LIGHTHOUSE"])
+        os.chmod(given + ".tmp", 0o644)
+        os.replace(given + ".tmp", given)
+    started, deadline = os.path.join(shared, "outsider.started"), time.monotonic() + 60
+    while not os.path.exists(started):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the outsider did not try within 60 s (tests/scripts/ft_outsider.py)")
+        time.sleep(0.05)
+    return train(steps, work)

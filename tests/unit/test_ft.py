@@ -4,6 +4,7 @@ the DDP hook fix against torchft's own code, and spark_torch without torchft."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
 from spark_torch.ft.lighthouse import Lighthouse, LighthouseOptions
 from spark_torch.ft.rank import bind_address
 from tests.ft_programs import hello_from
+from tests.outsiders import as_nobody
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,23 +136,68 @@ def test_the_lighthouse_listens_on_its_host_only_until_closed() -> None:
     lighthouse.close()  # idempotent
 
 
-def test_a_gated_lighthouse_listens_on_loopback_behind_the_gate_until_closed() -> None:
-    """Distributed mode: torchft's server on loopback only, the gate on the host the executors
-    reach (127.0.0.3 here), which lets the cluster's addresses in and closes any other's connection."""
+def _hello_from_loopback(url: str) -> str:
+    return hello_from("127.0.0.1", url)
+
+
+def test_the_lighthouse_is_hidden_behind_its_gate_until_closed() -> None:
+    """torchft's server in a child process of its own network namespace (no listener of this
+    machine's is its), reached only through its Unix socket in a 0700 folder; the gate on the
+    host the executors reach (127.0.0.3 here) lets this user's connections in and closes uid
+    65534's, from the same address, before a byte reaches the lighthouse."""
     pytest.importorskip("torchft")
     import psutil
 
+    before = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
     with Lighthouse("127.0.0.3", LighthouseOptions(heartbeat_timeout_ms=500), allowed=lambda: {"127.0.0.1"}) as lighthouse:
-        assert lighthouse.address == f"http://127.0.0.3:{lighthouse.port}" and lighthouse.port != lighthouse.server_port
+        hideout = lighthouse.hideout
+        assert hideout is not None and lighthouse.server_port is None
+        assert lighthouse.address == f"http://127.0.0.3:{lighthouse.port}"
         listening = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
-        assert {(ip, port) for ip, port in listening if port in (lighthouse.port, lighthouse.server_port)} == {
-            ("127.0.0.3", lighthouse.port), ("127.0.0.1", lighthouse.server_port)
-        }  # fmt: skip
+        assert listening - before == {("127.0.0.3", lighthouse.port)}  # the gate only: torchft's is in the namespace
+        assert os.stat(hideout.folder).st_mode & 0o777 == 0o700 and os.path.exists(hideout.path)
+        child = psutil.Process(hideout._process.pid)  # type: ignore[union-attr]
+        assert os.readlink(f"/proc/{child.pid}/ns/net") != os.readlink("/proc/self/ns/net")
         assert hello_from("127.0.0.1", lighthouse.address) == "answered"
-        assert hello_from("127.0.0.2", lighthouse.address) == "closed"
-    assert not _listening(lighthouse.server_port)
+        assert hello_from("127.0.0.2", lighthouse.address) == "answered"  # this user, another address of the machine
+        assert as_nobody(_hello_from_loopback, lighthouse.address) == "closed"
+    assert not child.is_running() and not os.path.exists(hideout.folder)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.3", lighthouse.port)) != 0
+
+
+def test_where_namespaces_are_refused_the_lighthouse_says_so_and_stays_behind_its_gate(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("torchft")
+    import logging
+
+    import spark_torch.ft.lighthouse as lighthouse_module
+    from spark_torch.ft.hideout import NoHideout
+
+    def refused(options: object) -> object:
+        raise NoHideout("the kernel refused a private network namespace ([Errno 1] unshare: Operation not permitted)")
+
+    monkeypatch.setattr(lighthouse_module.Hideout, "start", refused)
+    with caplog.at_level(logging.WARNING, logger="spark_torch.ft.lighthouse"):
+        with Lighthouse("127.0.0.1", LighthouseOptions(heartbeat_timeout_ms=500)) as lighthouse:
+            assert lighthouse.hideout is None and lighthouse.server_port is not None
+            assert lighthouse.port != lighthouse.server_port  # the ranks still go through the gate
+            assert hello_from("127.0.0.1", lighthouse.address) == "answered"
+            assert as_nobody(_hello_from_loopback, lighthouse.address) == "closed"
+    assert any(
+        "could not be hidden from other users of this machine (the kernel refused" in r.getMessage()
+        and "any local user can reach it" in r.getMessage() for r in caplog.records
+    )  # fmt: skip
+    assert not _listening(lighthouse.server_port) and not _listening(lighthouse.port)
+
+
+def test_the_kernels_socket_table_reads_as_addresses() -> None:
+    from spark_torch.ft.peers import parse_endpoint
+
+    assert parse_endpoint("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert parse_endpoint("0000000000000000FFFF00000100007F:0050") == ("127.0.0.1", 80)  # IPv4 mapped into IPv6
+    assert parse_endpoint("00000000000000000000000001000000:0016") == ("::1", 22)
 
 
 class _Bucket:
