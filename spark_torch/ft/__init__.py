@@ -7,7 +7,8 @@ rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
 driver's machine and the cluster's addresses, :mod:`spark_torch.ft.gate`, :mod:`spark_torch.ft.peers`,
 both passing bytes through one thread, :mod:`spark_torch.ft.relay`), the torchft ``Manager`` wired
 to the run inside a rank (:func:`manager`, :mod:`spark_torch.ft.rank`; also one the user's code
-makes itself, :mod:`spark_torch.ft.wiring`) and the fix to torchft's DDP communication hook
+makes itself, :mod:`spark_torch.ft.wiring`; its heals unpickle plain data only,
+:mod:`spark_torch.ft.safe_heal`) and the fix to torchft's DDP communication hook
 (:mod:`spark_torch.ft.ddp_fix`). torchft itself is imported on first use, so spark_torch installs
 and imports without it (the ``[ft]`` extra installs it). The driver's side, one attempt loop per
 group, is :mod:`spark_torch.driver.api.replica_groups`. docs/fault-tolerance.md is the user's guide.

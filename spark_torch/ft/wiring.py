@@ -8,7 +8,8 @@ code, before the user's) puts a finder on ``sys.meta_path`` that wraps ``Manager
 what :func:`spark_torch.ft.manager` gives (:func:`wire`): the fix to torchft's DDP hook
 (:mod:`spark_torch.ft.ddp_fix`), its server bound to the node's address (``MASTER_ADDR``; torchft
 binds every interface) and advertised there, healing over its process group (torchft's
-``PGTransport``; torchft's default is an HTTP server on every interface), the group's replica id
+``PGTransport``; torchft's default is an HTTP server on every interface) that unpickles plain data
+only (:mod:`spark_torch.ft.safe_heal`), the group's replica id
 when none is given, and :func:`spark_torch.report`'s step following the Manager's. What the caller
 passes wins. Nothing is imported before the user's code imports torchft: the hook costs a rank
 without torchft nothing.
@@ -108,6 +109,11 @@ def wire(module: ModuleType, environ: Mapping[str, str] = os.environ) -> None:
             timeout = options.get("timeout", signature.parameters["timeout"].default)
             options["checkpoint_transport"] = _transport(options["pg"], timeout)
         ddp_fix.install()
+        import torchft.checkpointing.pg_transport as pg_transport
+
+        from spark_torch.ft import safe_heal
+
+        safe_heal.install(pg_transport)  # a heal unpickles plain data only: its source is not authenticated
         host = environ.get(MASTER_ADDR)
         if host:
             with _servers_bound_to(module, host):

@@ -200,6 +200,47 @@ def test_the_kernels_socket_table_reads_as_addresses() -> None:
     assert parse_endpoint("00000000000000000000000001000000:0016") == ("::1", 22)
 
 
+class _Marker:
+    """Unpickled, it would create a file: what another user's heal source could send."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return open, (self.path, "w")
+
+
+def test_a_heal_unpickles_plain_data_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torchft's PGTransport describes for a model and its optimizer comes back whole; an
+    object that would run code is refused before it is built (the file is never made)."""
+    pytest.importorskip("torchft")
+    import pickle
+
+    import torch
+    import torchft.checkpointing.pg_transport as pg_transport
+    from torchft.checkpointing.pg_transport import _prepare_state_dict
+
+    from spark_torch.ft import safe_heal
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    state = {"user": {"model": model.state_dict(), "opt": opt.state_dict(), "n": torch.zeros((), dtype=torch.bfloat16)}}
+    meta, _ = _prepare_state_dict({**state, "torchft": {"step": 3, "batches_committed": 2}}, 3, torch.device("cpu"))
+    assert safe_heal.loads(pickle.dumps(meta)) == meta
+    marker = tmp_path / "ran"
+    meta.non_tensor_leaves.append(_Marker(str(marker)))
+    with pytest.raises(safe_heal.HealRefused) as info:
+        safe_heal.loads(pickle.dumps(meta))
+    assert str(info.value).startswith("spark_torch refused to unpickle io.open in the state a peer group sent to heal this rank")
+    assert "keep other objects out of the Manager's state_dict" in str(info.value) and not marker.exists()
+    monkeypatch.setattr(pg_transport, "pickle", pg_transport.pickle)  # both put back after the test
+    monkeypatch.setattr(pg_transport, "_spark_torch_safe_heal", False, raising=False)
+    safe_heal.install(pg_transport)
+    assert pg_transport.pickle.loads is safe_heal.loads and pg_transport.pickle.dumps is pickle.dumps
+
+
 class _Bucket:
     """What DDP hands a communication hook (its buffer); a real GradBucket needs a reducer."""
 
