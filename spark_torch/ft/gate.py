@@ -107,7 +107,7 @@ class AddressGate:
         uid = self._peer_uid(conn)
         if uid is not None:
             admitted = uid == self._uid
-            why = f"user id {uid} of this machine, not this run's ({self._uid})"
+            why = f"user id {uid} of this machine, not this run's ({self._uid}: ranks on this machine run as the driver's user)"  # noqa: E501
         else:
             admitted = self.admits(peer[0])
             why = "not one of the cluster's addresses"

@@ -123,7 +123,7 @@ def test_another_user_of_this_machine_is_closed_before_a_byte_reaches_the_backen
         refused = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
         assert refused == [
             "spark_torch: refused a connection to the run's torchft lighthouse from 127.0.0.1: user id 65534 of this "
-            f"machine, not this run's ({os.geteuid()})"
+            f"machine, not this run's ({os.geteuid()}: ranks on this machine run as the driver's user)"
         ]  # once per address and user
         for source in ("127.0.0.1", "127.0.0.2"):  # this user, from any address of the machine
             with _connect(gate.port, source) as mine:
