@@ -68,9 +68,13 @@ class Hideout:
         quorum_tick_ms, heartbeat_timeout_ms)``; NoHideout saying why when it cannot."""
         folder = tempfile.mkdtemp(prefix="spark-torch-lighthouse-")  # 0700
         argv = [sys.executable, "-m", "spark_torch.ft.hideout", folder, *("-" if v is None else str(v) for v in options)]
+        # the child imports this package from where this process has it, installed or not
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
         process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True, close_fds=True
-        )
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True, close_fds=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )  # fmt: skip
         hideout = cls(process, folder)
         assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], START_SECONDS)

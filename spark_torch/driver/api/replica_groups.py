@@ -202,7 +202,7 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
     if allowed is None and not config.local_mode and spark is not None:
         logger.warning(
             "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
-            "(%s) is open to any address that reaches it (docs/security.md)", host,
+            "(%s) is open to any other machine that reaches it (docs/security.md)", host,
         )  # fmt: skip
     run_id = config.run_id or new_run_id()
     started = time.time()
