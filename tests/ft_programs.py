@@ -229,7 +229,8 @@ def torchft_example(steps: int, work: str, kill_group: int, kill_step: int) -> l
     ``kill_step`` steps that every group took together, between forward and backward. Each committed step
     is appended to ``work/g{GROUP}.steps`` as ``PID STEP``; the run stops once ``steps`` steps were
     committed with every group taking part (a count in the state, as in :func:`train`); each
-    process writes its weights to ``work/g{GROUP}.weights`` and returns them."""
+    process writes its weights to ``work/g{GROUP}.weights`` and the addresses it listens on to
+    ``work/g{GROUP}.listening``, and returns the weights."""
     from datetime import timedelta
 
     import torch
@@ -285,6 +286,10 @@ def torchft_example(steps: int, work: str, kill_group: int, kill_step: int) -> l
     weights = [float(v) for v in torch.cat([p.detach().flatten() for p in m.parameters()])]
     with open(os.path.join(work, f"g{REPLICA_GROUP_ID}.weights"), "w") as fh:
         fh.write(repr(weights))
+    import psutil
+
+    with open(os.path.join(work, f"g{REPLICA_GROUP_ID}.listening"), "w") as fh:  # the Manager's server and its heal transport's
+        fh.write(repr(sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})))
     manager.shutdown(wait=False)
     return weights
 

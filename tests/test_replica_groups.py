@@ -112,6 +112,8 @@ def test_an_unchanged_torchft_script_survives_a_killed_group(tmp_path: Path, no_
     assert [step for _, step in survivor] == sorted({step for _, step in survivor})
     assert len(dict.fromkeys(pid for pid, _ in killed)) == 2 and (tmp_path / "killed1").exists(), killed
     assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == weights
+    for group in (0, 1):  # torchft's Manager server on the node's address, no HTTP heal server on every interface
+        assert ast.literal_eval((tmp_path / f"g{group}.listening").read_text()) in ([], ["127.0.0.1"])
     last = distributor.last_run
     assert last is not None and last.error is None
     assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
