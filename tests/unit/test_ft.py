@@ -192,12 +192,17 @@ def test_where_namespaces_are_refused_the_lighthouse_says_so_and_stays_behind_it
     assert not _listening(lighthouse.server_port) and not _listening(lighthouse.port)
 
 
-def test_the_kernels_socket_table_reads_as_addresses() -> None:
+def test_the_kernels_socket_table_reads_as_addresses_and_back() -> None:
     from spark_torch.ft.peers import parse_endpoint
 
     assert parse_endpoint("0100007F:1F90") == ("127.0.0.1", 8080)
     assert parse_endpoint("0000000000000000FFFF00000100007F:0050") == ("127.0.0.1", 80)  # IPv4 mapped into IPv6
     assert parse_endpoint("00000000000000000000000001000000:0016") == ("::1", 22)
+    from spark_torch.ft.peers import kernel_form
+
+    assert kernel_form("127.0.0.1", 8080) == ["0100007F:1F90", "0000000000000000FFFF00000100007F:1F90"]
+    assert kernel_form("::ffff:127.0.0.1", 80) == kernel_form("127.0.0.1", 80)
+    assert [parse_endpoint(form) for form in kernel_form("::1", 22)] == [("::1", 22)]
 
 
 class _Marker:
