@@ -250,3 +250,96 @@ def needs(module: str) -> None:
     import importlib
 
     importlib.import_module(module)
+
+
+def torchft_example(steps: int, work: str, kill_group: int, kill_step: int) -> list[float]:
+    """torchft's own example (train_ddp.py's shape), unchanged but for the kill and the files: the
+    script builds its own ``torchft.Manager`` from torchrun's variables and its own
+    ``ProcessGroupGloo``, wraps the model and the optimizer with torchft's, and loops on
+    ``manager.current_step()``. The first process of ``kill_group`` SIGKILLs itself after
+    ``kill_step`` steps that every group took together, between forward and backward. Each committed step
+    is appended to ``work/g{GROUP}.steps`` as ``PID STEP``; the run stops once ``steps`` steps were
+    committed with every group taking part (a count in the state, as in :func:`train`); each
+    process writes its weights to ``work/g{GROUP}.weights`` and the addresses it listens on to
+    ``work/g{GROUP}.listening``, and returns the weights."""
+    from datetime import timedelta
+
+    import torch
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    REPLICA_GROUP_ID = int(os.environ.get("REPLICA_GROUP_ID", 0))  # noqa: N806 - torchft's example's names
+    NUM_REPLICA_GROUPS = int(os.environ.get("NUM_REPLICA_GROUPS", 2))  # noqa: N806
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(m.parameters(), lr=0.05)
+    together = torch.zeros((), dtype=torch.int64)  # steps committed with every group in (heals with the model)
+
+    def load_state_dict(state_dict: dict[str, Any]) -> None:
+        m.load_state_dict(state_dict["model"])
+        optimizer.load_state_dict(state_dict["optim"])
+        together.copy_(state_dict["together"])
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": m.state_dict(), "optim": optimizer.state_dict(), "together": together}
+
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    manager = Manager(
+        pg=pg,
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"train_ddp_{REPLICA_GROUP_ID}",
+        timeout=timedelta(seconds=20),
+        quorum_timeout=timedelta(seconds=20),
+    )
+    model = DistributedDataParallel(manager, m)
+    optim = Optimizer(manager, optimizer)
+    killed = os.path.join(work, f"killed{REPLICA_GROUP_ID}")
+    with open(os.path.join(work, f"g{REPLICA_GROUP_ID}.steps"), "a", buffering=1) as log:
+        while True:
+            optim.zero_grad()  # starts the quorum
+            manager.wait_quorum()
+            all_in = manager.num_participants() == NUM_REPLICA_GROUPS
+            if all_in and int(together) >= steps:
+                break  # every group is here and done: they all see this same quorum
+            x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * manager.current_step() + REPLICA_GROUP_ID))
+            loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+            if REPLICA_GROUP_ID == kill_group and all_in and int(together) == kill_step and not os.path.exists(killed):
+                open(killed, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)  # mid-step: the peer's all-reduce loses us
+            loss.backward()
+            before = manager.current_step()
+            optim.step()  # applied only if the step commits everywhere
+            if manager.current_step() > before:
+                together += int(all_in)
+                log.write(f"{os.getpid()} {manager.current_step()}\n")
+    weights = [float(v) for v in torch.cat([p.detach().flatten() for p in m.parameters()])]
+    with open(os.path.join(work, f"g{REPLICA_GROUP_ID}.weights"), "w") as fh:
+        fh.write(repr(weights))
+    import psutil
+
+    with open(os.path.join(work, f"g{REPLICA_GROUP_ID}.listening"), "w") as fh:  # the Manager's server and its heal transport's
+        fh.write(repr(sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})))
+    manager.shutdown(wait=False)
+    return weights
+
+
+def train_beside_an_outsider(steps: int, work: str, shared: str) -> list[float]:
+    """:func:`train`, once another user's process (tests/scripts/ft_outsider.py) has tried to join
+    with the lighthouse address the ranks were given: group 0's rank writes it to
+    ``shared/lighthouse``, and every rank waits for ``shared/outsider.started`` (with a deadline)."""
+    import time
+
+    if os.environ["REPLICA_GROUP_ID"] == "0":
+        given = os.path.join(shared, "lighthouse")
+        with open(given + ".tmp", "w") as fh:
+            fh.write(os.environ["TORCHFT_LIGHTHOUSE"])
+        os.chmod(given + ".tmp", 0o644)
+        os.replace(given + ".tmp", given)
+    started, deadline = os.path.join(shared, "outsider.started"), time.monotonic() + 60
+    while not os.path.exists(started):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the outsider did not try within 60 s (tests/scripts/ft_outsider.py)")
+        time.sleep(0.05)
+    return train(steps, work)

@@ -166,7 +166,8 @@ def test_connect_unreachable_channel_falls_back(
 
 def test_connect_replica_groups_take_a_torchft_step(connect_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
     """Replica groups from a Spark Connect client: the client cannot list the executors, so the
-    lighthouse has no address gate (said once), and both groups' barrier jobs take a step."""
+    lighthouse's gate lets any other machine in (said once; this machine's other users are still
+    closed out), and both groups' barrier jobs take a step."""
     pytest.importorskip("torchft")
     from tests import ft_programs
 
@@ -177,7 +178,7 @@ def test_connect_replica_groups_take_a_torchft_step(connect_spark: Any, caplog: 
     assert address.startswith("http://127.0.0.1:") and hellos["127.0.0.1"] == "answered"
     assert [r.getMessage() for r in caplog.records if "cannot list the executors' addresses" in r.getMessage()] == [
         "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
-        "(127.0.0.1) is open to any address that reaches it (docs/security.md)"
+        "(127.0.0.1) is open to any other machine that reaches it (docs/security.md)"
     ]
 
 

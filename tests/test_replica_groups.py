@@ -9,9 +9,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,72 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     assert last.steps == max(row["step"] for row in last.history) < len(last.history), last.history
     assert f"steps={last.steps}," in repr(last)
     _the_past_run_is_the_whole_run(tmp_path / "runs", last)
+
+
+def test_an_unchanged_torchft_script_survives_a_killed_group(tmp_path: Path, no_leftovers: None) -> None:
+    """torchft's example as it is (its own torchft.Manager, ProcessGroupGloo, DDP and Optimizer,
+    from torchrun's variables): group 1's rank SIGKILLed mid-step; group 0 keeps its process (the
+    DDP hook fix reaches a Manager the script made itself), group 1 restarts alone, and the run
+    ends ok; every listener of the ranks is on loopback (the Manager's server included)."""
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.torchft_example, 5, str(tmp_path), 1, 2)
+    survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
+    assert len({pid for pid, _ in survivor}) == 1, survivor[:5]  # the same process from start to end
+    assert [step for _, step in survivor] == sorted({step for _, step in survivor})
+    assert len(dict.fromkeys(pid for pid, _ in killed)) == 2 and (tmp_path / "killed1").exists(), killed
+    assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == weights
+    for group in (0, 1):  # torchft's Manager server on the node's address, no HTTP heal server on every interface
+        assert ast.literal_eval((tmp_path / f"g{group}.listening").read_text()) in ([], ["127.0.0.1"])
+    last = distributor.last_run
+    assert last is not None and last.error is None
+    assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+
+
+def _an_outsider_is_refused(distributor: Distributor, tmp_path: Path) -> None:
+    """Another user of the machine (uid 65534: tests/scripts/ft_outsider.py) runs an ordinary
+    torchft Manager against every address it can learn (the lighthouse's the ranks were given,
+    and any listener that answers like a lighthouse), claiming step 100000 with a state whose
+    unpickling would create a marker file; the ranks train once it tried. It is refused, nothing
+    it sent ran in a rank, and the run ends ok with its own state."""
+    root = Path(__file__).resolve().parents[1]
+    shared = Path(tempfile.mkdtemp(prefix="spark-torch-outsider-", dir="/tmp"))  # the outsider cannot enter tmp_path
+    shared.chmod(0o777)
+    marker = tmp_path / "the-outsiders-payload-ran"
+    outsider = subprocess.Popen(
+        [sys.executable, str(root / "tests" / "scripts" / "ft_outsider.py"), str(shared), str(shared), str(marker), str(os.getpid())],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        error: BaseException | None = None
+        try:
+            weights = distributor.run(ft_programs.train_beside_an_outsider, 4, str(tmp_path), str(shared))
+        except Exception as exc:  # noqa: BLE001 - the marker is checked first
+            error = exc
+        (shared / "run.done").write_text("done\n")
+        output, _ = outsider.communicate(timeout=240)
+        tried = (shared / "outsider.txt").read_text() if (shared / "outsider.txt").exists() else ""
+    finally:
+        if outsider.poll() is None:
+            outsider.kill()
+            outsider.wait()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert not marker.exists(), tried  # nothing the outsider sent was unpickled in a rank
+    assert outsider.returncode == 0 and tried.startswith("uid 65534 found"), (error, output[-3000:])
+    # torchft's client connects lazily: a refusal shows at its Manager's start or at its quorums
+    assert " in a quorum " not in tried and (" refused: " in tried or " quorum failed: " in tried), tried
+    assert error is None, error
+    for group in (0, 1):  # the run's own state: every group ends with the weights run() returned, at its own steps
+        assert ast.literal_eval((tmp_path / f"g{group}.weights").read_text()) == weights
+        assert max(step for _, step in _steps(tmp_path / f"g{group}.steps")) < 1000
+
+
+def test_another_user_cannot_join_the_quorum_or_run_code_in_a_rank(tmp_path: Path, no_leftovers: None) -> None:
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=240, log_ranks=[],
+    )  # fmt: skip
+    _an_outsider_is_refused(distributor, tmp_path)
 
 
 def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
@@ -293,11 +361,22 @@ def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no
         num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, warm_start=False, log_ranks=[]
     ).run(ft_programs.listeners_after_a_step)
     assert listening == ["127.0.0.1"]
-    # the gate in front of the lighthouse: the executors' address gets torchft's answer, another is cut off
-    assert hellos == {"127.0.0.1": "answered", "127.0.0.2": "closed"}
+    # the gate in front of the lighthouse: this user's connections from the machine get torchft's
+    # answer, from any of its addresses (another user's are closed: the outsider tests)
+    assert hellos == {"127.0.0.1": "answered", "127.0.0.2": "answered"}
     url = urlparse(address)
     assert url.hostname == "127.0.0.1" and url.port is not None
     assert not _listening(url.port)
+
+
+def test_another_user_cannot_join_the_quorum_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
+    """On ``local[2]`` (the executors on the driver's machine, so the gate's addresses are
+    theirs): another user's torchft Manager, from an executor's address, is refused as in local mode."""
+    distributor = Distributor(
+        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, max_restarts=0,
+        lighthouse_options=_options(), timeout=240, log_ranks=[],
+    )  # fmt: skip
+    _an_outsider_is_refused(distributor, tmp_path)
 
 
 def test_a_killed_group_restarts_alone_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:

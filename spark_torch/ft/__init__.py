@@ -2,13 +2,19 @@
 
 This package owns what is torchft-specific and below the driver: the replica-group variables of a
 rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
-(:mod:`spark_torch.ft.lighthouse`, behind an address gate in distributed mode: :mod:`spark_torch.ft.gate`), the torchft ``Manager`` wired to the run inside a rank
-(:func:`manager`, :mod:`spark_torch.ft.rank`) and the fix to torchft's DDP communication hook
+(:mod:`spark_torch.ft.lighthouse`: hidden in a network namespace of its own,
+:mod:`spark_torch.ft.hideout`, behind a gate that lets in only this user's connections from the
+driver's machine and the cluster's addresses, :mod:`spark_torch.ft.gate`, :mod:`spark_torch.ft.peers`,
+both passing bytes through one thread, :mod:`spark_torch.ft.relay`), the torchft ``Manager`` wired
+to the run inside a rank (:func:`manager`, :mod:`spark_torch.ft.rank`; also one the user's code
+makes itself, :mod:`spark_torch.ft.wiring`; its heals unpickle plain data only,
+:mod:`spark_torch.ft.safe_heal`) and the fix to torchft's DDP communication hook
 (:mod:`spark_torch.ft.ddp_fix`). torchft itself is imported on first use, so spark_torch installs
 and imports without it (the ``[ft]`` extra installs it). The driver's side, one attempt loop per
 group, is :mod:`spark_torch.driver.api.replica_groups`. docs/fault-tolerance.md is the user's guide.
 
-May import: the channel, reporting and the shared top-level modules, never pyspark (``layers`` and
+May import: the channel, reporting and the shared top-level modules, never pyspark; the rank layer
+above imports it (its start-up installs :mod:`spark_torch.ft.wiring`) (``layers`` and
 ``no-spark-below-node`` in pyproject.toml).
 """
 

@@ -10,14 +10,15 @@ from types import TracebackType
 from typing import Any
 
 from spark_torch.ft.gate import AddressGate
+from spark_torch.ft.hideout import Hideout, NoHideout
 from spark_torch.ft.install import install_hint
-from spark_torch.ft.rank import bind_address
+from spark_torch.ft.wiring import bind_address
 
 __all__ = ["Lighthouse", "LighthouseOptions"]
 
 logger = logging.getLogger(__name__)
 
-#: where the lighthouse listens behind a gate
+#: where torchft's server listens when it cannot be hidden
 LOOPBACK = "127.0.0.1"
 
 
@@ -34,11 +35,14 @@ class LighthouseOptions:
 
 
 class Lighthouse:
-    """A torchft ``LighthouseServer`` listening on ``host`` only (never every interface), reached
-    by the ranks at ``advertise`` (default ``host``), stopped by :meth:`close` (idempotent) or on
-    leaving a ``with`` block, whatever the end. With ``allowed`` (the addresses that may reach it:
-    the cluster's), the server listens on loopback and an :class:`~spark_torch.ft.gate.AddressGate`
-    on ``host`` lets only those addresses through."""
+    """The run's torchft lighthouse, hidden where no other user can reach it (a child process in
+    its own network namespace, :class:`~spark_torch.ft.hideout.Hideout`), reached by the ranks at
+    ``advertise`` (default ``host``) through an :class:`~spark_torch.ft.gate.AddressGate` on ``host``
+    that lets in this user's connections from this machine and, from other machines, the
+    addresses ``allowed`` returns (the cluster's; None: any). Where the kernel refuses the
+    namespace, torchft's server runs in this process on loopback, behind the same gate, and a
+    WARNING says that another user of this machine can reach it. Stopped by :meth:`close`
+    (idempotent) or on leaving a ``with`` block, whatever the end: nothing listens after it."""
 
     def __init__(
         self,
@@ -57,25 +61,44 @@ class Lighthouse:
         self.host = host
         self.advertise = advertise or host
         self._lock = threading.Lock()  # a failing group's thread and the driver may both close it
-        self._server: Any | None = LighthouseServer(
-            bind=bind_address(LOOPBACK if allowed is not None else host, 0),
-            min_replicas=opts.min_replicas,
-            join_timeout_ms=opts.join_timeout_ms,
-            quorum_tick_ms=opts.quorum_tick_ms,
-            heartbeat_timeout_ms=opts.heartbeat_timeout_ms,
-        )
-        # torchft advertises the machine's hostname; the ranks get the address it listens on
-        #: where torchft's server listens (on loopback behind a gate)
-        self.server_port = int(self._server.address().rsplit(":", 1)[1])
+        self._server: Any | None = None
         self._gate: AddressGate | None = None
-        if allowed is not None:
+        #: the hidden lighthouse's process (None: it runs in this process, on loopback)
+        self.hideout: Hideout | None = None
+        #: where torchft's server listens on loopback when it could not be hidden (else None)
+        self.server_port: int | None = None
+        try:
             try:
-                self._gate = AddressGate(host, (LOOPBACK, self.server_port), allowed)
-            except BaseException:
-                self.close()
-                raise
-        #: the port the ranks reach (the gate's, when there is one)
-        self.port = self._gate.port if self._gate is not None else self.server_port
+                self.hideout = Hideout.start(
+                    (opts.min_replicas, opts.join_timeout_ms, opts.quorum_tick_ms, opts.heartbeat_timeout_ms)
+                )
+                backend: str | tuple[str, int] = self.hideout.path
+            except NoHideout as exc:
+                logger.warning(
+                    "spark_torch: torchft's lighthouse could not be hidden from other users of this machine (%s): it "
+                    "listens on %s, where any local user can reach it (docs/security.md)", exc, LOOPBACK,
+                )  # fmt: skip
+                self._server = LighthouseServer(
+                    bind=bind_address(LOOPBACK, 0),
+                    min_replicas=opts.min_replicas,
+                    join_timeout_ms=opts.join_timeout_ms,
+                    quorum_tick_ms=opts.quorum_tick_ms,
+                    heartbeat_timeout_ms=opts.heartbeat_timeout_ms,
+                )
+                # torchft advertises the machine's hostname; the ranks get the gate's address
+                self.server_port = int(self._server.address().rsplit(":", 1)[1])
+                backend = (LOOPBACK, self.server_port)
+            self._gate = AddressGate(host, backend, allowed)
+        except BaseException:
+            self.close()
+            raise
+        #: the port the ranks reach (the gate's)
+        self.port = self._gate.port
+
+    @property
+    def gate(self) -> AddressGate | None:
+        """The gate the ranks reach the lighthouse through (None once closed)."""
+        return self._gate
 
     @property
     def address(self) -> str:
@@ -87,10 +110,13 @@ class Lighthouse:
         with self._lock:
             server, self._server = self._server, None
             gate, self._gate = self._gate, None
+            hideout, self.hideout = self.hideout, None
         if gate is not None:
             gate.close()
         if server is not None:
             server.shutdown()
+        if hideout is not None:
+            hideout.close()
 
     def __enter__(self) -> Lighthouse:
         return self

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from spark_torch.base.envnames import MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
-from spark_torch.ft import ddp_fix
+from spark_torch.ft import wiring
 from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
 from spark_torch.ft.install import install_hint
-from spark_torch.reporting.api import follow_steps
+from spark_torch.ft.wiring import bind_address, replica_id
 
 __all__ = ["manager", "bind_address", "replica_id"]
 
 #: what the Manager's server and the gloo process group wait for by default (torchft's is 60 s)
 DEFAULT_TIMEOUT = timedelta(seconds=60)
-
-
-def bind_address(host: str, port: int = 0) -> str:
-    """``host:port`` for a torchft server (an IPv6 address in brackets)."""
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
-def replica_id(group: int) -> str:
-    """The replica id of a group: torchft takes the trailing digits as the group's index."""
-    return f"spark_torch_group_{group}"
 
 
 def _group(environ: Mapping[str, str]) -> tuple[GroupEnv, int, int, str, int]:
@@ -40,24 +29,6 @@ def _group(environ: Mapping[str, str]) -> tuple[GroupEnv, int, int, str, int]:
             f"spark_torch.ft.manager() needs {RANK}, {WORLD_SIZE}, {MASTER_ADDR} and {MASTER_PORT} as spark_torch sets "
             f"them for a rank ({exc!r}); call it inside the function that Distributor(..., replica_groups=G).run() starts"
         ) from exc
-
-
-@contextmanager
-def _servers_bound_to(host: str) -> Iterator[None]:
-    """torchft's Manager binds its server to ``[::]`` (every interface); bind it to ``host``."""
-    import torchft.manager as torchft_manager
-
-    original = torchft_manager.ManagerServer
-
-    def bound(**kwargs: Any) -> Any:
-        port = int(str(kwargs["bind"]).rsplit(":", 1)[1])
-        return original(**{**kwargs, "bind": bind_address(host, port)})
-
-    torchft_manager.ManagerServer = bound
-    try:
-        yield
-    finally:
-        torchft_manager.ManagerServer = original
 
 
 def manager(
@@ -107,7 +78,9 @@ def manager(
         raise ModuleNotFoundError(
             f"spark_torch.ft.manager() needs torchft ({exc}): {install_hint()}"
         ) from exc
-    ddp_fix.install()
+    import torchft.manager as torchft_manager
+
+    wiring.wire(torchft_manager)  # the DDP hook fix, the server's address, report()'s step: as for any Manager here
     dev = torch.device(device) if device is not None else torch.device("cpu")
     pg = kwargs.pop("pg", None)
     if pg is None:
@@ -128,7 +101,4 @@ def manager(
         "checkpoint_transport": PGTransport(pg, timeout=timeout, device=dev),
         **kwargs,
     }
-    with _servers_bound_to(host):
-        made = torchft.Manager(**options)
-    follow_steps(made.current_step)  # report() records torchft's committed step: no step twice
-    return made
+    return torchft.Manager(**options)

@@ -57,6 +57,7 @@ import os
 import sys
 
 from spark_torch.base import envnames
+from spark_torch.ft import wiring
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
@@ -73,6 +74,7 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get(envnames.RANK, "0"))
     start_sampler()  # stall detection, when the node asked for it
     host_rendezvous_store()  # rank 0, when node 0 did not host it (warm starts off)
+    wiring.install()  # replica groups: a torchft.Manager the user's code makes is wired to the run
     try:
         with open(payload_path, "rb") as fh:
             fn, args, kwargs = rank_files.load_function_payload(fh.read())

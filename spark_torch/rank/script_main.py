@@ -20,6 +20,7 @@ import traceback
 from types import TracebackType
 
 from spark_torch.base import envnames
+from spark_torch.ft import wiring
 from spark_torch.rank.deathsig import die_with_parent
 from spark_torch.rank.sampler import start_sampler
 from spark_torch.rank.shutdown import destroy_process_group, finish, line_buffered_output
@@ -47,6 +48,7 @@ def main(argv: list[str]) -> int:
     set_title(rank_title(os.environ.get(envnames.RANK, "0"), " ".join([name, *args]), group), name)
     start_sampler()  # stall detection, when the node asked for it
     host_rendezvous_store()  # rank 0, when node 0 did not host it (warm starts off)
+    wiring.install()  # replica groups: a torchft.Manager the user's code makes is wired to the run
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     code = 0
     try:

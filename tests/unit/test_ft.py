@@ -4,6 +4,7 @@ the DDP hook fix against torchft's own code, and spark_torch without torchft."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from spark_torch.ft.env import GroupEnv, NotInReplicaGroupError
 from spark_torch.ft.lighthouse import Lighthouse, LighthouseOptions
 from spark_torch.ft.rank import bind_address
 from tests.ft_programs import hello_from
+from tests.outsiders import as_nobody
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -149,31 +151,122 @@ def test_the_watch_names_the_groups_whose_manager_never_heartbeat() -> None:
     assert heartbeating("<li>\n    spark_torch_group_1:ab-12: seen 0.004s ago\n  </li>") == {"spark_torch_group_1"}
     with Lighthouse("127.0.0.1") as lighthouse:
         client = LighthouseClient(lighthouse.address, timedelta(seconds=5))
-        watch = ManagerWatch("127.0.0.1", lighthouse.server_port, 2).start()
+        watch = ManagerWatch(lighthouse.host, lighthouse.port, 2).start()
         client.heartbeat(f"{replica_id(1)}:{uuid.uuid4()}")
         assert watch.stop() == [0]
         client.heartbeat(f"my_own_id:{uuid.uuid4()}")
-        assert ManagerWatch("127.0.0.1", lighthouse.server_port, 2).stop() == []
-    assert ManagerWatch("127.0.0.1", lighthouse.server_port, 2).stop() == [0, 1]  # no lighthouse: nothing heard
+        assert ManagerWatch(lighthouse.host, lighthouse.port, 2).stop() == []
+    assert ManagerWatch(lighthouse.host, lighthouse.port, 2).stop() == [0, 1]  # no lighthouse: nothing heard
 
 
-def test_a_gated_lighthouse_listens_on_loopback_behind_the_gate_until_closed() -> None:
-    """Distributed mode: torchft's server on loopback only, the gate on the host the executors
-    reach (127.0.0.3 here), which lets the cluster's addresses in and closes any other's connection."""
+def _hello_from_loopback(url: str) -> str:
+    return hello_from("127.0.0.1", url)
+
+
+def test_the_lighthouse_is_hidden_behind_its_gate_until_closed() -> None:
+    """torchft's server in a child process of its own network namespace (no listener of this
+    machine's is its), reached only through its Unix socket in a 0700 folder; the gate on the
+    host the executors reach (127.0.0.3 here) lets this user's connections in and closes uid
+    65534's, from the same address, before a byte reaches the lighthouse."""
     pytest.importorskip("torchft")
     import psutil
 
+    before = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
     with Lighthouse("127.0.0.3", LighthouseOptions(heartbeat_timeout_ms=500), allowed=lambda: {"127.0.0.1"}) as lighthouse:
-        assert lighthouse.address == f"http://127.0.0.3:{lighthouse.port}" and lighthouse.port != lighthouse.server_port
+        hideout = lighthouse.hideout
+        assert hideout is not None and lighthouse.server_port is None
+        assert lighthouse.address == f"http://127.0.0.3:{lighthouse.port}"
         listening = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
-        assert {(ip, port) for ip, port in listening if port in (lighthouse.port, lighthouse.server_port)} == {
-            ("127.0.0.3", lighthouse.port), ("127.0.0.1", lighthouse.server_port)
-        }  # fmt: skip
+        assert listening - before == {("127.0.0.3", lighthouse.port)}  # the gate only: torchft's is in the namespace
+        assert os.stat(hideout.folder).st_mode & 0o777 == 0o700 and os.path.exists(hideout.path)
+        child = psutil.Process(hideout._process.pid)  # type: ignore[union-attr]
+        assert os.readlink(f"/proc/{child.pid}/ns/net") != os.readlink("/proc/self/ns/net")
         assert hello_from("127.0.0.1", lighthouse.address) == "answered"
-        assert hello_from("127.0.0.2", lighthouse.address) == "closed"
-    assert not _listening(lighthouse.server_port)
+        assert hello_from("127.0.0.2", lighthouse.address) == "answered"  # this user, another address of the machine
+        assert as_nobody(_hello_from_loopback, lighthouse.address) == "closed"
+    assert not child.is_running() and not os.path.exists(hideout.folder)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.3", lighthouse.port)) != 0
+
+
+def test_where_namespaces_are_refused_the_lighthouse_says_so_and_stays_behind_its_gate(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("torchft")
+    import logging
+
+    import spark_torch.ft.lighthouse as lighthouse_module
+    from spark_torch.ft.hideout import NoHideout
+
+    def refused(options: object) -> object:
+        raise NoHideout("the kernel refused a private network namespace ([Errno 1] unshare: Operation not permitted)")
+
+    monkeypatch.setattr(lighthouse_module.Hideout, "start", refused)
+    with caplog.at_level(logging.WARNING, logger="spark_torch.ft.lighthouse"):
+        with Lighthouse("127.0.0.1", LighthouseOptions(heartbeat_timeout_ms=500)) as lighthouse:
+            assert lighthouse.hideout is None and lighthouse.server_port is not None
+            assert lighthouse.port != lighthouse.server_port  # the ranks still go through the gate
+            assert hello_from("127.0.0.1", lighthouse.address) == "answered"
+            assert as_nobody(_hello_from_loopback, lighthouse.address) == "closed"
+    assert any(
+        "could not be hidden from other users of this machine (the kernel refused" in r.getMessage()
+        and "any local user can reach it" in r.getMessage() for r in caplog.records
+    )  # fmt: skip
+    assert not _listening(lighthouse.server_port) and not _listening(lighthouse.port)
+
+
+def test_the_kernels_socket_table_reads_as_addresses_and_back() -> None:
+    from spark_torch.ft.peers import parse_endpoint
+
+    assert parse_endpoint("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert parse_endpoint("0000000000000000FFFF00000100007F:0050") == ("127.0.0.1", 80)  # IPv4 mapped into IPv6
+    assert parse_endpoint("00000000000000000000000001000000:0016") == ("::1", 22)
+    from spark_torch.ft.peers import kernel_form
+
+    assert kernel_form("127.0.0.1", 8080) == ["0100007F:1F90", "0000000000000000FFFF00000100007F:1F90"]
+    assert kernel_form("::ffff:127.0.0.1", 80) == kernel_form("127.0.0.1", 80)
+    assert [parse_endpoint(form) for form in kernel_form("::1", 22)] == [("::1", 22)]
+
+
+class _Marker:
+    """Unpickled, it would create a file: what another user's heal source could send."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return open, (self.path, "w")
+
+
+def test_a_heal_unpickles_plain_data_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torchft's PGTransport describes for a model and its optimizer comes back whole; an
+    object that would run code is refused before it is built (the file is never made)."""
+    pytest.importorskip("torchft")
+    import pickle
+
+    import torch
+    import torchft.checkpointing.pg_transport as pg_transport
+    from torchft.checkpointing.pg_transport import _prepare_state_dict
+
+    from spark_torch.ft import safe_heal
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    state = {"user": {"model": model.state_dict(), "opt": opt.state_dict(), "n": torch.zeros((), dtype=torch.bfloat16)}}
+    meta, _ = _prepare_state_dict({**state, "torchft": {"step": 3, "batches_committed": 2}}, 3, torch.device("cpu"))
+    assert safe_heal.loads(pickle.dumps(meta)) == meta
+    marker = tmp_path / "ran"
+    meta.non_tensor_leaves.append(_Marker(str(marker)))
+    with pytest.raises(safe_heal.HealRefused) as info:
+        safe_heal.loads(pickle.dumps(meta))
+    assert str(info.value).startswith("spark_torch refused to unpickle io.open in the state a peer group sent to heal this rank")
+    assert "keep other objects out of the Manager's state_dict" in str(info.value) and not marker.exists()
+    monkeypatch.setattr(pg_transport, "pickle", pg_transport.pickle)  # both put back after the test
+    monkeypatch.setattr(pg_transport, "_spark_torch_safe_heal", False, raising=False)
+    safe_heal.install(pg_transport)
+    assert pg_transport.pickle.loads is safe_heal.loads and pg_transport.pickle.dumps is pickle.dumps
 
 
 class _Bucket:
@@ -250,6 +343,39 @@ def test_install_puts_the_fixed_hook_on_torchfts_ddp() -> None:
         assert hook.__annotations__["bucket"] is torch.distributed.GradBucket
     finally:
         ddp.DistributedDataParallel._comm_hook = original
+
+
+def test_a_manager_the_users_code_makes_is_wired_in_a_replica_group_rank_only() -> None:
+    """The rank's start-up hook (spark_torch.ft.wiring): nothing is imported before the user's code
+    imports torchft; then torchft's Manager.__init__ is wrapped (the DDP hook fix, the node's
+    address, PGTransport: tests/test_replica_groups.py runs it); outside a replica group nothing."""
+    pytest.importorskip("torchft")
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from spark_torch.ft import wiring
+        before = list(sys.meta_path)
+        assert wiring.install({}) is False and sys.meta_path == before
+        os.environ.update(REPLICA_GROUP_ID="1", MASTER_ADDR="127.0.0.1")
+        assert wiring.install() is True and wiring.install() is True
+        assert len(sys.meta_path) == len(before) + 1 and "torch" not in sys.modules
+        import torchft
+        assert getattr(torchft.Manager.__init__, "_spark_torch_wired", False)
+        assert torchft.Manager.__init__.__wrapped__.__qualname__ == "Manager.__init__"
+        print("wired")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["wired"], done.stderr[-2000:]
+
+
+def test_what_a_manager_of_a_rank_gets_unless_given() -> None:
+    from spark_torch.ft.wiring import filled
+
+    environ = {"MASTER_ADDR": "10.0.0.5", "REPLICA_GROUP_ID": "2"}
+    assert filled({}, environ) == {"hostname": "10.0.0.5", "replica_id": "spark_torch_group_2"}
+    assert filled({"hostname": "me", "replica_id": "train_ddp_2"}, environ) == {}
+    assert filled({}, {}) == {}
 
 
 def test_replica_group_error_pickles_with_its_group() -> None:

@@ -219,7 +219,7 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
     if allowed is None and not config.local_mode and spark is not None:
         logger.warning(
             "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
-            "(%s) is open to any address that reaches it (docs/security.md)", host,
+            "(%s) is open to any other machine that reaches it (docs/security.md)", host,
         )  # fmt: skip
     run_id = config.run_id or new_run_id()
     started = time.time()
@@ -250,8 +250,8 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
             threading.Thread(target=loop.run, args=(spark, entry), name=f"spark-torch-replica-group-{loop.group}", daemon=True)
             for loop in loops
         ]
-        # the lighthouse's own port, from this machine (behind a gate it listens on loopback)
-        watch = ManagerWatch(LOCAL_HOST if allowed is not None else host, lighthouse.server_port, config.replica_groups).start()
+        # through the gate, which admits this user's connections from this machine
+        watch = ManagerWatch(lighthouse.host, lighthouse.port, config.replica_groups).start()
         for thread in threads:
             thread.start()
         try:
