@@ -8,8 +8,8 @@ rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
 and imports without it (the ``[ft]`` extra installs it). The driver's side, one attempt loop per
 group, is :mod:`spark_torch.driver.api.replica_groups`. docs/fault-tolerance.md is the user's guide.
 
-May import: the channel, reporting and the shared top-level modules, never pyspark (``layers`` and
-``no-spark-below-node`` in pyproject.toml).
+May import: spark_torch.channel, spark_torch.reporting and the shared top-level modules; never
+pyspark (``layers`` and ``no-spark-below-node`` in pyproject.toml).
 """
 
 from __future__ import annotations
