@@ -43,6 +43,23 @@ _LENGTH = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
 
 
+def _serve(sock: socket.socket, secret: bytes) -> Any:
+    """The driver's side of the handshake, blocking (the server runs a ServerChallenge per peer)."""
+    from spark_torch.channel import wire
+
+    challenge = wire.ServerChallenge(secret)
+    sock.sendall(challenge.greeting)
+    answer = b""
+    while len(answer) < wire.ANSWER_BYTES:
+        chunk = sock.recv(wire.ANSWER_BYTES - len(answer))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection during the handshake")
+        answer += chunk
+    proof, keys = challenge.check(answer)
+    sock.sendall(proof)
+    return wire.Link(sock, keys, server=True, idle_timeout=None)
+
+
 class HmacLink:
     """The framing before AES-GCM: ``length | body | HMAC(key, direction + seq + body)``."""
 
@@ -98,7 +115,7 @@ def _links(kind: str) -> tuple[Any, Any, socket.socket, socket.socket]:
     if kind == "HMAC":
         return HmacLink(b, b"k" * 32, server=False), HmacLink(a, b"k" * 32, server=True), a, b
     box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.setdefault("s", wire.server_handshake(a, b"k" * 32, time.monotonic() + 5, None)))
+    t = threading.Thread(target=lambda: box.setdefault("s", _serve(a, b"k" * 32)))
     t.start()
     client = wire.client_handshake(b, b"k" * 32, time.monotonic() + 5, None)
     t.join()

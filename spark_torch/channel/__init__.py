@@ -5,5 +5,6 @@ reliable delivery (:mod:`~spark_torch.channel.transport`), rank output
 (:mod:`~spark_torch.channel.log_stream`), the rendezvous (:mod:`~spark_torch.channel.rendezvous`)
 and the two ends (:mod:`~spark_torch.channel.driver_end`, :mod:`~spark_torch.channel.node_end`).
 May import: the shared top-level modules only; what arrives is handed to objects that satisfy
-its protocols, so it never imports the driver, node or reporting classes it serves.
+its protocols, so it never imports the classes it serves (of spark_torch.driver, spark_torch.node,
+spark_torch.reporting).
 """

@@ -67,7 +67,6 @@ __all__ = [
     "FrameTooLarge",
     "encode",
     "client_handshake",
-    "server_handshake",
     "tune_socket",
 ]
 
@@ -172,16 +171,6 @@ class ServerChallenge:
         if not hmac.compare_digest(bytes(answer[NONCE_BYTES:]), _proof(self._secret, b"client", nonces)):
             raise AuthenticationError("the peer did not prove the run's secret")
         return _proof(self._secret, b"server", nonces), _derive_keys(self._secret, nonces)
-
-
-def server_handshake(sock: socket.socket, secret: bytes, deadline: float, idle_timeout: float | None) -> Link:
-    """Driver side, blocking: challenge the peer, check its proof, prove ourselves. Bounded by
-    ``deadline``."""
-    challenge = ServerChallenge(secret)
-    _send_before(sock, challenge.greeting, deadline)
-    proof, keys = challenge.check(bytes(_recv_exact(sock, ANSWER_BYTES, deadline)))
-    _send_before(sock, proof, deadline)
-    return Link(sock, keys, server=True, idle_timeout=idle_timeout)
 
 
 def client_handshake(sock: socket.socket, secret: bytes, deadline: float, idle_timeout: float | None) -> Link:

@@ -8,189 +8,34 @@ checkpoint, ``best_checkpoints`` the kept ones with their metrics, best first.
 
 from __future__ import annotations
 
-import enum
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spark_torch.base.states import ValueEnum
-from spark_torch.driver.group_runs import merge_past_groups, stored_group_ids
+from spark_torch.driver.attempts import (
+    AttemptEnd,
+    AttemptError,
+    AttemptReason,
+    AttemptRecord,
+    AttemptSize,
+    GrowRequest,
+    SizeReason,
+    attempt_record,
+)  # fmt: skip
+from spark_torch.driver.group_runs import group_rows, ranked_checkpoints, stored_group_ids
 from spark_torch.reporting.api import GROUP_KEY, RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
 from spark_torch.reporting.ranking import best, recorded_score
-from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line, read_calls
+from spark_torch.reporting.run_log import Outcome, read_calls
 from spark_torch.reporting.storage import RUN_LOG, RUN_MARKER, RunStorage, run_ids, split_run_path
 from spark_torch.reporting.storage_keys import remember
 from spark_torch.shared.staged_shards import Staging
 
 __all__ = [
     "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
-    "GrowRequest", "StoredRun", "read_stored",
+    "GrowRequest", "StoredRun", "read_stored", "merge_groups",
 ]
-
-
-class AttemptEnd(ValueEnum):
-    """How one attempt (one start of the whole gang) ended."""
-
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TIMED_OUT = "timed out"
-    STALLED = "stalled"
-    GROW_REQUESTED = "grow requested"
-    INTERRUPTED = "interrupted"
-    #: the ranks could not be started (LaunchError: executors gone, the barrier stage refused)
-    LAUNCH_FAILED = "launch failed"
-    #: a setting or the cluster made the attempt impossible (ConfigurationError)
-    MISCONFIGURED = "misconfigured"
-
-
-
-class AttemptReason(ValueEnum):
-    """Why an attempt started."""
-
-    START = "start"
-    RESTART_AFTER_FAILURE = "restart after a failure"
-    RESTART_AFTER_STALL = "restart after a stall"
-    GROW = "grow"
-
-
-
-class SizeReason(ValueEnum):
-    """Why an attempt has the nodes it has (:class:`AttemptSize`, distributed mode)."""
-
-    #: the run's first attempt: every node
-    ALL_NODES = "all nodes"
-    #: a restart: every node again
-    ALL_NODES_AGAIN = "all nodes again"
-    #: the cluster does not say how many slots it has (dynamic allocation): every node, Spark decides
-    SLOTS_UNKNOWN = "slots unknown: all nodes"
-    #: slots for fewer nodes than ``num_processes`` needs, at least ``min_processes``: as many as fit
-    FEWER_SLOTS = "fewer slots"
-
-
-
-@dataclass(frozen=True)
-class AttemptSize:
-    """The size of an attempt and why (distributed mode's elastic membership); ``str()`` says it
-    in words, e.g. ``"2 of 3 ranks: slots for 2 of 3 nodes"``.
-
-    Attributes:
-        reason: why this many nodes (:class:`SizeReason`).
-        nodes: the nodes (barrier tasks) of the attempt.
-        max_nodes: the nodes of the full size (``num_processes``).
-        procs_per_node: ranks per node.
-    """
-
-    reason: SizeReason
-    nodes: int
-    max_nodes: int
-    procs_per_node: int
-
-    @property
-    def ranks(self) -> int:
-        """The ranks of the attempt."""
-        return self.nodes * self.procs_per_node
-
-    @property
-    def max_ranks(self) -> int:
-        """The ranks of the full size (``num_processes``)."""
-        return self.max_nodes * self.procs_per_node
-
-    def __str__(self) -> str:
-        if self.reason is SizeReason.FEWER_SLOTS:
-            return f"{self.ranks} of {self.max_ranks} ranks: slots for {self.nodes} of {self.max_nodes} nodes"
-        return str(self.reason)
-
-
-@dataclass(frozen=True)
-class AttemptError:
-    """The error an attempt ended with, in short; ``str()`` is its first line (or its type's name).
-
-    Attributes:
-        type_name: the exception's class name (``"DistributedRunError"``, ``"RunStalledError"``...).
-        first_line: the first line of its message (at most 300 characters; ``""`` when it has none).
-    """
-
-    type_name: str
-    first_line: str = ""
-
-    @classmethod
-    def from_exception(cls, error: BaseException) -> AttemptError:
-        """The short form of ``error``."""
-        return cls(type(error).__name__, (str(error).splitlines() or [""])[0][:300])
-
-    def __str__(self) -> str:
-        return self.first_line or self.type_name
-
-
-@dataclass(frozen=True)
-class GrowRequest:
-    """Why an attempt ended to grow (``elastic_grow``): slots for more nodes stayed free while it ran.
-
-    Attributes:
-        running: the nodes the attempt ran on.
-        nodes: the nodes there were slots for (the next attempt's size, at most the full size).
-        waited: how long the slots had been free, in seconds (the ``elastic_wait`` setting).
-        step: the step whose checkpoint the attempt stopped after (the next one resumes from it).
-    """
-
-    running: int
-    nodes: int
-    waited: float
-    step: int
-
-    def __str__(self) -> str:
-        return (
-            f"slots for {self.nodes} nodes were free for {self.waited:g}s: growing from "
-            f"{self.running} to {self.nodes} nodes after the checkpoint of step {self.step}"
-        )
-
-
-@dataclass
-class AttemptRecord:
-    """One attempt of a ``run()`` call, in ``RunResult.attempts``; ``str()`` says it all in one line.
-
-    Attributes:
-        attempt: this attempt's index in the run's history: 0 for the run's first start, then
-            1, 2, ... (what ``report()`` rows call ``attempt``), counting on across ``run()``
-            calls that resume the same ``run_id``.
-        world_size: the ranks of this attempt.
-        nodes: the nodes (barrier tasks) of this attempt; 1 in local mode.
-        reason: why it started (:class:`AttemptReason`).
-        size: why it had this size (:class:`AttemptSize`, distributed mode's elastic
-            membership); None in local mode.
-        end: how it ended (:class:`AttemptEnd`); None only while it runs.
-        error: the error it ended with (:class:`AttemptError`: type name and first line), or None.
-        grow: why it ended to grow (:class:`GrowRequest`), or None.
-        replica_group: the replica group it was an attempt of (``replica_groups``), else None.
-    """
-
-    attempt: int
-    world_size: int
-    nodes: int
-    reason: AttemptReason
-    size: AttemptSize | None = None
-    end: AttemptEnd | None = None
-    error: AttemptError | None = None
-    grow: GrowRequest | None = None
-    replica_group: int | None = None
-
-    @property
-    def size_note(self) -> str:
-        """``size`` in words, e.g. ``"2 of 3 ranks: slots for 2 of 3 nodes"`` (``""`` without one)."""
-        return str(self.size) if self.size is not None else ""
-
-    @property
-    def detail(self) -> str | None:
-        """``error`` or ``grow`` in words (the error's first line, or why it grew), or None."""
-        why = self.error or self.grow
-        return str(why) if why is not None else None
-
-    def __str__(self) -> str:
-        end = str(self.end) if self.end is not None else None
-        line = attempt_line(self.attempt, self.world_size, self.nodes, str(self.reason), self.size_note, end, self.detail)
-        return line if self.replica_group is None else f"replica group {self.replica_group}: {line}"
 
 
 def _short(text: str, limit: int = 80) -> str:
@@ -220,7 +65,10 @@ class RunResult:
     """The outcome of a ``run()``/``run_on_dataframe()`` call (or of a past run: :meth:`RunResult.from_path`).
 
     Made once, when the call ends (from what it recorded as it ran: :class:`~spark_torch.driver.run_record.RunRecord`),
-    and not changed after. It holds no storage option, nor does anything in it (the pickling rule:
+    and not changed after. It is made in four places, one per reason: a call's end
+    (``RunRecord.finish``), a call that failed before it ran, only its id (``RunRecord.final``), a
+    past run (:meth:`from_path`), and a replica-group run, its groups' merged (:func:`merge_groups`,
+    for a call and a past run alike). It holds no storage option, nor does anything in it (the pickling rule:
     its checkpoints hold a :class:`~spark_torch.reporting.storage_keys.StorageKey`), so it pickles
     and copies without a credential; a pickle opened in another process needs the options again
     to download a checkpoint (``checkpoint.to_directory(storage_options=...)``).
@@ -375,35 +223,60 @@ class RunResult:
                     cls.from_path(base, g, storage_options=storage_options, checkpoint_score_attribute=score, checkpoint_score_order=order)
                     for g in groups
                 ]
-                return merge_past_groups(run_id, parts, score, order)
+                return merge_groups(run_id, dict(enumerate(parts)), score, order)
             if path_form:
                 raise FileNotFoundError(_not_a_run(text, storage_options))
             raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
         stored = read_stored(storage, (), *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
         calls = read_calls(storage.read_log(RUN_LOG))
-        if not calls:
-            return cls(run_id=run_id, **vars(stored))
-        last = calls[-1]  # the latest call: what it ran and how it ended; every call's attempts
-        return cls(
-            run_id=run_id, outcome=last.outcome, entry=last.entry, started=last.started, duration=last.duration,
-            past_error=last.error, attempts=[_attempt_record(row) for call in calls for row in call.attempts],
-            restarts=max(0, len(last.attempts) - 1), **vars(stored),
+        # the latest call: what it ran and how it ended, its restarts; every call's attempts
+        logged: dict[str, Any] = {} if not calls else dict(
+            outcome=calls[-1].outcome, entry=calls[-1].entry, started=calls[-1].started, duration=calls[-1].duration,
+            past_error=calls[-1].error, attempts=[attempt_record(row) for call in calls for row in call.attempts],
+            restarts=restarts_of(calls[-1].attempts),
         )  # fmt: skip
+        return cls(run_id=run_id, **logged, **vars(stored))
 
 
-def _attempt_record(row: AttemptEndRow) -> AttemptRecord:
-    """An attempt of a past run, from its row in the run's log."""
+def restarts_of(attempts: Sequence[object]) -> int:
+    """A call's restarts: its attempts after the first (the one rule: a call's end, a past
+    run's latest call, a replica group's call made of several runs)."""
+    return max(0, len(attempts) - 1)
 
-    def member(kind: type[enum.Enum], value: str) -> Any:
-        try:
-            return kind(value)
-        except ValueError:  # a newer writer's word: kept as text
-            return value
 
-    error = AttemptError(row.error_type, row.error or "") if row.error_type else None
-    return AttemptRecord(
-        attempt=row.attempt, world_size=row.world_size, nodes=row.nodes, reason=member(AttemptReason, row.reason),
-        end=member(AttemptEnd, row.end), error=error,
+def merge_groups(
+    run_id: str, parts: Mapping[int, RunResult], score: str | None, order: str = "max", *, shown: int | None = None,
+    value: Any = None, error: BaseException | None = None, outcome: Outcome | None = None,
+    started: float | None = None, ended: float | None = None,
+) -> RunResult:  # fmt: skip
+    """A replica-group run as one result, from each group's own (``parts``, by group): the one
+    merge of a call's ``last_run`` (the driver passes what only it knows: group 0's ``value``, the
+    ``error``, an ``outcome`` that overrides the shown group's (Ctrl-C), when the call
+    ``started`` and ``ended``) and of a past run's (:meth:`RunResult.from_path`). Every group's
+    rows, history and attempts, each naming its group; the newest checkpoint of any group; the
+    kept checkpoints ranked together (``score``/``order``); the restarts of every group, each
+    counted as its own call counts them (:func:`restarts_of`). The outcome, entry and error line
+    are group ``shown``'s (default: the first that did not succeed, else the first). It has no
+    single directory (``path`` None; each group's is in ``replica_groups``)."""
+    groups = sorted(parts)
+    if shown is None:
+        shown = next((g for g in groups if parts[g].outcome not in (None, Outcome.SUCCEEDED)), groups[0] if groups else None)
+    face = parts[shown] if shown is not None else RunResult(run_id=run_id)
+    newest = [c for c in (parts[g].checkpoint for g in groups) if c is not None]
+    starts = [s for s in (parts[g].started for g in groups) if s is not None]
+    ends = [p.started + p.duration for p in parts.values() if p.started is not None and p.duration is not None]
+    started = started if started is not None else min(starts, default=None)
+    ended = ended if ended is not None else max(ends, default=None)
+    return RunResult(
+        run_id=run_id, value=value, replica_groups=[parts[g] for g in groups], error=error,
+        rows=group_rows([(g, parts[g].rows) for g in groups]),
+        history=group_rows([(g, parts[g].history) for g in groups]),
+        best_checkpoints=ranked_checkpoints([parts[g].best_checkpoints for g in groups], score, order),
+        checkpoint=max(newest, key=lambda c: c.step) if newest else None,
+        attempts=[replace(record, replica_group=g) for g in groups for record in parts[g].attempts],
+        restarts=sum(parts[g].restarts for g in groups),
+        outcome=outcome if outcome is not None else face.outcome, entry=face.entry, past_error=face.past_error,
+        started=started, duration=ended - started if ended is not None and started is not None else None,
     )  # fmt: skip
 
 

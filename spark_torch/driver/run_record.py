@@ -4,7 +4,8 @@ Three parts of the driver add to a call's record as it goes: ``execute()`` (what
 when it started), the report tracker (each ``report()`` step persisted, rows dropped when an
 attempt resumes from an earlier checkpoint) and the run controller (each attempt). Nothing reads
 a half-made result: :meth:`RunRecord.finish` builds the call's :class:`RunResult` from the record,
-its outcome and its storage, once, and the result is not changed afterwards.
+its outcome and its storage, once, and the result is not changed afterwards
+(:meth:`RunRecord.final`: that result, or only the run's id for a call that failed before it ran).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_torch.driver.result import AttemptRecord, RunResult, StoredRun
+from spark_torch.driver.attempts import AttemptRecord
+from spark_torch.driver.result import RunResult, StoredRun, restarts_of
 from spark_torch.reporting.run_log import Outcome
 from spark_torch.shared.staged_shards import Staging
 
@@ -59,8 +61,13 @@ class RunRecord:
             rows = list(self.rows)
         started = self.started if self.started is not None else ended
         self.result = RunResult(
-            run_id=self.run_id, value=value, rows=rows, restarts=max(0, len(self.attempts) - 1), error=error,
+            run_id=self.run_id, value=value, rows=rows, restarts=restarts_of(self.attempts), error=error,
             attempts=list(self.attempts), outcome=outcome, entry=self.entry, started=self.started,
             duration=ended - started, staging=self.staging, **vars(stored),
         )  # fmt: skip
         return self.result
+
+    def final(self) -> RunResult:
+        """What ``last_run`` shows of this call: the result :meth:`finish` made, or, when the
+        call failed before it ran (a bad option, a function that does not pickle), only its id."""
+        return self.result if self.result is not None else RunResult(run_id=self.run_id)

@@ -13,9 +13,10 @@ makes itself, :mod:`spark_torch.ft.wiring`; its heals unpickle plain data only,
 and imports without it (the ``[ft]`` extra installs it). The driver's side, one attempt loop per
 group, is :mod:`spark_torch.driver.api.replica_groups`. docs/fault-tolerance.md is the user's guide.
 
-May import: the channel, reporting and the shared top-level modules, never pyspark; the rank layer
-above imports it (its start-up installs :mod:`spark_torch.ft.wiring`) (``layers`` and
-``no-spark-below-node`` in pyproject.toml).
+The rank layer above imports this package: its start-up installs :mod:`spark_torch.ft.wiring`.
+
+May import: spark_torch.channel, spark_torch.reporting and the shared top-level modules; never
+pyspark (``layers`` and ``no-spark-below-node`` in pyproject.toml).
 """
 
 from __future__ import annotations

@@ -4,5 +4,7 @@ Owns: the node runner (staging, rendezvous, the rank environment, starting and w
 node's ranks, cleanup), rank processes and their process trees, warm starts (the template),
 the hosted rendezvous store, the reaper, and rank 0's result delivery.
 May import: :mod:`spark_torch.channel`, :mod:`spark_torch.reporting` and the shared top-level
-modules; never :mod:`spark_torch.driver`. Ranks are started by module name, not imported.
+modules, and in the warm-start template's server only (so that every fork starts with them) the
+ranks' entry modules :mod:`spark_torch.rank.function_main` and :mod:`spark_torch.rank.script_main`;
+never :mod:`spark_torch.driver`. Every other module starts ranks by module name.
 """

@@ -19,18 +19,17 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from spark_torch.base.envnames import PARENT_PID, SCRUBBED, TORCHELASTIC_USE_AGENT_STORE
+from spark_torch.base.envnames import PARENT_PID, SCRUBBED
 from spark_torch.base.grace import STORE_HOST_GRACE_SECONDS
 from spark_torch.node.process_tree import create_time, terminate_trees
 from spark_torch.node.processes import with_package_on_path
 from spark_torch.node.template.client import WarmProcess, warm_spawn
 from spark_torch.shared.spec import RunSpec
 
-__all__ = ["StoreHost", "host_store", "start_store_host", "AGENT_STORE_ENV"]
+__all__ = ["StoreHost", "host_store", "start_store_host"]
 
 logger = logging.getLogger(__name__)
 
-AGENT_STORE_ENV = TORCHELASTIC_USE_AGENT_STORE
 STORE_MODULE = "spark_torch.node.store_host_main"
 #: a fork of the template is listening within milliseconds; this only bounds a broken one
 READY_SECONDS = 10.0

@@ -5,5 +5,5 @@ Owns: :func:`spark_torch.report` and :func:`spark_torch.get_checkpoint` (rank si
 (:mod:`~spark_torch.reporting.pipes`), the driver's step coordinator that persists each step
 once (:mod:`~spark_torch.reporting.coordinator`), and the run's storage of checkpoints and
 metrics (:mod:`~spark_torch.reporting.storage`, any fsspec URL).
-May import: the shared top-level modules only (no torch, no pyspark).
+May import: the shared top-level modules only; never torch or pyspark.
 """

@@ -193,15 +193,18 @@ def record(storage: RunStorage | None, row: Mapping[str, Any]) -> None:
         logger.warning("spark_torch: could not record the run's %s in %s: %s", row.get("event"), storage.url, exc)
 
 
-def prune_unreported(base: str, keep: int = KEEP_UNREPORTED_RUNS, spare: str | None = None) -> list[str]:
-    """Remove the runs under the local storage ``base`` that reported nothing (their directory
-    holds only the run's marker and logs) and whose last call ended, beyond the newest ``keep``
-    of them; ``spare`` (the run that just ended) is never removed. Returns the ids removed."""
+def prune_unreported(
+    base: str, options: Mapping[str, Any], keep: int = KEEP_UNREPORTED_RUNS, spare: str | None = None
+) -> list[str]:  # fmt: skip
+    """Remove the runs under the storage ``base`` (opened with ``options``, the run's own) that
+    reported nothing (their directory holds only the run's marker and logs) and whose last call
+    ended, beyond the newest ``keep`` of them; ``spare`` (the run that just ended) is never
+    removed. Returns the ids removed."""
     ended: list[tuple[float, str]] = []
-    for run_id in run_ids(base):
+    for run_id in run_ids(base, options):
         if run_id == spare:
             continue
-        storage = RunStorage(base, run_id, {})
+        storage = RunStorage(base, run_id, options)
         with contextlib.suppress(OSError):
             if not storage.holds_only_logs():  # reported or checkpointed: kept (one listing, no metrics read)
                 continue
@@ -210,6 +213,6 @@ def prune_unreported(base: str, keep: int = KEEP_UNREPORTED_RUNS, spare: str | N
                 ended.append((calls[-1].started, run_id))
     removed = []
     for _started, run_id in sorted(ended, reverse=True)[max(0, keep - (spare is not None)) :]:
-        if RunStorage(base, run_id, {}).remove_if_unused():
+        if RunStorage(base, run_id, options).remove_if_unused():
             removed.append(run_id)
     return removed

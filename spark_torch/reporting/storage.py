@@ -99,7 +99,7 @@ def split_run_path(path: str) -> tuple[str, str]:
     return base, run_id
 
 
-def run_ids(base: str, options: Mapping[str, Any] | None = None) -> list[str]:
+def run_ids(base: str, options: Mapping[str, Any] | None) -> list[str]:
     """The runs under the storage ``base`` (directories holding a run marker), by name; none
     when ``base`` does not exist."""
     base = local_base(base)

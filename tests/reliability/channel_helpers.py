@@ -112,3 +112,21 @@ def sealed_frame(link: wire.Link, message: dict[str, Any]) -> bytes:
         link.sock = real
         capture.close()
         sink.close()
+
+
+def serve_handshake(sock: socket.socket, secret: bytes, idle_timeout: float | None = 5.0, seconds: float = 5.0) -> wire.Link:
+    """The driver's side of the handshake on one socket, blocking: what channel/server.py does
+    for each peer without blocking (a :class:`wire.ServerChallenge`'s greeting, the peer's answer
+    checked, our proof), bounded by ``seconds``."""
+    challenge = wire.ServerChallenge(secret)
+    sock.settimeout(seconds)
+    sock.sendall(challenge.greeting)
+    answer = b""
+    while len(answer) < wire.ANSWER_BYTES:
+        chunk = sock.recv(wire.ANSWER_BYTES - len(answer))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection during the handshake")
+        answer += chunk
+    proof, keys = challenge.check(answer)
+    sock.sendall(proof)
+    return wire.Link(sock, keys, server=True, idle_timeout=idle_timeout)

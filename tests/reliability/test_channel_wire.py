@@ -19,7 +19,7 @@ from spark_torch.channel.transport import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHA
 from spark_torch.shared.spec import ChannelSpec
 
 from .channel_helpers import driver_channel as _driver
-from .channel_helpers import sealed_frame
+from .channel_helpers import sealed_frame, serve_handshake
 
 
 def _pair(secret: bytes = b"k" * 32) -> tuple[wire.Link, wire.Link, socket.socket, socket.socket]:
@@ -28,7 +28,7 @@ def _pair(secret: bytes = b"k" * 32) -> tuple[wire.Link, wire.Link, socket.socke
     box: dict[str, Any] = {}
 
     def serve() -> None:
-        box["server"] = wire.server_handshake(a, secret, time.monotonic() + 5, 5.0)
+        box["server"] = serve_handshake(a, secret)
 
     thread = threading.Thread(target=serve)
     thread.start()
@@ -98,7 +98,7 @@ def test_server_rejects_a_node_that_does_not_know_the_secret() -> None:
     a, b = socket.socketpair()
     threading.Thread(target=lambda: _swallow(wire.client_handshake, b, b"wrong" * 8), daemon=True).start()
     with pytest.raises(wire.AuthenticationError):
-        wire.server_handshake(a, b"right" * 8, time.monotonic() + 5, 5.0)
+        serve_handshake(a, b"right" * 8)
 
 
 def test_oversized_and_non_object_frames() -> None:

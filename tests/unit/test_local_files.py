@@ -66,7 +66,7 @@ def test_another_users_run_folder_is_refused(open_base: Path, victim: Path) -> N
         storage.visible("token")  # a node's check of the driver's marker says why too
     with pytest.raises(ConfigurationError, match="belongs to another user"):
         storage.history()
-    assert run_ids(str(open_base)) == []  # not listed (nor pruned)
+    assert run_ids(str(open_base), {}) == []  # not listed (nor pruned)
 
 
 def test_a_link_as_the_run_folder_is_refused(open_base: Path, tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ def test_a_team_folder_accepts_its_members_only(team_base: Path, victim: Path) -
     assert [row["step"] for row in storage.history()] == [1, 2]
     run = team_base / RUN
     assert stat.S_IMODE((run / RUN_MARKER).stat().st_mode) == 0o660 and (run / RUN_MARKER).stat().st_gid == NOBODY
-    assert run_ids(str(team_base)) == [RUN]
+    assert run_ids(str(team_base), {}) == [RUN]
     with pytest.raises(ConfigurationError, match="link.jsonl is a symbolic link"):
         storage.append_log("link.jsonl", {"x": 1})
     assert victim.read_text() == "mine\n"
@@ -188,7 +188,7 @@ def test_a_team_folder_refuses_other_users(team_base: Path) -> None:
     assert (team_base / RUN).stat().st_gid == NOBODY  # inherited: the group alone proves nothing
     with pytest.raises(ConfigurationError, match=f"uid {DAEMON}\\) who is not a member of the team folder's group"):
         _storage(team_base).create("token")
-    assert run_ids(str(team_base)) == []
+    assert run_ids(str(team_base), {}) == []
     other = "open-entry"
     as_user(NOBODY, NOBODY, lambda: (team_base / other).mkdir(0o2777))
     with pytest.raises(ConfigurationError, match="every user may write to it"):
@@ -201,5 +201,5 @@ def test_prune_skips_refused_folders(open_base: Path, victim: Path) -> None:
 
     _plant_run_folder(open_base, victim)
     as_user(NOBODY, NOBODY, lambda: (open_base / RUN / RUN_MARKER).touch(0o666))
-    assert prune_unreported(str(open_base), keep=0) == []
+    assert prune_unreported(str(open_base), {}, keep=0) == []
     assert (open_base / RUN).is_dir() and victim.read_text() == "mine\n"

@@ -1,5 +1,6 @@
 """The run's log (what each run() call ran and how it and its attempts ended), the retention of
-runs that reported nothing, a RunResult's short repr, and a call's outcome from its end."""
+runs that reported nothing, a RunResult's short repr, a call's outcome from its end, and a replica-group
+run's restarts counted one way."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_retention_keeps_the_newest_runs_that_reported_nothing(tmp_path: Path) -
         _run(tmp_path, f"quiet{index}", float(index))
     _run(tmp_path, "reported", 0.0, reported=True)  # reported: kept, whatever its age
     _run(tmp_path, "running", -1.0, ended=False)  # no end yet (or its driver died): kept
-    removed = prune_unreported(str(tmp_path), keep=3, spare="quiet0")  # quiet0: the run that just ended
+    removed = prune_unreported(str(tmp_path), {}, keep=3, spare="quiet0")  # quiet0: the run that just ended
     assert sorted(removed) == ["quiet1", "quiet2", "quiet3"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quiet0", "quiet4", "quiet5", "reported", "running"]
 
@@ -85,7 +86,7 @@ def test_retention_reads_no_metrics_and_keeps_checkpointed_runs(tmp_path: Path, 
     _run(tmp_path, "checkpointed", 0.0)
     (tmp_path / "checkpointed" / "checkpoint_000001").mkdir()
     monkeypatch.setattr(RunStorage, "history", lambda self: pytest.fail("prune read a run's metrics"))
-    assert sorted(prune_unreported(str(tmp_path), keep=1)) == ["quiet0", "quiet1"]
+    assert sorted(prune_unreported(str(tmp_path), {}, keep=1)) == ["quiet0", "quiet1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpointed", "quiet2", "reported"]
 
 
@@ -109,3 +110,25 @@ def test_the_docs_state_the_retention_bound() -> None:
 
     text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8").split())
     assert f"nothing (no metrics, no checkpoint) are bounded: the newest {KEEP_UNREPORTED_RUNS} are kept" in text
+
+
+def test_a_replica_group_runs_restarts_are_each_groups_own_calls() -> None:
+    """One merge rule for a call's last_run and a past run (merge_groups): the run's restarts are
+    its groups' restarts, each as the group's own call counts them (its attempts after the
+    first), never its attempts across earlier run() calls that resumed the run_id."""
+    from spark_torch.driver.result import merge_groups
+
+    def attempt(index: int) -> AttemptRecord:
+        return AttemptRecord(index, 1, 1, AttemptReason.START, end=AttemptEnd.SUCCEEDED)
+
+    # group 0: an earlier call's attempt, then this call's one; group 1: an earlier call's, then this call's two
+    parts = {
+        0: RunResult(run_id="r-g0", attempts=[attempt(0), attempt(1)], restarts=0, outcome=Outcome.SUCCEEDED),
+        1: RunResult(run_id="r-g1", attempts=[attempt(0), attempt(1), attempt(2)], restarts=1, outcome=Outcome.FAILED),
+    }
+    merged = merge_groups("r", parts, None)
+    assert merged.restarts == 1
+    assert [a.replica_group for a in merged.attempts] == [0, 0, 1, 1, 1]
+    assert merged.outcome is Outcome.FAILED and [p.run_id for p in merged.replica_groups] == ["r-g0", "r-g1"]
+    # what the call knows itself overrides the shown group's (Ctrl-C)
+    assert merge_groups("r", parts, None, outcome=Outcome.INTERRUPTED).outcome is Outcome.INTERRUPTED

@@ -238,6 +238,10 @@ class Distributor:
         result: RunResult | None = getattr(self._results, "last", None)
         return result
 
+    def _keep_last(self, result: RunResult) -> None:
+        """Publish ``result`` as this thread's :attr:`last_run`."""
+        self._results.last = result
+
     @property
     def num_processes(self) -> int:
         """Total number of ranks."""
@@ -346,10 +350,10 @@ def run_entrypoint(distributor: Distributor, entry: Entrypoint, data: DataInput 
     if config.replica_groups > 1:  # a layer above the run: one run per group (docs/fault-tolerance.md)
         from spark_torch.driver.api.replica_groups import run_groups
 
-        return run_groups(distributor, entry, data, distributor._session())
+        return run_groups(config, entry, data, distributor._session(), distributor._keep_last)
     spark = distributor._session()
     record = RunRecord(run_id=config.run_id or new_run_id())
     try:
         return execute(config, spark, entry, data, record)
     finally:  # the call's result, made once as it ended (or only its id: it failed before it ran)
-        distributor._results.last = record.result if record.result is not None else RunResult(run_id=record.run_id)
+        distributor._keep_last(record.final())

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
 from spark_torch.driver.api.manager_watch import ManagerWatch
 from spark_torch.driver.config import DistributorConfig
-from spark_torch.driver.group_runs import group_rows, group_run_id, ranked_checkpoints
-from spark_torch.driver.result import RunResult
+from spark_torch.driver.group_runs import group_run_id
+from spark_torch.driver.result import RunResult, merge_groups, restarts_of
 from spark_torch.driver.run.cancel import Cancellation, RunCancelled
 from spark_torch.driver.run.controller import execute, new_run_id
 from spark_torch.driver.run.endpoints import resolve_endpoint
@@ -46,7 +46,6 @@ from spark_torch.reporting.run_log import Outcome
 from spark_torch.settings import resolve as resolve_settings
 
 if TYPE_CHECKING:
-    from spark_torch.driver.api.distributor import Distributor
     from spark_torch.driver.spark.dataframe import DataInput
 
 __all__ = ["GroupLoop", "group_config", "group_run_id", "run_groups", "merged_result", "LOCAL_HOST"]
@@ -111,13 +110,15 @@ class GroupLoop:
 
     def group_result(self) -> RunResult:
         """The group's own run as ``last_run.replica_groups`` shows it (and ``spark-torch runs show``
-        its one call): its last ``execute``'s, with every attempt and restart of this group, from
-        the group's start (each restart is an ``execute`` of its own; needs a result)."""
+        its one call): its last ``execute``'s, with every row, attempt and restart of this group,
+        from the group's start (each restart is an ``execute`` of its own; needs a result)."""
         last = self.results[-1]
         started = next((each.started for each in self.results if each.started is not None), None)
         ended = last.started + last.duration if last.started is not None and last.duration is not None else None
+        attempts = [a for each in self.results for a in each.attempts]
         return replace(
-            last, restarts=self.restarts, attempts=[a for each in self.results for a in each.attempts], started=started,
+            last, rows=[row for each in self.results for row in each.rows], attempts=attempts,
+            restarts=restarts_of(attempts), started=started,
             duration=ended - started if ended is not None and started is not None else last.duration,
         )  # fmt: skip
 
@@ -159,7 +160,7 @@ class GroupLoop:
 
     def _keep(self, record: RunRecord) -> None:
         """This run of the group ended: its result (only its id when it failed before it ran)."""
-        self.results.append(record.result if record.result is not None else RunResult(run_id=record.run_id))
+        self.results.append(record.final())
 
     def _fatal(self, error: BaseException) -> BaseException:
         """The error this group fails the run with: a rank failure past the budget names the group."""
@@ -203,10 +204,12 @@ def _lighthouse_address(config: DistributorConfig, spark: Any) -> tuple[str, str
     return endpoint.bind_host, endpoint.advertise_host
 
 
-def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | None, spark: Any) -> Any:
-    """Run ``entry`` as ``replica_groups`` groups (see the module's docstring) with ``spark`` (the
-    session, or None: local mode needs none); group 0's value."""
-    config = distributor._config
+def run_groups(
+    config: DistributorConfig, entry: Entrypoint, data: DataInput | None, spark: Any, keep_last: Callable[[RunResult], None]
+) -> Any:  # fmt: skip
+    """Run ``entry`` as ``config.replica_groups`` groups (see the module's docstring) with
+    ``spark`` (the session, or None: local mode needs none); group 0's value. ``keep_last`` gets
+    the whole run's result (:func:`merged_result`) before this returns or raises."""
     if data is not None:
         raise ConfigurationError(
             "run_on_dataframe does not take replica_groups yet: shard the data per group yourself "
@@ -260,7 +263,7 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
         except KeyboardInterrupt as interrupt:
             fail_the_run(None)
             _interrupt(loops, threads)
-            distributor._results.last = merged_result(run_id, loops, config, None, started, interrupt)
+            keep_last(merged_result(run_id, loops, config, None, started, interrupt))
             raise
         finally:
             without_manager = watch.stop()  # while the lighthouse still runs
@@ -269,7 +272,7 @@ def run_groups(distributor: Distributor, entry: Entrypoint, data: DataInput | No
     if without_manager and not first:
         _warn_without_manager(without_manager, config.replica_groups)
     failed = loops[first[0]] if first and first[0] is not None else None
-    distributor._results.last = merged_result(run_id, loops, config, failed, started)
+    keep_last(merged_result(run_id, loops, config, failed, started))
     if first:
         assert failed is not None and failed.error is not None
         raise failed.error
@@ -292,23 +295,16 @@ def merged_result(
     run_id: str, loops: list[GroupLoop], config: DistributorConfig, failed: GroupLoop | None, started: float,
     interrupt: KeyboardInterrupt | None = None,
 ) -> RunResult:  # fmt: skip
-    """The run as users see it (``last_run``): every group's rows and history, each row naming its
-    group, every group's attempts (each naming its group), the newest checkpoint of any group, and
-    each group's own run in ``replica_groups`` (with all its attempts and restarts). ``run_id`` is
-    the run's (pass it again to resume). ``interrupt``: Ctrl-C stopped the run (its error and outcome)."""
-    lasts = [loop.group_result() for loop in loops if loop.results]
-    newest = [last.checkpoint for last in lasts if last.checkpoint is not None]
-    shown = failed.results[-1] if failed is not None and failed.results else (lasts[0] if lasts else None)
-    return RunResult(
-        run_id=run_id, value=loops[0].value, replica_groups=lasts, started=started,
-        rows=group_rows([(loop.group, row) for loop in loops for row in (r.rows for r in loop.results)]),
-        history=group_rows([(loop.group, loop.results[-1].history) for loop in loops if loop.results]),
-        best_checkpoints=ranked_checkpoints(lasts, config.checkpoint_score_attribute, config.checkpoint_score_order),
-        checkpoint=max(newest, key=lambda c: c.step) if newest else None,
-        restarts=sum(loop.restarts for loop in loops),
-        attempts=[replace(r, replica_group=loop.group) for loop in loops for each in loop.results for r in each.attempts],
-        error=failed.error if failed is not None else interrupt,
-        outcome=Outcome.INTERRUPTED if interrupt is not None and failed is None else (shown.outcome if shown is not None else None),
-        entry=shown.entry if shown is not None else None,
-        duration=time.time() - started,
+    """The run as users see it (``last_run``): each group's own run (:meth:`GroupLoop.group_result`)
+    merged by :func:`~spark_torch.driver.result.merge_groups`, the rule a past run is merged by
+    too, with what only this call knows: group 0's value, the error (the failed group's, or
+    Ctrl-C's ``interrupt``, whose outcome is interrupted), the failed group's outcome, and when
+    the call started and ended. ``run_id`` is the run's (pass it again to resume)."""
+    parts = {loop.group: loop.group_result() for loop in loops if loop.results}
+    return merge_groups(
+        run_id, parts, config.checkpoint_score_attribute, config.checkpoint_score_order,
+        shown=failed.group if failed is not None and failed.results else min(parts, default=None),
+        value=loops[0].value, error=failed.error if failed is not None else interrupt,
+        outcome=Outcome.INTERRUPTED if interrupt is not None and failed is None else None,
+        started=started, ended=time.time(),
     )  # fmt: skip

@@ -191,7 +191,7 @@ def execute(
 def _prune(storage: RunStorage) -> None:
     """Retention of the default storage (:data:`~spark_torch.reporting.run_log.KEEP_UNREPORTED_RUNS`)."""
     try:
-        prune_unreported(storage.base, spare=storage.run_id)
+        prune_unreported(storage.base, storage.options, spare=storage.run_id)
     except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more than old runs
         logger.warning("spark_torch: could not remove old runs that reported nothing from %s: %s", storage.base, exc)
 

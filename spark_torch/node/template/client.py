@@ -56,7 +56,6 @@ from spark_torch.shared.owned_files import private_folder
 __all__ = [
     "WarmProcess",
     "warm_spawn",
-    "shutdown_templates",
     "template_socket",
     "TEMPLATE_MODULE",
 ]
@@ -258,9 +257,6 @@ def _start_template(python: str, env: dict[str, str], path: str, owner: int, idl
 
 def _reap(process: subprocess.Popen[bytes]) -> None:
     process.wait()
-    with _lock:
-        if process in _started:
-            _started.remove(process)
 
 
 def _spawn(
@@ -286,9 +282,6 @@ def _spawn(
     return WarmProcess(conn, pid, argv)
 
 
-#: templates this process started (it is their parent and reaps them)
-_started: list[subprocess.Popen[bytes]] = []
-_lock = threading.Lock()
 #: templates this process does not try (socket path -> until when, monotonic): one that failed
 #: to start, for good; one that did not take a connection or answer in time, for a while
 _avoid: dict[str, float] = {}
@@ -323,12 +316,10 @@ def _template_connection(python: str, env: Mapping[str, str], idle: float | None
         conn = _connect(path)  # another process may have started it meanwhile
         if conn is None:
             try:
-                process = _start_template(python, _template_env(env), path, owner.pid, idle)
+                _start_template(python, _template_env(env), path, owner.pid, idle)  # reaped by its own thread
             except BaseException:
                 _avoid[path] = float("inf")
                 raise
-            with _lock:
-                _started.append(process)
             conn = _connect(path)
     if conn is None:
         raise RuntimeError(f"the warm-start template started but does not listen at {path}")
@@ -365,17 +356,3 @@ def warm_spawn(
     except (OSError, ValueError, KeyError) as exc:
         logger.warning("spark_torch: the warm-start template failed (%s); starting this rank cold", exc)
     return None
-
-
-def shutdown_templates() -> None:
-    """Stop the templates this process started (tests; templates also end with their owner or
-    when idle)."""
-    with _lock:
-        started = list(_started)
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        try:
-            process.wait(5.0)
-        except subprocess.TimeoutExpired:
-            pass
