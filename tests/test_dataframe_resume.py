@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from spark_torch import DistributedRunError, Distributor
+from spark_torch.reporting.storage import MANIFEST
 
 ROWS, BATCH, EPOCHS = 2000, 50, 2  # 2 ranks: 20 batches per epoch each
 
@@ -131,7 +132,9 @@ def test_a_rank_killed_mid_epoch_resumes_after_the_checkpoints_batch(
         num_processes=2, local_mode=local_mode, spark=spark_session, storage_path=tmp_path / "runs", max_restarts=1, timeout=240
     )
     d.run_on_dataframe(train_and_record, rows_df(spark_session), str(tmp_path), "run", BATCH, shuffle, num_workers, 13)
-    assert d.last_run is not None and d.last_run.restarts == 1
+    assert d.last_run is not None and d.last_run.restarts == 1 and d.last_run.checkpoint is not None
+    kept = json.loads((Path(d.last_run.checkpoint) / MANIFEST).read_text())["loaders"]  # rank 1 passed no files
+    assert sorted(kept) == ["0", "1"] and [(p["epoch"], p["batch"], p["batch_size"]) for p in kept["1"]] == [(1, 0, 7), (2, 0, BATCH)]
     firsts = check_exactly_once(tmp_path, ["run"], 2, ROWS)
     assert [f["start"] for f in firsts] == [[0, 0], [0, 10]] * 2 and not any(f["warnings"] for f in firsts)
 

@@ -10,7 +10,7 @@ epoch's first rows twice.
   loaders (:mod:`spark_torch.reporting.loader_positions`); the driver keeps them with the
   step's checkpoint.
 - A loader made in a rank that resumes from a checkpoint takes the position the rank's loader
-  of the same creation order had. When the world size, the rank, the DataFrame's rows (their
+  of the same creation order had. When the world size, the DataFrame's rows (their
   count or their split over nodes) or the batching (batch size, shuffle, seed, drop_last)
   differ from the checkpoint's, the position does not apply: the loader warns and starts that
   epoch again from its first batch, on every rank alike (every rank sees the same world and
@@ -30,8 +30,9 @@ from spark_torch.reporting import loader_positions
 
 __all__ = ["LoaderPosition", "Tracker", "fingerprint", "register", "positions", "forget"]
 
-#: what must be the same for a saved position to apply, in the order a warning names them
-KEYS = ("world_size", "rank", "rows", "layout", "batches", "batch_size", "shuffle", "seed", "drop_last")
+#: what must be the same for a saved position to apply, in the order a warning names them (not the
+#: rank: in the same world a rank whose own position was not kept takes a peer's, which DDP kept in step)
+KEYS = ("world_size", "rows", "layout", "batches", "batch_size", "shuffle", "seed", "drop_last")
 
 
 def fingerprint(*, world_size: int, rank: int, rows: list[int], local_world_size: int, batches: int, **batching: Any) -> dict[str, Any]:

@@ -67,8 +67,8 @@ def checked(value: Any) -> dict[str, list[Any]]:
 def saved(rank: int | None = None) -> list[dict[str, Any]] | None:
     """The positions rank ``rank`` (default: ``RANK``) reported with the checkpoint this rank
     resumes from (``SPARK_TORCH_CHECKPOINT``), in the order it made its loaders; a rank the
-    checkpoint holds none for (the world grew) gets the lowest rank's (each position names its
-    rank: the loader sees it is not its own); None on a fresh start or when none were kept."""
+    checkpoint holds none for (the world grew) gets the lowest rank's (its epoch: every rank
+    then starts the same epoch); None on a fresh start or when none were kept."""
     from spark_torch.reporting.storage import MANIFEST
 
     directory = os.environ.get(envnames.CHECKPOINT)

@@ -60,20 +60,21 @@ def resume_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, saved: dict[str
 def test_a_resumed_loader_goes_on_after_the_reported_batch(
     staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_workers: int
 ) -> None:
-    """Batches 0-5 of epoch 1 were handed out when report() ran: the resumed loader hands out
-    batches 6-9 of epoch 1 (the same shuffle order), then epoch 2 whole, in order with workers."""
+    """Batches 0-6 of epoch 1 were handed out when report() ran: the resumed loader hands out
+    batches 7-9 of epoch 1 (the same shuffle order), then epoch 2 whole, in order with workers
+    (from an odd batch: the DataLoader asks worker 0 first)."""
     loader = rank_loader(BATCH, shuffle=True, seed=5, num_workers=num_workers)
     list(loader)  # epoch 0
     it = iter(loader)
-    first = [next(it) for _ in range(6)]
-    assert ids(first) == epoch_order(staged, 1)[:24]
+    first = [next(it) for _ in range(7)]
+    assert ids(first) == epoch_order(staged, 1)[:28]
     sent = loader_positions.current()  # what report() sends now
-    assert [(p["epoch"], p["batch"]) for p in sent] == [(1, 6)] and loader.epoch == 1
+    assert [(p["epoch"], p["batch"]) for p in sent] == [(1, 7)] and loader.epoch == 1
     del it
     resume_from(tmp_path, monkeypatch, {"0": sent})
     again = rank_loader(BATCH, shuffle=True, seed=5, num_workers=num_workers)
     assert again.epoch == 1
-    assert ids(again) == epoch_order(staged, 1)[24:]
+    assert ids(again) == epoch_order(staged, 1)[28:]
     assert again.epoch == 2 and ids(again) == epoch_order(staged, 2)
 
 
@@ -137,7 +138,7 @@ def test_another_world_or_other_rows_restart_the_epoch_with_a_warning(
     for _ in range(5):
         next(it)
     (sent,) = loader_positions.current()
-    changes = [({"world_size": 2}, "world_size 2 -> 1"), ({"rows": 41}, "rows 41 -> 40"), ({"rank": 1}, "rank 1 -> 0")]
+    changes = [({"world_size": 2}, "world_size 2 -> 1"), ({"rows": 41}, "rows 41 -> 40"), ({"batch_size": 5}, "batch_size 5 -> 4")]
     for number, (change, named) in enumerate(changes):
         (tmp_path / str(number)).mkdir()
         resume_from(tmp_path / str(number), monkeypatch, {"0": [{**sent, "epoch": 3, **change}]})
@@ -147,18 +148,27 @@ def test_another_world_or_other_rows_restart_the_epoch_with_a_warning(
         assert loader.epoch == 3 and ids(loader) == list(range(ROWS))
 
 
-def test_a_rank_the_checkpoint_holds_none_for_takes_the_lowest_ranks_epoch(
+def test_a_rank_the_checkpoint_holds_none_for_takes_the_lowest_ranks_position(
     staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The world grew: rank 0 finds only ranks 1 and 2's positions; it starts their epoch again
-    (every rank in the same epoch: the same number of batches)."""
+    """Rank 0 finds only ranks 1 and 2's positions: in the same world it goes on at theirs (DDP
+    kept the ranks in step); in a world that grew, every rank starts their epoch again."""
     it = iter(rank_loader(BATCH))
     next(it)
     (sent,) = loader_positions.current()
-    resume_from(tmp_path, monkeypatch, {"1": [{**sent, "epoch": 4, "rank": 1}], "2": [{**sent, "epoch": 4, "rank": 2}]})
-    with pytest.warns(UserWarning, match=r"rank 1 -> 0"):
+    saved = {"1": [{**sent, "epoch": 4, "batch": 6, "rank": 1}], "2": [{**sent, "epoch": 4, "batch": 6, "rank": 2}]}
+    resume_from(tmp_path, monkeypatch, saved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         loader = rank_loader(BATCH)
-    assert loader.epoch == 4
+    assert (loader.epoch, loader.state_dict()["batch"]) == (4, 6)
+    grown = tmp_path / "grown"
+    grown.mkdir()
+    resume_from(grown, monkeypatch, {k: [{**v[0], "world_size": 3}] for k, v in saved.items()})
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.warns(UserWarning, match=r"\(world_size 3 -> 4\): epoch 4 starts again from its first batch"):
+        loader = rank_loader(BATCH)
+    assert (loader.epoch, loader.state_dict()["batch"]) == (4, 0)
 
 
 def test_state_dict_by_hand_and_a_bad_state(staged: str) -> None:
