@@ -18,6 +18,9 @@ over nodes unevenly (by up to the number of input partitions), so from every nod
 - ``drop_last=True``: the smallest share; a rank with more rows leaves its last ones out (its
   last ones in file order, before any shuffle), and the last incomplete batch is dropped too.
 
+A run resumed from a ``report()`` checkpoint goes on after the batch the checkpoint was
+reported at, every row once per epoch (:mod:`spark_torch.rank.positions`).
+
 Column types (:mod:`spark_torch.rank.columns`): integer/float/bool scalars -> 1-D tensors;
 arrays of numbers -> 2-D tensors (fixed length) or lists of 1-D tensors (ragged); Spark ML
 vectors (dense or sparse) -> 2-D tensors; strings -> lists of str; binary -> lists of bytes.
@@ -238,8 +241,10 @@ def _make_iterable_dataset(dataset: RankDataset, tracker: Tracker | None) -> Any
         def __iter__(self) -> Iterator[Any]:
             if self.tracker is None:
                 return iter(self.inner)
-            if get_worker_info() is not None:
-                _untracked_once()
+            info = get_worker_info()
+            if info is not None:
+                if info.id == 0:  # a worker is a new process each iteration: it cannot know it warned before
+                    warnings.warn(_UNTRACKED, UserWarning, stacklevel=2)
                 return iter(self.inner)
             self.inner.skip = self.tracker.open(self.inner.epoch, self.inner.epochs)
             try:
@@ -270,20 +275,10 @@ def _tracker(dataset: Any) -> Tracker:
     return dataset.tracker  # type: ignore[no-any-return]
 
 
-_warned_untracked = False
-
-
-def _untracked_once() -> None:
-    global _warned_untracked
-    if not _warned_untracked:
-        _warned_untracked = True
-        warnings.warn(
-            "spark_torch: a rank_dataset() iterated in your own DataLoader's worker processes cannot record its "
-            "position for a resumed run (a run resumed from a checkpoint starts its epoch again); use "
-            "rank_loader(num_workers=...) instead",
-            UserWarning,
-            stacklevel=2,
-        )
+_UNTRACKED = (
+    "spark_torch: a rank_dataset() iterated in your own DataLoader's worker processes cannot record its position for "
+    "a resumed run (a run resumed from a checkpoint starts its epoch again); use rank_loader(num_workers=...) instead"
+)
 
 
 def _data_file() -> str:
@@ -319,6 +314,8 @@ def rank_dataset(
 
     Batches are dicts of column name -> tensor (or list), or tuples in ``columns`` order when
     columns were given here or to ``run_on_dataframe``. ``dtype``: see :func:`rank_loader`.
+    Iterated in the rank's process, a resumed run's dataset goes on as :func:`rank_loader` does
+    (its epoch: the checkpoint's); in your own DataLoader's worker processes it cannot.
     """
     return _rank_dataset(batch_size, columns, shuffle, seed, drop_last, epochs, dtype, tracked=True)
 
@@ -350,10 +347,16 @@ def rank_loader(
     epochs: int = 1,
     dtype: Any = None,
 ) -> Any:
-    """A ``DataLoader`` over this rank's rows; each ``iter()`` is the next epoch.
+    """A ``DataLoader`` over this rank's rows; each ``iter()`` is the next epoch (``loader.epoch``:
+    the epoch of its next batch).
 
     ``shuffle`` reorders rows per epoch from ``seed`` (reproducible); ``num_workers`` > 0
-    splits the batches of an epoch among worker processes (disjoint).
+    splits the batches of an epoch among worker processes (disjoint, handed out in order).
+
+    In a run resumed from a ``report(checkpoint=...)`` checkpoint the loader goes on after the
+    batch that checkpoint was reported at, in the same epoch and shuffle order
+    (:mod:`spark_torch.rank.positions`); ``state_dict()`` and ``load_state_dict()`` do the same
+    for checkpoints made by hand.
 
     ``dtype``: by default floating-point arrays and Spark ML vectors arrive as ``float32``
     (what ``torch.nn`` modules hold) and other columns as their Spark type (double ->

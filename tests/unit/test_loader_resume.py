@@ -5,6 +5,9 @@ state_dict()/load_state_dict() by hand, in order with DataLoader workers."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +132,37 @@ def test_rank_dataset_resumes_in_its_epoch(staged: str, tmp_path: Path, monkeypa
     again = rank_dataset(BATCH)
     assert again.inner.epoch == 2 and ids(again) == list(range(16, ROWS))
     assert ids(again) == list(range(ROWS))  # iterated again, the same epoch (set_epoch not called): whole
+    again.load_state_dict(state)  # by hand
+    assert again.inner.epoch == 2 and ids(again) == list(range(16, ROWS))
+
+
+def test_rank_dataset_in_your_own_dataloader_with_workers_warns(staged: str) -> None:
+    """In a fresh interpreter (pytest records the warnings of the workers it forks)."""
+    program = (
+        "from torch.utils.data import DataLoader\n"
+        "from spark_torch.data import rank_dataset\n"
+        "for _ in range(2):\n"
+        "    print(sum(len(b['id']) for b in DataLoader(rank_dataset(4), batch_size=None, num_workers=2)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert done.returncode == 0 and done.stdout.split() == [str(ROWS)] * 2, done.stderr
+    assert done.stderr.count("cannot record its position for a resumed run") == 2, done.stderr  # in the first worker of each iteration
+
+
+def test_rows_with_other_values_but_the_same_counts_are_not_noticed(
+    staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is by row counts (reading the values would cost a pass over the data)."""
+    it = iter(rank_loader(BATCH))
+    next(it)
+    sent = loader_positions.current()
+    other = tmp_path / "other"
+    path, _ = write_node_data(pa.table({"id": pa.array(range(100, 100 + ROWS), pa.int64())}).to_batches(), str(other))
+    monkeypatch.setenv("SPARK_TORCH_DATA_FILE", path)
+    resume_from(tmp_path, monkeypatch, {"0": sent})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ids(rank_loader(BATCH)) == list(range(104, 100 + ROWS))
 
 
 def test_another_world_or_other_rows_restart_the_epoch_with_a_warning(
@@ -138,7 +172,10 @@ def test_another_world_or_other_rows_restart_the_epoch_with_a_warning(
     for _ in range(5):
         next(it)
     (sent,) = loader_positions.current()
-    changes = [({"world_size": 2}, "world_size 2 -> 1"), ({"rows": 41}, "rows 41 -> 40"), ({"batch_size": 5}, "batch_size 5 -> 4")]
+    changes = [
+        ({"world_size": 2}, "world_size 2 -> 1"), ({"rows": 41}, "rows 41 -> 40"), ({"batch_size": 5}, "batch_size 5 -> 4"),
+        ({"shuffle": True}, "shuffle True -> False"),
+    ]  # fmt: skip
     for number, (change, named) in enumerate(changes):
         (tmp_path / str(number)).mkdir()
         resume_from(tmp_path / str(number), monkeypatch, {"0": [{**sent, "epoch": 3, **change}]})
