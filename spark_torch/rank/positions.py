@@ -23,6 +23,7 @@ import hashlib
 import json
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,7 +105,8 @@ class LoaderPosition:
 
 
 _lock = threading.Lock()
-_made: list[LoaderPosition] = []
+#: weak: a loader that is gone (one made per epoch) keeps its number, as None, and nothing else
+_made: list[weakref.ref[LoaderPosition]] = []
 
 
 def register(position: LoaderPosition) -> LoaderPosition:
@@ -112,19 +114,20 @@ def register(position: LoaderPosition) -> LoaderPosition:
     loader of that number was."""
     with _lock:
         index = len(_made)
-        _made.append(position)
+        _made.append(weakref.ref(position))
         if len(_made) == 1:
             loader_positions.track(positions)
     saved = loader_positions.saved()
-    if saved is not None and index < len(saved):
+    if saved is not None and index < len(saved) and saved[index] is not None:
         position.load_state_dict(saved[index], origin="the checkpoint this run resumes from")
     return position
 
 
-def positions() -> list[dict[str, Any]]:
-    """Every loader's position in this rank, in creation order (what report() sends)."""
+def positions() -> list[dict[str, Any] | None]:
+    """Every loader's position in this rank, in creation order, None for one that is gone (what report() sends)."""
     with _lock:
-        return [p.state_dict() for p in _made]
+        alive = [ref() for ref in _made]
+    return [p.state_dict() if p is not None else None for p in alive]
 
 
 def forget() -> None:

@@ -13,37 +13,50 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from spark_torch.base import envnames
 
-__all__ = ["KEY", "track", "current", "by_rank", "checked", "saved", "MAX_BYTES"]
+__all__ = ["KEY", "Positions", "track", "current", "by_rank", "checked", "saved", "MAX_BYTES"]
 
 #: the key of the positions in a rank's report, a node's report and a checkpoint's manifest
 KEY = "loaders"
 #: bound on one rank's positions in a report (a position is about 200 bytes)
 MAX_BYTES = 64 * 1024
 
-_source: Callable[[], list[dict[str, Any]]] | None = None
+#: a rank's positions: each loader's, in the order it made them (None: a loader that is gone)
+Positions = list[dict[str, Any] | None]
+
+_source: Callable[[], Positions] | None = None
+_warned = False
 
 
-def track(source: Callable[[], list[dict[str, Any]]] | None) -> None:
+def track(source: Callable[[], Positions] | None) -> None:
     """From now on :func:`current` (what report() sends) is ``source()``: the rank's loaders' positions."""
     global _source
     _source = source
 
 
-def current() -> list[dict[str, Any]]:
-    """This rank's loaders' positions now (none made: an empty list)."""
+def current() -> Positions:
+    """This rank's loaders' positions now (none made: an empty list; over :data:`MAX_BYTES`: none,
+    with a warning, once)."""
+    global _warned
     if _source is None:
         return []
     positions = _source()
     if len(json.dumps(positions)) > MAX_BYTES:
-        raise ValueError(
-            f"report(): this rank's {len(positions)} data loaders' positions take more than {MAX_BYTES} bytes; "
-            "make fewer rank_loader()s (one per data set), not one per epoch or per step"
-        )
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                f"spark_torch: this rank's {len(positions)} data loaders' positions take more than {MAX_BYTES} bytes: "
+                "report() keeps none (a resumed run starts its epochs again). Make one rank_loader() per data set "
+                "and iterate it every epoch, not one per epoch",
+                UserWarning,
+                stacklevel=3,
+            )
+        return []
     return positions
 
 
@@ -57,14 +70,14 @@ def checked(value: Any) -> dict[str, list[Any]]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(
-        isinstance(k, str) and k.isdigit() and isinstance(v, list) and all(isinstance(p, dict) for p in v)
+        isinstance(k, str) and k.isdigit() and isinstance(v, list) and all(p is None or isinstance(p, dict) for p in v)
         for k, v in value.items()
     ):
         raise ValueError(f"{KEY} must be an object of rank -> list of positions")
     return value
 
 
-def saved(rank: int | None = None) -> list[dict[str, Any]] | None:
+def saved(rank: int | None = None) -> Positions | None:
     """The positions rank ``rank`` (default: ``RANK``) reported with the checkpoint this rank
     resumes from (``SPARK_TORCH_CHECKPOINT``), in the order it made its loaders; a rank the
     checkpoint holds none for (the world grew) gets the lowest rank's (its epoch: every rank
@@ -87,4 +100,4 @@ def saved(rank: int | None = None) -> list[dict[str, Any]] | None:
     if not ranks:
         return None
     positions = kept.get(str(rank), kept[str(ranks[0])])
-    return [p for p in positions if isinstance(p, dict)] if isinstance(positions, list) else None
+    return [p if isinstance(p, dict) else None for p in positions] if isinstance(positions, list) else None

@@ -248,3 +248,25 @@ def test_report_sends_positions_and_the_manifest_keeps_every_ranks(tmp_path: Pat
     assert manifest["loaders"] == forwarded[0]["loaders"]
     with pytest.raises(ValueError, match="loaders must be an object of rank -> list of positions"):
         loader_positions.checked({"0": "x"})
+
+
+def test_a_loader_that_is_gone_keeps_its_number_and_too_many_are_not_kept(
+    staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader made per epoch and dropped is None in what report() sends (the next one keeps its
+    own number); positions over MAX_BYTES are not sent, with a warning (report() goes on)."""
+    import gc
+
+    first = rank_loader(BATCH)
+    del first
+    gc.collect()
+    kept = rank_loader(BATCH)
+    it = iter(kept)
+    next(it)
+    sent = loader_positions.current()
+    assert sent[0] is None and (sent[1]["epoch"], sent[1]["batch"]) == (0, 1)  # type: ignore[index]
+    resume_from(tmp_path, monkeypatch, {"0": sent})
+    assert ids(rank_loader(BATCH)) == list(range(ROWS)) and ids(rank_loader(BATCH)) == list(range(BATCH, ROWS))
+    monkeypatch.setattr(loader_positions, "MAX_BYTES", 100)
+    with pytest.warns(UserWarning, match="data loaders' positions take more than 100 bytes: report\\(\\) keeps none"):
+        assert loader_positions.current() == []
