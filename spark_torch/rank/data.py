@@ -18,6 +18,9 @@ over nodes unevenly (by up to the number of input partitions), so from every nod
 - ``drop_last=True``: the smallest share; a rank with more rows leaves its last ones out (its
   last ones in file order, before any shuffle), and the last incomplete batch is dropped too.
 
+A run resumed from a ``report()`` checkpoint goes on after the batch the checkpoint was
+reported at, every row once per epoch (:mod:`spark_torch.rank.positions`).
+
 Column types (:mod:`spark_torch.rank.columns`): integer/float/bool scalars -> 1-D tensors;
 arrays of numbers -> 2-D tensors (fixed length) or lists of 1-D tensors (ragged); Spark ML
 vectors (dense or sparse) -> 2-D tensors; strings -> lists of str; binary -> lists of bytes.
@@ -37,11 +40,13 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from spark_torch.base import envnames
 from spark_torch.rank.columns import column_dtypes, column_kind, float_columns, to_tensor
+from spark_torch.rank.positions import LoaderPosition, Tracker, fingerprint, register
 from spark_torch.shared.column_files import StagedColumns
 
 __all__ = [
@@ -79,6 +84,7 @@ class _Sharding:
     def __init__(
         self, node_rows: int, local_rank: int, local_world_size: int, rows_per_node: Sequence[int] | None, drop_last: bool
     ) -> None:
+        self.node_rows = node_rows
         base, longer = divmod(node_rows, local_world_size)
         self.own = base + (local_rank < longer)
         self.first = local_rank * base + min(local_rank, longer)
@@ -153,6 +159,8 @@ class RankDataset:
         self.dtypes = column_dtypes(self.kinds, float_columns(staged.columns, names), dtype)
         self._sharding = _Sharding(staged.rows, self.local_rank, self.local_world_size, self.rows_per_node, drop_last)
         self._staged: StagedColumns | None = None  # opened in the process that iterates (workers)
+        #: batches the next iteration leaves out at its start (a resumed position: :mod:`spark_torch.rank.positions`)
+        self.skip = 0
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (before splitting among DataLoader workers)."""
@@ -180,42 +188,97 @@ class RankDataset:
             return tuple(values)
         return dict(zip(self.columns, values))
 
-    def _epoch_batches(self, epoch: int, worker: int, workers: int) -> Iterator[Any]:
+    def _order(self, epoch: int) -> Any:
         import numpy as np
 
-        count = self._sharding.count
-        order = np.random.default_rng([self.seed, epoch]).permutation(count) if self.shuffle else None
-        stop = count - (count % self.batch_size if self.drop_last else 0)
-        for index, start in enumerate(range(0, stop, self.batch_size)):
-            if index % workers == worker:
-                end = min(start + self.batch_size, stop)
-                js = order[start:end] if order is not None else np.arange(start, end)
-                yield self._batch(self._sharding.positions(js))
+        return np.random.default_rng([self.seed, epoch]).permutation(self._sharding.count) if self.shuffle else None
 
     def __iter__(self) -> Iterator[Any]:
+        return self._batches(self.skip)  # skip read now: a generator would read it at its first batch
+
+    def _batches(self, skip: int) -> Iterator[Any]:
+        import numpy as np
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        first = self.epoch
-        for epoch in range(first, first + self.epochs):
-            yield from self._epoch_batches(epoch, worker, workers)
+        count, per_epoch = self._sharding.count, len(self)
+        stop = count - (count % self.batch_size if self.drop_last else 0)
+        order, ordered = None, -1
+        # the iteration's batches numbered on across its epochs, from the first not skipped (a
+        # resumed position): worker w takes every workers-th from there, so a DataLoader, which
+        # takes one from each worker in turn, hands them out in order
+        for k in range(skip, per_epoch * self.epochs):
+            if (k - skip) % workers != worker:
+                continue
+            epoch, index = divmod(k, per_epoch)
+            if epoch != ordered:
+                order, ordered = self._order(self.epoch + epoch), epoch
+            start = index * self.batch_size
+            end = min(start + self.batch_size, stop)
+            js = order[start:end] if order is not None else np.arange(start, end)
+            yield self._batch(self._sharding.positions(js))
+
+    def position_key(self) -> dict[str, Any]:
+        """What a saved position of this dataset depends on (:func:`spark_torch.rank.positions.fingerprint`)."""
+        return fingerprint(
+            world_size=int(os.environ.get(envnames.WORLD_SIZE, "1")), rank=int(os.environ.get(envnames.RANK, "0")),
+            rows=self.rows_per_node or [self._sharding.node_rows], local_world_size=self.local_world_size,
+            batches=len(self), batch_size=self.batch_size, shuffle=bool(self.shuffle), seed=self.seed, drop_last=bool(self.drop_last),
+        )  # fmt: skip
 
 
-def _make_iterable_dataset(dataset: RankDataset) -> Any:
-    from torch.utils.data import IterableDataset
+def _make_iterable_dataset(dataset: RankDataset, tracker: Tracker | None) -> Any:
+    from torch.utils.data import IterableDataset, get_worker_info
 
     class _Iterable(IterableDataset):  # type: ignore[type-arg]
-        def __init__(self, inner: RankDataset) -> None:
+        """``rank_dataset()``: iterated in the rank's process, it counts its batches (``tracker``)."""
+
+        def __init__(self, inner: RankDataset, tracker: Tracker | None) -> None:
             self.inner = inner
+            self.tracker = tracker  # None: a rank_loader's dataset (the loader counts)
 
         def __iter__(self) -> Iterator[Any]:
-            return iter(self.inner)
+            if self.tracker is None:
+                return iter(self.inner)
+            info = get_worker_info()
+            if info is not None:
+                if info.id == 0:  # a worker is a new process each iteration: it cannot know it warned before
+                    warnings.warn(_UNTRACKED, UserWarning, stacklevel=2)
+                return iter(self.inner)
+            self.inner.skip = self.tracker.open(self.inner.epoch, self.inner.epochs)
+            try:
+                return self.tracker.count(iter(self.inner))
+            finally:
+                self.inner.skip = 0
 
         def __len__(self) -> int:
             return len(self.inner)
 
-    return _Iterable(dataset)
+        def state_dict(self) -> dict[str, Any]:
+            """Where this dataset is (see :func:`rank_loader`'s ``state_dict``)."""
+            return _tracker(self).position.state_dict()
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            """Go on from ``state`` (see :func:`rank_loader`'s ``load_state_dict``); also sets the epoch."""
+            tracker = _tracker(self)
+            tracker.end_open()
+            tracker.position.load_state_dict(state)
+            self.inner.set_epoch(tracker.position.epoch)
+
+    return _Iterable(dataset, tracker)
+
+
+def _tracker(dataset: Any) -> Tracker:
+    if dataset.tracker is None:
+        raise RuntimeError("this dataset belongs to a rank_loader(): use the loader's state_dict() and load_state_dict()")
+    return dataset.tracker  # type: ignore[no-any-return]
+
+
+_UNTRACKED = (
+    "spark_torch: a rank_dataset() iterated in your own DataLoader's worker processes cannot record its position for "
+    "a resumed run (a run resumed from a checkpoint starts its epoch again); use rank_loader(num_workers=...) instead"
+)
 
 
 def _data_file() -> str:
@@ -251,13 +314,26 @@ def rank_dataset(
 
     Batches are dicts of column name -> tensor (or list), or tuples in ``columns`` order when
     columns were given here or to ``run_on_dataframe``. ``dtype``: see :func:`rank_loader`.
+    Iterated in the rank's process, a resumed run's dataset goes on as :func:`rank_loader` does
+    (its epoch: the checkpoint's); in your own DataLoader's worker processes it cannot.
     """
+    return _rank_dataset(batch_size, columns, shuffle, seed, drop_last, epochs, dtype, tracked=True)
+
+
+def _rank_dataset(
+    batch_size: int, columns: Sequence[str] | None, shuffle: bool, seed: int, drop_last: bool, epochs: int, dtype: Any,
+    tracked: bool,
+) -> Any:
     cols, as_tuple = _default_columns(columns)
     inner = RankDataset(
         _data_file(), batch_size=batch_size, columns=cols, as_tuple=as_tuple, shuffle=shuffle,
         seed=seed, drop_last=drop_last, epochs=epochs, dtype=dtype,
     )
-    return _make_iterable_dataset(inner)
+    if not tracked:
+        return _make_iterable_dataset(inner, None)
+    tracker = Tracker(register(LoaderPosition(inner.position_key())))
+    inner.set_epoch(tracker.position.epoch)  # a resumed one: its epoch
+    return _make_iterable_dataset(inner, tracker)
 
 
 def rank_loader(
@@ -271,10 +347,16 @@ def rank_loader(
     epochs: int = 1,
     dtype: Any = None,
 ) -> Any:
-    """A ``DataLoader`` over this rank's rows; each ``iter()`` is the next epoch.
+    """A ``DataLoader`` over this rank's rows; each ``iter()`` is the next epoch (``loader.epoch``:
+    the epoch of its next batch).
 
     ``shuffle`` reorders rows per epoch from ``seed`` (reproducible); ``num_workers`` > 0
-    splits the batches of an epoch among worker processes (disjoint).
+    splits the batches of an epoch among worker processes (disjoint, handed out in order).
+
+    In a run resumed from a ``report(checkpoint=...)`` checkpoint the loader goes on after the
+    batch that checkpoint was reported at, in the same epoch and shuffle order
+    (:mod:`spark_torch.rank.positions`); ``state_dict()`` and ``load_state_dict()`` do the same
+    for checkpoints made by hand.
 
     ``dtype``: by default floating-point arrays and Spark ML vectors arrive as ``float32``
     (what ``torch.nn`` modules hold) and other columns as their Spark type (double ->
@@ -284,16 +366,40 @@ def rank_loader(
     """
     from torch.utils.data import DataLoader
 
-    dataset = rank_dataset(
-        batch_size, columns=columns, shuffle=shuffle, seed=seed, drop_last=drop_last, epochs=epochs, dtype=dtype
-    )
+    dataset = _rank_dataset(batch_size, columns, shuffle, seed, drop_last, epochs, dtype, tracked=False)
+    tracker = Tracker(register(LoaderPosition(dataset.inner.position_key())))
 
     class _EpochLoader(DataLoader):  # type: ignore[type-arg]
-        _next_epoch = 0
+        @property
+        def epoch(self) -> int:
+            """The epoch of the next batch (a resumed loader's: where its checkpoint was)."""
+            return tracker.position.epoch
 
         def __iter__(self) -> Any:
-            self.dataset.inner.set_epoch(self._next_epoch * epochs)  # type: ignore[attr-defined]
-            self._next_epoch += 1
-            return super().__iter__()
+            tracker.end_open()
+            first = tracker.position.epoch // epochs * epochs
+            inner = self.dataset.inner  # type: ignore[attr-defined]
+            inner.set_epoch(first)
+            inner.skip = tracker.open(first, epochs)
+            try:  # the workers start here, with their copy of the dataset
+                return tracker.count(super().__iter__())
+            finally:
+                inner.skip = 0
+
+        def state_dict(self) -> dict[str, Any]:
+            """Where this loader is: the epoch and the batch it hands out next, and what they depend
+            on (JSON). spark_torch saves it with every report() checkpoint by itself; this is for
+            checkpoints made by hand."""
+            return tracker.position.state_dict()
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            """Go on from ``state`` (a :meth:`state_dict`) at the next ``iter()``. A state recorded
+            for another world size, rank, DataFrame or batching restarts its epoch, with a warning.
+
+            Raises:
+                ValueError: ``state`` is not a loader's state.
+            """
+            tracker.end_open()
+            tracker.position.load_state_dict(state)
 
     return _EpochLoader(dataset, batch_size=None, num_workers=num_workers)

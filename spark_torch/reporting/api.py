@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from spark_torch.base import envnames
+from spark_torch.reporting import loader_positions
 from spark_torch.shared.stacks import note_progress, working
 from spark_torch.shared.workdir_files import StorageFile
 
@@ -175,10 +176,13 @@ class _Reporter:
             step = self.step + 1 if source is None else int(source())
             if step <= self.step:
                 return  # torchft's step did not move on (the step was dropped): reported already, on every rank alike
+            positions = loader_positions.current()  # kept with the step's checkpoint, whichever rank passed one
             if checkpoint is not None:
                 with _local_directory(checkpoint) as directory, working():  # stall detection: uploading is progress
                     self.storage().upload(directory, step)
-            message = {"step": step, "metrics": {**metrics, **self.tags} if self.rank == 0 else None, "checkpoint": checkpoint is not None}
+            message: dict[str, Any] = {"step": step, "metrics": {**metrics, **self.tags} if self.rank == 0 else None, "checkpoint": checkpoint is not None}
+            if positions:
+                message[loader_positions.KEY] = positions
             self._out.write(json.dumps(message) + "\n")
             self._out.flush()
             reply = self._answer_for(step)

@@ -3,7 +3,7 @@
 The coordinator of an attempt also notes in the run's storage that the attempt started.
 
 Persisting step N: mark its checkpoint complete (the manifest, written after every rank's
-files), prune old checkpoints (``keep_checkpoints``), append rank 0's metrics row to the run's
+files, with every rank's data loaders' positions), prune old checkpoints (``keep_checkpoints``), append rank 0's metrics row to the run's
 metrics log, hand the row to the live view and MLflow, then answer every node. A failure to
 persist is answered as an error (``report()`` raises on every rank), not swallowed.
 
@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spark_torch.reporting import loader_positions
 from spark_torch.reporting.api import NOT_EVERY_RANK
 from spark_torch.reporting.storage import RunStorage
 
@@ -92,9 +93,10 @@ class ReportCoordinator:
             raise ValueError("report metrics must be an object")
         if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
             raise ValueError("checkpoint_ranks must be a list of ints")
+        positions = loader_positions.checked(report.get(loader_positions.KEY))
         with self._lock:
             reports = self._pending.setdefault(step, {})
-            reports[node] = {"metrics": metrics, "checkpoint_ranks": ranks}
+            reports[node] = {"metrics": metrics, "checkpoint_ranks": ranks, "loaders": positions}
             if self._doom(step):
                 return
             if len(reports) < self._nodes:
@@ -160,7 +162,8 @@ class ReportCoordinator:
             if ranks:
                 if self._storage is None:  # pragma: no cover - the ranks refuse first
                     raise RuntimeError("this run has no storage for checkpoints")
-                self._storage.complete(step, self._attempt, ranks, metrics=row)
+                positions = {rank: p for rep in reports.values() for rank, p in rep.get("loaders", {}).items()}
+                self._storage.complete(step, self._attempt, ranks, metrics=row, loaders=positions)
                 if self._keep:
                     self._storage.prune(self._keep, *self._score)
             if self._storage is not None:

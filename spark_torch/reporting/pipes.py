@@ -3,7 +3,7 @@
 Each rank gets a private pair of pipes (``SPARK_TORCH_REPORT_FDS``): it writes one JSON line
 per ``report()`` and blocks until the node writes the answer. Once every rank of the node has
 reported step N, the node forwards one message for the node (rank 0's metrics, which ranks
-passed a checkpoint) to the driver's coordinator; when the driver has persisted step N on
+passed a checkpoint, the ranks' data loaders' positions: :mod:`~spark_torch.reporting.loader_positions`) to the driver's coordinator; when the driver has persisted step N on
 every node, :meth:`NodeReports.persisted` answers every rank. Lines from a rank are only ever
 parsed as JSON text.
 
@@ -28,6 +28,8 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import IO, Any
+
+from spark_torch.reporting import loader_positions
 
 __all__ = ["NodeReports"]
 
@@ -127,13 +129,17 @@ class NodeReports:
         if not complete:
             return
         first = min(reports)
+        message = {
+            "node": self._node,
+            "step": step,
+            "metrics": reports[first].get("metrics") if first == 0 else None,
+            "checkpoint_ranks": sorted(r for r, m in reports.items() if m.get("checkpoint")),
+        }
+        positions = loader_positions.by_rank(reports)
+        if positions:
+            message[loader_positions.KEY] = positions
         try:
-            self._forward({
-                "node": self._node,
-                "step": step,
-                "metrics": reports[first].get("metrics") if first == 0 else None,
-                "checkpoint_ranks": sorted(r for r, m in reports.items() if m.get("checkpoint")),
-            })  # fmt: skip
+            self._forward(message)
         except Exception as exc:  # noqa: BLE001 - e.g. the channel refused the message: the ranks must hear it
             logger.warning("spark_torch: report step %d of node %d could not be sent to the driver: %s", step, self._node, exc)
             self.persisted(step, f"it could not be sent to the driver ({type(exc).__name__}: {exc})")

@@ -232,12 +232,16 @@ class RunStorage:
 
     # driver
     @_withholding_options
-    def complete(self, step: int, attempt: int, ranks: list[int], metrics: Mapping[str, Any] | None = None) -> None:
-        """Mark checkpoint ``step`` complete: write its manifest (last), with the step's metrics."""
-        manifest = json.dumps(
-            {"step": step, "attempt": attempt, "time": time.time(), "ranks": ranks, "metrics": dict(metrics or {})},
-            default=str,
-        )
+    def complete(
+        self, step: int, attempt: int, ranks: list[int], metrics: Mapping[str, Any] | None = None,
+        loaders: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Mark checkpoint ``step`` complete: write its manifest (last), with the step's metrics
+        and the ranks' data loaders' positions (:mod:`~spark_torch.reporting.loader_positions`)."""
+        content: dict[str, Any] = {"step": step, "attempt": attempt, "time": time.time(), "ranks": ranks, "metrics": dict(metrics or {})}
+        if loaders:
+            content["loaders"] = dict(loaders)
+        manifest = json.dumps(content, default=str)
         name = f"checkpoint_{step:06d}"
         if self.local:
             with run_folder(self.base, self.run_id) as run:
