@@ -180,6 +180,22 @@ def local_sgd(syncs: int, every: int, work: str, kill_sync: int | None = None, d
     return weights
 
 
+def diloco_with_the_async_quorum() -> None:
+    """Wrap a model in torchft's DiLoCo with the Manager's default quorum (torchft's asynchronous one)."""
+    import torch
+    from torchft.local_sgd import DiLoCo
+
+    from spark_torch import ft
+
+    model = torch.nn.Linear(2, 1)
+    wait = timedelta(seconds=20)
+    mgr = ft.manager(state_dict=model.state_dict, load_state_dict=model.load_state_dict, timeout=wait, connect_timeout=wait)
+    try:
+        DiLoCo(mgr, [model], torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.7), sync_every=2)
+    finally:
+        mgr.shutdown(wait=False)
+
+
 def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     """``group_that_fails``'s rank 0 raises (every attempt) once group 0 has committed 3 steps on
     each of its ranks (a file, waited for with a deadline); the others train with torchft (alone) until

@@ -130,6 +130,14 @@ def test_a_group_killed_in_a_local_sgd_inner_loop_heals_at_the_next_sync(tmp_pat
     assert last is not None and last.error is None and [r.restarts for r in last.replica_groups] == [0, 1]
 
 
+def test_diloco_refuses_the_async_quorum_and_says_what_to_pass(no_leftovers: None) -> None:
+    """docs/fault-tolerance.md: DiLoCo needs use_async_quorum=False (torchft's own check)."""
+    distributor = Distributor(num_processes=2, replica_groups=2, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    with pytest.raises(ReplicaGroupError) as info:
+        distributor.run(ft_programs.diloco_with_the_async_quorum)
+    assert "ValueError" in str(info.value) and "use_async_quorum=False" in str(info.value), str(info.value)
+
+
 def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
     """RunResult.from_path and `spark-torch runs show` open the whole run by its id (each group
     stored as RUN_ID-gN): every group's rows and attempts, as last_run had them."""
