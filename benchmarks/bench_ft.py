@@ -17,6 +17,16 @@
    default is 5000), the main part of both.
 
 Writes benchmarks/results/ft.json and prints the numbers.
+
+3. ``--cnn``: a realistic step instead (and only this): a CNN of 1.0M parameters (3x16x16
+   images, batch 32; 14 ms at best a step on one thread here), one thread per rank (2
+   ranks on 2 cores), in ``--pairs`` rounds of four runs: plain DDP, torchft's DDP, torchft's
+   ``LocalSGD`` and ``DiLoCo`` (weights synced every ``--every`` steps; DiLoCo with an outer SGD with
+   Nesterov momentum and the synchronous quorum it requires), each of 2 groups of one rank with
+   ``min_replicas=2``; the order rotates from round to round. A run's value is rank 0's **mean**
+   step over the timed steps (the syncs included: one step in ``--every`` carries one); each
+   ratio to DDP is the geometric mean of the rounds' ratios with a 95% interval. The load average
+   (``os.getloadavg``) is recorded before and after each run. Writes benchmarks/results/ft_cnn.json.
 """
 
 from __future__ import annotations
@@ -48,6 +58,100 @@ def _model() -> Any:
 
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+
+
+def _cnn() -> tuple[Any, Any, Any]:
+    """The realistic step's model (1,010,218 parameters), a batch and its labels."""
+    import torch
+
+    torch.manual_seed(0)
+    n = torch.nn
+    model = n.Sequential(
+        n.Conv2d(3, 16, 3, padding=1), n.ReLU(), n.Conv2d(16, 32, 3, stride=2, padding=1), n.ReLU(),
+        n.Conv2d(32, 64, 3, stride=2, padding=1), n.ReLU(), n.Flatten(), n.Linear(64 * 4 * 4, 768), n.ReLU(),
+        n.Linear(768, 256), n.ReLU(), n.Linear(256, 10),
+    )  # fmt: skip
+    return model, torch.randn(32, 3, 16, 16), torch.randint(0, 10, (32,))
+
+
+def cnn_steps(kind: str, steps: int, every: int) -> dict[str, Any]:
+    """Rank side of ``--cnn``: ``WARMUP + steps`` steps of the CNN as ``kind`` ("ddp", "ft",
+    "localsgd", "diloco") trains; rank 0's step times (seconds) after the warm-up and its torch
+    threads."""
+    from datetime import timedelta
+
+    import torch
+    import torch.nn.functional as F
+
+    model, x, y = _cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    wrapper: Any = None
+    mgr: Any = None
+    if kind == "ddp":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        net = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        from torchft import DistributedDataParallel
+        from torchft.local_sgd import DiLoCo, LocalSGD
+
+        from spark_torch import ft
+
+        wait = timedelta(seconds=60)
+        mgr = ft.manager(
+            state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict()}, load_state_dict=lambda _: None,
+            timeout=wait, quorum_timeout=wait, connect_timeout=wait, use_async_quorum=kind != "diloco",
+        )  # fmt: skip
+        net = DistributedDataParallel(mgr, model) if kind == "ft" else model
+        if kind == "localsgd":
+            wrapper = LocalSGD(mgr, model, opt, sync_every=every)
+        elif kind == "diloco":
+            outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+            wrapper = DiLoCo(mgr, [model], opt, outer, sync_every=every)
+    times = []
+    if wrapper is not None:
+        wrapper.__enter__()
+    for step in range(WARMUP + steps):
+        start = time.perf_counter()
+        if kind == "ft":
+            mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        if kind != "ft" or mgr.should_commit():  # what torchft's Optimizer.step() does
+            opt.step()  # LocalSGD's / DiLoCo's hook syncs at every ``every``-th
+        if step >= WARMUP:
+            times.append(time.perf_counter() - start)
+    if wrapper is not None:
+        wrapper.__exit__(None, None, None)
+    if mgr is not None:
+        mgr.shutdown(wait=False)
+    # no destroy_process_group(): once, rank 1's hung (GIL held, 2 min) after rank 0's had returned
+    return {"times": times, "threads": torch.get_num_threads()}
+
+
+KINDS = ("ddp", "ft", "localsgd", "diloco")
+
+
+def cnn_rounds(rounds: int, steps: int, every: int, storage: str) -> dict[str, Any]:
+    """``rounds`` rounds of the four kinds, the order rotating; the ratios of each to DDP."""
+    from analysis import paired_ratio
+
+    both = LighthouseOptions(min_replicas=2, join_timeout_ms=500, quorum_tick_ms=20, heartbeat_timeout_ms=1_000)
+    bounded = {"log_ranks": [], "storage_path": storage, "timeout": 300}  # a hung run fails the benchmark, not waits
+    groups = Distributor(num_processes=2, replica_groups=2, lighthouse_options=both, **bounded)
+    plain = Distributor(num_processes=2, **bounded)
+    runs: dict[str, dict[str, Any]] = {kind: {"values": [], "extra": []} for kind in KINDS}
+    for round_ in range(rounds):
+        for kind in KINDS[round_ % 4 :] + KINDS[: round_ % 4]:
+            before = os.getloadavg()
+            out = (plain if kind == "ddp" else groups).run(cnn_steps, kind, steps, every)
+            runs[kind]["values"].append(statistics.mean(out["times"]) * 1000)
+            runs[kind]["extra"].append({"pair": round_, "threads": out["threads"], "load": [before[0], os.getloadavg()[0]]})
+    result: dict[str, Any] = {"every": every, "steps": steps, "ms": {k: runs[k]["values"] for k in KINDS}}
+    result["runs"] = {k: runs[k]["extra"] for k in KINDS}
+    result["ratios"] = {k: paired_ratio(runs[k], runs["ddp"]) for k in KINDS[1:]}
+    return result
 
 
 def ft_steps(steps: int, work: str | None = None, kill_at: int | None = None) -> float:
@@ -156,7 +260,11 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--cnn", action="store_true", help="the realistic step, in --pairs rounds (only this)")
+    parser.add_argument("--every", type=int, default=20, help="LocalSGD's and DiLoCo's steps between syncs (--cnn)")
     args = parser.parse_args()
+    if args.cnn:
+        return realistic(args.pairs, args.steps, args.every)
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as storage:
         steps = per_step(args.pairs, args.steps, storage)
@@ -170,6 +278,23 @@ def main() -> None:
     for kill in kills:
         print(f"kill: lost {kill['lost_s']:.2f} s, back after {kill['back_s']:.2f} s (median gap {kill['median_gap_ms']:.1f} ms)")
     print(f"load average {load:.1f} -> {out['load_end']:.1f} on {out['cpus']} CPUs")
+
+
+def realistic(rounds: int, steps: int, every: int) -> None:
+    load, uptime = os.getloadavg(), open("/proc/uptime").read().split()[0]
+    with tempfile.TemporaryDirectory() as storage:
+        out = cnn_rounds(rounds, steps, every, storage)
+    out.update({"load_start": list(load), "load_end": list(os.getloadavg()), "cpus": os.cpu_count(), "uptime_s": float(uptime)})
+    with open(os.path.join(HERE, "results", "ft_cnn.json"), "w") as fh:
+        json.dump(out, fh, indent=1)
+    for kind in KINDS:
+        ms = out["ms"][kind]
+        line = f"{kind:9} {statistics.median(ms):7.2f} ms a step ({min(ms):.2f}-{max(ms):.2f})"
+        ratio = out["ratios"].get(kind)
+        if ratio:
+            line += f", {ratio['ratio']:.2f}x DDP ({ratio['low']:.2f}-{ratio['high']:.2f}, {ratio['pairs']} rounds)"
+        print(line)
+    print(f"load average {load[0]:.1f} -> {out['load_end'][0]:.1f} on {out['cpus']} CPUs")
 
 
 if __name__ == "__main__":

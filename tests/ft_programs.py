@@ -119,6 +119,83 @@ def train(
     return weights
 
 
+def local_sgd(syncs: int, every: int, work: str, kill_sync: int | None = None, diloco: bool = False) -> list[float]:
+    """Train a linear model with torchft's ``LocalSGD`` (``DiLoCo`` with ``diloco``, an outer SGD
+    with Nesterov momentum): each group takes ``every`` local steps, then the groups average their
+    weights in one quorum and all-reduce (the hook on the ``every``-th ``opt.step()``). Ends after
+    ``syncs`` syncs with every group taking part (counted in the state that heals a group).
+
+    Each sync is appended to ``work/g{GROUP}.syncs`` as ``PID STEP PARTICIPANTS``. The first process
+    of group 1 SIGKILLs itself in the middle of the inner loop (before its ``every // 2``-th local
+    step) that follows ``kill_sync`` syncs of every group. Returns (and writes to
+    ``work/g{GROUP}.weights``) the final weights."""
+    import torch
+    from torchft.local_sgd import DiLoCo, LocalSGD
+
+    from spark_torch import ft
+
+    group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    together = torch.zeros((), dtype=torch.int64)  # syncs with every group taking part
+
+    def load(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        together.copy_(state["together"])
+
+    wait = timedelta(seconds=20)
+    mgr = ft.manager(
+        state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "together": together},
+        load_state_dict=load, timeout=wait, quorum_timeout=wait, connect_timeout=wait,
+        use_async_quorum=not diloco,  # torchft's DiLoCo requires the synchronous quorum
+    )  # fmt: skip
+    if diloco:  # DiLoCo adds its outer optimizer's state and the global weights to what heals a group
+        outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        wrapper: Any = DiLoCo(mgr, [model], opt, outer, sync_every=every)
+    else:
+        wrapper = LocalSGD(mgr, model, opt, sync_every=every)
+    killed = os.path.join(work, f"killed{group}")
+    with wrapper, open(os.path.join(work, f"g{group}.syncs"), "a", buffering=1) as log:
+        while True:
+            for local in range(every):
+                data = torch.Generator().manual_seed(1000 * mgr.current_step() + 10 * local + group)
+                x = torch.randn(8, 4, generator=data)
+                opt.zero_grad()
+                (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean().backward()
+                if group == 1 and int(together) == kill_sync and local == every // 2 and not os.path.exists(killed):
+                    open(killed, "w").close()
+                    os.kill(os.getpid(), signal.SIGKILL)  # mid inner loop: the peer notices at its next sync
+                opt.step()  # the every-th one syncs: a quorum, the weights averaged, a commit
+            all_in = mgr.num_participants() == groups
+            together += int(all_in)
+            log.write(f"{os.getpid()} {mgr.current_step()} {mgr.num_participants()}\n")
+            if all_in and int(together) >= syncs:
+                break  # every group took part in this same sync: they all stop here
+    weights = [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
+    with open(os.path.join(work, f"g{group}.weights"), "w") as fh:
+        fh.write(repr(weights))
+    mgr.shutdown(wait=False)
+    return weights
+
+
+def diloco_with_the_async_quorum() -> None:
+    """Wrap a model in torchft's DiLoCo with the Manager's default quorum (torchft's asynchronous one)."""
+    import torch
+    from torchft.local_sgd import DiLoCo
+
+    from spark_torch import ft
+
+    model = torch.nn.Linear(2, 1)
+    wait = timedelta(seconds=20)
+    mgr = ft.manager(state_dict=model.state_dict, load_state_dict=model.load_state_dict, timeout=wait, connect_timeout=wait)
+    try:
+        DiLoCo(mgr, [model], torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.7), sync_every=2)
+    finally:
+        mgr.shutdown(wait=False)
+
+
 def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     """``group_that_fails``'s rank 0 raises (every attempt) once group 0 has committed 3 steps on
     each of its ranks (a file, waited for with a deadline); the others train with torchft (alone) until

@@ -173,6 +173,39 @@ def test_another_user_cannot_join_the_quorum_or_run_code_in_a_rank(tmp_path: Pat
     _an_outsider_is_refused(distributor, tmp_path)
 
 
+@pytest.mark.parametrize("wrapper", ["LocalSGD", "DiLoCo"])
+def test_a_group_killed_in_a_local_sgd_inner_loop_heals_at_the_next_sync(tmp_path: Path, wrapper: str, no_leftovers: None) -> None:
+    """torchft's LocalSGD / DiLoCo (weights synced every 4 steps): group 1 SIGKILLed mid inner loop."""
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=120, log_ranks=[],
+        storage_path=tmp_path / "runs",
+    )  # fmt: skip
+    weights = distributor.run(ft_programs.local_sgd, 4, 4, str(tmp_path), 1, wrapper == "DiLoCo")
+    syncs = {g: [tuple(map(int, line.split())) for line in (tmp_path / f"g{g}.syncs").read_text().splitlines()] for g in (0, 1)}
+    # the survivor kept its one process, its committed syncs only went forward, it synced alone meanwhile
+    assert len({pid for pid, _, _ in syncs[0]}) == 1 and (tmp_path / "killed1").exists(), syncs[0]
+    assert [step for _, step, _ in syncs[0]] == sorted({step for _, step, _ in syncs[0]}), syncs[0]
+    assert 1 in {n for _, _, n in syncs[0]}, syncs[0]
+    # the killed group's second process resumed from its peer's step, not from 0
+    pids = list(dict.fromkeys(pid for pid, _, _ in syncs[1]))
+    assert len(pids) == 2, syncs[1]
+    before, after = ([step for pid, step, _ in syncs[1] if pid == p] for p in pids)
+    assert after[0] > before[-1] >= 1 and after[0] in {step for _, step, _ in syncs[0]}, syncs
+    # both ended at the same final sync, taken together, with identical weights; run() returned group 0's
+    assert syncs[0][-1][1:] == syncs[1][-1][1:] == (syncs[0][-1][1], 2), syncs
+    assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
+    last = distributor.last_run
+    assert last is not None and last.error is None and [r.restarts for r in last.replica_groups] == [0, 1]
+
+
+def test_diloco_refuses_the_async_quorum_and_says_what_to_pass(no_leftovers: None) -> None:
+    """docs/fault-tolerance.md: DiLoCo needs use_async_quorum=False (torchft's own check)."""
+    distributor = Distributor(num_processes=2, replica_groups=2, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    with pytest.raises(ReplicaGroupError) as info:
+        distributor.run(ft_programs.diloco_with_the_async_quorum)
+    assert "ValueError" in str(info.value) and "use_async_quorum=False" in str(info.value), str(info.value)
+
+
 def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
     """RunResult.from_path and `spark-torch runs show` open the whole run by its id (each group
     stored as RUN_ID-gN): every group's rows and attempts, as last_run had them."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import re
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
@@ -263,3 +264,38 @@ def test_security_page_storage_claims_are_the_code() -> None:
     assert "is refused with a `ConfigurationError` naming the path and what to do" in page
     for cited in ("tests/unit/test_local_files.py", "tests/test_host_exposure.py", "spark_torch/reporting/local_files.py"):
         assert f"`{cited}`" in page and (ROOT / cited).is_file()
+
+
+def _met(ratio: dict[str, Any], goal: float) -> str:
+    """"yes" when the whole interval is within the goal, "no" when the ratio is not, else "ratio only"."""
+    return "yes" if ratio["high"] <= goal else "no" if ratio["ratio"] > goal else "ratio only"
+
+
+def _ft_cnn_rows(results: dict[str, Any]) -> list[str]:
+    """docs/fault-tolerance.md's per-step table, as benchmarks/results/ft_cnn.json has it."""
+    import statistics
+
+    kinds, goals = ("ddp", "ft", "localsgd", "diloco"), {"ft": 1.25, "localsgd": 1.0, "diloco": 1.0}
+    ms = [f"{statistics.median(results['ms'][k]):.1f} ({min(results['ms'][k]):.1f}-{max(results['ms'][k]):.1f})" for k in kinds]
+    ratios = [results["ratios"][k] for k in kinds[1:]]
+    every = results["every"]
+    return [
+        f"| per step | plain DDP | torchft DDP | LocalSGD, sync every {every} | DiLoCo, sync every {every} |",
+        "| ms, median of the runs (range) | " + " | ".join(ms) + " |",
+        f"| x plain DDP (95% interval, {ratios[0]['pairs']} rounds) | 1 | "
+        + " | ".join(f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f})" for r in ratios) + " |",
+        "| goal, met | | " + " | ".join(f"<= {goals[k]}, {_met(r, goals[k])}" for k, r in zip(kinds[1:], ratios)) + " |",
+        f"| load average (1 min), start -> end | {results['load_start'][0]:.1f} -> {results['load_end'][0]:.1f} on {results['cpus']} CPUs | | | |",
+    ]
+
+
+def test_ft_cnn_numbers_are_the_measured_ones() -> None:
+    """The LocalSGD / DiLoCo cost table in docs/fault-tolerance.md and benchmarks/README.md is
+    benchmarks/results/ft_cnn.json (bench_ft.py --cnn)."""
+    import json
+
+    results = json.loads((ROOT / "benchmarks" / "results" / "ft_cnn.json").read_text(encoding="utf-8"))
+    for page in (ROOT / "docs" / "fault-tolerance.md", ROOT / "benchmarks" / "README.md"):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for row in _ft_cnn_rows(results):
+            assert row in lines, (page.name, row)
