@@ -78,10 +78,12 @@ class Lines:
     def from_wire(cls, payload: Any, data: Any) -> Lines:
         _require(isinstance(payload, list), "lines must be a list")
         entries = []
-        for entry in payload:
-            _require(isinstance(entry, list) and len(entry) == 3, "a lines entry must be [rank, stream, block]")
+        for entry in payload:  # checks inline: the bulk of the channel's traffic
+            if not (isinstance(entry, list) and len(entry) == 3):
+                raise MessageError("a lines entry must be [rank, stream, block]")
             rank, stream, block = entry
-            _require(_int(rank) and isinstance(stream, str) and isinstance(block, str), "a lines entry must be [int, str, str]")
+            if isinstance(rank, bool) or not isinstance(rank, int) or not isinstance(stream, str) or not isinstance(block, str):
+                raise MessageError("a lines entry must be [int, str, str]")
             if stream == EVENT_STREAM:
                 RankState(block)  # an unknown rank state raises ValueError: malformed
             entries.append((rank, stream, block))

@@ -202,6 +202,7 @@ class NodeChannel:
                 unreachable(unexpected)
 
     def _decided_by(self, decision: Rendezvous) -> None:
+        """Take the driver's decision once (a reconnect replays the same one)."""
         if self._decided.is_set():
             return
         result = result_of(decision, self._nodes)
