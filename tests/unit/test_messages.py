@@ -5,11 +5,14 @@ protocol version are each refused with a message that names what was wrong and t
 
 from __future__ import annotations
 
+import ast
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from spark_torch import channel
 from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopReason
 from spark_torch.channel import messages as m
 from spark_torch.channel import wire
@@ -196,3 +199,25 @@ def test_a_failure_report_too_large_for_a_frame_is_cut_to_fit() -> None:
     decoded = m.decode_node_message(wire_form)
     assert isinstance(decoded, m.Failure) and not decoded.report.pickled
     assert [(f.traceback or "")[-13:] for f in decoded.report.failures] == [f"\nValueError: {r}"[-13:] for r in range(40)]
+
+
+def _cases(path: Path, function: str) -> set[str]:
+    """The message classes the ``match`` of ``function`` in ``path`` has a case for."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    body = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    match = next(n for n in ast.walk(body) if isinstance(n, ast.Match))
+    named = set()
+    for case in match.cases:
+        pattern = case.pattern.pattern if isinstance(case.pattern, ast.MatchAs) and case.pattern.pattern else case.pattern
+        if isinstance(pattern, ast.MatchClass) and isinstance(pattern.cls, ast.Name):
+            named.add(pattern.cls.id)
+    return named
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "kinds"),
+    [("driver_end.py", "message", m.NODE_MESSAGES), ("node_end.py", "_on_message", m.DRIVER_MESSAGES)],
+)
+def test_each_end_has_a_case_for_every_kind_it_receives(module: str, function: str, kinds: tuple[type, ...]) -> None:
+    """What mypy checks too (the last case takes NoReturn), without running it."""
+    assert _cases(Path(channel.__file__).parent / module, function) == {kind.__name__ for kind in kinds}
