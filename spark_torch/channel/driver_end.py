@@ -15,11 +15,31 @@ from typing import Any
 
 from spark_torch.base.states import NodeOutcome, StopReason
 from spark_torch.channel.log_stream import LineReceiver
+from spark_torch.channel.messages import (
+    Bulk,
+    BulkError,
+    DriverMessage,
+    Dropped,
+    Eof,
+    Failure,
+    GiveUp,
+    Hello,
+    Lines,
+    Outcome,
+    Progress,
+    Report,
+    Reported,
+    Stop,
+    Trace,
+    Traces,
+    decode_node_message,
+    unreachable,
+)
 from spark_torch.channel.protocols import BulkSink, StepSink
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousCoordinator, fallback_warning
 from spark_torch.channel.server import ChannelServer
 from spark_torch.channel.transport import RateLimitedLog
-from spark_torch.shared.failure_reports import FailureReport, merge_reports, report_from_dict
+from spark_torch.shared.failure_reports import FailureReport, merge_reports
 from spark_torch.shared.lines import RankOutput
 from spark_torch.shared.spec import ChannelSpec
 
@@ -132,65 +152,64 @@ class DriverChannel:
             self._attached.add(node)
             stop = self._stop_reason
             bulk_error = self._bulk_errors.get(node)
-        replay: list[dict[str, Any]] = []
+        replay: list[DriverMessage] = []
         if bulk_error is not None:  # the node may not have heard it before its connection dropped
-            replay.append({"bulk_error": bulk_error})
+            replay.append(BulkError(bulk_error))
         if self._coordinator.decision is not None:
-            replay.append({"rendezvous": self._coordinator.decision})
+            replay.append(self._coordinator.decision)
         if stop is not None:
-            replay.append({"stop": stop.value})
+            replay.append(Stop(stop))
         if self.reports is not None and self.reports.last_answer is not None:
-            step, error = self.reports.last_answer
-            replay.append({"reported": {"step": step, "error": error}})
-        return replay
+            replay.append(Reported(*self.reports.last_answer))
+        return [message.to_wire() for message in replay]
 
     def message(self, node: int, message: dict[str, Any]) -> None:
-        """One numbered message of a node, exactly once."""
-        if "lines" in message:
-            self._receiver.lines(message["lines"])
-        elif "hello" in message:
-            decision = self._coordinator.hello(node, message["hello"])
-            if decision is not None:
-                self._server.broadcast({"rendezvous": decision})
-        elif "give_up" in message:
-            decision, new = self._coordinator.give_up(node, message["give_up"])
-            if new:
-                self._warn_fallback()  # before the nodes hear it: they may finish the run quickly
-                self._server.broadcast({"rendezvous": decision})
-            else:
-                self._server.send(node, {"rendezvous": decision})
-        elif "bulk" in message:
-            self._bulk(node, message)
-        elif "failure" in message:
-            report = report_from_dict(message["failure"])
-            with self._lock:  # a node's later report (with the ranks' last lines) completes its first
-                earlier = self.failures.get(node)
-                self.failures[node] = report if earlier is None else merge_reports([report, earlier]) or report
-        elif "outcome" in message:
-            outcome = NodeOutcome.from_wire(message["outcome"])
-            with self._lock:
-                self.outcomes[node] = outcome
-        elif "report" in message:
-            if self.reports is None:
-                raise ValueError("a report, but this run has no report coordinator")
-            self.reports.node_report(node, message["report"])
-        elif "progress" in message:
-            if self.on_progress is not None:
-                self.on_progress(node, message["progress"])
-        elif "trace" in message:
-            data = message.get("_bytes")
-            if self.on_trace is not None and data is not None and isinstance(message["trace"], dict):
-                self.on_trace(message["trace"].get("rank"), bytes(data))
-        elif "dropped" in message:
-            self._receiver.dropped_lines(node, message["dropped"])
-        elif "eof" in message:
-            with self._lock:
-                self._finished.add(node)
-                self._lock.notify_all()
-        else:
-            raise ValueError(f"unknown message {sorted(message)[:5]}")
+        """One numbered message of a node, exactly once; raises
+        :class:`~spark_torch.channel.messages.MessageError` (a ``ValueError``: the server closes
+        the connection) for one this version cannot read."""
+        match decode_node_message(message):
+            case Lines() as lines:
+                self._receiver.lines(lines)
+            case Hello() as hello:
+                decision = self._coordinator.hello(node, hello)
+                if decision is not None:
+                    self._server.broadcast(decision.to_wire())
+            case GiveUp(reason=reason):
+                decision, new = self._coordinator.give_up(node, reason)
+                if new:
+                    self._warn_fallback()  # before the nodes hear it: they may finish the run quickly
+                    self._server.broadcast(decision.to_wire())
+                else:
+                    self._server.send(node, decision.to_wire())
+            case Bulk() as bulk:
+                self._bulk(node, bulk)
+            case Failure(report=report):
+                with self._lock:  # a node's later report (with the ranks' last lines) completes its first
+                    earlier = self.failures.get(node)
+                    self.failures[node] = report if earlier is None else merge_reports([report, earlier]) or report
+            case Outcome(outcome=outcome):
+                with self._lock:
+                    self.outcomes[node] = outcome
+            case Report(report=report_data):
+                if self.reports is None:
+                    raise ValueError("a report, but this run has no report coordinator")
+                self.reports.node_report(node, report_data)
+            case Progress(stacks=stacks):
+                if self.on_progress is not None:
+                    self.on_progress(node, list(stacks))
+            case Trace(rank=rank, data=data):
+                if self.on_trace is not None:
+                    self.on_trace(rank, bytes(data))
+            case Dropped(count=count):
+                self._receiver.dropped_lines(node, count)
+            case Eof():
+                with self._lock:
+                    self._finished.add(node)
+                    self._lock.notify_all()
+            case unexpected:
+                unreachable(unexpected)
 
-    def _bulk(self, node: int, message: dict[str, Any]) -> None:
+    def _bulk(self, node: int, bulk: Bulk) -> None:
         """One piece of a node's bulk data to the sink; a failure is the node's to hear about."""
         with self._lock:
             failed = node in self._bulk_errors
@@ -199,13 +218,13 @@ class DriverChannel:
         try:
             if self.bulk_sink is None:
                 raise ValueError(f"node {node} sent bulk data this run does not expect")
-            self.bulk_sink.piece(node, message["bulk"], message.get("_bytes"))
+            self.bulk_sink.piece(node, bulk.header, bulk.data)
         except Exception as exc:  # noqa: BLE001 - whatever it is, the node must not count it delivered
             error = f"{type(exc).__name__}: {exc}"
             with self._lock:
                 self._bulk_errors[node] = error
             self._bulk_log("spark_torch channel: the driver could not take node %s's data (%s); the node is told to send it another way", node, error)
-            self._server.send(node, {"bulk_error": error})  # before the ack of this piece
+            self._server.send(node, BulkError(error).to_wire())  # before the ack of this piece
 
     def detached(self, node: int) -> None:
         """A node's connection ended (nothing to do: it reconnects, or the run ends)."""
@@ -223,7 +242,7 @@ class DriverChannel:
         decision, new = self._coordinator.expire()
         if new:
             self._warn_fallback()
-            self._server.broadcast({"rendezvous": decision})
+            self._server.broadcast(decision.to_wire())
 
     def _warn_fallback(self, errors: list[str] | None = None) -> bool:
         """The one fallback warning (address, missing nodes, errors known so far, the fix)."""
@@ -252,20 +271,20 @@ class DriverChannel:
 
     def answer_reports(self, step: int, error: str | None) -> None:
         """Tell every node that report step ``step`` is persisted (or failed)."""
-        self._server.broadcast({"reported": {"step": step, "error": error}})
+        self._server.broadcast(Reported(step, error).to_wire())
 
     def request_traces(self, stopping: bool = False) -> None:
         """Ask every node for its ranks' Flight Recorder traces (a stall); with ``stopping``, the
         ranks are about to be stopped: the nodes may signal those that do not answer for their
         true stacks."""
-        self._server.broadcast({"traces": "stopping" if stopping else True})
+        self._server.broadcast(Traces(stopping).to_wire())
 
     def stop_nodes(self, reason: StopReason) -> None:
         """Tell every node to stop its ranks now, and why (nodes that reconnect are told again)."""
         reason = StopReason(reason)  # a reason's value ("timeout") names it too
         with self._lock:
             self._stop_reason = reason
-        self._server.broadcast({"stop": reason.value})
+        self._server.broadcast(Stop(reason).to_wire())
 
     def node_outcomes(self) -> dict[int, NodeOutcome]:
         """How each node that said so ended its part, by node."""

@@ -20,13 +20,11 @@ from typing import Any
 
 from spark_torch.base.states import RankState
 from spark_torch.channel.client import Frame, Numbering
-from spark_torch.channel.wire import MAX_FRAME, FrameTooLarge
+from spark_torch.channel.messages import EVENT_STREAM, Dropped, Eof, Lines, Progress
+from spark_torch.channel.wire import MAX_FRAME, FrameTooLarge, sendable
 from spark_torch.shared.lines import RankOutput, block_lines
 
-__all__ = ["LineQueue", "LineReceiver", "EVENT_STREAM", "QUEUE_LINES", "QUEUE_BYTES", "FRAME_TEXT_BYTES", "sendable"]
-
-#: pseudo stream of rank state changes (``started``/``finished``/``failed``) among the lines
-EVENT_STREAM = "event"
+__all__ = ["LineQueue", "LineReceiver", "QUEUE_LINES", "QUEUE_BYTES", "FRAME_TEXT_BYTES"]
 #: lines queued before new ones are dropped (and counted)
 QUEUE_LINES = 200_000
 #: bytes (UTF-8) of lines queued before new ones are dropped (and counted): lines of up to 64 KiB
@@ -36,23 +34,11 @@ QUEUE_BYTES = 64 * 1024 * 1024
 FRAME_TEXT_BYTES = MAX_FRAME // 8
 
 
-def sendable(text: str) -> tuple[str, int]:
-    """``text`` as the channel can carry it (a lone surrogate, which UTF-8 cannot encode, is
-    shown as ``\\udcXX``) and its size in UTF-8 bytes."""
-    if text.isascii():
-        return text, len(text)
-    try:
-        return text, len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-        return text, len(text.encode("utf-8"))
-
-
-def _frames_of(entries: list[list[Any]], number: Numbering) -> list[Frame]:
+def _frames_of(entries: tuple[tuple[int, str, str], ...], number: Numbering) -> list[Frame]:
     """``entries`` as one numbered ``lines`` frame, or split until every part fits a frame; an
     entry that still cannot be encoded becomes a line that says so (never a silent loss)."""
     try:
-        return [number({"lines": entries})]
+        return [number(Lines(entries).to_wire())]
     except (ValueError, TypeError) as exc:  # FrameTooLarge is a ValueError too
         problem = exc
     if len(entries) > 1:
@@ -63,17 +49,17 @@ def _frames_of(entries: list[list[Any]], number: Numbering) -> list[Frame]:
     if middle < 0:
         middle = block.find("\n", len(block) // 2)
     if isinstance(problem, FrameTooLarge) and middle >= 0:
-        return _frames_of([[rank, stream, block[:middle]]], number) + _frames_of([[rank, stream, block[middle + 1 :]]], number)
+        return _frames_of(((rank, stream, block[:middle]),), number) + _frames_of(((rank, stream, block[middle + 1 :]),), number)
     note = f"[spark_torch] {block_lines(block)} line(s) of rank {rank} could not be sent: {type(problem).__name__}: {problem}"
-    return [number({"lines": [[-1, "stderr", note[:1000]]]})]
+    return [number(Lines(((-1, "stderr", note[:1000]),)).to_wire())]
 
 
-def _progress_frames(stacks: list[Any], number: Numbering) -> list[Frame]:
+def _progress_frames(stacks: tuple[Any, ...], number: Numbering) -> list[Frame]:
     """A node's snapshot as one numbered ``progress`` frame, or split per rank until each part
     fits; a rank whose stack alone is too large keeps its innermost calls (the end of its text),
     so the driver never misses a rank (a missing one would read as a rank that never started)."""
     try:
-        return [number({"progress": stacks})]
+        return [number(Progress(stacks).to_wire())]
     except (ValueError, TypeError) as exc:  # FrameTooLarge is a ValueError too
         problem = exc
     if len(stacks) > 1:
@@ -84,7 +70,7 @@ def _progress_frames(stacks: list[Any], number: Numbering) -> list[Frame]:
         return []  # nothing that cutting can fix (the node's own snapshot: cannot happen)
     text: str = stack["text"]
     keep = len(text) // 2
-    return _progress_frames([{**stack, "text": ("...\n" + text[len(text) - keep :]) if keep else ""}], number)
+    return _progress_frames(({**stack, "text": ("...\n" + text[len(text) - keep :]) if keep else ""},), number)
 
 
 class LineQueue:
@@ -158,15 +144,15 @@ class LineQueue:
 
     def take(self, number: Numbering) -> list[Frame]:
         """Pack about FRAME_TEXT_BYTES of queued output into numbered frames."""
-        entries: list[list[Any]] = []
+        entries: list[tuple[int, str, str]] = []
         frames: list[Frame] = []
         eof = False
         size = 0
         if self._dropped:
-            frames.append(number({"dropped": self._dropped}))
+            frames.append(number(Dropped(self._dropped).to_wire()))
             self._dropped = 0
         if self._progress is not None:
-            frames += _progress_frames(self._progress, number)
+            frames += _progress_frames(tuple(self._progress), number)
             self._progress = None
         while self._queue and size < FRAME_TEXT_BYTES:
             item = self._queue.popleft()
@@ -177,11 +163,11 @@ class LineQueue:
             self._queued_lines -= count
             self._queued_bytes -= nbytes
             size += nbytes
-            entries.append([rank, stream, payload])
+            entries.append((rank, stream, payload))
         if entries:
-            frames += _frames_of(entries, number)
+            frames += _frames_of(tuple(entries), number)
         if eof:
-            frames.append(number({"eof": self._node}))
+            frames.append(number(Eof(self._node).to_wire()))
         return frames
 
 
@@ -193,29 +179,17 @@ class LineReceiver:
         self._lock = threading.Lock()
         self.dropped = 0
 
-    def lines(self, entries: Any) -> None:
-        """A ``lines`` message: ``[[rank, stream, block], ...]``; raises ValueError if malformed."""
-        if not isinstance(entries, list):
-            raise ValueError("lines must be a list")
-        checked: list[tuple[int, str, str]] = []
-        for entry in entries:
-            if not (isinstance(entry, list) and len(entry) == 3):
-                raise ValueError("a lines entry must be [rank, stream, block]")
-            rank, stream, block = entry
-            if isinstance(rank, bool) or not isinstance(rank, int) or not isinstance(stream, str) or not isinstance(block, str):
-                raise ValueError("a lines entry must be [int, str, str]")
-            checked.append((rank, stream, block))
-        for rank, stream, block in checked:  # an unknown rank state raises ValueError: malformed
+    def lines(self, message: Lines) -> None:
+        """A ``lines`` message (checked when decoded); an unknown rank state raised there."""
+        for rank, stream, block in message.entries:
             if stream == EVENT_STREAM:
                 self._sink.rank_event(rank, RankState(block))
             else:
                 self._sink(rank, stream, block)
         self._sink.flush()
 
-    def dropped_lines(self, node: int, count: Any) -> None:
+    def dropped_lines(self, node: int, count: int) -> None:
         """A node dropped ``count`` lines (its queue was full): counted and shown."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError("dropped must be a non-negative int")
         with self._lock:
             self.dropped += count
         self._sink(-1, "stderr", f"[spark_torch] {count} log line(s) dropped on node {node}")

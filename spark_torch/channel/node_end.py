@@ -3,21 +3,41 @@ answers, failure reports and bulk data (rank 0's result)."""
 
 from __future__ import annotations
 
-import json
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from spark_torch.base.states import NodeOutcome, RankState, StopReason, StopSignal
+from spark_torch.base.states import NodeOutcome, RankState, StopSignal
 from spark_torch.channel.client import ChannelClient
-from spark_torch.channel.log_stream import LineQueue, sendable
+from spark_torch.channel.log_stream import LineQueue
+from spark_torch.channel.messages import (
+    Bulk,
+    BulkError,
+    Failure,
+    GiveUp,
+    Hello,
+    MessageError,
+    Outcome,
+    Rendezvous,
+    Report,
+    Reported,
+    Stop,
+    Trace,
+    Traces,
+    decode_driver_message,
+    unreachable,
+)
 from spark_torch.channel.protocols import StepAnswers
-from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousResult, parse_decision
+from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousResult, result_of
+from spark_torch.channel.transport import RateLimitedLog
 from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
-from spark_torch.shared.failure_reports import FailureReport, report_to_dict
+from spark_torch.shared.failure_reports import FailureReport
 from spark_torch.shared.spec import ChannelSpec
 
 __all__ = ["NodeChannel"]
+
+logger = logging.getLogger(__name__)
 
 
 class NodeChannel:
@@ -48,6 +68,8 @@ class NodeChannel:
         self._closed = False
         #: the driver could not take this node's bulk data (its message); set under the client's cond
         self._bulk_error: str | None = None
+        #: the driver's messages this node could not read (logged, rate-limited)
+        self._refused = RateLimitedLog(logger, logging.WARNING)
         cond = threading.Condition()
         self._queue = LineQueue(node, cond)
         self._client = ChannelClient(
@@ -95,14 +117,14 @@ class NodeChannel:
                     "needs (see the driver's warning about the channel)",
                 )
             return
-        self._client.send({"report": report})
+        self._client.send(Report(report).to_wire())
 
     def send_failure(self, report: FailureReport, timeout: float | None = 2.0) -> None:
         """Tell the driver about this node's failed ranks (authenticated); waits up to ``timeout``
         for the driver to have it (None: do not wait)."""
         if self._detached or not self.connected_ever:
             return
-        self._client.send({"failure": _fitted(report)})
+        self._client.send(Failure(report).to_wire())
         if timeout is not None:
             self._client.drain(timeout)
 
@@ -111,7 +133,7 @@ class NodeChannel:
         the problem that kept it from starting its ranks), for the driver; sent before the
         channel closes, so the driver has it when the node's last line came."""
         if not self._detached and self.connected_ever:
-            self._client.send({"outcome": outcome.to_wire()})
+            self._client.send(Outcome(outcome).to_wire())
 
     def send_progress(self, stacks: list[dict[str, Any]]) -> None:
         """This node's ranks' progress and stacks (stall detection), for the driver."""
@@ -121,7 +143,7 @@ class NodeChannel:
     def send_trace(self, rank: int, data: bytes) -> None:
         """A rank's Flight Recorder trace (raw bytes in one binary frame), for the driver."""
         if not self._detached:
-            self._client.send({"trace": {"rank": rank}, "_bytes": data})
+            self._client.send(Trace(rank, data).to_wire())
 
     @property
     def usable(self) -> bool:
@@ -138,7 +160,7 @@ class NodeChannel:
         memory stays bounded: waits while a window of messages is unacknowledged). Raises
         ``TimeoutError`` at ``deadline`` (monotonic), ``ConnectionError`` when closing or when
         the driver said it could not take this node's bulk data (with the driver's reason)."""
-        self._client.send({"bulk": header, "_bytes": data}, block_until=deadline, abort=self._bulk_failure)
+        self._client.send(Bulk(header, data).to_wire(), block_until=deadline, abort=self._bulk_failure)
 
     def drain(self, timeout: float) -> bool:
         """Wait until the driver acknowledged everything sent; False on timeout, or when the
@@ -150,33 +172,50 @@ class NodeChannel:
         return None if error is None else f"the driver could not take this node's data: {error}"
 
     def _on_message(self, message: dict[str, Any]) -> None:
-        if "bulk_error" in message:
-            with self._client.cond:  # wakes a send_bulk or drain waiting for the window
-                if self._bulk_error is None:
-                    self._bulk_error = str(message["bulk_error"])[:2000] or "unknown error"
-                self._client.cond.notify_all()
-        elif "stop" in message:
-            with self._client.cond:  # wakes a rendezvous waiting for the decision
-                if isinstance(self._stop, StopSignal):
-                    self._stop.request(StopReason.parse(message["stop"]))
-                else:
-                    self._stop.set()
-                self._client.cond.notify_all()
-        elif "traces" in message:
-            if self.on_trace_request is not None:
-                self.on_trace_request(message["traces"] == "stopping")
-        elif "reported" in message:
-            answer = message["reported"]
-            if self.reports is not None and isinstance(answer, dict) and isinstance(answer.get("step"), int):
-                error = answer.get("error")
-                self.reports.persisted(answer["step"], str(error) if error else None)
-        elif "rendezvous" in message and not self._decided.is_set():
-            decision = parse_decision(message["rendezvous"], self._nodes)
-            if decision is not None:
-                with self._client.cond:
-                    self._decision = decision
-                    self._decided.set()
+        try:
+            decoded = decode_driver_message(message)
+        except MessageError as exc:  # ignored, as before: the driver's later messages still count
+            self._refused("spark_torch channel: node %s ignored a message of the driver: %s", self._node, exc)
+            return
+        match decoded:
+            case BulkError(error=error):
+                with self._client.cond:  # wakes a send_bulk or drain waiting for the window
+                    if self._bulk_error is None:
+                        self._bulk_error = error
                     self._client.cond.notify_all()
+            case Stop(reason=reason):
+                with self._client.cond:  # wakes a rendezvous waiting for the decision
+                    if isinstance(self._stop, StopSignal):
+                        self._stop.request(reason)
+                    else:
+                        self._stop.set()
+                    self._client.cond.notify_all()
+            case Traces(stopping=stopping):
+                if self.on_trace_request is not None:
+                    self.on_trace_request(stopping)
+            case Reported(step=step, error=error):
+                if self.reports is not None:
+                    self.reports.persisted(step, error)
+            case Rendezvous() as decision:
+                self._decided_by(decision)
+            case unexpected:
+                unreachable(unexpected)
+
+    def _decided_by(self, decision: Rendezvous) -> None:
+        """Take the driver's decision once (a reconnect replays the same one)."""
+        if self._decided.is_set():
+            return
+        result = result_of(decision, self._nodes)
+        if result is None:
+            self._refused(
+                "spark_torch channel: node %s ignored a rendezvous decision of %s nodes (this run has %s)",
+                self._node, len(decision.peers or ()), self._nodes,
+            )  # fmt: skip
+            return
+        with self._client.cond:
+            self._decision = result
+            self._decided.set()
+            self._client.cond.notify_all()
 
     def _wait_decision(self, seconds: float) -> bool:
         """Whether the driver's decision came within ``seconds`` (False at once when told to stop)."""
@@ -190,10 +229,10 @@ class NodeChannel:
         Returns every node's hello (in node order), or a fallback result (then the caller goes
         through Spark's allGather), or ``stopped`` when the driver stopped the run meanwhile.
         """
-        self._client.send({"hello": {**hello, "node": self._node}})
+        self._client.send(Hello(self._node, hello).to_wire())
         if not self._wait_decision(self._spec.rendezvous_timeout) and not self._stop.is_set():
             if self.connected_ever:  # ask the driver to decide; it may already have all hellos
-                self._client.send({"give_up": self.last_error})
+                self._client.send(GiveUp(self.last_error).to_wire())
                 self._wait_decision(GIVE_UP_SECONDS)
         if self._stop.is_set():
             return RendezvousResult(stopped=True)
@@ -228,31 +267,3 @@ class NodeChannel:
             self._client.drain(min(timeout, 1.0) if hopeless else timeout)
         self._client.close()
 
-
-def _fitted(report: FailureReport) -> dict[str, Any]:
-    """``report`` as channel data that fits a frame (text UTF-8 cannot carry repaired). A node of
-    many failed ranks can outgrow one: first the pickled exceptions stay behind (the text says
-    what failed), then every rank's text gets a smaller share of the bounds, cut as
-    :func:`~spark_torch.shared.failure_reports.bounded` cuts it (head and tail), until it fits."""
-    data: dict[str, Any] = _repaired(report_to_dict(report))
-    share = 1.0
-    while not _fits(data) and share >= 1 / 1024:
-        data = _repaired(report_to_dict(report, share, pickled=False))
-        share /= 4
-    return data  # past the smallest share the caller's send raises FrameTooLarge
-
-
-def _repaired(data: Any) -> Any:
-    """Every string of ``data`` as the channel can carry it (see :func:`sendable`)."""
-    if isinstance(data, str):
-        return sendable(data)[0]
-    if isinstance(data, dict):
-        return {key: _repaired(value) for key, value in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_repaired(value) for value in data]
-    return data
-
-
-def _fits(data: dict[str, Any]) -> bool:
-    # with room for the transport's sequence number next to the report
-    return len(json.dumps({"failure": data, "seq": 2**63}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")) < MAX_FRAME

@@ -17,10 +17,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RendezvousCoordinator", "RendezvousResult", "parse_decision", "fallback_warning", "PEERS", "FALLBACK", "GIVE_UP_SECONDS"]
+from spark_torch.channel.messages import Hello, Rendezvous
 
-PEERS = "peers"
-FALLBACK = "fallback"
+__all__ = ["RendezvousCoordinator", "RendezvousResult", "result_of", "fallback_warning", "GIVE_UP_SECONDS"]
 #: after its deadline, how long a connected node waits for the driver's answer to "give up"
 #: (the driver gives up on nodes that never reach it this long after their own deadline)
 GIVE_UP_SECONDS = 5.0
@@ -42,38 +41,38 @@ class RendezvousCoordinator:
     def __init__(self, nodes: int) -> None:
         self._nodes = nodes
         self._lock = threading.Lock()
-        self._hellos: dict[int, dict[str, Any]] = {}
-        self.decision: dict[str, Any] | None = None
+        self._hellos: dict[int, Hello] = {}
+        self.decision: Rendezvous | None = None
         #: what nodes that gave up reported (e.g. their last connection error)
         self.reports: dict[int, str] = {}
 
-    def hello(self, node: int, hello: Any) -> dict[str, Any] | None:
+    def hello(self, node: int, hello: Hello) -> Rendezvous | None:
         """Record a hello; returns the decision if this hello completed the rendezvous."""
-        if not isinstance(hello, dict) or hello.get("node") != node:
-            raise ValueError(f"node {node} sent a hello that is not an object naming node {node}")
+        if hello.node != node:
+            raise ValueError(f"node {node} sent a hello naming node {hello.node}")
         with self._lock:
             self._hellos.setdefault(node, hello)
             if self.decision is None and len(self._hellos) == self._nodes:
-                self.decision = {"decision": PEERS, "peers": [self._hellos[n] for n in range(self._nodes)]}
+                self.decision = Rendezvous(peers=tuple(self._hellos[n].peer() for n in range(self._nodes)))
                 return self.decision
             return None
 
-    def give_up(self, node: int, reason: Any) -> tuple[dict[str, Any], bool]:
+    def give_up(self, node: int, reason: str | None) -> tuple[Rendezvous, bool]:
         """A node hit its deadline. Returns the decision and whether it was made just now."""
         with self._lock:
             if reason:
-                self.reports[node] = str(reason)[:500]
+                self.reports[node] = reason[:500]
             return self._fall_back(f"node {node} gave up waiting")
 
-    def expire(self) -> tuple[dict[str, Any], bool]:
+    def expire(self) -> tuple[Rendezvous, bool]:
         """The driver's own deadline passed."""
         with self._lock:
             return self._fall_back("the driver's rendezvous deadline passed")
 
-    def _fall_back(self, reason: str) -> tuple[dict[str, Any], bool]:
+    def _fall_back(self, reason: str) -> tuple[Rendezvous, bool]:
         if self.decision is not None:
             return self.decision, False
-        self.decision = {"decision": FALLBACK, "reason": reason}
+        self.decision = Rendezvous(reason=reason)
         return self.decision, True
 
     def missing(self) -> list[int]:
@@ -82,21 +81,13 @@ class RendezvousCoordinator:
             return [n for n in range(self._nodes) if n not in self._hellos]
 
 
-def parse_decision(decision: Any, nodes: int) -> RendezvousResult | None:
-    """A node's view of the driver's decision; None if it is malformed."""
-    if not isinstance(decision, dict):
+def result_of(decision: Rendezvous, nodes: int) -> RendezvousResult | None:
+    """A node's view of the driver's decision; None if its peers are not ``nodes`` hellos."""
+    if decision.peers is None:
+        return RendezvousResult(reason=decision.reason)
+    if len(decision.peers) != nodes:
         return None
-    if decision.get("decision") == FALLBACK:
-        return RendezvousResult(reason=str(decision.get("reason", "")))
-    peers = decision.get("peers")
-    if (
-        decision.get("decision") == PEERS
-        and isinstance(peers, list)
-        and len(peers) == nodes
-        and all(isinstance(p, dict) and p.get("node") == i for i, p in enumerate(peers))
-    ):
-        return RendezvousResult(peers=peers)
-    return None
+    return RendezvousResult(peers=[dict(peer) for peer in decision.peers])
 
 
 def fallback_warning(address: str, nodes: int, missing: list[int], timeout: float, errors: list[str]) -> str:

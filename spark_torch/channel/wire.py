@@ -66,6 +66,7 @@ __all__ = [
     "ProtocolError",
     "FrameTooLarge",
     "encode",
+    "sendable",
     "client_handshake",
     "tune_socket",
 ]
@@ -220,6 +221,18 @@ def encode(message: dict[str, Any]) -> Body:
     if body_size(body) > MAX_FRAME:
         raise FrameTooLarge(f"a frame of {body_size(body)} bytes exceeds the {MAX_FRAME} byte limit")
     return body
+
+
+def sendable(text: str) -> tuple[str, int]:
+    """``text`` as the channel can carry it (a lone surrogate, which UTF-8 cannot encode, is
+    shown as ``\\udcXX``) and its size in UTF-8 bytes."""
+    if text.isascii():
+        return text, len(text)
+    try:
+        return text, len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return text, len(text.encode("utf-8"))
 
 
 class Link:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from spark_torch.base.states import StopReason, StopSignal
 from spark_torch.channel import wire
 from spark_torch.channel.log_stream import QUEUE_BYTES
 from spark_torch.channel.node_end import NodeChannel
@@ -283,3 +284,26 @@ def test_a_handler_failure_is_logged_at_error_and_the_connection_stays(caplog: p
     finally:
         link.close()
         server.close()
+
+
+def test_a_driver_message_the_node_cannot_read_is_logged_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """A driver that says something this node cannot read (other code): the node logs it at
+    WARNING with the kind and the fix, keeps its connection and still hears the driver's stop."""
+    driver, _ = _driver()
+    stop = StopSignal()
+    node = NodeChannel(driver.spec, 0, 1, stop)
+    try:
+        wait_for("the node to attach", lambda: 0 in driver.connected_nodes)
+        with caplog.at_level(logging.WARNING, logger="spark_torch.channel"):
+            driver._server.send(0, {"frobnicate": 1})
+            driver.stop_nodes(StopReason.TIMEOUT)
+            assert stop.wait(10), "the driver's stop did not arrive"
+        assert stop.reason is StopReason.TIMEOUT and node.connections == 1
+        assert (
+            "node 0 ignored a message of the driver: an unknown message 'frobnicate' from the driver (this side speaks "
+            "channel protocol 1): the driver runs other spark_torch code; install the same spark_torch on the driver "
+            "and the executors"
+        ) in caplog.text
+    finally:
+        node.close()
+        driver.close()

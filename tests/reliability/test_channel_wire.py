@@ -4,6 +4,7 @@ authenticated; strangers, slow peers and malformed frames cost bounded time and 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import struct
 import threading
@@ -14,12 +15,13 @@ import pytest
 
 from spark_torch.channel import wire
 from spark_torch.channel.driver_end import DriverChannel
+from spark_torch.channel.messages import PROTOCOL
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.transport import HANDSHAKE_SECONDS, MAX_PENDING_HANDSHAKES
 from spark_torch.shared.spec import ChannelSpec
 
 from .channel_helpers import driver_channel as _driver
-from .channel_helpers import sealed_frame, serve_handshake
+from .channel_helpers import sealed_frame, serve_handshake, wait_for
 
 
 def _pair(secret: bytes = b"k" * 32) -> tuple[wire.Link, wire.Link, socket.socket, socket.socket]:
@@ -184,6 +186,9 @@ def _authenticated_raw(driver: DriverChannel, node: int = 0) -> wire.Link:
         json.dumps({"seq": 1, "lines": "nope"}).encode(),
         json.dumps({"seq": 1, "dropped": "many"}).encode(),
         json.dumps({"seq": 1, "hello": {"node": 7}}).encode(),
+        json.dumps({"seq": 1, "hello": {"node": 1, "protocol": PROTOCOL + 1}}).encode(),
+        json.dumps({"seq": 1, "frobnicate": {"x": 1}}).encode(),
+        json.dumps({"seq": 1, "stop": "timeout"}).encode(),
         json.dumps({"seq": 2, "give_up": None, "lines": 5}).encode(),
         json.dumps({"seq": "1", "eof": 0}).encode(),
         json.dumps({"no": "seq"}).encode(),
@@ -195,12 +200,39 @@ def test_malformed_frames_close_the_connection_not_the_server(body: bytes) -> No
         link = _authenticated_raw(driver, node=1)
         link.send_body(body)
         link.sock.settimeout(5)
-        with pytest.raises((ConnectionError, OSError)):
+        with pytest.raises(ConnectionError):  # closed by the driver (an idle timeout is not)
             while True:
                 link.recv()
         # the server still serves: a real node delivers its lines
         stop = threading.Event()
         node = NodeChannel(driver.spec, 0, 2, stop)
+        node(0, "stdout", "still here")
+        node.close()
+        assert (0, "stdout", "still here") in lines.items
+    finally:
+        driver.close()
+
+
+def test_a_hello_of_another_protocol_version_is_refused_naming_both(caplog: pytest.LogCaptureFixture) -> None:
+    """A node that speaks another version of the channel's messages (other spark_torch code): the
+    driver closes its connection and says which versions differ and what to do; its other nodes
+    are served."""
+    driver, lines = _driver(nodes=2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch.channel"):
+            link = _authenticated_raw(driver, node=1)
+            link.send({"seq": 1, "hello": {"port": 1, "node": 1, "protocol": PROTOCOL + 1}})
+            link.sock.settimeout(5)
+            with pytest.raises(ConnectionError):  # closed by the driver (an idle timeout is not)
+                while True:
+                    link.recv()
+            wait_for("the driver's warning", lambda: "dropped an authenticated connection" in caplog.text)
+        assert (
+            "a malformed message (ProtocolMismatch: node 1 speaks "
+            f"channel protocol {PROTOCOL + 1} and this driver speaks channel protocol {PROTOCOL}: the node runs other "
+            "spark_torch code than the driver; install the same spark_torch on the driver and the executors)"
+        ) in caplog.text
+        node = NodeChannel(driver.spec, 0, 2, threading.Event())
         node(0, "stdout", "still here")
         node.close()
         assert (0, "stdout", "still here") in lines.items
