@@ -157,6 +157,7 @@ def test_local_checkpoints_need_no_options(tmp_path: Path) -> None:
         (f'{{"secret": "{SECRET}"', "SRC is not valid JSON"),
         ("@/no/such/file", "SRC: cannot read /no/such/file"),
     ],
+    ids=["a-list", "not-json", "no-file"],  # fixed ids: the secret is random, and xdist's workers must collect the same tests
 )
 def test_options_text_errors_never_quote_it(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)) as info:
