@@ -32,7 +32,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+#: the repository, for the test suite's channel helpers (the server's handshake, blocking)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SIZES = [1024, 64 * 1024, 1024 * 1024]
 NODE_COUNTS = [32, 128, 256]
@@ -41,23 +45,6 @@ BLOCKS, LINES = 3, 10
 RESULT_BYTES = 8 << 20
 _LENGTH = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
-
-
-def _serve(sock: socket.socket, secret: bytes) -> Any:
-    """The driver's side of the handshake, blocking (the server runs a ServerChallenge per peer)."""
-    from spark_torch.channel import wire
-
-    challenge = wire.ServerChallenge(secret)
-    sock.sendall(challenge.greeting)
-    answer = b""
-    while len(answer) < wire.ANSWER_BYTES:
-        chunk = sock.recv(wire.ANSWER_BYTES - len(answer))
-        if not chunk:
-            raise ConnectionError("the peer closed the connection during the handshake")
-        answer += chunk
-    proof, keys = challenge.check(answer)
-    sock.sendall(proof)
-    return wire.Link(sock, keys, server=True, idle_timeout=None)
 
 
 class HmacLink:
@@ -107,6 +94,7 @@ class HmacLink:
 def _links(kind: str) -> tuple[Any, Any, socket.socket, socket.socket]:
     """(sender, receiver) links of ``kind`` over a socketpair, after the real handshake for AEAD."""
     from spark_torch.channel import wire
+    from tests.reliability.channel_helpers import serve_handshake  # the server's handshake, blocking: one copy
 
     a, b = socket.socketpair()
     for s in (a, b):
@@ -115,7 +103,7 @@ def _links(kind: str) -> tuple[Any, Any, socket.socket, socket.socket]:
     if kind == "HMAC":
         return HmacLink(b, b"k" * 32, server=False), HmacLink(a, b"k" * 32, server=True), a, b
     box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.setdefault("s", _serve(a, b"k" * 32)))
+    t = threading.Thread(target=lambda: box.setdefault("s", serve_handshake(a, b"k" * 32, idle_timeout=None)))
     t.start()
     client = wire.client_handshake(b, b"k" * 32, time.monotonic() + 5, None)
     t.join()
