@@ -28,7 +28,7 @@ LOCK ?= constraints.txt
 LOCK_ARGS := --constraint $(LOCK) --build-constraint $(LOCK)
 JAVA_MIN ?= 17
 
-.PHONY: demo test test-fast bootstrap check-java bench dist clean lock coverage
+.PHONY: demo test test-fast bootstrap check-java bench dist clean lock coverage lint format
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { echo "Java not found: install Java $(JAVA_MIN) or newer (e.g. 'apt-get install openjdk-17-jre-headless') and retry."; exit 1; }
@@ -65,6 +65,16 @@ test: bootstrap
 # local[2]); mypy keeps its cache in .mypy_cache, so it is quick from the second run on
 test-fast: bootstrap
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder -m "unit or smoke" $(PYTEST_ARGS)
+
+# the house's linter and formatter over the package, tests, benchmarks and examples (tests/unit/test_quality.py
+# runs the same checks in the suite); `make format` rewrites the files as ruff format would
+LINTED := spark_torch tests benchmarks examples
+lint: bootstrap
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+
+format: bootstrap
+	$(PY) -m ruff format $(LINTED)
 
 # the suite under coverage.py (pyproject.toml's [tool.coverage.*]): every Python process a test starts
 # is measured; the report lists spark_torch's lines by module (COVERAGE_ARGS: e.g. tests/unit)

@@ -147,7 +147,11 @@ def framing(size: int, kind: str, seconds: float = 1.0) -> dict[str, float]:
     reader.join()
     a.close()
     b.close()
-    return {"MB/s": count * size / wall / 1e6, "us_per_frame": wall / count * 1e6, "cpu_us_per_frame": cpu / count * 1e6}
+    return {
+        "MB/s": count * size / wall / 1e6,
+        "us_per_frame": wall / count * 1e6,
+        "cpu_us_per_frame": cpu / count * 1e6,
+    }
 
 
 def crypto_only(size: int, kind: str, seconds: float = 0.5) -> float:
@@ -157,7 +161,10 @@ def crypto_only(size: int, kind: str, seconds: float = 0.5) -> float:
     body = os.urandom(size)
     count = max(50, min(200_000, int(seconds * (8e9 if kind == "AEAD" else 0.9e9) / size)))
     if kind == "HMAC":
-        out, into = HmacLink(socket.socket(), b"k" * 32, server=False), HmacLink(socket.socket(), b"k" * 32, server=True)
+        out, into = (
+            HmacLink(socket.socket(), b"k" * 32, server=False),
+            HmacLink(socket.socket(), b"k" * 32, server=True),
+        )
         t0 = time.perf_counter()
         for _ in range(count):
             _, b, mac = out.seal(body)
@@ -182,11 +189,20 @@ def _child(nodes: int) -> None:
     from spark_torch.shared.spec import ChannelSpec
 
     given = json.loads(sys.stdin.readline())
-    spec = ChannelSpec(host="127.0.0.1", port=given["port"], secret=bytes.fromhex(given["secret"]), heartbeat=HEARTBEAT, rendezvous_timeout=120)
+    spec = ChannelSpec(
+        host="127.0.0.1",
+        port=given["port"],
+        secret=bytes.fromhex(given["secret"]),
+        heartbeat=HEARTBEAT,
+        rendezvous_timeout=120,
+    )
     start = time.perf_counter()
     channels = [NodeChannel(spec, n, nodes, threading.Event()) for n in range(nodes)]
     outcomes: dict[int, Any] = {}
-    callers = [threading.Thread(target=lambda n=n: outcomes.__setitem__(n, channels[n].rendezvous({"port": n}))) for n in range(nodes)]
+    callers = [
+        threading.Thread(target=lambda n=n: outcomes.__setitem__(n, channels[n].rendezvous({"port": n})))
+        for n in range(nodes)
+    ]
     for t in callers:
         t.start()
     for t in callers:
@@ -204,7 +220,10 @@ def _child(nodes: int) -> None:
     time.sleep(HEARTBEAT * 5)  # a quiet period: only heartbeats
     for channel in channels:
         channel.close(timeout=60)
-    print(json.dumps({"rendezvous_s": rendezvous, "ok": ok, "reconnects": sum(c.connections - 1 for c in channels)}), flush=True)
+    print(
+        json.dumps({"rendezvous_s": rendezvous, "ok": ok, "reconnects": sum(c.connections - 1 for c in channels)}),
+        flush=True,
+    )
 
 
 def scale(nodes: int) -> dict[str, Any]:
@@ -233,7 +252,15 @@ def scale(nodes: int) -> dict[str, Any]:
     me = psutil.Process()
     rss0, threads0 = me.memory_info().rss, threading.active_count()
     sink = Sink()
-    driver = DriverChannel(sink, nodes=nodes, bind_host="127.0.0.1", advertise_host="127.0.0.1", secret=new_secret(), heartbeat=HEARTBEAT, rendezvous_timeout=120)
+    driver = DriverChannel(
+        sink,
+        nodes=nodes,
+        bind_host="127.0.0.1",
+        advertise_host="127.0.0.1",
+        secret=new_secret(),
+        heartbeat=HEARTBEAT,
+        rendezvous_timeout=120,
+    )
     bulk = driver.bulk_sink = Bulk()
     peak = {"threads": 0, "rss": rss0}
     stop = threading.Event()
@@ -247,7 +274,12 @@ def scale(nodes: int) -> dict[str, Any]:
     sampler.start()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", str(nodes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--child", str(nodes)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdin is not None and child.stdout is not None
     child.stdin.write(json.dumps({"port": driver.port, "secret": driver.spec.secret.hex()}) + "\n")
     child.stdin.flush()
@@ -279,7 +311,10 @@ def scale(nodes: int) -> dict[str, Any]:
 def _median_run(size: int, kind: str, reps: int, seconds: float) -> dict[str, float]:
     """The run of median MB/s among ``reps`` (the kinds alternate: background load hits both)."""
     runs = sorted((framing(size, kind, seconds) for _ in range(reps)), key=lambda r: r["MB/s"])
-    return {**runs[len(runs) // 2], "crypto_us_per_frame": sorted(crypto_only(size, kind) for _ in range(reps))[reps // 2]}
+    return {
+        **runs[len(runs) // 2],
+        "crypto_us_per_frame": sorted(crypto_only(size, kind) for _ in range(reps))[reps // 2],
+    }
 
 
 def run_all(quick: bool = False) -> dict[str, Any]:
@@ -298,19 +333,27 @@ def run_all(quick: bool = False) -> dict[str, Any]:
 
 
 def print_tables(out: dict[str, Any]) -> None:
-    print(f"load average at start / end: {out['loadavg_start'][0]:.1f} / {out['loadavg_end'][0]:.1f} on {os.cpu_count()} CPUs\n")
+    print(
+        f"load average at start / end: {out['loadavg_start'][0]:.1f} / {out['loadavg_end'][0]:.1f} on {os.cpu_count()} CPUs\n"
+    )
     print("| frame | HMAC MB/s | AEAD MB/s | AEAD/HMAC | HMAC µs/frame | AEAD µs/frame | crypto only µs: HMAC / AEAD |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in out["framing"]:
         h, a = r["HMAC"], r["AEAD"]
-        print(f"| {r['size'] // 1024} KiB | {h['MB/s']:.0f} | {a['MB/s']:.0f} | {r['ratio_MB/s']:.2f}x | {h['us_per_frame']:.1f} | "
-              f"{a['us_per_frame']:.1f} | {h['crypto_us_per_frame']:.1f} / {a['crypto_us_per_frame']:.1f} |")
-    print("\n| nodes | rendezvous (s) | driver threads (peak) | driver CPU (s) | driver RSS growth (MB) | wall (s) | all delivered | threads left |")
+        print(
+            f"| {r['size'] // 1024} KiB | {h['MB/s']:.0f} | {a['MB/s']:.0f} | {r['ratio_MB/s']:.2f}x | {h['us_per_frame']:.1f} | "
+            f"{a['us_per_frame']:.1f} | {h['crypto_us_per_frame']:.1f} / {a['crypto_us_per_frame']:.1f} |"
+        )
+    print(
+        "\n| nodes | rendezvous (s) | driver threads (peak) | driver CPU (s) | driver RSS growth (MB) | wall (s) | all delivered | threads left |"
+    )
     print("|---:|---:|---:|---:|---:|---:|:--:|---:|")
     for r in out["scale"]:
         ok = r["lines_ok"] and r["result_ok"] and r["all_finished"] and not r["reconnects"]
-        print(f"| {r['nodes']} | {r['rendezvous_s']:.2f} | {r['driver_threads_peak']} | {r['driver_cpu_s']:.2f} | "
-              f"{r['driver_rss_growth_mb']:.1f} | {r['wall_s']:.1f} | {'yes' if ok else 'NO'} | {r['threads_left_after_close']} |")
+        print(
+            f"| {r['nodes']} | {r['rendezvous_s']:.2f} | {r['driver_threads_peak']} | {r['driver_cpu_s']:.2f} | "
+            f"{r['driver_rss_growth_mb']:.1f} | {r['wall_s']:.1f} | {'yes' if ok else 'NO'} | {r['threads_left_after_close']} |"
+        )
 
 
 class ChannelBenchmark:
@@ -326,9 +369,16 @@ class ChannelBenchmark:
         for r in out["framing"]:
             for kind in ("HMAC", "AEAD"):
                 self.record("channel", r["size"], kind, "framing MB/s", "MB/s")["values"].append(r[kind]["MB/s"])
-                self.record("channel", r["size"], kind, "framing µs per frame", "µs")["values"].append(r[kind]["us_per_frame"])
+                self.record("channel", r["size"], kind, "framing µs per frame", "µs")["values"].append(
+                    r[kind]["us_per_frame"]
+                )
         for r in out["scale"]:
-            for metric, unit in (("rendezvous_s", "s"), ("driver_threads_peak", "threads"), ("driver_cpu_s", "s"), ("driver_rss_growth_mb", "MB")):
+            for metric, unit in (
+                ("rendezvous_s", "s"),
+                ("driver_threads_peak", "threads"),
+                ("driver_cpu_s", "s"),
+                ("driver_rss_growth_mb", "MB"),
+            ):
                 self.record("channel", r["nodes"], "spark_torch", metric, unit)["values"].append(r[metric])
         self.notes["channel"] = out
         print_tables(out)

@@ -96,11 +96,17 @@ def ddp_loop(batches: Iterable[tuple[Any, Any]], total: int, width: int) -> dict
     rows_all = torch.tensor([rows])
     dist.all_reduce(rows_all)
     out = {
-        "loop_s": float(stats[0]), "peak_rss_mb": float(stats[1]), "rss_anon_mb": float(stats[2]),
-        "rss_file_mb": float(stats[3]), "entered_at": float(stats[4]), "loop_started_at": float(stats[5]),
-        "loop_ended_at": float(stats[6]), "rows_trained": int(rows_all),
-        "missing": int((seen == 0).sum()), "repeated": int((seen > 1).sum()),
-    }  # fmt: skip
+        "loop_s": float(stats[0]),
+        "peak_rss_mb": float(stats[1]),
+        "rss_anon_mb": float(stats[2]),
+        "rss_file_mb": float(stats[3]),
+        "entered_at": float(stats[4]),
+        "loop_started_at": float(stats[5]),
+        "loop_ended_at": float(stats[6]),
+        "rows_trained": int(rows_all),
+        "missing": int((seen == 0).sum()),
+        "repeated": int((seen > 1).sum()),
+    }
     # gloo's worker thread drops a finished all_reduce's tensors under the GIL; a group destroyed
     # (with the GIL held) before it did waits for it forever (seen in Mosaic's venv): the barrier
     # waits with the GIL released until the worker has moved past those works
@@ -165,15 +171,36 @@ def run_once(spark: Any, method: str, table: str, path: str, rows: int, limit: i
             pyspark_fn, df.repartition(2), rows, table, (limit or rows) // 2
         )
     train = time.perf_counter() - start
-    return {**out, "prep_s": 0.0, "train_s": train, "total_s": train, "train_called_at": called, "train_ended_at": called + train}
+    return {
+        **out,
+        "prep_s": 0.0,
+        "train_s": train,
+        "total_s": train,
+        "train_called_at": called,
+        "train_ended_at": called + train,
+    }
 
 
 def peer_command(peer: str, venvs: str, table: str, path: str, rows: int, out: str) -> tuple[list[str], dict[str, str]]:
     """argv and environment of one peer run: its side venv's python on peers/peer_run.py."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "peer_run.py")
-    argv = [os.path.join(venvs, peer, "bin", "python"), script, peer, "--table", table, "--path", path, "--rows", str(rows), "--out", out]
+    argv = [
+        os.path.join(venvs, peer, "bin", "python"),
+        script,
+        peer,
+        "--table",
+        table,
+        "--path",
+        path,
+        "--rows",
+        str(rows),
+        "--out",
+        out,
+    ]
     # this process's PySpark 4 must not leak into the peer's PySpark 3.5 (SPARK_HOME, gateway, python)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON")) and k != "VIRTUAL_ENV"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_", "PYTHON")) and k != "VIRTUAL_ENV"
+    }
     env.update({"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": argv[0], "PYSPARK_DRIVER_PYTHON": argv[0]})
     return argv, env
 
@@ -199,17 +226,22 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "total_s": round(statistics.median(r["total_s"] for r in runs), 2),
         "loop_rows_per_s": round(statistics.median(r["rows_trained"] / r["loop_s"] for r in runs)),
         "rows_trained": max(r["rows_trained"] for r in runs),
-        "rows": "exactly once" if all(r["missing"] == 0 and r["repeated"] == 0 for r in runs) else
-        f"{max(r['missing'] for r in runs):,} missing, {max(r['repeated'] for r in runs):,} repeated",
-        "missing": max(r["missing"] for r in runs), "repeated": max(r["repeated"] for r in runs),
+        "rows": "exactly once"
+        if all(r["missing"] == 0 and r["repeated"] == 0 for r in runs)
+        else f"{max(r['missing'] for r in runs):,} missing, {max(r['repeated'] for r in runs):,} repeated",
+        "missing": max(r["missing"] for r in runs),
+        "repeated": max(r["repeated"] for r in runs),
         "peak_rss_mb_per_rank": round(max(r["peak_rss_mb"] for r in runs)),
         # where train s goes: the run call to the last rank's first batch (Spark jobs, staging, rank
         # start, the loader's set-up), the loop, and the slowest rank's loop end to the call's return
         "before_loop_s": round(statistics.median(r["loop_started_at"] - r["train_called_at"] for r in runs), 2),
         "after_loop_s": round(statistics.median(r["train_ended_at"] - r["loop_ended_at"] for r in runs), 2),
         "loop_s": round(statistics.median(r["loop_s"] for r in runs), 2),
-        "rss_at_loop_end_mb": {"anon": round(max(r["rss_anon_mb"] for r in runs)), "file": round(max(r["rss_file_mb"] for r in runs))},
-    }  # fmt: skip
+        "rss_at_loop_end_mb": {
+            "anon": round(max(r["rss_anon_mb"] for r in runs)),
+            "file": round(max(r["rss_file_mb"] for r in runs)),
+        },
+    }
 
 
 def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -226,9 +258,11 @@ def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out[f"total_speedup{suffix}"] = round(theirs["total_s"] / ours["total_s"], 2)
         out[f"peak_rss{suffix}"] = round(ours["peak_rss_mb_per_rank"] / theirs["peak_rss_mb_per_rank"], 2)
     goals = {
-        "loop >= 2x pyspark": ("loop_rows_per_s", 2.0), "loop >= petastorm": ("loop_rows_per_s_vs_petastorm", 1.0),
-        "end to end >= 1.25x pyspark": ("total_speedup", 1.25), "end to end >= 2x petastorm": ("total_speedup_vs_petastorm", 2.0),
-    }  # fmt: skip
+        "loop >= 2x pyspark": ("loop_rows_per_s", 2.0),
+        "loop >= petastorm": ("loop_rows_per_s_vs_petastorm", 1.0),
+        "end to end >= 1.25x pyspark": ("total_speedup", 1.25),
+        "end to end >= 2x petastorm": ("total_speedup_vs_petastorm", 2.0),
+    }
     out["goals"] = {name: out[key] >= bound for name, (key, bound) in goals.items() if key in out}
     if "peak_rss" in out:
         out["goals"]["rank memory <= pyspark"] = out["peak_rss"] <= 1.0
@@ -242,12 +276,16 @@ def main() -> None:
     parser.add_argument("--tables", default="array,scalar")
     parser.add_argument("--peers", default="petastorm,streaming", help="side-venv peers to run (empty: none)")
     parser.add_argument("--peer-venvs", default=os.environ.get("PEER_VENVS", "/work/peer-venvs"))
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "dataframe.json"))
+    parser.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "dataframe.json")
+    )
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
     missing = [p for p in peers if not os.path.exists(os.path.join(args.peer_venvs, p, ".ready"))]
     if missing:
-        sys.exit(f"no side venv for {missing} under {args.peer_venvs}: run bash benchmarks/peers/setup.sh (or --peers '')")
+        sys.exit(
+            f"no side venv for {missing} under {args.peer_venvs}: run bash benchmarks/peers/setup.sh (or --peers '')"
+        )
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     import pyspark
@@ -255,11 +293,18 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     loads = [open("/proc/loadavg").read().split()[:3]]
-    spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())  # fmt: skip
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     where = tempfile.mkdtemp(prefix="bench_dataframe_")
-    log = os.path.join(os.path.dirname(args.out), "logs", os.path.splitext(os.path.basename(args.out))[0] + "_peers.log")
+    log = os.path.join(
+        os.path.dirname(args.out), "logs", os.path.splitext(os.path.basename(args.out))[0] + "_peers.log"
+    )
     os.makedirs(os.path.dirname(log), exist_ok=True)
     open(log, "w").close()  # the peers' processes' output, Spark's included
     results: dict[str, Any] = {}
@@ -274,7 +319,7 @@ def main() -> None:
             methods = ["spark_torch", "pyspark", *peers]
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
             for rep in range(args.reps):
-                for method in methods[rep % len(methods):] + methods[: rep % len(methods)]:  # interleaved, rotating
+                for method in methods[rep % len(methods) :] + methods[: rep % len(methods)]:  # interleaved, rotating
                     load = open("/proc/loadavg").read().split()[0]
                     if method in peers:
                         try:
@@ -298,10 +343,19 @@ def main() -> None:
         shutil.rmtree(where, ignore_errors=True)
         spark.stop()
     results["config"] = {
-        "rows": args.rows, "reps": args.reps, "batch": BATCH, "ranks": 2, "master": "local[2]",
-        "python": platform.python_version(), "cpus": os.cpu_count(), "pyspark": pyspark.__version__,
-        "torch": torch.__version__, "peers": peer_versions, "loadavg_1_5_15": loads, "failures": failures,
-    }  # fmt: skip
+        "rows": args.rows,
+        "reps": args.reps,
+        "batch": BATCH,
+        "ranks": 2,
+        "master": "local[2]",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "pyspark": pyspark.__version__,
+        "torch": torch.__version__,
+        "peers": peer_versions,
+        "loadavg_1_5_15": loads,
+        "failures": failures,
+    }
     print(json.dumps(results, indent=2))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:

@@ -67,10 +67,19 @@ def _cnn() -> tuple[Any, Any, Any]:
     torch.manual_seed(0)
     n = torch.nn
     model = n.Sequential(
-        n.Conv2d(3, 16, 3, padding=1), n.ReLU(), n.Conv2d(16, 32, 3, stride=2, padding=1), n.ReLU(),
-        n.Conv2d(32, 64, 3, stride=2, padding=1), n.ReLU(), n.Flatten(), n.Linear(64 * 4 * 4, 768), n.ReLU(),
-        n.Linear(768, 256), n.ReLU(), n.Linear(256, 10),
-    )  # fmt: skip
+        n.Conv2d(3, 16, 3, padding=1),
+        n.ReLU(),
+        n.Conv2d(16, 32, 3, stride=2, padding=1),
+        n.ReLU(),
+        n.Conv2d(32, 64, 3, stride=2, padding=1),
+        n.ReLU(),
+        n.Flatten(),
+        n.Linear(64 * 4 * 4, 768),
+        n.ReLU(),
+        n.Linear(768, 256),
+        n.ReLU(),
+        n.Linear(256, 10),
+    )
     return model, torch.randn(32, 3, 16, 16), torch.randint(0, 10, (32,))
 
 
@@ -100,9 +109,13 @@ def cnn_steps(kind: str, steps: int, every: int) -> dict[str, Any]:
 
         wait = timedelta(seconds=60)
         mgr = ft.manager(
-            state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict()}, load_state_dict=lambda _: None,
-            timeout=wait, quorum_timeout=wait, connect_timeout=wait, use_async_quorum=kind != "diloco",
-        )  # fmt: skip
+            state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict()},
+            load_state_dict=lambda _: None,
+            timeout=wait,
+            quorum_timeout=wait,
+            connect_timeout=wait,
+            use_async_quorum=kind != "diloco",
+        )
         net = DistributedDataParallel(mgr, model) if kind == "ft" else model
         if kind == "localsgd":
             wrapper = LocalSGD(mgr, model, opt, sync_every=every)
@@ -147,7 +160,9 @@ def cnn_rounds(rounds: int, steps: int, every: int, storage: str) -> dict[str, A
             before = os.getloadavg()
             out = (plain if kind == "ddp" else groups).run(cnn_steps, kind, steps, every)
             runs[kind]["values"].append(statistics.mean(out["times"]) * 1000)
-            runs[kind]["extra"].append({"pair": round_, "threads": out["threads"], "load": [before[0], os.getloadavg()[0]]})
+            runs[kind]["extra"].append(
+                {"pair": round_, "threads": out["threads"], "load": [before[0], os.getloadavg()[0]]}
+            )
     result: dict[str, Any] = {"every": every, "steps": steps, "ms": {k: runs[k]["values"] for k in KINDS}}
     result["runs"] = {k: runs[k]["extra"] for k in KINDS}
     result["ratios"] = {k: paired_ratio(runs[k], runs["ddp"]) for k in KINDS[1:]}
@@ -180,8 +195,11 @@ def ft_steps(steps: int, work: str | None = None, kill_at: int | None = None) ->
     wait = timedelta(seconds=30)
     mgr = ft.manager(
         state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "together": together},
-        load_state_dict=load, timeout=wait, quorum_timeout=wait, connect_timeout=wait,
-    )  # fmt: skip
+        load_state_dict=load,
+        timeout=wait,
+        quorum_timeout=wait,
+        connect_timeout=wait,
+    )
     ddp = DistributedDataParallel(mgr, model)
     x, y = torch.randn(32, 64), torch.randn(32, 1)
     log = open(os.path.join(work, f"g{group}.commits"), "a", buffering=1) if work else None
@@ -233,26 +251,42 @@ def ddp_steps(steps: int) -> float:
 
 
 def per_step(pairs: int, steps: int, storage: str) -> dict[str, Any]:
-    groups = Distributor(num_processes=2, replica_groups=2, lighthouse_options=OPTIONS, log_ranks=[], storage_path=storage)
+    groups = Distributor(
+        num_processes=2, replica_groups=2, lighthouse_options=OPTIONS, log_ranks=[], storage_path=storage
+    )
     plain = Distributor(num_processes=2, log_ranks=[], storage_path=storage)
-    result = alternating_pairs(pairs, lambda: float(groups.run(ft_steps, steps)), lambda: float(plain.run(ddp_steps, steps)))
-    return {"ft_ms": [v * 1000 for v in result["a"]], "ddp_ms": [v * 1000 for v in result["b"]],
-            **{k: result.get(k) for k in ("ratio", "low", "high", "pairs")}}  # fmt: skip
+    result = alternating_pairs(
+        pairs, lambda: float(groups.run(ft_steps, steps)), lambda: float(plain.run(ddp_steps, steps))
+    )
+    return {
+        "ft_ms": [v * 1000 for v in result["a"]],
+        "ddp_ms": [v * 1000 for v in result["b"]],
+        **{k: result.get(k) for k in ("ratio", "low", "high", "pairs")},
+    }
 
 
 def one_kill(steps: int, storage: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as work:
         Distributor(
-            num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=OPTIONS, log_ranks=[],
-            storage_path=storage, timeout=300,
-        ).run(ft_steps, steps, work, 50)  # fmt: skip
+            num_processes=2,
+            replica_groups=2,
+            max_restarts=1,
+            lighthouse_options=OPTIONS,
+            log_ranks=[],
+            storage_path=storage,
+            timeout=300,
+        ).run(ft_steps, steps, work, 50)
         with open(os.path.join(work, "killed")) as fh:
             kill = float(fh.read())
         survivor = [float(line.split()[1]) for line in open(os.path.join(work, "g0.commits"))]
         rows = [line.split() for line in open(os.path.join(work, "g1.commits"))]
     gaps = [b - a for a, b in zip(survivor, survivor[1:])]
     back = min(float(t) for pid, t in rows if pid != rows[0][0]) - kill
-    return {"lost_s": max(gaps) - statistics.median(gaps), "back_s": back, "median_gap_ms": statistics.median(gaps) * 1000}
+    return {
+        "lost_s": max(gaps) - statistics.median(gaps),
+        "back_s": back,
+        "median_gap_ms": statistics.median(gaps) * 1000,
+    }
 
 
 def main() -> None:
@@ -269,14 +303,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as storage:
         steps = per_step(args.pairs, args.steps, storage)
         kills = [one_kill(100, storage) for _ in range(args.kills)]
-    out = {"per_step": steps, "kills": kills, "load_start": load, "load_end": os.getloadavg()[0], "cpus": os.cpu_count()}
+    out = {
+        "per_step": steps,
+        "kills": kills,
+        "load_start": load,
+        "load_end": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+    }
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "ft.json"), "w") as fh:
         json.dump(out, fh, indent=1)
-    print(f"per step: ft {statistics.median(steps['ft_ms']):.2f} ms, DDP {statistics.median(steps['ddp_ms']):.2f} ms, "
-          f"ratio {steps['ratio']:.2f} ({steps['low']:.2f}-{steps['high']:.2f}, {steps['pairs']} pairs)")  # fmt: skip
+    print(
+        f"per step: ft {statistics.median(steps['ft_ms']):.2f} ms, DDP {statistics.median(steps['ddp_ms']):.2f} ms, "
+        f"ratio {steps['ratio']:.2f} ({steps['low']:.2f}-{steps['high']:.2f}, {steps['pairs']} pairs)"
+    )
     for kill in kills:
-        print(f"kill: lost {kill['lost_s']:.2f} s, back after {kill['back_s']:.2f} s (median gap {kill['median_gap_ms']:.1f} ms)")
+        print(
+            f"kill: lost {kill['lost_s']:.2f} s, back after {kill['back_s']:.2f} s (median gap {kill['median_gap_ms']:.1f} ms)"
+        )
     print(f"load average {load:.1f} -> {out['load_end']:.1f} on {out['cpus']} CPUs")
 
 
@@ -284,7 +328,9 @@ def realistic(rounds: int, steps: int, every: int) -> None:
     load, uptime = os.getloadavg(), open("/proc/uptime").read().split()[0]
     with tempfile.TemporaryDirectory() as storage:
         out = cnn_rounds(rounds, steps, every, storage)
-    out.update({"load_start": list(load), "load_end": list(os.getloadavg()), "cpus": os.cpu_count(), "uptime_s": float(uptime)})
+    out.update(
+        {"load_start": list(load), "load_end": list(os.getloadavg()), "cpus": os.cpu_count(), "uptime_s": float(uptime)}
+    )
     with open(os.path.join(HERE, "results", "ft_cnn.json"), "w") as fh:
         json.dump(out, fh, indent=1)
     for kind in KINDS:

@@ -59,7 +59,9 @@ def main() -> None:
             gated = LighthouseClient(f"http://127.0.0.1:{gate.port}", wait)
             for client in (direct, gated):  # connections made, first calls done
                 median_call(client, 50)
-            pairs = alternating_pairs(args.pairs, lambda: median_call(gated, args.calls), lambda: median_call(direct, args.calls))
+            pairs = alternating_pairs(
+                args.pairs, lambda: median_call(gated, args.calls), lambda: median_call(direct, args.calls)
+            )
         finally:
             gate.close()
     added = statistics.median(g - d for g, d in zip(pairs["a"], pairs["b"]))

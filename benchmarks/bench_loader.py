@@ -85,8 +85,12 @@ def measure_ours(path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for shuffle in (True, False):
         for cols in [COLUMNS] + [[c] for c in COLUMNS]:
-            ds = RankDataset(path, batch_size=BATCH, columns=cols, shuffle=shuffle, seed=0, local_rank=0, local_world_size=1)
-            out[f"{'shuffled' if shuffle else 'in_order'}/{cols[0] if len(cols) == 1 else 'all'}"] = round(epoch_ms(ds), 3)
+            ds = RankDataset(
+                path, batch_size=BATCH, columns=cols, shuffle=shuffle, seed=0, local_rank=0, local_world_size=1
+            )
+            out[f"{'shuffled' if shuffle else 'in_order'}/{cols[0] if len(cols) == 1 else 'all'}"] = round(
+                epoch_ms(ds), 3
+            )
     return out
 
 
@@ -111,7 +115,9 @@ def measure_old(rows: int, directory: str, batches: int) -> dict[str, float]:
 
     def chunk_aware(idx: Any) -> Any:
         chunk = np.searchsorted(bounds, idx, side="right") - 1
-        return pa.concat_arrays([column.chunks[k].take(pa.array(idx[chunk == k] - bounds[k])) for k in np.unique(chunk)])
+        return pa.concat_arrays(
+            [column.chunks[k].take(pa.array(idx[chunk == k] - bounds[k])) for k in np.unique(chunk)]
+        )
 
     result = {}
     for name, fn in (("arrow_table_take", old), ("chunk_aware_take", chunk_aware)):
@@ -153,9 +159,14 @@ def main() -> None:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     results["config"] = {
-        "batch": BATCH, "chunk_rows": CHUNK, "python": platform.python_version(), "cpus": os.cpu_count(),
-        "numpy": numpy.__version__, "pyarrow": pyarrow.__version__, "torch": torch.__version__,
-    }  # fmt: skip
+        "batch": BATCH,
+        "chunk_rows": CHUNK,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "numpy": numpy.__version__,
+        "pyarrow": pyarrow.__version__,
+        "torch": torch.__version__,
+    }
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "results", "loader.json"), "w") as fh:
         json.dump(results, fh, indent=2)

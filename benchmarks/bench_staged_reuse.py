@@ -61,17 +61,21 @@ def main() -> None:
     from spark_torch import Distributor
 
     spark = (
-        SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.catalogImplementation", "in-memory").getOrCreate()
-    )  # fmt: skip
+        SparkSession.builder.master("local[2]")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.catalogImplementation", "in-memory")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     load = [os.getloadavg()]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-staged-reuse-") as where:
         path = os.path.join(where, "array")
         spark.range(0, args.rows, 1, 8).select(
-            F.array(*[F.rand(seed=i).cast("float") for i in range(32)]).alias("features"), F.col("id").cast("double").alias("label")
+            F.array(*[F.rand(seed=i).cast("float") for i in range(32)]).alias("features"),
+            F.col("id").cast("double").alias("label"),
         ).write.parquet(path)
         df = spark.read.parquet(path)
         d = Distributor(num_processes=2, local_mode=False, spark=spark)
@@ -80,15 +84,30 @@ def main() -> None:
             out = d.run_on_dataframe(one_epoch, df, columns=["features", "label"], reuse_staged=reuse)
             seconds = time.perf_counter() - started
             staging = d.last_run.staging if d.last_run is not None else None
-            runs.append({"run": index, "warm_up": index == 0, "reuse_staged": reuse, "staging": str(staging), "seconds": round(seconds, 2), "rows": out["rows"]})
+            runs.append(
+                {
+                    "run": index,
+                    "warm_up": index == 0,
+                    "reuse_staged": reuse,
+                    "staging": str(staging),
+                    "seconds": round(seconds, 2),
+                    "rows": out["rows"],
+                }
+            )
             print(json.dumps(runs[-1]), flush=True)
     spark.stop()
     load.append(os.getloadavg())
     result = {
-        "rows": args.rows, "table": "features array<float>[32] + label, Parquet", "ranks": 2, "master": "local[2]",
-        "runs": runs, "load_average": {"start": load[0], "end": load[1]}, "cpus": os.cpu_count(),
-        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-    }  # fmt: skip
+        "rows": args.rows,
+        "table": "features array<float>[32] + label, Parquet",
+        "ranks": 2,
+        "master": "local[2]",
+        "runs": runs,
+        "load_average": {"start": load[0], "end": load[1]},
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)

@@ -70,10 +70,14 @@ def import_ms(modules: tuple[str, ...], reps: int) -> float:
     code = "; ".join(f"import {m}" for m in modules)
     totals = []
     for _ in range(reps):
-        done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+        )
         # -X importtime: "import time: self [us] | cumulative | name"; top-level imports have no indent
         top = [line.split("|") for line in done.stderr.splitlines() if line.startswith("import time:") and "|" in line]
-        totals.append(sum(int(c.strip()) for _, c, name in top if not name.startswith("  ") and c.strip().isdigit()) / 1000)
+        totals.append(
+            sum(int(c.strip()) for _, c, name in top if not name.startswith("  ") and c.strip().isdigit()) / 1000
+        )
     return statistics.median(totals)
 
 
@@ -94,8 +98,10 @@ def main() -> None:
         json.dump(results, fh, indent=1)
     for key, value in results.items():
         if "ratio" in value:
-            print(f"{key}: on/off {value['ratio']:.3f} (95% CI {value['low']:.3f}-{value['high']:.3f}, {value['pairs']} pairs); "
-                  f"median on {statistics.median(value['on']):.4g}, off {statistics.median(value['off']):.4g}")
+            print(
+                f"{key}: on/off {value['ratio']:.3f} (95% CI {value['low']:.3f}-{value['high']:.3f}, {value['pairs']} pairs); "
+                f"median on {statistics.median(value['on']):.4g}, off {statistics.median(value['off']):.4g}"
+            )
         else:
             print(f"{key}: {value}")
 

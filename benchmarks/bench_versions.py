@@ -54,7 +54,9 @@ def _worker() -> None:
             Distributor(num_processes=2, log_ranks=[]).run(bodies.trivial_pg)
             value = time.perf_counter() - start
         else:
-            value = float(Distributor(num_processes=2, log_ranks=[]).run(bodies.train_ddp, int(rest[0]))["samples_per_s"])
+            value = float(
+                Distributor(num_processes=2, log_ranks=[]).run(bodies.train_ddp, int(rest[0]))["samples_per_s"]
+            )
         out.write(json.dumps({"value": value}) + "\n")
         out.flush()
 
@@ -67,8 +69,12 @@ class _Version:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, HERE])}
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tree,
+        )
 
     def ask(self, command: str, timeout: float = 600.0) -> float:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -109,8 +115,11 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    revs = {"before": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.before], capture_output=True,
-                                     text=True, check=True).stdout.strip()}  # fmt: skip
+    revs = {
+        "before": subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", args.before], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    }
     with tempfile.TemporaryDirectory(prefix="spark-torch-versions-") as tmp:
         trees = [_checkout(args.before, os.path.join(tmp, "before"))]
         try:
@@ -140,9 +149,11 @@ def main() -> None:
     print(f"before {revs['before']}, after {revs['after']}")
     for key in ("launch", "ddp_throughput"):
         value = results[key]
-        print(f"{key}: after/before {value['ratio']:.3f} (95% CI {value['low']:.3f}-{value['high']:.3f}, "
-              f"{value['pairs']} pairs); median after {statistics.median(value['after']):.4g}, "
-              f"before {statistics.median(value['before']):.4g}")  # fmt: skip
+        print(
+            f"{key}: after/before {value['ratio']:.3f} (95% CI {value['low']:.3f}-{value['high']:.3f}, "
+            f"{value['pairs']} pairs); median after {statistics.median(value['after']):.4g}, "
+            f"before {statistics.median(value['before']):.4g}"
+        )
 
 
 if __name__ == "__main__":

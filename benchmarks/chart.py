@@ -21,8 +21,14 @@ def write_chart(path: str, analysis: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     recs = analysis["records"]
-    colors = {OURS: "tab:blue", TD: "tab:orange", TORCHRUN: "tab:green", FLOOR: "tab:green",
-              "barrier job only": "tab:gray", "in-process pickle": "tab:purple"}
+    colors = {
+        OURS: "tab:blue",
+        TD: "tab:orange",
+        TORCHRUN: "tab:green",
+        FLOOR: "tab:green",
+        "barrier job only": "tab:gray",
+        "in-process pickle": "tab:purple",
+    }
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
 
     def bars(ax, groups: list[tuple[str, list[dict[str, Any]]]], ylabel: str, title: str) -> None:
@@ -56,25 +62,38 @@ def write_chart(path: str, analysis: dict[str, Any]) -> None:
     groups = []
     for job in ("launch-local", "launch-dist-local4", "launch-dist-cluster"):
         for n in sorted({r["n"] for r in launch if r["job"] == job}):
-            label = {"launch-local": "local", "launch-dist-local4": "local[4]",
-                     "launch-dist-cluster": "local-cluster"}[job]
+            label = {"launch-local": "local", "launch-dist-local4": "local[4]", "launch-dist-cluster": "local-cluster"}[
+                job
+            ]
             groups.append((f"{label}\nN={n}", [r for r in launch if r["job"] == job and r["n"] == n]))
     bars(axes[0][0], groups, "seconds (median, min–max)", "1. launch latency, trivial function")
-    bars(axes[0][1], [("N=2 local", [r for r in recs if r["bench"] == "training"])], "samples/s",
-         "2. DDP MLP throughput (higher is better)")
+    bars(
+        axes[0][1],
+        [("N=2 local", [r for r in recs if r["bench"] == "training"])],
+        "samples/s",
+        "2. DDP MLP throughput (higher is better)",
+    )
     logs = [r for r in recs if r["bench"] == "logging"]
     groups = []
     for job in ("logging-local", "logging-dist"):
         for metric in ("seconds_silent", "seconds_loud"):
-            groups.append((f"{job.split('-')[1]}\n{metric.split('_')[1]}",
-                           [r for r in logs if r["job"] == job and r["metric"] == metric]))
+            groups.append(
+                (
+                    f"{job.split('-')[1]}\n{metric.split('_')[1]}",
+                    [r for r in logs if r["job"] == job and r["metric"] == metric],
+                )
+            )
     bars(axes[0][2], groups, "seconds", "3. 2 ranks x 100k lines vs silent")
     res = [r for r in recs if r["bench"] == "result"]
     groups = []
     for job in ("result-local", "result-dist"):
         for metric in ("seconds_none", "seconds_256MB", "seconds_roundtrip"):
-            groups.append((f"{job.split('-')[1]}\n{metric.split('_')[1]}",
-                           [r for r in res if r["job"] == job and r["metric"] == metric]))
+            groups.append(
+                (
+                    f"{job.split('-')[1]}\n{metric.split('_')[1]}",
+                    [r for r in res if r["job"] == job and r["metric"] == metric],
+                )
+            )
     bars(axes[1][0], groups, "seconds", "4. result: 256 MB vs None vs in-process pickle")
     ax = axes[1][1]
     for launcher, fit in analysis["scaling"].items():
@@ -82,8 +101,12 @@ def write_chart(path: str, analysis: dict[str, Any]) -> None:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=launcher, color=colors.get(launcher), s=14)
         if fit["slope_s_per_rank"] is not None:
             xs = sorted({p[0] for p in pts})
-            ax.plot(xs, [fit["intercept_s"] + fit["slope_s_per_rank"] * x for x in xs], color=colors.get(launcher),
-                    label=f"{launcher}: {fit['intercept_s']:.2f}s + {fit['slope_s_per_rank']:.3f}s·N")
+            ax.plot(
+                xs,
+                [fit["intercept_s"] + fit["slope_s_per_rank"] * x for x in xs],
+                color=colors.get(launcher),
+                label=f"{launcher}: {fit['intercept_s']:.2f}s + {fit['slope_s_per_rank']:.3f}s·N",
+            )
     ax.set_xlabel("ranks N")
     ax.set_ylabel("seconds")
     ax.set_title("5. local-mode launch overhead (no process group)", fontsize=10)

@@ -45,9 +45,15 @@ from gpu_steps import StepFailed, probe  # noqa: E402
 
 #: (name, needs CUDA, deadline in seconds)
 STEPS: list[tuple[str, bool, float]] = [
-    ("env", False, 60), ("local_cpu", False, 120), ("a_rank_gpu", True, 90), ("b_warm_cuda", True, 120),
-    ("c_oom", True, 90), ("d_sampler", True, 90), ("e_nccl_fr", True, 180), ("f_ddp", True, 180),
-]  # fmt: skip
+    ("env", False, 60),
+    ("local_cpu", False, 120),
+    ("a_rank_gpu", True, 90),
+    ("b_warm_cuda", True, 120),
+    ("c_oom", True, 90),
+    ("d_sampler", True, 90),
+    ("e_nccl_fr", True, 180),
+    ("f_ddp", True, 180),
+]
 
 #: comma-separated step names that block until killed (tests/test_gpu_check.py forces an overrun with it)
 HANG_VARIABLE = "GPU_CHECK_HANG_STEPS"

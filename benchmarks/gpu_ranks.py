@@ -71,10 +71,15 @@ def rank_on_gpu() -> dict[str, Any]:
     value = t.tolist()  # .tolist() waits for the collective (a device-to-host copy)
     model = spark_torch.prepare_model(torch.nn.Linear(8, 8))
     out = {
-        "env": seen, "backend": dist.get_backend(), "all_reduce": value, "device_count": torch.cuda.device_count(),
-        "current_device": torch.cuda.current_device(), "name": torch.cuda.get_device_name(device),
-        "model_device": str(next(model.parameters()).device), "expected_device": f"cuda:{os.environ['LOCAL_RANK']}",
-    }  # fmt: skip
+        "env": seen,
+        "backend": dist.get_backend(),
+        "all_reduce": value,
+        "device_count": torch.cuda.device_count(),
+        "current_device": torch.cuda.current_device(),
+        "name": torch.cuda.get_device_name(device),
+        "model_device": str(next(model.parameters()).device),
+        "expected_device": f"cuda:{os.environ['LOCAL_RANK']}",
+    }
     dist.destroy_process_group()
     return out
 
@@ -90,9 +95,13 @@ def cuda_in_warm_rank() -> dict[str, Any]:
     checksum = float((x @ x).float().sum().item())
     ready = time.time()
     return {
-        "enter": enter, "ready": ready, "parent": parent, "initialized": torch.cuda.is_initialized(),
-        "finite": checksum == checksum, "pid": os.getpid(),
-    }  # fmt: skip
+        "enter": enter,
+        "ready": ready,
+        "parent": parent,
+        "initialized": torch.cuda.is_initialized(),
+        "finite": checksum == checksum,
+        "pid": os.getpid(),
+    }
 
 
 def out_of_memory(hold_bytes: int) -> None:
@@ -164,10 +173,15 @@ def sampler_holds_no_tensor(rounds: int = 3) -> dict[str, Any]:
         del y
         torch.cuda.empty_cache()  # every cached block back to the driver: mem_get_info sees it
         free_after = torch.cuda.mem_get_info()[0]
-        record["rounds"].append({
-            "held": held, "after_del": after_del, "held_in_callee": held_in_callee, "after_return": after_return,
-            "free_after_empty_cache": free_after,
-        })  # fmt: skip
+        record["rounds"].append(
+            {
+                "held": held,
+                "after_del": after_del,
+                "held_in_callee": held_in_callee,
+                "after_return": after_return,
+                "free_after_empty_cache": free_after,
+            }
+        )
     record["free_before"] = free0
     return record
 

@@ -234,9 +234,13 @@ def step_b_warm_cuda(work: str) -> dict[str, Any]:
         not pids or not set(pids) & set(template_pids), f"nvidia-smi lists the template as holding GPU memory: {pids}"
     )
     return {
-        "runs": runs, "cold_launch_s": runs[0]["launch_s"], "warm_launch_s": [r["launch_s"] for r in runs[2:]],
-        "cold_cuda_ready_s": runs[0]["cuda_ready_s"], "warm_cuda_ready_s": [r["cuda_ready_s"] for r in runs[2:]], "nvidia_smi_pids": pids,
-    }  # fmt: skip
+        "runs": runs,
+        "cold_launch_s": runs[0]["launch_s"],
+        "warm_launch_s": [r["launch_s"] for r in runs[2:]],
+        "cold_cuda_ready_s": runs[0]["cuda_ready_s"],
+        "warm_cuda_ready_s": [r["cuda_ready_s"] for r in runs[2:]],
+        "nvidia_smi_pids": pids,
+    }
 
 
 def step_c_oom(work: str) -> dict[str, Any]:
@@ -269,8 +273,9 @@ def step_c_oom(work: str) -> dict[str, Any]:
     data["free_after"] = after["free"]
     check(
         after["free"] >= before["free"] - MEMORY_TOLERANCE,
-        f"GPU memory not back within 20s: {before['free'] >> 20} MiB free before, {after['free'] >> 20} MiB after", data,
-    )  # fmt: skip
+        f"GPU memory not back within 20s: {before['free'] >> 20} MiB free before, {after['free'] >> 20} MiB after",
+        data,
+    )
     ours = {p.pid for p in psutil.Process().children(recursive=True)}
     data["nvidia_smi_pids"] = holding = gpu_pids()
     check(
@@ -343,9 +348,11 @@ def _fr_nccl_timeout(ranks: Any, work: str) -> dict[str, Any]:
     # TORCH_NCCL_ENABLE_MONITORING=1 and a Flight Recorder buffer > 0 (spark_torch sets TORCH_FR_BUFFER_SIZE);
     # it is written to TORCH_NCCL_DEBUG_INFO_TEMP_FILE + the rank (newer name: TORCH_FR_DUMP_TEMP_FILE)
     env = {
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_ENABLE_MONITORING": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix,
-    }  # fmt: skip
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+    }
     os.makedirs(log_dir, exist_ok=True)
     started = time.monotonic()
     # torch 2.11 on an H200 (2026-11-27): the watchdog dumped, then the rank hung (its GPU still busy
@@ -361,9 +368,12 @@ def _fr_nccl_timeout(ranks: Any, work: str) -> dict[str, Any]:
     check(os.path.isfile(dump), f"torch's watchdog dump is not in log_dir ({sorted(os.listdir(log_dir))})")
     check(dump in message, f"the error does not name the dump {dump}: {message[-800:]}")
     return {
-        "ended_by": ended_by, "headline": message.splitlines()[0][:300], "seconds": round(time.monotonic() - started, 1),
-        "message_tail": message[-1500:], "dump_bytes": os.path.getsize(dump),
-    }  # fmt: skip
+        "ended_by": ended_by,
+        "headline": message.splitlines()[0][:300],
+        "seconds": round(time.monotonic() - started, 1),
+        "message_tail": message[-1500:],
+        "dump_bytes": os.path.getsize(dump),
+    }
 
 
 def _healthy_sleepy_nccl(ranks: Any, work: str) -> dict[str, Any]:
@@ -383,7 +393,11 @@ def step_e_nccl_fr(work: str) -> dict[str, Any]:
     ranks = ship_bodies()
     out: dict[str, Any] = {}
     failures = []
-    for name, part in (("stall", _fr_stall), ("nccl_timeout", _fr_nccl_timeout), ("healthy_sleepy", _healthy_sleepy_nccl)):
+    for name, part in (
+        ("stall", _fr_stall),
+        ("nccl_timeout", _fr_nccl_timeout),
+        ("healthy_sleepy", _healthy_sleepy_nccl),
+    ):
         try:
             out[name] = part(ranks, work)
         except Exception as exc:  # noqa: BLE001 - one part failing must not hide the other

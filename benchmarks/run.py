@@ -75,8 +75,12 @@ def versions() -> dict[str, Any]:
     return info
 
 
-def run_jobs(args: argparse.Namespace, jobs: list[Job], results_dir: str,
-             after_each: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+def run_jobs(
+    args: argparse.Namespace,
+    jobs: list[Job],
+    results_dir: str,
+    after_each: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
     logs = os.path.join(results_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     env = dict(os.environ)
@@ -85,14 +89,25 @@ def run_jobs(args: argparse.Namespace, jobs: list[Job], results_dir: str,
     outputs = []
     for job in jobs:
         out = os.path.join(results_dir, f"{job.name}.json.tmp")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", job.name, "--reps", str(args.reps),
-               "--out", out, "--results-dir", results_dir] + (["--quick"] if args.quick else [])
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            job.name,
+            "--reps",
+            str(args.reps),
+            "--out",
+            out,
+            "--results-dir",
+            results_dir,
+        ] + (["--quick"] if args.quick else [])
         print(f"[bench] {job.name} ({job.bench}, {job.mode}, master={job.master}) ...", flush=True)
         t = time.time()
         with open(os.path.join(logs, f"{job.name}.log"), "w") as log:
             try:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=WORKER_TIMEOUT,
-                                    cwd=ROOT).returncode
+                rc = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=WORKER_TIMEOUT, cwd=ROOT
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         try:
@@ -107,8 +122,11 @@ def run_jobs(args: argparse.Namespace, jobs: list[Job], results_dir: str,
         errors = sum(len(r["errors"]) for r in data["records"])
         if after_each is not None:
             after_each(outputs)
-        print(f"[bench]   done in {time.time() - t:.0f}s (exit {rc}, {errors} failed runs; "
-              f"log: {os.path.relpath(os.path.join(logs, job.name + '.log'), ROOT)})", flush=True)
+        print(
+            f"[bench]   done in {time.time() - t:.0f}s (exit {rc}, {errors} failed runs; "
+            f"log: {os.path.relpath(os.path.join(logs, job.name + '.log'), ROOT)})",
+            flush=True,
+        )
     return outputs
 
 
@@ -125,15 +143,19 @@ def parent_main(args: argparse.Namespace) -> int:
     load0 = os.getloadavg()
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "command": " ".join([os.path.relpath(sys.executable, ROOT)] + [os.path.relpath(sys.argv[0], ROOT)]
-                            + sys.argv[1:]),
+        "command": " ".join(
+            [os.path.relpath(sys.executable, ROOT)] + [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]
+        ),
         "reps": args.reps,
         "quick": args.quick,
         "versions": versions(),
         "loadavg_start": [round(x, 2) for x in load0],
     }
-    print(f"[bench] {len(jobs)} jobs, {args.reps} repetition(s) -> {os.path.relpath(results_dir, ROOT)}/; "
-          f"load average {load0[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"[bench] {len(jobs)} jobs, {args.reps} repetition(s) -> {os.path.relpath(results_dir, ROOT)}/; "
+        f"load average {load0[0]:.1f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
 
     def report(outputs: list[dict[str, Any]]) -> dict[str, Any]:
         """(Re)write results.json/.md/.png; called after every job so a cut-short run still reports."""
@@ -142,8 +164,12 @@ def parent_main(args: argparse.Namespace) -> int:
         meta["jobs_done"] = f"{len(outputs)} of {len(jobs)}"
         analysis = analyse(outputs)
         with open(os.path.join(results_dir, "results.json"), "w") as fh:
-            json.dump({"meta": meta, "targets": analysis["targets"], "scaling": analysis["scaling"],
-                       "jobs": outputs}, fh, indent=1, default=str)
+            json.dump(
+                {"meta": meta, "targets": analysis["targets"], "scaling": analysis["scaling"], "jobs": outputs},
+                fh,
+                indent=1,
+                default=str,
+            )
         write_markdown(os.path.join(results_dir, "results.md"), meta, analysis, outputs)
         try:
             write_chart(os.path.join(results_dir, "results.png"), analysis)
@@ -153,8 +179,10 @@ def parent_main(args: argparse.Namespace) -> int:
 
     outputs = run_jobs(args, jobs, results_dir, after_each=report)
     analysis = report(outputs)
-    print(f"[bench] finished in {meta['wall_seconds']:.0f}s; see {os.path.relpath(results_dir, ROOT)}/results.md",
-          flush=True)
+    print(
+        f"[bench] finished in {meta['wall_seconds']:.0f}s; see {os.path.relpath(results_dir, ROOT)}/results.md",
+        flush=True,
+    )
     for t in analysis["targets"]:
         met = "?" if t["met"] is None else ("met" if t["met"] else "NOT met")
         print(f"[bench]   {met:8s} {fmt(t['measured'])} {t['op']} {t['limit']}  {t['target']}")
@@ -164,8 +192,9 @@ def parent_main(args: argparse.Namespace) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, N=2 only")
-    p.add_argument("--only", action="append", metavar="NAME",
-                   help=f"benchmark ({', '.join(BENCHES)}) or job name; repeatable")
+    p.add_argument(
+        "--only", action="append", metavar="NAME", help=f"benchmark ({', '.join(BENCHES)}) or job name; repeatable"
+    )
     p.add_argument("--reps", type=int, default=None, help="repetitions per configuration (default 3; --quick 1)")
     p.add_argument("--results-dir", default=None, help="default benchmarks/results (quick: benchmarks/results/quick)")
     p.add_argument("--worker", help=argparse.SUPPRESS)

@@ -36,8 +36,12 @@ def worker_main(args: argparse.Namespace) -> int:
         getattr(w, job.bench)()
     finally:
         out = {
-            "job": job.name, "records": w.records, "notes": w.notes, "seconds": time.time() - start,
-            "loadavg_start": load0, "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "job": job.name,
+            "records": w.records,
+            "notes": w.notes,
+            "seconds": time.time() - start,
+            "loadavg_start": load0,
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         }
         with open(args.out, "w") as fh:
             json.dump(out, fh, indent=1, default=str)

@@ -98,8 +98,15 @@ class WorkerBase:
         os.close(fd)
         os.unlink(out)
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-            FLOOR_SCRIPT, body, out, *(str(a) for a in args),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={n}",
+            FLOOR_SCRIPT,
+            body,
+            out,
+            *(str(a) for a in args),
         ]
         try:
             subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT)
@@ -151,9 +158,17 @@ class WorkerBase:
             rc = 0
             if body is not None:
                 cmd = [
-                    exe, "-m", "torch.distributed.run", f"--nnodes={n}", f"--node_rank={i}",
-                    "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-                    script, body, out if i == 0 else "-",
+                    exe,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--nnodes={n}",
+                    f"--node_rank={i}",
+                    "--nproc_per_node=1",
+                    "--master_addr=127.0.0.1",
+                    f"--master_port={port}",
+                    script,
+                    body,
+                    out if i == 0 else "-",
                 ]
                 rc = sp.run(cmd, stdin=sp.DEVNULL).returncode
             if rc:
@@ -176,14 +191,25 @@ class WorkerBase:
             if (r["bench"], r["n"], r["launcher"], r["metric"]) == (bench, n, launcher, metric):
                 return r
         r = {
-            "bench": bench, "job": self.job.name, "mode": self.job.mode, "master": self.job.master, "n": n,
-            "launcher": launcher, "metric": metric, "unit": unit, "values": [], "errors": [], "extra": [],
+            "bench": bench,
+            "job": self.job.name,
+            "mode": self.job.mode,
+            "master": self.job.master,
+            "n": n,
+            "launcher": launcher,
+            "metric": metric,
+            "unit": unit,
+            "values": [],
+            "errors": [],
+            "extra": [],
         }
         r.update(extra)
         self.records.append(r)
         return r
 
-    def measure(self, rec: dict[str, Any], fn: Callable[[], Any], value_of: Callable[[float, Any], float] | None = None):
+    def measure(
+        self, rec: dict[str, Any], fn: Callable[[], Any], value_of: Callable[[float, Any], float] | None = None
+    ):
         start_wall = time.time()
         t = time.perf_counter()
         try:

@@ -60,8 +60,7 @@ def count_lines(paths: list[str]) -> dict[str, Any]:
             per_rank[m.group(1).decode()] = per_rank.get(m.group(1).decode(), 0) + 1
         prefixed += len(PREFIXED_RE.findall(data))
         dropped += sum(int(m.group(1)) for m in DROPPED_RE.finditer(data))
-    return {"per_rank": per_rank, "total": sum(per_rank.values()), "prefixed": prefixed,
-            "reported_dropped": dropped}
+    return {"per_rank": per_rank, "total": sum(per_rank.values()), "prefixed": prefixed, "reported_dropped": dropped}
 
 
 class IOBenchmarks(WorkerBase):

@@ -34,8 +34,12 @@ class LaunchBenchmarks(WorkerBase):
                 launchers = [
                     (OURS, lambda n=n: self.ours(n, local, b.trivial_pg)),
                     (TD, lambda n=n: self.td(n, local, b.trivial_pg)),
-                    (floor_name, (lambda n=n: self.torchrun(n, "trivial_pg")) if local
-                     else (lambda n=n: self.barrier_floor(n, "trivial_pg"))),
+                    (
+                        floor_name,
+                        (lambda n=n: self.torchrun(n, "trivial_pg"))
+                        if local
+                        else (lambda n=n: self.barrier_floor(n, "trivial_pg")),
+                    ),
                 ]
                 if not local:
                     launchers.append(("barrier job only", lambda n=n: self.barrier_floor(n, None)))

@@ -34,7 +34,11 @@ class ProfileBenchmark(WorkerBase):
             "python -c pass": [py, "-c", "pass"],
             "python -S -c pass (reaper's interpreter)": [py, "-S", "-c", "pass"],
             "import cloudpickle": [py, "-c", "import cloudpickle"],
-            "import spark_torch.rank.function_main (our rank, before user code)": [py, "-c", "import spark_torch.rank.function_main"],
+            "import spark_torch.rank.function_main (our rank, before user code)": [
+                py,
+                "-c",
+                "import spark_torch.rank.function_main",
+            ],
             "import torch": [py, "-c", "import torch"],
             "import torch.distributed": [py, "-c", "import torch.distributed"],
             "import torch.distributed.run (torchrun agent)": [py, "-c", "import torch.distributed.run"],
@@ -46,14 +50,23 @@ class ProfileBenchmark(WorkerBase):
                 self.measure(rec, lambda cmd=cmd: subprocess.run(cmd, check=True, env=env))
         # -X importtime of our rank's own imports: top cumulative
         proc = subprocess.run(
-            [py, "-X", "importtime", "-c", "import spark_torch.rank.function_main"], capture_output=True, text=True, env=env
+            [py, "-X", "importtime", "-c", "import spark_torch.rank.function_main"],
+            capture_output=True,
+            text=True,
+            env=env,
         )
         rows = []
         for line in proc.stderr.splitlines():
             m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
             if m:
-                rows.append({"self_us": int(m.group(1)), "cumulative_us": int(m.group(2)),
-                             "depth": len(m.group(3)) // 2, "module": m.group(4)})
+                rows.append(
+                    {
+                        "self_us": int(m.group(1)),
+                        "cumulative_us": int(m.group(2)),
+                        "depth": len(m.group(3)) // 2,
+                        "module": m.group(4),
+                    }
+                )
         self.notes["rank_importtime_top"] = sorted(rows, key=lambda r: -r["cumulative_us"])[:15]
         self.notes["rank_importtime_total_us"] = sum(r["self_us"] for r in rows)
 

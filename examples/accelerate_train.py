@@ -36,7 +36,9 @@ def main() -> None:
             accelerator.backward(loss)
             optimizer.step()
     total = accelerator.reduce(loss.detach(), reduction="mean")
-    accelerator.print(f"accelerate: {accelerator.num_processes} processes, distributed type {accelerator.distributed_type}, loss {total.item():.4f}")
+    accelerator.print(
+        f"accelerate: {accelerator.num_processes} processes, distributed type {accelerator.distributed_type}, loss {total.item():.4f}"
+    )
 
 
 if __name__ == "__main__":

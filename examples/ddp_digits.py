@@ -46,9 +46,7 @@ def train(epochs: int = 10, lr: float = 0.05, batch_size: int = 32, seed: int = 
 
         # The same split and scaling on every rank (fixed seed); the sampler shards the rows.
         x, y = load_digits(return_X_y=True)
-        x_train, x_test, y_train, y_test = train_test_split(
-            x, y, test_size=0.2, random_state=seed, stratify=y
-        )
+        x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
         scaler = StandardScaler().fit(x_train)
         x_train = torch.tensor(scaler.transform(x_train), dtype=torch.float32)
         x_test = torch.tensor(scaler.transform(x_test), dtype=torch.float32)
@@ -128,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     distributor = Distributor(num_processes=args.num_processes, local_mode=args.local_mode)
     start = time.monotonic()
-    result = distributor.run(
-        train, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed
-    )
+    result = distributor.run(train, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
     elapsed = time.monotonic() - start
     accuracy = result["test_accuracy"]
     print(f"world size: {result['world_size']}, run time: {elapsed:.1f}s")

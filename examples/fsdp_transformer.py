@@ -55,7 +55,6 @@ def make_model(d_model: int = 32, layers: int = 2) -> Any:
 def train(steps: int = 40, lr: float = 3e-3, batch_size: int = 16, seed: int = 0) -> dict[str, Any]:
     """Run on every rank; rank 0 returns ``{"num_params", "losses", "first_loss", "final_loss",
     "state_dict_keys", "shard_numel"}`` (``shard_numel``: parameters stored on each rank)."""
-    import functools
 
     import torch
     import torch.distributed as dist

@@ -23,8 +23,15 @@ def main() -> None:
     import torch
     from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-    config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, num_labels=2)  # fmt: skip
+    config = BertConfig(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(config)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 128, (256, 16), generator=generator)
@@ -32,10 +39,17 @@ def main() -> None:
     data = [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": y} for i, y in zip(ids, labels)]
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(
-            output_dir=out, max_steps=args.max_steps, per_device_train_batch_size=16, learning_rate=1e-3,
-            use_cpu=not torch.cuda.is_available(), ddp_backend=None if torch.cuda.is_available() else "gloo",
-            report_to=[], logging_steps=5, save_strategy="no", disable_tqdm=True,
-        )  # fmt: skip
+            output_dir=out,
+            max_steps=args.max_steps,
+            per_device_train_batch_size=16,
+            learning_rate=1e-3,
+            use_cpu=not torch.cuda.is_available(),
+            ddp_backend=None if torch.cuda.is_available() else "gloo",
+            report_to=[],
+            logging_steps=5,
+            save_strategy="no",
+            disable_tqdm=True,
+        )
         trainer = Trainer(model=model, args=training, train_dataset=data)
         result = trainer.train()
     if int(os.environ.get("RANK", "0")) == 0:

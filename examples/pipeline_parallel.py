@@ -31,8 +31,13 @@ def make_stage_module(stage: int) -> Any:
 
     torch.manual_seed(0)
     full = nn.Sequential(
-        nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),  # stage 0
-        nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT_FEATURES),  # stage 1
+        nn.Linear(IN_FEATURES, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),  # stage 0
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, OUT_FEATURES),  # stage 1
     )
     return full[:4] if stage == 0 else full[4:]
 

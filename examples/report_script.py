@@ -74,7 +74,10 @@ def main(argv=None):
         if UNDER_SPARK_TORCH:
             with tempfile.TemporaryDirectory() as tmp:
                 if rank == 0:
-                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, f"{tmp}/state.pt")
+                    torch.save(
+                        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                        f"{tmp}/state.pt",
+                    )
                 spark_torch.report({"loss": mean_loss, "accuracy": accuracy, "epoch": epoch}, checkpoint=tmp)
     dist.destroy_process_group()
 

@@ -66,8 +66,10 @@ def demo(size: int = 10, seed: int = 0) -> dict[str, Any]:
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         base = torch.arange(size, dtype=torch.float64)
-        noise = [torch.randn(size, generator=torch.Generator().manual_seed(seed + r), dtype=torch.float64)
-                 for r in range(world)]
+        noise = [
+            torch.randn(size, generator=torch.Generator().manual_seed(seed + r), dtype=torch.float64)
+            for r in range(world)
+        ]
         mine = base * (rank + 1) + noise[rank]
         expected = sum(base * (r + 1) + noise[r] for r in range(world))
 

@@ -36,8 +36,12 @@ def collectives() -> dict[str, Any]:
         dist.broadcast(t, src=0)  # everyone gets rank 0's 42
         mine["broadcast"] = t.item()
 
-        for name, op in [("sum", dist.ReduceOp.SUM), ("product", dist.ReduceOp.PRODUCT),
-                         ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)]:
+        for name, op in [
+            ("sum", dist.ReduceOp.SUM),
+            ("product", dist.ReduceOp.PRODUCT),
+            ("max", dist.ReduceOp.MAX),
+            ("min", dist.ReduceOp.MIN),
+        ]:
             t = torch.tensor([float(r + 1)])
             dist.all_reduce(t, op=op)
             mine[f"all_reduce_{name}"] = t.item()

@@ -130,7 +130,9 @@ def _switch(text: str, source: str) -> bool:
 def _stall_action(text: str, source: str) -> str:
     value = text.strip().lower()
     if value not in STALL_ACTIONS:
-        raise ConfigurationError(f"{source}={text!r} is not valid; use 'warn' (the default: say where each rank is) or 'fail' (also stop the run)")
+        raise ConfigurationError(
+            f"{source}={text!r} is not valid; use 'warn' (the default: say where each rank is) or 'fail' (also stop the run)"
+        )
     return value
 
 
@@ -162,89 +164,167 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
-        "channel_host", "SPARK_TORCH_CHANNEL_HOST", "spark.torch.channel.host", None, parse_host_port, "host or host:port",
+        "channel_host",
+        "SPARK_TORCH_CHANNEL_HOST",
+        "spark.torch.channel.host",
+        None,
+        parse_host_port,
+        "host or host:port",
         "Address of the driver that the executors reach its channel at (rank output, rendezvous, "
         "reports, results). The `host:port` form is for NAT or published container ports. Default: "
         "`spark.driver.host`; for a Spark Connect client, this machine's address on the route to the server.",
         old_env=("SPARK_TORCH_LOG_HOST",),
     ),
     Setting(
-        "channel_bind_address", "SPARK_TORCH_CHANNEL_BIND_ADDRESS", "spark.torch.channel.bindAddress", None, _address, "address",
+        "channel_bind_address",
+        "SPARK_TORCH_CHANNEL_BIND_ADDRESS",
+        "spark.torch.channel.bindAddress",
+        None,
+        _address,
+        "address",
         "Local address the channel listens on. Default: `spark.driver.bindAddress`, else "
         "`spark.driver.host` (Spark Connect client: the advertised host).",
         old_env=("SPARK_TORCH_LOG_BIND",),
     ),
     Setting(
-        "channel_ports", "SPARK_TORCH_CHANNEL_PORTS", "spark.torch.channel.ports", None, parse_ports, "FIRST-LAST or PORT",
+        "channel_ports",
+        "SPARK_TORCH_CHANNEL_PORTS",
+        "spark.torch.channel.ports",
+        None,
+        parse_ports,
+        "FIRST-LAST or PORT",
         "Ports the channel may listen on (for a firewall). Default: a port the OS chooses.",
     ),
     Setting(
-        "rendezvous_timeout", "SPARK_TORCH_RENDEZVOUS_TIMEOUT", "spark.torch.rendezvous.timeout", 60.0, _seconds, "seconds",
+        "rendezvous_timeout",
+        "SPARK_TORCH_RENDEZVOUS_TIMEOUT",
+        "spark.torch.rendezvous.timeout",
+        60.0,
+        _seconds,
+        "seconds",
         "How long nodes wait to rendezvous through the channel before falling back to one Spark allGather round.",
     ),
     Setting(
-        "heartbeat", "SPARK_TORCH_HEARTBEAT", "spark.torch.channel.heartbeat", 2.0, _seconds, "seconds",
+        "heartbeat",
+        "SPARK_TORCH_HEARTBEAT",
+        "spark.torch.channel.heartbeat",
+        2.0,
+        _seconds,
+        "seconds",
         "A quiet channel connection sends a heartbeat this often; one silent for 4 heartbeats is re-established.",
         old_env=("SPARK_TORCH_HEARTBEAT_SECONDS",),
     ),
     Setting(
-        "result_transfer", "SPARK_TORCH_RESULT_TRANSFER", "spark.torch.result.transfer", "auto", _transfer,
+        "result_transfer",
+        "SPARK_TORCH_RESULT_TRANSFER",
+        "spark.torch.result.transfer",
+        "auto",
+        _transfer,
         "auto, channel or spark",
         "How rank 0's result reaches the driver in distributed mode: `auto` (by file when node 0 sees the "
         "driver's temp directory, else over the channel, else through Spark), `channel` (the channel, else "
         "Spark) or `spark` (Spark's result path, bounded by `spark.driver.maxResultSize`).",
     ),
     Setting(
-        "executor_wait", "SPARK_TORCH_EXECUTOR_WAIT", "spark.torch.executor.wait", 60.0, _seconds_or_zero, "seconds",
+        "executor_wait",
+        "SPARK_TORCH_EXECUTOR_WAIT",
+        "spark.torch.executor.wait",
+        60.0,
+        _seconds_or_zero,
+        "seconds",
         "On a cluster master, how long to wait for executors to register before failing with "
         "InsufficientSlotsError (0: do not wait).",
     ),
     Setting(
-        "warm_start", "SPARK_TORCH_WARM_START", "spark.torch.warmStart.enabled", True, _switch, "true or false",
+        "warm_start",
+        "SPARK_TORCH_WARM_START",
+        "spark.torch.warmStart.enabled",
+        True,
+        _switch,
+        "true or false",
         "Fork ranks from a template process that has imported torch (a fresh interpreter per rank when off).",
     ),
     Setting(
-        "elastic_wait", "SPARK_TORCH_ELASTIC_WAIT", "spark.torch.elastic.wait", 30.0, _seconds_or_zero, "seconds",
+        "elastic_wait",
+        "SPARK_TORCH_ELASTIC_WAIT",
+        "spark.torch.elastic.wait",
+        30.0,
+        _seconds_or_zero,
+        "seconds",
         "Elastic runs (min_processes < num_processes): how long a restart waits for lost executors to come "
         "back before going on with fewer nodes, and how long slots for more nodes must stay free before "
         "elastic_grow restarts the run larger.",
     ),
     Setting(
-        "ship_package", "SPARK_TORCH_SHIP_PACKAGE", "spark.torch.shipPackage.enabled", True, _switch, "true or false",
+        "ship_package",
+        "SPARK_TORCH_SHIP_PACKAGE",
+        "spark.torch.shipPackage.enabled",
+        True,
+        _switch,
+        "true or false",
         "Distributed mode: send the driver's spark_torch to the executors (once per session and version, "
         "as a zip on their Python path), so they run the driver's code whether or not they have it "
         "installed. Off: the executors need the same version installed (checked when the nodes meet).",
     ),
     Setting(
-        "warm_start_idle", "SPARK_TORCH_WARM_START_IDLE", "spark.torch.warmStart.idleTimeout", 300.0, _idle_seconds,
+        "warm_start_idle",
+        "SPARK_TORCH_WARM_START_IDLE",
+        "spark.torch.warmStart.idleTimeout",
+        300.0,
+        _idle_seconds,
         "seconds, at most 86400",
         "A warm-start template with no rank running exits after this long (it also exits with its "
         "owner: the driver in local mode, the executor in distributed mode). Runs that share a template "
         "each keep it this long after their own last rank: the longest wins, a shorter one never cuts it.",
     ),
     Setting(
-        "stall_timeout", "SPARK_TORCH_STALL_TIMEOUT", "spark.torch.stall.timeout", 120.0, _seconds_or_zero, "seconds",
+        "stall_timeout",
+        "SPARK_TORCH_STALL_TIMEOUT",
+        "spark.torch.stall.timeout",
+        120.0,
+        _seconds_or_zero,
+        "seconds",
         "A run in which no rank made progress (its main thread computed, read or wrote, reached a new line, "
         "or called report(); waiting in a loop is none) for this long is stalled: spark_torch logs every "
         "rank's stack, grouped (0: no stall detection).",
     ),
     Setting(
-        "stall_action", "SPARK_TORCH_STALL_ACTION", "spark.torch.stall.action", "warn", _stall_action, "warn or fail",
+        "stall_action",
+        "SPARK_TORCH_STALL_ACTION",
+        "spark.torch.stall.action",
+        "warn",
+        _stall_action,
+        "warn or fail",
         "What a stall does: `warn` logs where each rank is (once; then one line per stall_timeout, the "
         "stacks again when one changed, and one line when the run moves again); `fail` also stops the "
         "attempt with RunStalledError (a failure for max_restarts).",
     ),
     Setting(
-        "stall_all_threads", "SPARK_TORCH_STALL_ALL_THREADS", "spark.torch.stall.allThreads", False, _switch, "true or false",
+        "stall_all_threads",
+        "SPARK_TORCH_STALL_ALL_THREADS",
+        "spark.torch.stall.allThreads",
+        False,
+        _switch,
+        "true or false",
         "Stall messages show every thread of each rank, not only its main thread.",
     ),
     Setting(
-        "stall_source_lines", "SPARK_TORCH_STALL_SOURCE_LINES", "spark.torch.stall.sourceLines", True, _switch, "true or false",
+        "stall_source_lines",
+        "SPARK_TORCH_STALL_SOURCE_LINES",
+        "spark.torch.stall.sourceLines",
+        True,
+        _switch,
+        "true or false",
         "Stall and timeout messages show each frame's source line (false: file, line and function "
         "only; the node leaves the lines out before a stack leaves it, see docs/security.md).",
     ),
     Setting(
-        "spark_logs", "SPARK_TORCH_SPARK_LOGS", "spark.torch.sparkLogs.enabled", False, _switch, "true or false",
+        "spark_logs",
+        "SPARK_TORCH_SPARK_LOGS",
+        "spark.torch.sparkLogs.enabled",
+        False,
+        _switch,
+        "true or false",
         "Keep Spark's own task-failure logs on the console while a run's Spark jobs are active (a Java "
         "trace per failed or killed task: `Executor`, `TaskSetManager`...). Off: those loggers are quiet "
         "for the run and restored after it (exactly as they were, also after a Ctrl-C); the run's error says "
@@ -296,7 +376,11 @@ def check_value(name: str, value: Any) -> Any:
         return parse_ports(str(value), name)
     if setting.parse is parse_ports and isinstance(value, (tuple, list)) and len(value) == 2:
         return parse_ports(f"{value[0]}-{value[1]}", name)
-    if setting.parse in (_seconds, _seconds_or_zero, _idle_seconds) and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if (
+        setting.parse in (_seconds, _seconds_or_zero, _idle_seconds)
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+    ):
         return setting.parse(str(value), name)
     if setting.parse is _switch and isinstance(value, bool):
         return value
@@ -334,7 +418,11 @@ def markdown_table() -> str:
         "|---|---|---|---|---|---|",
     ]
     for s in SETTINGS:
-        default = "derived" if s.default is None else f"`{str(s.default).lower() if isinstance(s.default, bool) else s.default}`"
+        default = (
+            "derived"
+            if s.default is None
+            else f"`{str(s.default).lower() if isinstance(s.default, bool) else s.default}`"
+        )
         old = "".join(f" (formerly `{name}`, still read)" for name in s.old_env)
         rows.append(f"| `{s.name}` | `{s.env}`{old} | `{s.conf}` | {s.kind} | {default} | {s.doc} |")
     return "\n".join(rows) + "\n"

@@ -73,9 +73,7 @@ os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
 from tests import jvm_archive  # noqa: E402
 from tests.other_user import open_folder  # noqa: E402
 
-EXECUTOR_JAVA_OPTIONS = (
-    jvm_archive.install() if os.environ.get("SPARK_TORCH_TEST_JVM_ARCHIVE", "1") != "0" else ""
-)
+EXECUTOR_JAVA_OPTIONS = jvm_archive.install() if os.environ.get("SPARK_TORCH_TEST_JVM_ARCHIVE", "1") != "0" else ""
 
 TESTS = Path(__file__).parent
 SCRIPTS = TESTS / "scripts"
@@ -334,17 +332,20 @@ def gpu_cluster_spark(gpu_discovery_script: str) -> Any:
     """``local-cluster`` with 2 executors x 2 fake GPUs, 2 GPUs per task, CUDA_VISIBLE_DEVICES=4,6 on executors."""
 
     def start() -> Any:
-        spark = make_session("local-cluster[2,2,1024]", {
-            "spark.executor.cores": "2",
-            "spark.task.cpus": "2",
-            "spark.worker.resource.gpu.amount": "2",
-            "spark.worker.resource.gpu.discoveryScript": gpu_discovery_script,
-            "spark.executor.resource.gpu.amount": "2",
-            "spark.executor.resource.gpu.discoveryScript": gpu_discovery_script,
-            "spark.task.resource.gpu.amount": "2",
-            # executors that already restrict CUDA: Spark's addresses are positions in this list
-            "spark.executorEnv.CUDA_VISIBLE_DEVICES": "4,6",
-        })
+        spark = make_session(
+            "local-cluster[2,2,1024]",
+            {
+                "spark.executor.cores": "2",
+                "spark.task.cpus": "2",
+                "spark.worker.resource.gpu.amount": "2",
+                "spark.worker.resource.gpu.discoveryScript": gpu_discovery_script,
+                "spark.executor.resource.gpu.amount": "2",
+                "spark.executor.resource.gpu.discoveryScript": gpu_discovery_script,
+                "spark.task.resource.gpu.amount": "2",
+                # executors that already restrict CUDA: Spark's addresses are positions in this list
+                "spark.executorEnv.CUDA_VISIBLE_DEVICES": "4,6",
+            },
+        )
         wait_for_slots(spark, 2)
         return spark
 
@@ -356,10 +357,13 @@ def gpu_local_spark(gpu_discovery_script: str) -> Any:
     """``local[2]`` whose driver owns two fake GPUs."""
 
     def start() -> Any:
-        spark = make_session("local[2]", {
-            "spark.driver.resource.gpu.amount": "2",
-            "spark.driver.resource.gpu.discoveryScript": gpu_discovery_script,
-        })
+        spark = make_session(
+            "local[2]",
+            {
+                "spark.driver.resource.gpu.amount": "2",
+                "spark.driver.resource.gpu.discoveryScript": gpu_discovery_script,
+            },
+        )
         return spark
 
     return _ensure("gpu_local_spark", start)
@@ -405,8 +409,12 @@ def stale_executors_spark(tmp_path_factory: Any) -> tuple[Any, Path]:
 
         root = tmp_path_factory.mktemp("stale")
         shadow = root / "shadow" / "spark_torch"
-        shutil.copytree(Path(__file__).resolve().parent.parent / "spark_torch", shadow, ignore=shutil.ignore_patterns("__pycache__"))
-        (shadow / "version.py").write_text((shadow / "version.py").read_text().replace('__version__ = "0.1.0"', '__version__ = "0.0.9"'))
+        shutil.copytree(
+            Path(__file__).resolve().parent.parent / "spark_torch", shadow, ignore=shutil.ignore_patterns("__pycache__")
+        )
+        (shadow / "version.py").write_text(
+            (shadow / "version.py").read_text().replace('__version__ = "0.1.0"', '__version__ = "0.0.9"')
+        )
         init = (shadow / "__init__.py").read_text()
         (shadow / "__init__.py").write_text(
             "import os as _os\n"
@@ -475,7 +483,9 @@ def rank_processes() -> list[psutil.Process]:
 def run_temp_dirs() -> list[str]:
     """Scratch directories of this session's runs (spark-torch-<run id>-node*): in the session's
     temp dir, or one level down in a Spark local dir (blockmgr-*) of an executor."""
-    return glob.glob(os.path.join(_SESSION_TMP, "spark-torch-*")) + glob.glob(os.path.join(_SESSION_TMP, "*", "spark-torch-*"))
+    return glob.glob(os.path.join(_SESSION_TMP, "spark-torch-*")) + glob.glob(
+        os.path.join(_SESSION_TMP, "*", "spark-torch-*")
+    )
 
 
 def session_executors() -> list[psutil.Process]:

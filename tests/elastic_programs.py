@@ -34,8 +34,13 @@ def _wait_for(path: str, seconds: float = 300) -> None:
 
 
 def count_epochs(
-    epochs: int, marker_dir: str | None = None, pause: float = 0.0, kill_executor_at: int | None = None,
-    hold_file: str | None = None, hold_at: int = 10, lost_file: str | None = None,
+    epochs: int,
+    marker_dir: str | None = None,
+    pause: float = 0.0,
+    kill_executor_at: int | None = None,
+    hold_file: str | None = None,
+    hold_at: int = 10,
+    lost_file: str | None = None,
 ) -> dict[str, Any]:
     """Count the epochs with an all-reduce, a checkpoint per epoch. With ``hold_file``, a restarted
     attempt of one rank waits before epoch ``hold_at`` until that file exists (a test's way to keep

@@ -63,9 +63,10 @@ def train(
     mgr = ft.manager(
         state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "together": together},
         load_state_dict=load,
-        timeout=timedelta(seconds=timeout), quorum_timeout=timedelta(seconds=timeout),
+        timeout=timedelta(seconds=timeout),
+        quorum_timeout=timedelta(seconds=timeout),
         connect_timeout=timedelta(seconds=timeout),
-    )  # fmt: skip
+    )
     resumed = spark_torch.get_checkpoint()
     if resumed is not None:
         state = torch.load(resumed / "state.pt")
@@ -148,9 +149,12 @@ def local_sgd(syncs: int, every: int, work: str, kill_sync: int | None = None, d
     wait = timedelta(seconds=20)
     mgr = ft.manager(
         state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "together": together},
-        load_state_dict=load, timeout=wait, quorum_timeout=wait, connect_timeout=wait,
+        load_state_dict=load,
+        timeout=wait,
+        quorum_timeout=wait,
+        connect_timeout=wait,
         use_async_quorum=not diloco,  # torchft's DiLoCo requires the synchronous quorum
-    )  # fmt: skip
+    )
     if diloco:  # DiLoCo adds its outer optimizer's state and the global weights to what heals a group
         outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
         wrapper: Any = DiLoCo(mgr, [model], opt, outer, sync_every=every)
@@ -189,9 +193,17 @@ def diloco_with_the_async_quorum() -> None:
 
     model = torch.nn.Linear(2, 1)
     wait = timedelta(seconds=20)
-    mgr = ft.manager(state_dict=model.state_dict, load_state_dict=model.load_state_dict, timeout=wait, connect_timeout=wait)
+    mgr = ft.manager(
+        state_dict=model.state_dict, load_state_dict=model.load_state_dict, timeout=wait, connect_timeout=wait
+    )
     try:
-        DiLoCo(mgr, [model], torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.7), sync_every=2)
+        DiLoCo(
+            mgr,
+            [model],
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            torch.optim.SGD(model.parameters(), lr=0.7),
+            sync_every=2,
+        )
     finally:
         mgr.shutdown(wait=False)
 
@@ -272,7 +284,11 @@ def listeners_after_a_step() -> tuple[str, list[str], dict[str, str]]:
     model = torch.nn.Linear(2, 1)
     wait = timedelta(seconds=20)
     mgr = ft.manager(
-        state_dict=model.state_dict, load_state_dict=model.load_state_dict, timeout=wait, quorum_timeout=wait, connect_timeout=wait
+        state_dict=model.state_dict,
+        load_state_dict=model.load_state_dict,
+        timeout=wait,
+        quorum_timeout=wait,
+        connect_timeout=wait,
     )
     mgr.start_quorum()
     mgr.wait_quorum()
@@ -380,7 +396,9 @@ def torchft_example(steps: int, work: str, kill_group: int, kill_step: int) -> l
             all_in = manager.num_participants() == NUM_REPLICA_GROUPS
             if all_in and int(together) >= steps:
                 break  # every group is here and done: they all see this same quorum
-            x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * manager.current_step() + REPLICA_GROUP_ID))
+            x = torch.randn(
+                8, 4, generator=torch.Generator().manual_seed(1000 * manager.current_step() + REPLICA_GROUP_ID)
+            )
             loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
             if REPLICA_GROUP_ID == kill_group and all_in and int(together) == kill_step and not os.path.exists(killed):
                 open(killed, "w").close()
@@ -396,7 +414,9 @@ def torchft_example(steps: int, work: str, kill_group: int, kill_step: int) -> l
         fh.write(repr(weights))
     import psutil
 
-    with open(os.path.join(work, f"g{REPLICA_GROUP_ID}.listening"), "w") as fh:  # the Manager's server and its heal transport's
+    with open(
+        os.path.join(work, f"g{REPLICA_GROUP_ID}.listening"), "w"
+    ) as fh:  # the Manager's server and its heal transport's
         fh.write(repr(sorted({c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"})))
     manager.shutdown(wait=False)
     return weights

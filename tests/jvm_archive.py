@@ -80,9 +80,13 @@ def ensure_archive() -> Path | None:
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
         started = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-c", _DUMP_PROGRAM], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        )  # fmt: skip
+            [sys.executable, "-c", _DUMP_PROGRAM],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             _, errors = proc.communicate(timeout=MAKE_SECONDS)
         except subprocess.TimeoutExpired:

@@ -98,12 +98,19 @@ def context_and_device() -> list[dict[str, Any]]:
     spark_torch.get_checkpoint()
     loaded = set(sys.modules) - before
     mine = {
-        "context": [context.get_world_rank(), context.get_world_size(), context.get_local_rank(),
-                    context.get_local_world_size(), context.get_node_rank()],
-        "env": [int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")],
+        "context": [
+            context.get_world_rank(),
+            context.get_world_size(),
+            context.get_local_rank(),
+            context.get_local_world_size(),
+            context.get_node_rank(),
+        ],
+        "env": [
+            int(os.environ[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK")
+        ],
         "device": str(device),
         "driver_modules": sorted(m for m in loaded if m.startswith(("spark_torch.driver", "spark_torch.node"))),
-    }  # fmt: skip
+    }
     dist.init_process_group("gloo", init_method="env://")
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)

@@ -13,7 +13,9 @@ import tempfile
 from typing import Any
 
 
-def deterministic_ddp(steps: int, ckpt_every: int = 2, die_at: int | None = None, die_rank: int = 1, sharded: bool = False) -> Any:
+def deterministic_ddp(
+    steps: int, ckpt_every: int = 2, die_at: int | None = None, die_rank: int = 1, sharded: bool = False
+) -> Any:
     import torch
     import torch.distributed as dist
 

@@ -29,7 +29,9 @@ ONE_WORKER_FILES = frozenset({"test_standalone.py", "test_two_hosts.py", "test_c
 #: files whose tests go to one worker together
 WHOLE_FILES = frozenset({"test_integrations.py"})
 #: files whose tests mostly wait (wall time several times their CPU time): the waiting lane's
-WAITING_FILES = frozenset({"test_stall.py", "test_flight_recorder.py", "test_channel_faults.py", "test_progress_frames.py"})
+WAITING_FILES = frozenset(
+    {"test_stall.py", "test_flight_recorder.py", "test_channel_faults.py", "test_progress_frames.py"}
+)
 #: the fewest workers with a waiting lane (with fewer, every worker takes every kind of test)
 LANE_WORKERS = 3
 

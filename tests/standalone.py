@@ -98,9 +98,7 @@ def daemon_env(host: str, log_dir: Path, extra: dict[str, str] | None = None) ->
     return env
 
 
-def start_daemon(
-    name: str, args: Sequence[str], log_dir: Path, host: str, prefix: Sequence[str] = ()
-) -> Daemon:
+def start_daemon(name: str, args: Sequence[str], log_dir: Path, host: str, prefix: Sequence[str] = ()) -> Daemon:
     """Start ``spark-class args`` in a new process group, its output in ``log_dir/name.log``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
@@ -165,14 +163,20 @@ def start_worker(
     work_dir.mkdir(parents=True, exist_ok=True)
     args = [
         WORKER_CLASS,
-        "--host", host,
-        "--port", "0",
-        "--webui-port", "0",
-        "--cores", str(cores),
-        "--memory", memory,
-        "--work-dir", str(work_dir),
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--webui-port",
+        "0",
+        "--cores",
+        str(cores),
+        "--memory",
+        memory,
+        "--work-dir",
+        str(work_dir),
         master_url,
-    ]  # fmt: skip
+    ]
     return start_daemon(name, args, log_dir, host, prefix)
 
 
@@ -319,16 +323,14 @@ def submit(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
-def check_submit_output(
-    returncode: int, out: str, master_addr: str | None = "127.0.0.1"
-) -> list[dict[str, Any]]:
+def check_submit_output(returncode: int, out: str, master_addr: str | None = "127.0.0.1") -> list[dict[str, Any]]:
     """Exit 0, ``RESULT 3``, both ranks' prefixed log lines, and the ranks' environment."""
     assert returncode == 0, out[-8000:]
     lines = out.splitlines()
     assert "RESULT 3" in lines, out[-8000:]
     for rank in (0, 1):
         assert any(line.startswith(f"[rank {rank}] all_reduce sum=3") for line in lines), out[-8000:]
-    ranks = json.loads(next(line for line in lines if line.startswith("RANKS "))[len("RANKS "):])
+    ranks = json.loads(next(line for line in lines if line.startswith("RANKS "))[len("RANKS ") :])
     assert [r["RANK"] for r in ranks] == ["0", "1"] and [r["NODE_RANK"] for r in ranks] == ["0", "1"]
     if master_addr is not None:
         assert {r["MASTER_ADDR"] for r in ranks} == {master_addr}, ranks

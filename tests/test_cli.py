@@ -59,7 +59,11 @@ def _interrupt_after_first_line(args: list[str], lines: int = 1) -> tuple[int, f
     # a shell starts background jobs with SIGINT ignored, and an ignored SIGINT is inherited;
     # the CLI must get Ctrl-C the way it does in a terminal
     proc = subprocess.Popen(
-        [*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        [*CLI, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
     )
     assert proc.stdout is not None
@@ -84,16 +88,25 @@ def _interrupt_after_first_line(args: list[str], lines: int = 1) -> tuple[int, f
     return code, time.monotonic() - start
 
 
-@pytest.mark.parametrize("mode", [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]], ids=["local", "distributed"])
+@pytest.mark.parametrize(
+    "mode",
+    [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]],
+    ids=["local", "distributed"],
+)
 def test_ctrl_c_stops_every_rank(mode: list[str], tmp_path: Path) -> None:
     before = set(run_temp_dirs())
-    code, took = _interrupt_after_first_line(["run", "-n", "2", *mode, "--storage-path", str(tmp_path), str(SCRIPTS / "hang.py"), "--x", "1"])
+    code, took = _interrupt_after_first_line(
+        ["run", "-n", "2", *mode, "--storage-path", str(tmp_path), str(SCRIPTS / "hang.py"), "--x", "1"]
+    )
     assert code == 130
     assert took < 15
     listed = cli("runs", str(tmp_path)).stdout.splitlines()  # the run is kept, "stopped by Ctrl-C"
     assert len(listed) == 2 and " stopped by Ctrl-C " in listed[1]
     shown = cli("runs", "show", listed[1].split()[0], "--storage", str(tmp_path)).stdout
-    assert f"  entry            {SCRIPTS / 'hang.py'} --x 1\n" in shown and "  outcome          stopped by Ctrl-C\n" in shown
+    assert (
+        f"  entry            {SCRIPTS / 'hang.py'} --x 1\n" in shown
+        and "  outcome          stopped by Ctrl-C\n" in shown
+    )
     deadline = time.monotonic() + 10
     while (rank_processes() or set(run_temp_dirs()) - before) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -116,7 +129,9 @@ def test_ctrl_c_prints_where_each_rank_was_once() -> None:
 def test_doctor_local() -> None:
     done = cli("doctor", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "executor torch" in done.stdout and "executor java" in done.stdout and "2-rank gloo all_reduce" in done.stdout
+    assert (
+        "executor torch" in done.stdout and "executor java" in done.stdout and "2-rank gloo all_reduce" in done.stdout
+    )
     assert "0 failed" in done.stdout
 
 
@@ -124,9 +139,20 @@ def test_tls_cluster_refused() -> None:
     """A cluster that requires TLS (spark.ssl.enabled) is refused, as TorchDistributor refuses it
     (torch traffic is not encrypted), with the key to override."""
     done = cli(
-        "run", "--distributed", "--master", "local[1]", "--conf", "spark.driver.host=127.0.0.1",
-        "--conf", "spark.ssl.enabled=true", "--conf", "spark.ui.enabled=false",
-        "-n", "1", str(SCRIPTS / "exit_code.py"), "0",
+        "run",
+        "--distributed",
+        "--master",
+        "local[1]",
+        "--conf",
+        "spark.driver.host=127.0.0.1",
+        "--conf",
+        "spark.ssl.enabled=true",
+        "--conf",
+        "spark.ui.enabled=false",
+        "-n",
+        "1",
+        str(SCRIPTS / "exit_code.py"),
+        "0",
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "requires encryption (spark.ssl.enabled)" in done.stderr and "not encrypted" in done.stderr
@@ -138,9 +164,22 @@ def test_rpc_encryption_runs_and_says_what_is_not_encrypted() -> None:
     TorchDistributor (spark_torch's channel is encrypted itself), with one line saying that
     gloo/NCCL traffic is not; the Spark secret never reaches the output."""
     done = cli(
-        "run", "--distributed", "--master", "local[1]", "--conf", "spark.driver.host=127.0.0.1",
-        "--conf", "spark.authenticate=true", "--conf", "spark.authenticate.secret=test-only-secret",
-        "--conf", "spark.network.crypto.enabled=true", "-n", "1", str(SCRIPTS / "exit_code.py"), "0",
+        "run",
+        "--distributed",
+        "--master",
+        "local[1]",
+        "--conf",
+        "spark.driver.host=127.0.0.1",
+        "--conf",
+        "spark.authenticate=true",
+        "--conf",
+        "spark.authenticate.secret=test-only-secret",
+        "--conf",
+        "spark.network.crypto.enabled=true",
+        "-n",
+        "1",
+        str(SCRIPTS / "exit_code.py"),
+        "0",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     warnings = [line for line in done.stderr.splitlines() if "NOT encrypted" in line]
@@ -150,14 +189,23 @@ def test_rpc_encryption_runs_and_says_what_is_not_encrypted() -> None:
 
 def test_doctor_reports_a_blocking_problem_with_its_fix() -> None:
     done = cli(
-        "doctor", "--master", "local[1]", "--conf", "spark.driver.host=127.0.0.1",
-        "--conf", "spark.ssl.enabled=true", "--conf", "spark.ui.enabled=false",
+        "doctor",
+        "--master",
+        "local[1]",
+        "--conf",
+        "spark.driver.host=127.0.0.1",
+        "--conf",
+        "spark.ssl.enabled=true",
+        "--conf",
+        "spark.ui.enabled=false",
     )
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "FAIL  TLS" in done.stdout and "fix: torch traffic is not encrypted" in done.stdout
 
 
-@pytest.mark.parametrize("command", [["run", "--distributed", "-n", "1", str(SCRIPTS / "exit_code.py"), "0"], ["doctor"]])
+@pytest.mark.parametrize(
+    "command", [["run", "--distributed", "-n", "1", str(SCRIPTS / "exit_code.py"), "0"], ["doctor"]]
+)
 def test_wrong_master_is_one_line_in_seconds(command: list[str]) -> None:
     """Nothing listens at the master's address: one line naming the URL and what to check,
     within seconds (Spark itself retries for about a minute and prints a page of frames)."""
@@ -172,7 +220,9 @@ def test_wrong_master_is_one_line_in_seconds(command: list[str]) -> None:
         dead.close()
     assert done.returncode == 1, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert lines == [lines[0]] and lines[0].startswith(f"spark-torch: error: no Spark master answers at {url}"), done.stderr[-3000:]
+    assert lines == [lines[0]] and lines[0].startswith(f"spark-torch: error: no Spark master answers at {url}"), (
+        done.stderr[-3000:]
+    )
     assert "Connection refused" in lines[0] and "7077 by default" in lines[0]
     assert took < 20, took
 
@@ -201,16 +251,31 @@ def test_run_with_storage_and_resume(tmp_path: Path) -> None:
     args = ["run", "-n", "2", "--storage-path", str(tmp_path), "--run-id", "cli-run", str(SCRIPTS / "report_script.py")]
     first = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert f"spark-torch: run cli-run: 2 report(s), latest checkpoint {tmp_path}/cli-run/checkpoint_000002" in first.stderr
+    assert (
+        f"spark-torch: run cli-run: 2 report(s), latest checkpoint {tmp_path}/cli-run/checkpoint_000002" in first.stderr
+    )
     env["EPOCHS"] = "3"
     again = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300)
-    assert again.returncode == 0 and "1 report(s), latest checkpoint" in again.stderr and "checkpoint_000003" in again.stderr
+    assert (
+        again.returncode == 0
+        and "1 report(s), latest checkpoint" in again.stderr
+        and "checkpoint_000003" in again.stderr
+    )
 
 
 def test_master_without_distributed_runs_distributed_and_says_so(tmp_path: Path) -> None:
     """--master used to be ignored without --distributed (every rank ran on the driver)."""
-    done = cli("run", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1", "-n", "2",
-               str(SCRIPTS / "env_dump.py"), str(tmp_path))  # fmt: skip
+    done = cli(
+        "run",
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.driver.host=127.0.0.1",
+        "-n",
+        "2",
+        str(SCRIPTS / "env_dump.py"),
+        str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--master local[2]: running distributed (pass --local to run every rank on this machine)" in done.stderr
     assert json.loads((tmp_path / "rank-1.json").read_text())["NODE_RANK"] == "1"  # a node per rank: barrier tasks
@@ -218,8 +283,21 @@ def test_master_without_distributed_runs_distributed_and_says_so(tmp_path: Path)
 
 def test_logging_and_storage_flags(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    done = cli("run", "-n", "2", "--log-ranks", "0", "--log-dir", str(logs), "--no-progress", "--no-mlflow",
-               "--storage-options", "{}", str(SCRIPTS / "env_dump.py"), str(tmp_path))  # fmt: skip
+    done = cli(
+        "run",
+        "-n",
+        "2",
+        "--log-ranks",
+        "0",
+        "--log-dir",
+        str(logs),
+        "--no-progress",
+        "--no-mlflow",
+        "--storage-options",
+        "{}",
+        str(SCRIPTS / "env_dump.py"),
+        str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[rank 0]" in done.stdout and "[rank 1]" not in done.stdout
     assert "env written by rank 1" in (logs / "rank-1.log").read_text()

@@ -35,10 +35,24 @@ def connect_spark(tmp_path_factory: Any) -> Iterator[Any]:
     probe.close()  # Spark binds it itself; a race here only fails the fixture, loudly
     env = dict(os.environ, SPARK_NO_DAEMONIZE="1", SPARK_LOG_DIR=str(logs), SPARK_PID_DIR=str(logs))
     server = subprocess.Popen(
-        [f"{home}/sbin/start-connect-server.sh", "--master", "local[2]",
-         "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            f"{home}/sbin/start-connect-server.sh",
+            "--master",
+            "local[2]",
+            "--conf",
+            f"spark.connect.grpc.binding.port={port}",
+            "--conf",
+            "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     assert server.stdout is not None
     deadline = time.monotonic() + 180
@@ -156,7 +170,9 @@ def test_connect_unreachable_channel_falls_back(
     monkeypatch.setenv("SPARK_TORCH_RENDEZVOUS_TIMEOUT", "3")
     try:
         with caplog.at_level(logging.WARNING, logger="spark_torch"):
-            out = Distributor(num_processes=2, local_mode=False, spark=connect_spark, timeout=120).run(all_reduce_and_say, 5)
+            out = Distributor(num_processes=2, local_mode=False, spark=connect_spark, timeout=120).run(
+                all_reduce_and_say, 5
+            )
     finally:
         dead.close()
     assert out == 10.0
@@ -164,7 +180,9 @@ def test_connect_unreachable_channel_falls_back(
     assert f"127.0.0.1:{port}" in caplog.text and "SPARK_TORCH_CHANNEL_HOST" in caplog.text
 
 
-def test_connect_replica_groups_take_a_torchft_step(connect_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+def test_connect_replica_groups_take_a_torchft_step(
+    connect_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
     """Replica groups from a Spark Connect client: the client cannot list the executors, so the
     lighthouse's gate lets any other machine in (said once; this machine's other users are still
     closed out), and both groups' barrier jobs take a step."""

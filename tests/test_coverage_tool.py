@@ -45,13 +45,21 @@ def test_coverage_run_measures_the_ranks_and_the_keeper(warm: bool, tmp_path: Pa
     program.write_text(PROGRAM.format(warm=warm))
     run = subprocess.run(
         [sys.executable, "-m", "coverage", "run", "--rcfile", str(ROOT / "pyproject.toml"), str(program)],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     combine = subprocess.run(
         [sys.executable, "-m", "coverage", "combine", "--rcfile", str(ROOT / "pyproject.toml"), str(tmp_path)],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert combine.returncode == 0, combine.stderr[-3000:]
     assert _covered(data, "spark_torch/rank/function_main.py"), "no line of the ranks' entry point was measured"
     assert _covered(data, "spark_torch/node/keeper.py"), "no line of the rank keeper (a subprocess) was measured"

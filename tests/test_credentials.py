@@ -75,8 +75,11 @@ def _in_a_cause() -> BaseException:
 
 
 PLANTED: dict[str, Callable[[], BaseException]] = {
-    "filename": _in_filename, "str": _in_str, "note": _in_note, "cause": _in_a_cause,
-}  # fmt: skip
+    "filename": _in_filename,
+    "str": _in_str,
+    "note": _in_note,
+    "cause": _in_a_cause,
+}
 
 
 def _user_gets(make: Callable[[], BaseException]) -> BaseException:
@@ -117,7 +120,9 @@ def test_an_error_quoting_an_option_is_replaced_by_a_clean_one(where: str) -> No
 def test_the_type_and_the_rest_of_the_text_are_kept() -> None:
     clean = _user_gets(_in_a_cause)
     assert type(clean) is RuntimeError
-    assert str(clean).startswith("the upload failed <- caused by PermissionError: [Errno 13] Access denied: '/bucket/***/run'")
+    assert str(clean).startswith(
+        "the upload failed <- caused by PermissionError: [Errno 13] Access denied: '/bucket/***/run'"
+    )
     assert "BackendError: request refused for credentials ***" in str(clean)
     assert _user_gets(_in_note).__notes__ == ["retried with token ***"]
 
@@ -267,14 +272,16 @@ def test_a_storage_error_quotes_no_credential_anywhere(
 def environments_seen(secret: str) -> dict[str, Any]:
     """In a rank: where ``secret`` shows, among this rank's environment (as Python and as the
     kernel hold it), its parent's (the warm-start template, warm) and the node's reapers'."""
+
     def holds(pid: int | str) -> bool:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             return secret.encode() in fh.read()
 
     reapers = [
-        p.pid for p in psutil.process_iter(["cmdline"])
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
         if "spark_torch.node.reaper_main" in " ".join(p.info["cmdline"] or [])
-    ]  # fmt: skip
+    ]
     parent = psutil.Process(os.getppid())
     return {
         "os.environ": any(secret in v for v in os.environ.values()),
@@ -293,7 +300,9 @@ def test_the_clis_credential_variable_reaches_no_rank_template_or_reaper(
     it is started while the driver's environment holds the variable."""
     monkeypatch.setenv(envnames.STORAGE_OPTIONS, json.dumps(OPTIONS))
     own_template = {"LC_SPARK_TORCH_TEST": uuid.uuid4().hex}
-    seen = Distributor(num_processes=1, warm_start=warm, env=own_template, warm_start_idle=5).run(environments_seen, SECRET)
+    seen = Distributor(num_processes=1, warm_start=warm, env=own_template, warm_start_idle=5).run(
+        environments_seen, SECRET
+    )
     assert seen["os.environ"] is False and seen["/proc/self/environ"] is False
     assert seen["template"] is (False if warm else None)
     assert seen["reapers"] and not any(seen["reapers"]), seen

@@ -31,11 +31,18 @@ def make_df(spark: Any, rows: int = 103, partitions: int = 10) -> Any:
         StructType,
     )
 
-    struct = StructType([
-        StructField("id", LongType()), StructField("x", DoubleType()), StructField("flag", BooleanType()),
-        StructField("arr", ArrayType(FloatType())), StructField("vec", VectorUDT()), StructField("name", StringType()),
-        StructField("blob", BinaryType()), StructField("label", DoubleType()),
-    ])
+    struct = StructType(
+        [
+            StructField("id", LongType()),
+            StructField("x", DoubleType()),
+            StructField("flag", BooleanType()),
+            StructField("arr", ArrayType(FloatType())),
+            StructField("vec", VectorUDT()),
+            StructField("name", StringType()),
+            StructField("blob", BinaryType()),
+            StructField("label", DoubleType()),
+        ]
+    )
     del schema
     return spark.createDataFrame(data, struct).repartition(partitions)
 
@@ -62,8 +69,11 @@ def train_on_rows(epochs: int, seed: int) -> dict[str, Any]:
             loss.backward()
             opt.step()
             checks = {
-                "vec_shape": list(batch["vec"].shape), "arr_shape": list(batch["arr"].shape),
-                "flag_dtype": str(batch["flag"].dtype), "name": batch["name"][0][:3], "blob_type": type(batch["blob"][0]).__name__,
+                "vec_shape": list(batch["vec"].shape),
+                "arr_shape": list(batch["arr"].shape),
+                "flag_dtype": str(batch["flag"].dtype),
+                "name": batch["name"][0][:3],
+                "blob_type": type(batch["blob"][0]).__name__,
                 "float_dtypes": sorted({str(batch[c].dtype) for c in ("vec", "arr", "x", "label")}),
             }
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -94,14 +104,20 @@ def test_distributed_local2(spark_session: Any, no_leftovers: None) -> None:
 
 
 def test_local_mode(spark_session: Any, no_leftovers: None) -> None:
-    out = Distributor(num_processes=2, spark=spark_session).run_on_dataframe(train_on_rows, make_df(spark_session), 2, seed=1)
+    out = Distributor(num_processes=2, spark=spark_session).run_on_dataframe(
+        train_on_rows, make_df(spark_session), 2, seed=1
+    )
     _check(out, 103)
 
 
 @pytest.mark.slow
 def test_distributed_cluster(cluster_spark: Any, no_leftovers: None) -> None:
-    _check(Distributor(num_processes=2, local_mode=False, spark=cluster_spark).run_on_dataframe(
-        train_on_rows, make_df(cluster_spark), 2, seed=3), 103)
+    _check(
+        Distributor(num_processes=2, local_mode=False, spark=cluster_spark).run_on_dataframe(
+            train_on_rows, make_df(cluster_spark), 2, seed=3
+        ),
+        103,
+    )
 
 
 def tuples_and_workers() -> list[Any]:
@@ -116,7 +132,9 @@ def tuples_and_workers() -> list[Any]:
 
 def test_columns_as_tuples_and_workers(spark_session: Any, no_leftovers: None) -> None:
     df = make_df(spark_session, rows=40, partitions=3)
-    out = Distributor(num_processes=1, spark=spark_session).run_on_dataframe(tuples_and_workers, df, columns=["id", "x"])
+    out = Distributor(num_processes=1, spark=spark_session).run_on_dataframe(
+        tuples_and_workers, df, columns=["id", "x"]
+    )
     assert sorted(i for i, _ in out) == list(range(40)) and all(abs(x - i / 10) < 1e-9 for i, x in out)
 
 
@@ -142,10 +160,16 @@ def _never_starts(marker: str) -> None:
 
 
 @pytest.mark.parametrize("local_mode", [True, False])
-def test_null_numbers_named_before_any_rank_starts(spark_session: Any, no_leftovers: None, tmp_path: Any, local_mode: bool) -> None:
+def test_null_numbers_named_before_any_rank_starts(
+    spark_session: Any, no_leftovers: None, tmp_path: Any, local_mode: bool
+) -> None:
     """A null in a numeric column fails while the node stages its rows, naming the column."""
     df = make_df(spark_session, rows=30, partitions=3).selectExpr("id", "IF(id = 17, NULL, x) AS x", "label")
     marker = str(tmp_path / "started")
-    with pytest.raises(ConfigurationError, match=r"column 'x' \(double\) has 1 null value\(s\).*df\.na\.drop\(subset=\['x'\]\)"):
-        Distributor(num_processes=2, local_mode=local_mode, spark=spark_session).run_on_dataframe(_never_starts, df, marker)
+    with pytest.raises(
+        ConfigurationError, match=r"column 'x' \(double\) has 1 null value\(s\).*df\.na\.drop\(subset=\['x'\]\)"
+    ):
+        Distributor(num_processes=2, local_mode=local_mode, spark=spark_session).run_on_dataframe(
+            _never_starts, df, marker
+        )
     assert not os.path.exists(marker)

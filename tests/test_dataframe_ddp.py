@@ -40,7 +40,11 @@ def skewed_df(spark: Any, rows: int = 101, partitions: int = 3) -> Any:
     """``rows`` rows in ``partitions`` partitions of very different sizes."""
     from pyspark.sql import functions as F
 
-    df = spark.range(rows).withColumn("x", F.col("id").cast("double") / 10).withColumn("y", F.col("id").cast("double") % 7)
+    df = (
+        spark.range(rows)
+        .withColumn("x", F.col("id").cast("double") / 10)
+        .withColumn("y", F.col("id").cast("double") % 7)
+    )
     # partition p gets ids with p == 0 for most rows: a few partitions hold nearly everything
     return df.repartition(partitions, (F.col("id") % 10 == 0).cast("int"))
 
@@ -56,7 +60,9 @@ def ddp_epochs(batch_size: int, num_workers: int, drop_last: bool) -> dict[str, 
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1).double())
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
-    loader = rank_loader(batch_size, columns=["x", "y", "id"], drop_last=drop_last, num_workers=num_workers, shuffle=True)
+    loader = rank_loader(
+        batch_size, columns=["x", "y", "id"], drop_last=drop_last, num_workers=num_workers, shuffle=True
+    )
     counts = []
     seen: list[int] = []
     for _ in range(2):
@@ -85,7 +91,9 @@ def _check(out: dict[str, Any], rows: int, drop_last: bool) -> None:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_local_mode_ddp_on_skewed_partitions(spark_session: Any, num_workers: int, drop_last: bool, no_leftovers: None) -> None:
+def test_local_mode_ddp_on_skewed_partitions(
+    spark_session: Any, num_workers: int, drop_last: bool, no_leftovers: None
+) -> None:
     """101 rows for 3 ranks in batches of 3: 34, 34 and 33 rows would be 12, 12 and 11 batches."""
     df = skewed_df(spark_session)
     out = Distributor(num_processes=3, timeout=120).run_on_dataframe(ddp_epochs, df, 3, num_workers, drop_last)
@@ -106,7 +114,7 @@ def test_distributed_ddp_on_skewed_partitions(spark_session: Any, num_workers: i
 def test_distributed_ddp_two_ranks_per_node(spark_session: Any, no_leftovers: None) -> None:
     """103 rows, nodes of 51 and 52, 2 ranks each: 26/25 and 26/26 rows (6 or 5 batches of 5)."""
     df = skewed_df(spark_session, rows=103, partitions=5)
-    out = Distributor(num_processes=4, local_mode=False, spark=spark_session, ranks_per_task=2, timeout=120).run_on_dataframe(
-        ddp_epochs, df, 5, 0, False
-    )
+    out = Distributor(
+        num_processes=4, local_mode=False, spark=spark_session, ranks_per_task=2, timeout=120
+    ).run_on_dataframe(ddp_epochs, df, 5, 0, False)
     _check(out, 103, False)

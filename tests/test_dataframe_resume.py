@@ -20,7 +20,9 @@ from spark_torch.reporting.storage import MANIFEST
 ROWS, BATCH, EPOCHS = 2000, 50, 2  # 2 ranks: 20 batches per epoch each
 
 
-def train_and_record(log_dir: str, tag: str, batch_size: int, shuffle: bool, num_workers: int, die_at: int | None) -> None:
+def train_and_record(
+    log_dir: str, tag: str, batch_size: int, shuffle: bool, num_workers: int, die_at: int | None
+) -> None:
     """Two epochs of DDP on (id, x); a checkpoint every 10 batches (rank 0's files only); rank 1
     SIGKILLs itself after batch ``die_at`` of the first life. Logs every batch's ids by epoch."""
     import os
@@ -49,10 +51,16 @@ def train_and_record(log_dir: str, tag: str, batch_size: int, shuffle: bool, num
         loader = rank_loader(batch_size, columns=["id", "x"], shuffle=shuffle, seed=3, num_workers=num_workers)
     reference = {}  # an uninterrupted epoch of this rank, batch by batch
     for epoch in range(EPOCHS):
-        plain = RankDataset(os.environ["SPARK_TORCH_DATA_FILE"], batch_size=batch_size, columns=["id"], shuffle=shuffle, seed=3)
+        plain = RankDataset(
+            os.environ["SPARK_TORCH_DATA_FILE"], batch_size=batch_size, columns=["id"], shuffle=shuffle, seed=3
+        )
         plain.set_epoch(epoch)
         reference[epoch] = [i for b in plain for i in b["id"].tolist()]
-    write(warnings=[str(w.message) for w in caught], start=[loader.epoch, loader.state_dict()["batch"]], reference=reference)
+    write(
+        warnings=[str(w.message) for w in caught],
+        start=[loader.epoch, loader.state_dict()["batch"]],
+        reference=reference,
+    )
     checkpoint = spark_torch.get_checkpoint()
     step = json.loads((checkpoint / "state.json").read_text())["step"] if checkpoint is not None else 0
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1).double())
@@ -78,7 +86,9 @@ def train_and_record(log_dir: str, tag: str, batch_size: int, shuffle: bool, num
 
 
 def lives(log_dir: Path, tag: str, rank: int) -> list[list[dict[str, Any]]]:
-    found = sorted(log_dir.glob(f"{tag}-life*-rank{rank}.jsonl"), key=lambda p: int(p.name.split("life")[1].split("-")[0]))
+    found = sorted(
+        log_dir.glob(f"{tag}-life*-rank{rank}.jsonl"), key=lambda p: int(p.name.split("life")[1].split("-")[0])
+    )
     return [[json.loads(line) for line in path.read_text().splitlines()] for path in found]
 
 
@@ -129,12 +139,20 @@ def test_a_rank_killed_mid_epoch_resumes_after_the_checkpoints_batch(
     """Checkpoint after batch 10 of a 20-batch epoch, rank 1 SIGKILLed after batch 13, the gang
     restarts (max_restarts=1): the second life goes on at batch 10 of epoch 0."""
     d = Distributor(
-        num_processes=2, local_mode=local_mode, spark=spark_session, storage_path=tmp_path / "runs", max_restarts=1, timeout=240
+        num_processes=2,
+        local_mode=local_mode,
+        spark=spark_session,
+        storage_path=tmp_path / "runs",
+        max_restarts=1,
+        timeout=240,
     )
     d.run_on_dataframe(train_and_record, rows_df(spark_session), str(tmp_path), "run", BATCH, shuffle, num_workers, 13)
     assert d.last_run is not None and d.last_run.restarts == 1 and d.last_run.checkpoint is not None
     kept = json.loads((Path(d.last_run.checkpoint) / MANIFEST).read_text())["loaders"]  # rank 1 passed no files
-    assert sorted(kept) == ["0", "1"] and [(p["epoch"], p["batch"], p["batch_size"]) for p in kept["1"]] == [(1, 0, 7), (2, 0, BATCH)]
+    assert sorted(kept) == ["0", "1"] and [(p["epoch"], p["batch"], p["batch_size"]) for p in kept["1"]] == [
+        (1, 0, 7),
+        (2, 0, BATCH),
+    ]
     firsts = check_exactly_once(tmp_path, ["run"], 2, ROWS)
     assert [f["start"] for f in firsts] == [[0, 0], [0, 10]] * 2 and not any(f["warnings"] for f in firsts)
 

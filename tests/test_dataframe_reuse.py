@@ -52,7 +52,9 @@ def _session(master: str) -> Any:
 
 
 def _parquet(spark: Any, path: Path, rows: int = ROWS, offset: int = 0) -> Any:
-    spark.range(offset, offset + rows, 1, 4).selectExpr("id", "cast(id as double) as x").write.mode("overwrite").parquet(str(path))
+    spark.range(offset, offset + rows, 1, 4).selectExpr("id", "cast(id as double) as x").write.mode(
+        "overwrite"
+    ).parquet(str(path))
     return spark.read.parquet(str(path))
 
 
@@ -79,7 +81,11 @@ def test_local_mode_reuses_an_unchanged_dataframe_and_stages_a_changed_one(tmp_p
         d = Distributor(num_processes=2, local_mode=True)
         assert _run(d, df) == (list(range(ROWS)), Staging.STAGED)
         kept = _kept_folders() - before
-        assert len(kept) == 1 and _shards(kept) and all(stat.S_IMODE(os.stat(p).st_mode) == 0o700 for p in [*kept, *_shards(kept)])
+        assert (
+            len(kept) == 1
+            and _shards(kept)
+            and all(stat.S_IMODE(os.stat(p).st_mode) == 0o700 for p in [*kept, *_shards(kept)])
+        )
         # read again: the same plan, the same files
         assert _run(d, spark.read.parquet(str(tmp_path / "t"))) == (list(range(ROWS)), Staging.REUSED)
         assert _run(d, df.filter("id < 600")) == (list(range(600)), Staging.STAGED)
@@ -104,7 +110,9 @@ def test_local_mode_does_not_see_a_file_rewritten_in_place(tmp_path: Path, no_le
         assert _run(d, df)[1] is Staging.STAGED
         other = tmp_path / "other"
         _parquet(spark, other, offset=ROWS)
-        for old, new in zip(sorted(glob.glob(str(tmp_path / "t" / "*.parquet"))), sorted(glob.glob(str(other / "*.parquet")))):
+        for old, new in zip(
+            sorted(glob.glob(str(tmp_path / "t" / "*.parquet"))), sorted(glob.glob(str(other / "*.parquet")))
+        ):
             shutil.copyfile(new, old)  # other rows under the same names
         for checksum in glob.glob(str(tmp_path / "t" / ".*.crc")):
             os.remove(checksum)  # Hadoop's local checksums would refuse the new contents
@@ -145,7 +153,9 @@ def test_distributed_reuses_and_stages_again_when_a_node_misses(tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_local_cluster_reuses_on_its_executors_and_stages_again_after_one_is_lost(tmp_path: Path, no_leftovers: None) -> None:
+def test_local_cluster_reuses_on_its_executors_and_stages_again_after_one_is_lost(
+    tmp_path: Path, no_leftovers: None
+) -> None:
     """local-cluster[2,1,1024]: each node takes the kept shard of the executor it landed on; an
     executor SIGKILLed between runs takes its shard with it, so the next run stages again (on the
     executor Spark starts in its place); every executor's folder is gone once the session stops."""
@@ -182,4 +192,6 @@ def test_bad_reuse_staged_is_refused_before_anything_starts(spark_session: Any) 
     with pytest.raises(ConfigurationError, match=r"reuse_staged must be True or False, got 'yes'"):
         Distributor(num_processes=2, local_mode=True).run_on_dataframe(ids_trained, df, reuse_staged="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"run_on_dataframe does not take replica_groups yet"):
-        Distributor(num_processes=2, local_mode=True, replica_groups=2).run_on_dataframe(ids_trained, df, reuse_staged=True)
+        Distributor(num_processes=2, local_mode=True, replica_groups=2).run_on_dataframe(
+            ids_trained, df, reuse_staged=True
+        )

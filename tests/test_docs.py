@@ -48,7 +48,11 @@ def code_blocks(path: Path) -> list[tuple[int, str, str, bool]]:
 PAGES = sorted(DOCS.glob("*.md"))
 #: written and verified separately (its commands need a standalone cluster); built, not run here
 NOT_RUN = {"clusters.md"}
-EXECUTED = [p for p in PAGES if p.name not in NOT_RUN and any(lang == "python" and not ill for _, lang, _, ill in code_blocks(p))]
+EXECUTED = [
+    p
+    for p in PAGES
+    if p.name not in NOT_RUN and any(lang == "python" and not ill for _, lang, _, ill in code_blocks(p))
+]
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
@@ -56,7 +60,11 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
@@ -72,8 +80,7 @@ def test_every_block_is_executed_or_illustrative() -> None:
             if page.name in NOT_RUN:
                 continue
             assert illustrative or lang == "python", (
-                f"{page.name}:{line}: a ```{lang or 'plain'} block must be python (executed) "
-                f"or preceded by {MARKER}"
+                f"{page.name}:{line}: a ```{lang or 'plain'} block must be python (executed) or preceded by {MARKER}"
             )
 
 
@@ -96,9 +103,7 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
     script = tmp_path / f"{page.stem}_blocks.py"
     script.write_text("\n\n".join(blocks), encoding="utf-8")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env
-    )
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, f"{page.name} blocks failed:\n{done.stdout}\n{done.stderr}"
 
 
@@ -108,7 +113,9 @@ def test_every_public_name_is_in_the_api_reference() -> None:
 
     api = (DOCS / "api.md").read_text(encoding="utf-8")
     missing = [n for n in spark_torch.__all__ if n != "__version__" and n not in api]
-    missing += [f"data.{n}" for n in spark_torch.data.__all__ if not n.isupper() and n not in api and n != "RankDataset"]
+    missing += [
+        f"data.{n}" for n in spark_torch.data.__all__ if not n.isupper() and n not in api and n != "RankDataset"
+    ]
     assert not missing, f"public names not in docs/api.md: {missing}"
 
 
@@ -132,9 +139,17 @@ def test_every_environment_variable_is_documented() -> None:
     source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "spark_torch").rglob("*.py"))
     variables = set(re.findall(r"\bSPARK_TORCH_[A-Z0-9_]+\b", source))
     internal = {  # set by spark_torch for its own processes, not knobs for users
-        "SPARK_TORCH_PARENT_PID", "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_START_STEP",
-        "SPARK_TORCH_DATA_FILE", "SPARK_TORCH_DATA_COLUMNS", "SPARK_TORCH_DATA_ROWS", "SPARK_TORCH_CHECKPOINT",
-        "SPARK_TORCH_TEST_SESSION", "SPARK_TORCH_MARK_SLOT", "SPARK_TORCH_HOST_STORE",
+        "SPARK_TORCH_PARENT_PID",
+        "SPARK_TORCH_REPORT_FDS",
+        "SPARK_TORCH_STORAGE",
+        "SPARK_TORCH_START_STEP",
+        "SPARK_TORCH_DATA_FILE",
+        "SPARK_TORCH_DATA_COLUMNS",
+        "SPARK_TORCH_DATA_ROWS",
+        "SPARK_TORCH_CHECKPOINT",
+        "SPARK_TORCH_TEST_SESSION",
+        "SPARK_TORCH_MARK_SLOT",
+        "SPARK_TORCH_HOST_STORE",
         "SPARK_TORCH_FAILURE",  # the failure report's marker in Spark's error text, not a variable
     }
     docs = "\n".join(p.read_text(encoding="utf-8") for p in DOCS.glob("*.md"))

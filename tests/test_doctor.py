@@ -20,12 +20,23 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 #: every row doctor prints, in order
 ROWS = (
-    "driver python / torch / pyspark", "driver java / spark", "master", "free task slots",
-    "spark_torch shipped to the executors", "executors' Python (run()'s check)", "executor hosts probed",
-    "executor java", "executor python", "executor torch", "executor pyspark", "executor spark_torch",
-    "GPUs per executor / per task", "TLS (spark.ssl.enabled)", "RPC encryption (spark.network.crypto.enabled)",
+    "driver python / torch / pyspark",
+    "driver java / spark",
+    "master",
+    "free task slots",
+    "spark_torch shipped to the executors",
+    "executors' Python (run()'s check)",
+    "executor hosts probed",
+    "executor java",
+    "executor python",
+    "executor torch",
+    "executor pyspark",
+    "executor spark_torch",
+    "GPUs per executor / per task",
+    "TLS (spark.ssl.enabled)",
+    "RPC encryption (spark.network.crypto.enabled)",
     "2-rank gloo all_reduce",
-)  # fmt: skip
+)
 JAVA_TRACE_MARKS = ("\tat org.apache", "\tat java.", "Lost task", "Exception in task", "Py4J", "SPARK_TORCH_FAILURE")
 
 
@@ -37,11 +48,25 @@ def doctor(python: str, hide: str) -> tuple[int, dict[str, str], str, float]:
     env.pop("PYSPARK_PYTHON", None)
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "spark_torch", "doctor", "--master", CLUSTER_MASTER,
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
-         "--conf", f"spark.pyspark.python={python}"],
-        capture_output=True, text=True, timeout=400, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "spark_torch",
+            "doctor",
+            "--master",
+            CLUSTER_MASTER,
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            f"spark.pyspark.python={python}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
     output = done.stdout + done.stderr
     rows = {}
     for line in done.stdout.splitlines():
@@ -84,7 +109,10 @@ def test_executors_without_torch_fail_with_runs_message(hiding_python: str) -> N
     assert "fix: Point PYSPARK_PYTHON at a Python that has them" in output
     assert rows["executor torch"].startswith("FAIL") and rows["executor torch"].endswith("missing")
     allreduce = rows["2-rank gloo all_reduce"]
-    assert allreduce.startswith("skip") and "not run: executors' Python (run()'s check), executor torch failed first" in allreduce
+    assert (
+        allreduce.startswith("skip")
+        and "not run: executors' Python (run()'s check), executor torch failed first" in allreduce
+    )
     assert "checks passed, 2 failed, 1 with a warning a run would print too, 1 not run" in output
     docs = (REPO / "docs" / "cli.md").read_text()  # what docs/cli.md says doctor does, shown above
     assert "the same message and fix as a run" in docs and "is marked `skip` and says why" in docs

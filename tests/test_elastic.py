@@ -16,7 +16,9 @@ from spark_torch import AttemptEnd, AttemptReason, AttemptSize, Distributor, Ins
 from .elastic_programs import count_epochs, rows_per_epoch
 
 
-def test_starts_with_the_nodes_there_are(spark_session: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+def test_starts_with_the_nodes_there_are(
+    spark_session: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
     """local[2] has slots for 2 nodes: N=3, M=2 runs with 2 ranks and says so once."""
     import logging
 
@@ -25,7 +27,9 @@ def test_starts_with_the_nodes_there_are(spark_session: Any, tmp_path: Path, cap
         out = d.run(count_epochs, 3)
     assert out == {"count": 3.0, "world_size": 2}
     notes = [r.getMessage() for r in caplog.records if "starting with" in r.getMessage()]
-    assert notes == ["spark_torch: starting with 2 of 3 ranks (min_processes=2): the cluster has slots for 2 of 3 nodes"]
+    assert notes == [
+        "spark_torch: starting with 2 of 3 ranks (min_processes=2): the cluster has slots for 2 of 3 nodes"
+    ]
     assert d.last_run is not None and [a.world_size for a in d.last_run.attempts] == [2]
     first = d.last_run.attempts[0]
     assert first.reason is AttemptReason.START and first.end is AttemptEnd.SUCCEEDED
@@ -58,8 +62,15 @@ def test_fewer_slots_than_the_minimum_fail_at_once(spark_session: Any) -> None:
 def test_a_lost_executor_shrinks_the_run(cluster3_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
     """local-cluster[3,1,1024], N=3, M=2: the last rank kills its executor JVM in epoch 2; the run
     goes on from the latest checkpoint with the nodes there are; every epoch exactly once."""
-    d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=cluster3_spark, storage_path=tmp_path,
-                    max_restarts=2, elastic_wait=0)  # fmt: skip
+    d = Distributor(
+        num_processes=3,
+        min_processes=2,
+        local_mode=False,
+        spark=cluster3_spark,
+        storage_path=tmp_path,
+        max_restarts=2,
+        elastic_wait=0,
+    )
     out = d.run(count_epochs, 5, kill_executor_at=2)
     result = d.last_run
     assert result is not None and out["count"] == 5.0
@@ -76,7 +87,9 @@ def test_a_lost_executor_shrinks_the_run(cluster3_spark: Any, tmp_path: Path, no
 
 
 @pytest.mark.slow
-def test_an_executor_taken_away_shrinks_the_run_to_the_nodes_left(cluster3_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
+def test_an_executor_taken_away_shrinks_the_run_to_the_nodes_left(
+    cluster3_spark: Any, tmp_path: Path, no_leftovers: None
+) -> None:
     """local-cluster[3,1,1024], N=3, M=2: in epoch 2 the cluster manager takes one executor away
     for good (SparkContext.killExecutor lowers the application's target, as a scale-down or a
     preempted machine does, so no replacement comes); the run goes on with 2 nodes from the
@@ -109,8 +122,15 @@ def test_an_executor_taken_away_shrinks_the_run_to_the_nodes_left(cluster3_spark
     taker = threading.Thread(target=take_one_away, daemon=True)
     taker.start()
     try:
-        d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=cluster3_spark,
-                        storage_path=tmp_path / "runs", max_restarts=2, elastic_wait=0)  # fmt: skip
+        d = Distributor(
+            num_processes=3,
+            min_processes=2,
+            local_mode=False,
+            spark=cluster3_spark,
+            storage_path=tmp_path / "runs",
+            max_restarts=2,
+            elastic_wait=0,
+        )
         out = d.run(count_epochs, 5, str(markers), 0.05, lost_file=str(gone))
         result = d.last_run
         assert taken and result is not None and out == {"count": 5.0, "world_size": 2}
@@ -134,8 +154,15 @@ def test_an_executor_taken_away_shrinks_the_run_to_the_nodes_left(cluster3_spark
 def test_dataframe_rows_are_split_again_after_a_shrink(cluster3_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
     """12 rows over 3 nodes, then over the nodes that are left: every row once per epoch."""
     df = cluster3_spark.range(12).selectExpr("id", "cast(id as double) as x")
-    d = Distributor(num_processes=3, min_processes=2, local_mode=False, spark=cluster3_spark, storage_path=tmp_path,
-                    max_restarts=2, elastic_wait=0)  # fmt: skip
+    d = Distributor(
+        num_processes=3,
+        min_processes=2,
+        local_mode=False,
+        spark=cluster3_spark,
+        storage_path=tmp_path,
+        max_restarts=2,
+        elastic_wait=0,
+    )
     seen = d.run_on_dataframe(rows_per_epoch, df, 3, kill_executor_at=1)
     assert d.last_run is not None and len(d.last_run.attempts) == 2
     assert seen == [list(range(12))] * 3

@@ -64,8 +64,14 @@ def _whole_env() -> dict[str, str]:
 
 #: set by a node for its own ranks' plumbing (spark_torch.base.envnames), not part of the contract
 INTERNAL = {
-    "SPARK_TORCH_PARENT_PID", "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_START_STEP",
-    "SPARK_TORCH_CHECKPOINT", "SPARK_TORCH_DATA_FILE", "SPARK_TORCH_DATA_COLUMNS", "SPARK_TORCH_DATA_ROWS",
+    "SPARK_TORCH_PARENT_PID",
+    "SPARK_TORCH_REPORT_FDS",
+    "SPARK_TORCH_STORAGE",
+    "SPARK_TORCH_START_STEP",
+    "SPARK_TORCH_CHECKPOINT",
+    "SPARK_TORCH_DATA_FILE",
+    "SPARK_TORCH_DATA_COLUMNS",
+    "SPARK_TORCH_DATA_ROWS",
 }
 ROOT = Path(__file__).resolve().parent.parent
 

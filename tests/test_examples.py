@@ -160,7 +160,8 @@ def test_train_script_has_no_spark_torch_import() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["tutorial_p2p", "tutorial_collectives", "ring_allreduce", "sync_sgd", "fsdp_transformer", "pipeline_parallel"]
+    "name",
+    ["tutorial_p2p", "tutorial_collectives", "ring_allreduce", "sync_sgd", "fsdp_transformer", "pipeline_parallel"],
 )
 def test_examples_have_a_cli(name: str) -> None:
     """``python examples/X.py --help`` works (argparse; nothing runs)."""
@@ -175,7 +176,10 @@ def test_one_example_end_to_end_from_the_command_line() -> None:
     """The command line itself, in local mode (the other examples share the same main())."""
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "ring_allreduce.py"), "--local-mode", "--num-processes", "3"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[rank 2] ring all-reduce done" in done.stdout

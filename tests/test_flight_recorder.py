@@ -107,8 +107,10 @@ def test_the_docs_conversion_feeds_torchfrtrace(mismatched: dict[int, bytes], tm
     _doc_converter()(str(tmp_path), str(tmp_path / "out"))
     analysed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=RANKS_SECONDS,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=RANKS_SECONDS,
+    )
     assert analysed.returncode == 0, analysed.stderr[-2000:]
     said = analysed.stdout + analysed.stderr  # torch logs its findings
     assert "Culprit rank 1; Error type: COLLECTIVE_TYPE_MISMATCH" in said, said[-2000:]
@@ -362,9 +364,13 @@ def test_a_resumed_runs_trace_folders_number_on_as_its_attempts(tmp_path: Path, 
     logs = tmp_path / "logs"
     for call in range(2):
         d = Distributor(
-            num_processes=2, run_id="traces-number-on", storage_path=str(tmp_path / "runs"), log_dir=str(logs),
-            stall_timeout=2, log_ranks=[],
-        )  # fmt: skip
+            num_processes=2,
+            run_id="traces-number-on",
+            storage_path=str(tmp_path / "runs"),
+            log_dir=str(logs),
+            stall_timeout=2,
+            log_ranks=[],
+        )
         assert d.run(one_rank_stuck, 8) == 3
         assert d.last_run is not None and [a.attempt for a in d.last_run.attempts] == [call]
         folder = logs / "flight-recorder" / f"attempt-{call}"
@@ -430,7 +436,9 @@ def _hangs_after_its_dump(tmp_path: Path, spark: dict[str, Any]) -> None:
     prefix = tmp_path / "nccl_trace_rank_"
     env = {"TORCH_FR_DUMP_TEMP_FILE": str(prefix)}
     with pytest.raises(RunTimeoutError) as caught:
-        Distributor(num_processes=2, env=env, log_ranks=[], timeout=8, **spark).run(dies_like_the_nccl_watchdog, 1, True)
+        Distributor(num_processes=2, env=env, log_ranks=[], timeout=8, **spark).run(
+            dies_like_the_nccl_watchdog, 1, True
+        )
     message = str(caught.value)
     assert [s.rank for s in caught.value.stopped] == [0, 1], message
     assert caught.value.stopped[1].dumps == (f"{prefix}1",) and caught.value.stopped[0].dumps == ()

@@ -14,7 +14,9 @@ def visible_devices() -> dict[str, Any]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
-    mine = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE")}
+    mine = {
+        k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE")
+    }
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     dist.destroy_process_group()
@@ -34,7 +36,9 @@ def test_distributed_ranks_per_task_follow_gpus(gpu_cluster_spark: Any, no_lefto
 
 @pytest.mark.slow
 def test_distributed_gpus_must_divide(gpu_cluster_spark: Any) -> None:
-    with pytest.raises(ConfigurationError, match=r"num_processes=3 is not a multiple of spark\.task\.resource\.gpu\.amount=2"):
+    with pytest.raises(
+        ConfigurationError, match=r"num_processes=3 is not a multiple of spark\.task\.resource\.gpu\.amount=2"
+    ):
         Distributor(num_processes=3, local_mode=False, spark=gpu_cluster_spark).run(visible_devices)
 
 
@@ -51,7 +55,10 @@ def test_local_mode_uses_driver_gpus(gpu_local_spark: Any, no_leftovers: None) -
 
 def test_use_gpu_true_without_gpus(spark_session: Any) -> None:
     # a local master runs every task in the driver: the driver's GPUs are what counts
-    with pytest.raises(RuntimeError, match=r"local master local\[2\] runs every task in the driver, which has no GPUs: set spark\.driver\.resource\.gpu\.amount"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"local master local\[2\] runs every task in the driver, which has no GPUs: set spark\.driver\.resource\.gpu\.amount",
+    ):
         Distributor(num_processes=2, local_mode=False, use_gpu=True, spark=spark_session).run(visible_devices)
     with pytest.raises(ValueError, match=r"set spark\.driver\.resource\.gpu\.amount"):
         Distributor(num_processes=2, use_gpu=True, spark=spark_session).run(visible_devices)
@@ -67,7 +74,9 @@ def test_cpu_runs_see_no_gpu(spark_session: Any, no_leftovers: None) -> None:
     assert [r["CUDA_VISIBLE_DEVICES"] for r in distributed["ranks"]] == ["", ""]
 
 
-def test_local_mode_finds_gpus_without_spark(spark_session: Any, fake_nvidia_smi: str, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+def test_local_mode_finds_gpus_without_spark(
+    spark_session: Any, fake_nvidia_smi: str, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
     """No Spark GPU resources (or no session at all): local mode asks nvidia-smi, not torch."""
     import logging
 

@@ -94,9 +94,15 @@ def test_a_step_past_its_deadline_is_killed_and_reported_failed(tmp_path: Path, 
     out = tmp_path / "out"
     # the step blocks until it is killed (GPU_CHECK_HANG_STEPS): the overrun does not depend on the machine's speed
     done, _ = _run(
-        tmp_path, "--out", str(out), "--only", "local_cpu", "--step-deadline", "2",
+        tmp_path,
+        "--out",
+        str(out),
+        "--only",
+        "local_cpu",
+        "--step-deadline",
+        "2",
         extra_env={"GPU_CHECK_HANG_STEPS": "local_cpu"},
-    )  # fmt: skip
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert (
         "step local_cpu: fail (" in done.stdout and "timed out after 2s (killed; see gpu_check.log)" in done.stdout

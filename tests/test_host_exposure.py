@@ -62,7 +62,12 @@ def listeners_during_a_run(root: int) -> dict[str, Any]:
 
     told_to_host = os.environ.get("SPARK_TORCH_HOST_STORE")
     dist.init_process_group("gloo", init_method="env://")
-    seen = {"told_to_host": told_to_host, "listeners": _tree_listeners(root), "master_port": int(os.environ["MASTER_PORT"]), "pid": os.getpid()}
+    seen = {
+        "told_to_host": told_to_host,
+        "listeners": _tree_listeners(root),
+        "master_port": int(os.environ["MASTER_PORT"]),
+        "pid": os.getpid(),
+    }
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, seen)
     dist.destroy_process_group()
@@ -173,13 +178,18 @@ def test_a_run_folder_another_user_made_first_is_refused(
     as_user(NOBODY, NOBODY, plant)
     started = time.monotonic()
     with pytest.raises(ConfigurationError) as caught:
-        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN, spark=spark).run(checkpoint_and_metrics)
+        Distributor(num_processes=1, local_mode=local_mode, storage_path=str(open_base), run_id=RUN, spark=spark).run(
+            checkpoint_and_metrics
+        )
     elapsed = time.monotonic() - started
     message = str(caught.value)
     assert f"{open_base / RUN} belongs to another user (uid {NOBODY})" in message and "storage_path=" in message
     assert elapsed < 5.0, f"refused after {elapsed:.1f}s"
     assert victim.read_text() == "mine\n" and (open_base / RUN / "attempts.jsonl").stat().st_size == 0
-    assert sorted(os.listdir(open_base)) == [RUN] and sorted(os.listdir(open_base / RUN)) == ["attempts.jsonl", "metrics.jsonl"]
+    assert sorted(os.listdir(open_base)) == [RUN] and sorted(os.listdir(open_base / RUN)) == [
+        "attempts.jsonl",
+        "metrics.jsonl",
+    ]
 
 
 @needs_root
@@ -242,7 +252,9 @@ def test_a_run_folder_swapped_under_a_running_run_is_refused_in_the_rank(
             swap_then_report, str(open_base), str(victim_dir)
         )
     message = str(caught.value)
-    assert f"ConfigurationError: the run's storage {open_base / RUN} belongs to another user (uid {NOBODY})" in message, message
+    assert (
+        f"ConfigurationError: the run's storage {open_base / RUN} belongs to another user (uid {NOBODY})" in message
+    ), message
     assert list(victim_dir.iterdir()) == []
     assert sorted(os.listdir(open_base / RUN)) == ["checkpoint_000002"]
     assert (open_base / (RUN + ".moved") / "checkpoint_000001" / "weights.bin").read_bytes() == b"w"

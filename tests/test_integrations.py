@@ -28,13 +28,20 @@ def _losses(text: str, tag: str) -> tuple[float, float]:
     return float(match.group(1)), float(match.group(2))
 
 
-def test_deepspeed_script_with_a_dict_config(capsys: pytest.CaptureFixture[str], spark_session: Any, no_leftovers: None) -> None:
+def test_deepspeed_script_with_a_dict_config(
+    capsys: pytest.CaptureFixture[str], spark_session: Any, no_leftovers: None
+) -> None:
     """As PySpark's: ``--deepspeed --deepspeed_config PATH`` after the script's arguments; a dict
     config becomes a JSON file on every node (here: two barrier tasks)."""
     pytest.importorskip("deepspeed")
     for local in (True, False):
-        distributor = DeepspeedTorchDistributor(numGpus=1 if not local else 2, nnodes=2 if not local else 1,
-                                                localMode=local, useGpu=False, deepspeedConfig=CONFIG)  # fmt: skip
+        distributor = DeepspeedTorchDistributor(
+            numGpus=1 if not local else 2,
+            nnodes=2 if not local else 1,
+            localMode=local,
+            useGpu=False,
+            deepspeedConfig=CONFIG,
+        )
         assert distributor.num_processes == 2 and distributor.deepspeed_config == CONFIG
         assert distributor.run(str(EXAMPLES / "deepspeed_train.py"), "--steps=20") is None
         first, last = _losses(capsys.readouterr().out, "deepspeed")
@@ -69,9 +76,24 @@ def test_transformers_trainer_through_the_cli(no_leftovers: None) -> None:
     pytest.importorskip("transformers")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     done = subprocess.run(
-        [sys.executable, "-m", "spark_torch", "run", "-n", "2", "--log-ranks", "0", str(EXAMPLES / "hf_trainer.py"), "--max-steps", "6"],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "spark_torch",
+            "run",
+            "-n",
+            "2",
+            "--log-ranks",
+            "0",
+            str(EXAMPLES / "hf_trainer.py"),
+            "--max-steps",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"\[rank 0\] trainer: world size 2, steps 6, loss [\d.]+", done.stdout), done.stdout[-2000:]
 

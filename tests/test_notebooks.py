@@ -188,7 +188,10 @@ def test_06_replica_groups(tmp_path: Path, monkeypatch: Any) -> None:
     book = execute("06_replica_groups", tmp_path, monkeypatch)
     out = texts(book)
     assert "restarting it alone (1 of 1), the other groups go on" in out
-    assert "group 0: start, succeeded\ngroup 1: start, failed\ngroup 1: restart after a failure, succeeded\nrestarts: 1" in out
+    assert (
+        "group 0: start, succeeded\ngroup 1: start, failed\ngroup 1: restart after a failure, succeeded\nrestarts: 1"
+        in out
+    )
     went_on = re.search(r"group 1's first process reported steps up to (\d+); the second went on at step (\d+)", out)
     assert went_on is not None and int(went_on.group(2)) > int(went_on.group(1)) >= 8, out[-2000:]  # its peer's step
     assert "group 0 reported every step from its first: True" in out

@@ -27,7 +27,9 @@ from spark_torch.base.grace import RANK_GRACE_SECONDS, STOP_MARGIN_SECONDS
 def double_fork_a_sleep(seconds: str, fail: bool) -> dict[str, Any]:
     """A rank whose shell starts ``sleep`` in the background with an empty environment and a
     session of its own, then exits: the sleep is an orphan that carries nothing of the run."""
-    subprocess.run(["/bin/sh", "-c", f"sleep {seconds} >/dev/null 2>&1 </dev/null &"], env={}, start_new_session=True, check=True)
+    subprocess.run(
+        ["/bin/sh", "-c", f"sleep {seconds} >/dev/null 2>&1 </dev/null &"], env={}, start_new_session=True, check=True
+    )
     # the shell has exited, but its background child may not have exec'd sleep yet (seen on a busy machine)
     deadline = time.monotonic() + 30
     while not (found := [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", seconds]]):
@@ -52,7 +54,9 @@ def _sleepers(seconds: str) -> list[psutil.Process]:
 
 @pytest.mark.parametrize("fail", [False, True], ids=["success", "failure"])
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_double_forked_orphan_with_an_empty_environment_is_stopped(warm: bool, fail: bool, no_leftovers: None) -> None:
+def test_a_double_forked_orphan_with_an_empty_environment_is_stopped(
+    warm: bool, fail: bool, no_leftovers: None
+) -> None:
     seconds = f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**6}"
     try:
         distributor = Distributor(num_processes=1, warm_start=warm)
@@ -95,9 +99,12 @@ def leave_a_tree_running(chain: str, seconds: str) -> dict[str, Any]:
     """Start ``chain`` through /bin/sh with an empty environment and return at once, leaving
     it running: what the sleep's ancestry was, and when the rank returned."""
     subprocess.Popen(
-        ["/bin/sh", "-c", CHAINS[chain].format(seconds=seconds)], env={},
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        ["/bin/sh", "-c", CHAINS[chain].format(seconds=seconds)],
+        env={},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30.0
     while not (sleepers := _sleepers(seconds)):
         if time.monotonic() > deadline:
@@ -168,13 +175,18 @@ def test_a_rank_may_signal_its_own_process_group(warm: bool, no_leftovers: None)
     """The keeper shares the rank's group and ignores what the rank sends it."""
     ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     inherited = [sig.name for sig in _DEFAULTS if signal.getsignal(sig) is signal.SIG_IGN]
-    assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group, ignored, inherited) == ["SIGUSR1", "SIGHUP"]
+    assert Distributor(num_processes=1, warm_start=warm).run(signal_own_group, ignored, inherited) == [
+        "SIGUSR1",
+        "SIGHUP",
+    ]
 
 
 def orphan_then_lose_the_keeper(seconds: str, ready: str) -> None:
     """Rank: leave a double-forked ``sleep`` (empty environment, its own session), say where the
     keeper is (``ready``: the rank's parent), then wait to be stopped."""
-    subprocess.run(["/bin/sh", "-c", f"sleep {seconds} >/dev/null 2>&1 </dev/null &"], env={}, start_new_session=True, check=True)
+    subprocess.run(
+        ["/bin/sh", "-c", f"sleep {seconds} >/dev/null 2>&1 </dev/null &"], env={}, start_new_session=True, check=True
+    )
     with open(ready + ".tmp", "w") as fh:
         fh.write(str(os.getppid()))
     os.replace(ready + ".tmp", ready)
@@ -182,7 +194,9 @@ def orphan_then_lose_the_keeper(seconds: str, ready: str) -> None:
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
-def test_a_keeper_killed_mid_run_fails_the_run_and_leaves_nothing(warm: bool, tmp_path: Any, no_leftovers: None) -> None:
+def test_a_keeper_killed_mid_run_fails_the_run_and_leaves_nothing(
+    warm: bool, tmp_path: Any, no_leftovers: None
+) -> None:
     """SIGKILL of a rank's keeper (the one signal it cannot ignore): the rank dies with it and the
     run fails at once with an error that says the rank was killed. Warm, the orphan the rank had
     left is re-parented to the template (a child subreaper too) and stopped with the run; cold,

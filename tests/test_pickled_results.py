@@ -106,12 +106,20 @@ def _check_live(result: RunResult, dump: bytes, tmp_path: Path, options: dict[st
     (tmp_path / "result.pkl").write_bytes(dump)
     env = {k: v for k, v in os.environ.items() if k != envnames.STORAGE_OPTIONS}
     env.update(AWS_ENDPOINT_URL="http://127.0.0.1:9")  # options that do not arrive must not send the test to AWS
-    done = subprocess.run([sys.executable, "-c", _ANOTHER_PROCESS, str(tmp_path), json.dumps(options)],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _ANOTHER_PROCESS, str(tmp_path), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     asked, given = done.stdout.strip().splitlines()[-2:]
     assert asked.startswith("ConfigurationError checkpoint.to_directory(): s3://runs/pickles/"), asked
-    assert "pass them again: checkpoint.to_directory(storage_options={'client_kwargs': ..., 'key': ..., 'secret': ...})" in asked
+    assert (
+        "pass them again: checkpoint.to_directory(storage_options={'client_kwargs': ..., 'key': ..., 'secret': ...})"
+        in asked
+    )
     assert given == "0.9" and not (tmp_path / "other").exists()
 
 
@@ -119,7 +127,9 @@ def _check_orphan(dump: bytes, tmp_path: Path, options: dict[str, Any], monkeypa
     """In this process once the run's result is gone: asked for, then given again."""
     gc.collect()
     orphan = pickle.loads(dump)
-    with pytest.raises(ConfigurationError, match=r"storage_options=\{'client_kwargs': \.\.\., 'key': \.\.\., 'secret': \.\.\.\}"):
+    with pytest.raises(
+        ConfigurationError, match=r"storage_options=\{'client_kwargs': \.\.\., 'key': \.\.\., 'secret': \.\.\.\}"
+    ):
         orphan.checkpoint.to_directory(tmp_path / "orphan")
     assert not (tmp_path / "orphan").exists()
     assert _opens(orphan.checkpoint, tmp_path / "given", storage_options=options)
@@ -148,10 +158,17 @@ def _run_and_check(server: dict[str, Any], tmp_path: Path, monkeypatch: pytest.M
     """A run with the secret in its storage options (``mode``: the Distributor's mode arguments),
     then every check of the pickling rule on its result."""
     monkeypatch.delenv(envnames.STORAGE_OPTIONS, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # options that do not arrive must not send the test to AWS
+    monkeypatch.setenv(
+        "AWS_ENDPOINT_URL", "http://127.0.0.1:9"
+    )  # options that do not arrive must not send the test to AWS
     options = _options(server)
-    d = Distributor(num_processes=2, storage_path="s3://runs/pickles", storage_options=options,
-                    checkpoint_score_attribute="score", **mode)  # fmt: skip
+    d = Distributor(
+        num_processes=2,
+        storage_path="s3://runs/pickles",
+        storage_options=options,
+        checkpoint_score_attribute="score",
+        **mode,
+    )
     d.run(report_scores, [0.5, 0.7, 0.9])
     assert d.last_run is not None
     _check_no_credential_anywhere(d.last_run, options)
@@ -161,11 +178,20 @@ def _run_and_check(server: dict[str, Any], tmp_path: Path, monkeypatch: pytest.M
     _check_orphan(dump, tmp_path, options, monkeypatch)
 
 
-def test_a_local_runs_result_holds_no_credential(s3: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None) -> None:  # noqa: F811
+def test_a_local_runs_result_holds_no_credential(
+    s3: dict[str, Any],  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_leftovers: None,
+) -> None:
     _run_and_check(s3, tmp_path, monkeypatch)
 
 
 def test_a_distributed_runs_result_holds_no_credential(
-    s3: dict[str, Any], spark_session: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers: None  # noqa: F811
+    s3: dict[str, Any],  # noqa: F811 - the fixture imported above
+    spark_session: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_leftovers: None,
 ) -> None:
     _run_and_check(s3, tmp_path, monkeypatch, local_mode=False, spark=spark_session)

@@ -40,8 +40,11 @@ def run_driver(master: str, executor_python: str, *how: str, **env: str) -> tupl
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(DRIVER), master, executor_python, *how],
-        capture_output=True, text=True, timeout=240, env=child_env(**env),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=child_env(**env),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, done.stderr, time.monotonic() - started
 
@@ -131,10 +134,26 @@ def test_cli_conf_spark_pyspark_python_reaches_the_executors(bare_python: str, t
     """``--conf spark.pyspark.python`` (which a session started in-process ignores by itself) is
     what the embedded session's executors run, and what the check names."""
     done = subprocess.run(
-        [sys.executable, "-m", "spark_torch", "run", "--distributed", "--master", "local[2]",
-         "--conf", f"spark.pyspark.python={bare_python}", "-n", "2", str(SCRIPTS / "env_dump.py"), str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=child_env(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "spark_torch",
+            "run",
+            "--distributed",
+            "--master",
+            "local[2]",
+            "--conf",
+            f"spark.pyspark.python={bare_python}",
+            "-n",
+            "2",
+            str(SCRIPTS / "env_dump.py"),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=child_env(),
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"spark-torch: error: the executors' Python cannot run spark_torch: {bare_python} "), last
@@ -152,7 +171,10 @@ def test_builder_spark_pyspark_python_that_pyspark_ignored_is_named(bare_python:
     line = error_line(stdout)
     assert line.startswith("ERROR LaunchError: the executors' Python cannot run spark_torch: "), line
     assert "(PYSPARK_PYTHON was 'python3' when the SparkContext started; the session's " in line, line
-    assert f"spark.pyspark.python={sys.executable!r} was not used: PySpark reads that key only through spark-submit" in line
+    assert (
+        f"spark.pyspark.python={sys.executable!r} was not used: PySpark reads that key only through spark-submit"
+        in line
+    )
     assert f"Set os.environ['PYSPARK_PYTHON'] = {sys.executable!r} before the session starts" in line
     assert_no_trace(stderr)
 
@@ -170,7 +192,9 @@ def test_too_few_slots_on_cpu_names_ranks_per_task(spark_session: Any, no_leftov
     assert str(d.last_run.attempts[0].error).startswith("distributed mode needs 4 Spark task slots at once")
     assert "has 2. Use num_processes<=2" in str(info.value)
     assert "on CPU run several ranks in each task (ranks_per_task=K, a divisor of num_processes" in str(info.value)
-    world = Distributor(num_processes=4, local_mode=False, spark=spark_session, ranks_per_task=2, log_ranks=[]).run(_world_size)
+    world = Distributor(num_processes=4, local_mode=False, spark=spark_session, ranks_per_task=2, log_ranks=[]).run(
+        _world_size
+    )
     assert world == 4
 
 
@@ -307,12 +331,15 @@ def fake_java(directory: Path, version: str) -> Path:
     return java
 
 
-@pytest.mark.parametrize(("output", "expected"), [
-    ('openjdk version "17.0.15" 2025-04-15', (17, "17.0.15")),
-    ('Picked up JAVA_TOOL_OPTIONS: -Xss4m\njava version "1.8.0_292"', (8, "1.8.0_292")),
-    ('openjdk version "21-ea" 2023-09-19', (21, "21-ea")),
-    ("Error: could not find libjava.so", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', (17, "17.0.15")),
+        ('Picked up JAVA_TOOL_OPTIONS: -Xss4m\njava version "1.8.0_292"', (8, "1.8.0_292")),
+        ('openjdk version "21-ea" 2023-09-19', (21, "21-ea")),
+        ("Error: could not find libjava.so", None),
+    ],
+)
 def test_java_version_parsing(output: str, expected: tuple[int, str] | None) -> None:
     assert java_major(output) == expected
 

@@ -105,12 +105,18 @@ def test_every_file_of_a_nodes_scratch_folder_is_0600_under_umask_0(
             if where is None or "error" in out:
                 return "error" in out
             names = set(os.listdir(where))
-            return set(EXPECTED) <= names and any(n.startswith("stack-0.json.child-") for n in names) and (
-                "stack-0.json.trace-request" in names
+            return (
+                set(EXPECTED) <= names
+                and any(n.startswith("stack-0.json.child-") for n in names)
+                and ("stack-0.json.trace-request" in names)
             )
 
-        _wait("the rank's scratch files (stack samples of it and its child, a stall's trace request)", complete, 120.0,
-              "is stack sampling on (stall_timeout) and did the rank start?")  # fmt: skip
+        _wait(
+            "the rank's scratch files (stack samples of it and its child, a stall's trace request)",
+            complete,
+            120.0,
+            "is stack sampling on (stall_timeout) and did the rank start?",
+        )
         assert "error" not in out, out
         where = folder()
         assert where is not None
@@ -141,8 +147,11 @@ class _FolderUser:
         env["TMPDIR"] = str(tmp)
         self.process = subprocess.Popen(
             [sys.executable, "-c", FOLDER_USER, name],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], 60.0)
         line = self.process.stdout.readline().decode().strip() if ready else ""

@@ -144,10 +144,16 @@ def test_reaper_lines() -> None:
     assert parse_line("done") is None and parse_line("12 x") is None and parse_line("-1 2.0") is None
 
 
-@pytest.mark.parametrize("mode", [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]], ids=["local", "distributed"])
+@pytest.mark.parametrize(
+    "mode",
+    [["--local"], ["--distributed", "--master", "local[2]", "--conf", "spark.driver.host=127.0.0.1"]],
+    ids=["local", "distributed"],
+)
 def test_ctrl_c_gives_ranks_a_grace_period(mode: list[str], tmp_path: Path) -> None:
     """On Ctrl-C the ranks get SIGTERM and a moment to shut down before SIGKILL."""
-    code, _took = _interrupt_after_first_line(["run", "-n", "2", *mode, str(SCRIPTS / "graceful.py"), str(tmp_path)], lines=2)
+    code, _took = _interrupt_after_first_line(
+        ["run", "-n", "2", *mode, str(SCRIPTS / "graceful.py"), str(tmp_path)], lines=2
+    )
     assert code == 130
     deadline = time.monotonic() + 10
     while len(list(tmp_path.glob("rank-*.terminated"))) < 2 and time.monotonic() < deadline:
@@ -179,8 +185,10 @@ class _DeadlineAtTheLastExit:
 def test_a_run_that_finished_at_its_deadline_is_not_a_timeout() -> None:
     spec = RunSpec(
         plan=LaunchPlan(local_mode=True, num_nodes=1, procs_per_node=2, use_gpu=False),
-        run_id="deadline", script=str(SCRIPTS / "exit_code.py"), script_argv=("0",),
-    )  # fmt: skip
+        run_id="deadline",
+        script=str(SCRIPTS / "exit_code.py"),
+        script_argv=("0",),
+    )
     stop = threading.Event()
     node = NodeSpec(run=spec, node_rank=0, master_addr="127.0.0.1", master_port=1, cwd=os.getcwd())
     with NodeWorkdir(spec.run_id, 0) as workdir:
@@ -237,8 +245,10 @@ def test_a_node_whose_staging_fails_closes_its_channel(monkeypatch: pytest.Monke
         channel = ChannelSpec(host="127.0.0.1", port=dead.getsockname()[1], secret=new_secret())
         spec = RunSpec(
             plan=LaunchPlan(local_mode=False, num_nodes=2, procs_per_node=1, use_gpu=False),
-            run_id="staging", channel=channel, data=DataSpec(columns=("x",)),
-        )  # fmt: skip
+            run_id="staging",
+            channel=channel,
+            data=DataSpec(columns=("x",)),
+        )
 
         def broken_partition() -> Any:
             raise OSError(28, "No space left on device")
@@ -247,7 +257,9 @@ def test_a_node_whose_staging_fails_closes_its_channel(monkeypatch: pytest.Monke
         with pytest.raises(OSError, match="No space left on device"):
             list(run_barrier_task(spec, broken_partition()))
         deadline = time.monotonic() + 5.0
-        while any(t.name.startswith("spark-torch-channel") for t in threading.enumerate()) and time.monotonic() < deadline:
+        while (
+            any(t.name.startswith("spark-torch-channel") for t in threading.enumerate()) and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert not [t.name for t in threading.enumerate() if t.name.startswith("spark-torch-channel")]
     finally:

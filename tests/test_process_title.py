@@ -39,7 +39,9 @@ def test_a_warm_title_is_cut_to_the_templates_command_line(tmp_path: Path, no_le
     long = ["--" + "x" * 40 + str(i) for i in range(10)]
     Distributor(num_processes=1, warm_start=True, env=env, log_ranks=[]).run(str(SCRIPTS / "show_title.py"), *long)
     shown = " ".join(json.loads((tmp_path / "title-0.json").read_text())["cmdline"])
-    assert shown.startswith("spark-torch rank 0: show_title.py --" + "x" * 40 + "0") and shown in " ".join(["spark-torch rank 0: show_title.py", *long])
+    assert shown.startswith("spark-torch rank 0: show_title.py --" + "x" * 40 + "0") and shown in " ".join(
+        ["spark-torch rank 0: show_title.py", *long]
+    )
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])

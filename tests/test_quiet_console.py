@@ -61,9 +61,13 @@ def user_script(
     _without_ui(environ)
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), master, mode, *(f"{k}={v}" for k, v in (then or {}).items())], env=environ,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400,
-    )  # fmt: skip
+        [sys.executable, str(SCRIPT), master, mode, *(f"{k}={v}" for k, v in (then or {}).items())],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=400,
+    )
     seconds = time.monotonic() - started
     output = done.stdout
     parts = output.split("=== run() ===")[1:]
@@ -82,7 +86,9 @@ def jvm_lines(console: list[str]) -> list[str]:
 
 def assert_restored(facts: list[str]) -> None:
     """The TaskSetManager logger's level and the progress bar are back as the script had them."""
-    assert len(facts) == 1 and facts[0].startswith("FACT restored True levels True ") and facts[0].endswith(", True)"), facts
+    assert (
+        len(facts) == 1 and facts[0].startswith("FACT restored True levels True ") and facts[0].endswith(", True)")
+    ), facts
 
 
 @pytest.mark.slow
@@ -131,10 +137,24 @@ def cli_failure(**env: str) -> list[str]:
             environ.pop(name, None)
     _without_ui(environ)
     done = subprocess.run(
-        [sys.executable, "-m", "spark_torch", "run", "--distributed", "--master", "local[2]", "-n", "2",
-         str(SCRIPTS / "raises.py")],
-        env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "spark_torch",
+            "run",
+            "--distributed",
+            "--master",
+            "local[2]",
+            "-n",
+            "2",
+            str(SCRIPTS / "raises.py"),
+        ],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 1, done.stdout[-5000:]
     assert "ValueError: script failed on purpose" in done.stdout, done.stdout[-5000:]
     return done.stdout.replace("\r", "\n").splitlines()
@@ -146,7 +166,9 @@ def test_the_command_as_docs_cli_md_says() -> None:
     back at the command's ERROR level ('ERROR Executor', no 'WARN TaskSetManager');
     SPARK_TORCH_CLI_VERBOSE=1 keeps the session's level (the WARN lines too)."""
     text = (REPO / "docs" / "cli.md").read_text()
-    assert "`SPARK_TORCH_SPARK_LOGS=1`" in text and "log level to `ERROR`" in text and "SPARK_TORCH_CLI_VERBOSE=1" in text
+    assert (
+        "`SPARK_TORCH_SPARK_LOGS=1`" in text and "log level to `ERROR`" in text and "SPARK_TORCH_CLI_VERBOSE=1" in text
+    )
     quiet_run = cli_failure()
     assert not jvm_lines(quiet_run) and not any(MARKER in line for line in quiet_run), jvm_lines(quiet_run)
     traces = cli_failure(SPARK_TORCH_SPARK_LOGS="1")
@@ -265,9 +287,13 @@ def test_a_ctrl_c_during_any_py4j_call_of_a_quiet_period_leaves_every_logger_as_
     environ.pop("SPARK_TORCH_SPARK_LOGS", None)
     _without_ui(environ)
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / "quiet_interrupts.py")], env=environ, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, str(SCRIPTS / "quiet_interrupts.py")],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and len(lines) == 1, done.stdout[-5000:]
     summary = json.loads(lines[0])

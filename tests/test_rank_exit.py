@@ -50,7 +50,9 @@ def test_script_mode_exit(tmp_path: Path, no_leftovers: None) -> None:
 
 
 def test_distributed_exit(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
-    Distributor(num_processes=2, local_mode=False, spark=spark_session).run(str(SCRIPTS / "exit_semantics.py"), tmp_path)
+    Distributor(num_processes=2, local_mode=False, spark=spark_session).run(
+        str(SCRIPTS / "exit_semantics.py"), tmp_path
+    )
     _check(tmp_path, 2)
 
 
@@ -96,9 +98,12 @@ def test_rank_dies_with_its_node_runner() -> None:
 def test_rank_whose_parent_is_already_gone_exits() -> None:
     """The parent died between fork and prctl: the rank notices (another parent) and exits."""
     done = subprocess.run(
-        [sys.executable, "-c", ARMED_CHILD], env=dict(os.environ, SPARK_TORCH_PARENT_PID="1"),
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [sys.executable, "-c", ARMED_CHILD],
+        env=dict(os.environ, SPARK_TORCH_PARENT_PID="1"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 137 and done.stdout == ""
 
 
@@ -142,6 +147,8 @@ def test_the_scan_for_open_files_runs_only_when_one_could_hold_data(tmp_path: Pa
         "print('ok')\n"
         "os._exit(0)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "data.txt")], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "data.txt")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
     assert (tmp_path / "data.txt").read_text() == "kept"

@@ -83,7 +83,15 @@ def test_checkpoint_from_directory_and_as_directory(tmp_path: Path, no_leftovers
     second = d.run(report_checkpoint_objects, remote=True)
     assert second["resumed"] == "written by run ray-style"
     text = "written by run ray-style"  # get_checkpoint() is a Checkpoint, and every way a path worked still works
-    assert second["ways"] == {"open(os.path.join)": text, "/": text, "fspath": text, "str": text, "from_directory": text, "type": "Checkpoint", "step": 1}
+    assert second["ways"] == {
+        "open(os.path.join)": text,
+        "/": text,
+        "fspath": text,
+        "str": text,
+        "from_directory": text,
+        "type": "Checkpoint",
+        "step": 1,
+    }
     assert second["driver_modules"] == []
     assert d.last_run is not None and d.last_run.checkpoint is not None and d.last_run.checkpoint.step == 2
     assert Path(d.last_run.checkpoint.path, "state.txt").read_text() == "written by run ray-style"
@@ -101,7 +109,9 @@ def test_as_directory_of_a_remote_checkpoint_removes_its_download(tmp_path: Path
 
 def test_from_directory_refuses_what_is_not_a_local_directory(tmp_path: Path) -> None:
     for bad in (tmp_path / "missing", "s3://bucket/ckpt"):
-        with pytest.raises(NotADirectoryError, match=r"not a local directory; write the checkpoint's files into a local directory"):
+        with pytest.raises(
+            NotADirectoryError, match=r"not a local directory; write the checkpoint's files into a local directory"
+        ):
             Checkpoint.from_directory(bad)
     wrapped = Checkpoint.from_directory(tmp_path)
     assert wrapped.path == str(tmp_path) == os.fspath(wrapped) and wrapped.step == 0
@@ -118,14 +128,24 @@ def test_a_rank_using_checkpoint_loads_no_driver_module() -> None:
 
 def test_a_checkpoint_on_remote_storage_refuses_slash(tmp_path: Path) -> None:
     local = Checkpoint(str(tmp_path), step=2, metrics={"loss": 0.5})
-    assert local / "a" / "b.pt" == tmp_path / "a" / "b.pt" and {local: 1}[Checkpoint(str(tmp_path), step=2, metrics={"loss": 0.5})] == 1
-    with pytest.raises(ValueError, match=r"the checkpoint is on remote storage, not a local path; use `with checkpoint.as_directory\(\) as d:`"):
+    assert (
+        local / "a" / "b.pt" == tmp_path / "a" / "b.pt"
+        and {local: 1}[Checkpoint(str(tmp_path), step=2, metrics={"loss": 0.5})] == 1
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"the checkpoint is on remote storage, not a local path; use `with checkpoint.as_directory\(\) as d:`",
+    ):
         Checkpoint("s3://bucket/run/checkpoint_000002", step=2) / "state.pt"
 
 
 @pytest.mark.parametrize("local_mode", [True, False], ids=["local", "distributed"])
-def test_get_context_and_get_device_read_the_ranks_torchrun_variables(local_mode: bool, spark_session: Any, no_leftovers: None) -> None:
-    d = Distributor(num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, use_gpu=False, log_ranks=[])
+def test_get_context_and_get_device_read_the_ranks_torchrun_variables(
+    local_mode: bool, spark_session: Any, no_leftovers: None
+) -> None:
+    d = Distributor(
+        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, use_gpu=False, log_ranks=[]
+    )
     everyone = d.run(context_and_device)
     for rank, seen in enumerate(everyone):
         assert seen["context"] == seen["env"], seen
@@ -143,7 +163,14 @@ def test_get_context_outside_a_rank_says_where_it_works() -> None:
         "try:\n    spark_torch.get_context()\nexcept RuntimeError as exc:\n    print(exc)\n"
         "print(spark_torch.get_device())"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    ).stdout
     assert out.splitlines() == [
         "spark_torch.get_context() works inside ranks started by spark_torch (Distributor.run or spark-torch run), whose "
         "environment has torchrun's variables; this process lacks RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, "
@@ -157,7 +184,13 @@ def test_get_context_reads_torchruns_group_rank_too() -> None:
 
     env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
     context = context_from(env)
-    assert [context.get_world_rank(), context.get_world_size(), context.get_local_rank(), context.get_local_world_size(), context.get_node_rank()] == [5, 8, 1, 4, 1]
+    assert [
+        context.get_world_rank(),
+        context.get_world_size(),
+        context.get_local_rank(),
+        context.get_local_world_size(),
+        context.get_node_rank(),
+    ] == [5, 8, 1, 4, 1]
     with pytest.raises(RuntimeError, match=r"lacks LOCAL_WORLD_SIZE$"):
         context_from({**env, "LOCAL_WORLD_SIZE": ""})
 
@@ -174,9 +207,14 @@ def test_run_result_from_the_run_directory_alone(tmp_path: Path, no_leftovers: N
     assert [c.step for c, _ in past.best_checkpoints] == [2, 3, 1] and past.checkpoint is not None
     assert RunResult.from_path(Path(result.path)).run_id == result.run_id  # a Path too
     assert RunResult.from_path(tmp_path, result.run_id).history == result.history  # the two-argument form
-    with pytest.raises(FileNotFoundError, match=rf"not a run's directory.*holding the runs {result.run_id}: pass one run's directory, e.g. '{tmp_path / result.run_id}'"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"not a run's directory.*holding the runs {result.run_id}: pass one run's directory, e.g. '{tmp_path / result.run_id}'",
+    ):
         RunResult.from_path(tmp_path)  # the storage, not a run
-    with pytest.raises(FileNotFoundError, match=r"not a run's directory.*pass the run's own directory \(STORAGE/RUN_ID"):
+    with pytest.raises(
+        FileNotFoundError, match=r"not a run's directory.*pass the run's own directory \(STORAGE/RUN_ID"
+    ):
         RunResult.from_path(tmp_path / "nothing-here")
 
 
@@ -190,17 +228,35 @@ def test_the_ray_train_page_names_what_exists() -> None:
     page = (ROOT / "docs" / "ray-train.md").read_text(encoding="utf-8")
     rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| ") and not line.startswith("|---")]
     ray_column = " ".join(row[0] for row in rows)
-    for name in ("TorchTrainer", "ScalingConfig", "RunConfig", "FailureConfig", "train_loop_config", "ray.train.report",
-                 "get_checkpoint", "Checkpoint.from_directory", "as_directory", "Result.from_path", "get_dataset_shard",
-                 "prepare_model", "prepare_data_loader"):  # fmt: skip
+    for name in (
+        "TorchTrainer",
+        "ScalingConfig",
+        "RunConfig",
+        "FailureConfig",
+        "train_loop_config",
+        "ray.train.report",
+        "get_checkpoint",
+        "Checkpoint.from_directory",
+        "as_directory",
+        "Result.from_path",
+        "get_dataset_shard",
+        "prepare_model",
+        "prepare_data_loader",
+    ):
         assert name in ray_column, name
     ours = " ".join(row[1] for row in rows[1:])
     for dotted in set(re.findall(r"spark_torch(?:\.\w+)+", ours)):
         parts = dotted.split(".")
         target: Any = importlib.import_module("spark_torch")
         for index, part in enumerate(parts[1:], start=1):
-            target = getattr(target, part) if hasattr(target, part) else importlib.import_module(".".join(parts[: index + 1]))
-    keywords = set(inspect.signature(Distributor.__init__).parameters) | set(inspect.signature(spark_torch.report).parameters)
+            target = (
+                getattr(target, part)
+                if hasattr(target, part)
+                else importlib.import_module(".".join(parts[: index + 1]))
+            )
+    keywords = set(inspect.signature(Distributor.__init__).parameters) | set(
+        inspect.signature(spark_torch.report).parameters
+    )
     used = set(re.findall(r"(\w+)=", ours)) - {"init_method"}
     assert used <= keywords, used - keywords
 
@@ -217,7 +273,9 @@ def test_the_ray_train_page_opening_is_the_code() -> None:
     renamed = re.search(r"become `spark_torch\.` for (.*?); `TorchTrainer", opening)
     assert renamed, opening
     names = re.findall(r"`(\w+(?:\.\w+)?)`", renamed.group(1))
-    assert {"report", "get_checkpoint", "get_context", "get_device", "prepare_model", "prepare_data_loader"} <= set(names)
+    assert {"report", "get_checkpoint", "get_context", "get_device", "prepare_model", "prepare_data_loader"} <= set(
+        names
+    )
     for name in names:
         if name.startswith("get_") and name not in ("get_checkpoint", "get_context", "get_device"):
             assert hasattr(spark_torch.RankContext, name), name  # a getter of the context

@@ -79,9 +79,14 @@ def _killed_group_healed_alone(tmp_path: Path, weights: list[float], rank: str =
 
 def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, no_leftovers: None) -> None:
     distributor = Distributor(
-        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
+        num_processes=2,
+        replica_groups=2,
+        max_restarts=1,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
         storage_path=tmp_path / "runs",
-    )  # fmt: skip
+    )
     weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2)
     survivor, restarted_at = _killed_group_healed_alone(tmp_path, weights)
     assert restarted_at in survivor  # the killed group's second process started from its peer's step, not from 0
@@ -94,7 +99,11 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     last = distributor.last_run
     assert last is not None and last.error is None and not last.run_id.endswith("-g0")
     _reported(last, tmp_path)
-    assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+    assert [(a.replica_group, a.end) for a in last.attempts] == [
+        (0, AttemptEnd.SUCCEEDED),
+        (1, AttemptEnd.FAILED),
+        (1, AttemptEnd.SUCCEEDED),
+    ]
     assert str(last.attempts[1]).startswith("replica group 1: ") and last.restarts == 1
     # each group's own run counts its restarts, and a restart's attempt is labelled one
     assert [r.restarts for r in last.replica_groups] == [0, 1]
@@ -113,8 +122,13 @@ def test_an_unchanged_torchft_script_survives_a_killed_group(tmp_path: Path, no_
     DDP hook fix reaches a Manager the script made itself), group 1 restarts alone, and the run
     ends ok; every listener of the ranks is on loopback (the Manager's server included)."""
     distributor = Distributor(
-        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        replica_groups=2,
+        max_restarts=1,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
+    )
     weights = distributor.run(ft_programs.torchft_example, 5, str(tmp_path), 1, 2)
     survivor, killed = _steps(tmp_path / "g0.steps"), _steps(tmp_path / "g1.steps")
     assert len({pid for pid, _ in survivor}) == 1, survivor[:5]  # the same process from start to end
@@ -125,7 +139,11 @@ def test_an_unchanged_torchft_script_survives_a_killed_group(tmp_path: Path, no_
         assert ast.literal_eval((tmp_path / f"g{group}.listening").read_text()) in ([], ["127.0.0.1"])
     last = distributor.last_run
     assert last is not None and last.error is None
-    assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+    assert [(a.replica_group, a.end) for a in last.attempts] == [
+        (0, AttemptEnd.SUCCEEDED),
+        (1, AttemptEnd.FAILED),
+        (1, AttemptEnd.SUCCEEDED),
+    ]
 
 
 def _an_outsider_is_refused(distributor: Distributor, tmp_path: Path) -> None:
@@ -139,9 +157,19 @@ def _an_outsider_is_refused(distributor: Distributor, tmp_path: Path) -> None:
     shared.chmod(0o777)
     marker = tmp_path / "the-outsiders-payload-ran"
     outsider = subprocess.Popen(
-        [sys.executable, str(root / "tests" / "scripts" / "ft_outsider.py"), str(shared), str(shared), str(marker), str(os.getpid())],
-        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(root / "tests" / "scripts" / "ft_outsider.py"),
+            str(shared),
+            str(shared),
+            str(marker),
+            str(os.getpid()),
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         error: BaseException | None = None
         try:
@@ -168,20 +196,35 @@ def _an_outsider_is_refused(distributor: Distributor, tmp_path: Path) -> None:
 
 def test_another_user_cannot_join_the_quorum_or_run_code_in_a_rank(tmp_path: Path, no_leftovers: None) -> None:
     distributor = Distributor(
-        num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=240, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        replica_groups=2,
+        max_restarts=0,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
+    )
     _an_outsider_is_refused(distributor, tmp_path)
 
 
 @pytest.mark.parametrize("wrapper", ["LocalSGD", "DiLoCo"])
-def test_a_group_killed_in_a_local_sgd_inner_loop_heals_at_the_next_sync(tmp_path: Path, wrapper: str, no_leftovers: None) -> None:
+def test_a_group_killed_in_a_local_sgd_inner_loop_heals_at_the_next_sync(
+    tmp_path: Path, wrapper: str, no_leftovers: None
+) -> None:
     """torchft's LocalSGD / DiLoCo (weights synced every 4 steps): group 1 SIGKILLed mid inner loop."""
     distributor = Distributor(
-        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=120, log_ranks=[],
+        num_processes=2,
+        replica_groups=2,
+        max_restarts=1,
+        lighthouse_options=_options(),
+        timeout=120,
+        log_ranks=[],
         storage_path=tmp_path / "runs",
-    )  # fmt: skip
+    )
     weights = distributor.run(ft_programs.local_sgd, 4, 4, str(tmp_path), 1, wrapper == "DiLoCo")
-    syncs = {g: [tuple(map(int, line.split())) for line in (tmp_path / f"g{g}.syncs").read_text().splitlines()] for g in (0, 1)}
+    syncs = {
+        g: [tuple(map(int, line.split())) for line in (tmp_path / f"g{g}.syncs").read_text().splitlines()]
+        for g in (0, 1)
+    }
     # the survivor kept its one process, its committed syncs only went forward, it synced alone meanwhile
     assert len({pid for pid, _, _ in syncs[0]}) == 1 and (tmp_path / "killed1").exists(), syncs[0]
     assert [step for _, step, _ in syncs[0]] == sorted({step for _, step, _ in syncs[0]}), syncs[0]
@@ -193,14 +236,20 @@ def test_a_group_killed_in_a_local_sgd_inner_loop_heals_at_the_next_sync(tmp_pat
     assert after[0] > before[-1] >= 1 and after[0] in {step for _, step, _ in syncs[0]}, syncs
     # both ended at the same final sync, taken together, with identical weights; run() returned group 0's
     assert syncs[0][-1][1:] == syncs[1][-1][1:] == (syncs[0][-1][1], 2), syncs
-    assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == ast.literal_eval((tmp_path / "g1.weights").read_text()) == weights
+    assert (
+        ast.literal_eval((tmp_path / "g0.weights").read_text())
+        == ast.literal_eval((tmp_path / "g1.weights").read_text())
+        == weights
+    )
     last = distributor.last_run
     assert last is not None and last.error is None and [r.restarts for r in last.replica_groups] == [0, 1]
 
 
 def test_diloco_refuses_the_async_quorum_and_says_what_to_pass(no_leftovers: None) -> None:
     """docs/fault-tolerance.md: DiLoCo needs use_async_quorum=False (torchft's own check)."""
-    distributor = Distributor(num_processes=2, replica_groups=2, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, lighthouse_options=_options(), timeout=120, log_ranks=[]
+    )
     with pytest.raises(ReplicaGroupError) as info:
         distributor.run(ft_programs.diloco_with_the_async_quorum)
     assert "ValueError" in str(info.value) and "use_async_quorum=False" in str(info.value), str(info.value)
@@ -219,18 +268,28 @@ def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
         assert past.restarts == 1 and str(past.outcome) == "succeeded"
     shown = subprocess.run(
         [sys.executable, "-m", "spark_torch", "runs", "show", last.run_id, "--storage", str(storage)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr
-    assert f"replica group 0 of run {last.run_id}" in shown.stdout and f"replica group 1 of run {last.run_id}" in shown.stdout
+    assert (
+        f"replica group 0 of run {last.run_id}" in shown.stdout
+        and f"replica group 1 of run {last.run_id}" in shown.stdout
+    )
     assert f"{last.run_id}-g1" in shown.stdout
     # one run() call per group: group 1's restart goes on in its call, not listed as another call
     shown = subprocess.run(
         [sys.executable, "-m", "spark_torch", "runs", "show", last.run_id, "--storage", str(storage), "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr
-    calls = [[[a["reason"] for a in call["attempts"]] for call in group["calls"]] for group in json.loads(shown.stdout)["replica_groups"]]
+    calls = [
+        [[a["reason"] for a in call["attempts"]] for call in group["calls"]]
+        for group in json.loads(shown.stdout)["replica_groups"]
+    ]
     assert calls == [[["start"]], [["start", "restart after a failure"]]], calls
     # each group's own run in last_run starts when its one call did (group 1's: before its restart)
     starts = [group["calls"][0]["started"] for group in json.loads(shown.stdout)["replica_groups"]]
@@ -239,8 +298,11 @@ def _the_past_run_is_the_whole_run(storage: Path, last: RunResult) -> None:
     listed = [s for s in list_runs(storage) if s.replica_run == last.run_id]
     assert [(s.run_id, s.replica_group) for s in listed] == [(f"{last.run_id}-g0", 0), (f"{last.run_id}-g1", 1)]
     table = subprocess.run(
-        [sys.executable, "-m", "spark_torch", "runs", str(storage)], capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "spark_torch", "runs", str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert table.returncode == 0, table.stderr
     rows = [line.split("  ")[0] for line in table.stdout.splitlines()[1:]]
     assert rows[:2] == [f"{last.run_id}-g0 (replica group 0)", f"{last.run_id}-g1 (replica group 1)"], table.stdout
@@ -252,8 +314,13 @@ def test_a_rank_killed_in_a_group_of_two_restarts_its_group_alone(tmp_path: Path
     heals from its peer of group 0, whose two processes never changed and whose steps only went
     forward; each rank ends with the same weights as its peer."""
     distributor = Distributor(
-        num_processes=4, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
-    )  # fmt: skip
+        num_processes=4,
+        replica_groups=2,
+        max_restarts=1,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
+    )
     weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2, 20.0, False, 1)
     survivor, restarted_at = _killed_group_healed_alone(tmp_path, _weights(tmp_path / "g0r1.weights"), "r1")
     assert restarted_at in survivor
@@ -262,8 +329,10 @@ def test_a_rank_killed_in_a_group_of_two_restarts_its_group_alone(tmp_path: Path
     assert _weights(tmp_path / "g0r0.weights") == weights  # run() returned group 0's rank 0's
     last = distributor.last_run
     assert last is not None and [(a.replica_group, a.end) for a in last.attempts] == [
-        (0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED),
-    ]  # fmt: skip
+        (0, AttemptEnd.SUCCEEDED),
+        (1, AttemptEnd.FAILED),
+        (1, AttemptEnd.SUCCEEDED),
+    ]
     assert "rank 1 on " in str(last.attempts[1]), str(last.attempts[1])  # the killed rank, not its group's rank 0
 
 
@@ -276,9 +345,14 @@ def test_when_every_group_dies_the_run_resumes_from_its_checkpoint(tmp_path: Pat
     newest report() checkpoint of any group, with torchft's step restored (the Manager's state is
     in it): group 1 wrote its first checkpoint only, and resumes from group 0's newer one."""
     distributor = Distributor(
-        num_processes=2, replica_groups=2, max_restarts=1, lighthouse_options=_options(), timeout=240, log_ranks=[],
+        num_processes=2,
+        replica_groups=2,
+        max_restarts=1,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
         storage_path=tmp_path / "runs",
-    )  # fmt: skip
+    )
     weights = distributor.run(ft_programs.train, 4, str(tmp_path), -1, 2, 20.0, True, 0, 1)
     first_after = []
     newest = max(step for pid, step in _steps(tmp_path / "g0.steps") if pid == _steps(tmp_path / "g0.steps")[0][0])
@@ -346,11 +420,15 @@ def test_a_failed_group_stops_the_others_whatever_their_ranks_do(tmp_path: Path,
     """Group 0's rank hangs outside torchft, where losing the lighthouse cannot reach it; group 1
     fails past its budget: group 0's run is stopped at once (the run's error is group 1's, not
     the timeout's), its process is gone, and its own run says why it ended."""
-    distributor = Distributor(num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=_options(), timeout=120, log_ranks=[]
+    )
     _group_1_fails_and_stops_group_0(distributor, tmp_path)
 
 
-def test_fewer_groups_than_min_replicas_fail_the_run_past_the_quorum_timeout(tmp_path: Path, no_leftovers: None) -> None:
+def test_fewer_groups_than_min_replicas_fail_the_run_past_the_quorum_timeout(
+    tmp_path: Path, no_leftovers: None
+) -> None:
     """min_replicas=2 and group 1 never joins a quorum: group 0's quorum times out (torchft's
     ``quorum_timeout``, 3 s here), which fails group 0 past its budget and the run with an error
     naming it; group 1 is stopped, and nothing is left running."""
@@ -358,7 +436,9 @@ def test_fewer_groups_than_min_replicas_fail_the_run_past_the_quorum_timeout(tmp
     from spark_torch.ft.lighthouse import LighthouseOptions
 
     options = LighthouseOptions(**{**FAST, "min_replicas": 2})
-    distributor = Distributor(num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=options, timeout=120, log_ranks=[])
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, max_restarts=0, lighthouse_options=options, timeout=120, log_ranks=[]
+    )
     with pytest.raises(ReplicaGroupError) as info:
         distributor.run(ft_programs.train_while_group_1_hangs, str(tmp_path), 5)
     assert info.value.group == 0 and str(info.value).startswith("replica group 0 failed 1 time")
@@ -402,34 +482,57 @@ def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no
     assert not _listening(url.port)
 
 
-def test_another_user_cannot_join_the_quorum_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
+def test_another_user_cannot_join_the_quorum_in_distributed_mode(
+    spark_session: object, tmp_path: Path, no_leftovers: None
+) -> None:
     """On ``local[2]`` (the executors on the driver's machine, so the gate's addresses are
     theirs): another user's torchft Manager, from an executor's address, is refused as in local mode."""
     distributor = Distributor(
-        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, max_restarts=0,
-        lighthouse_options=_options(), timeout=240, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=False,
+        replica_groups=2,
+        spark=spark_session,
+        max_restarts=0,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
+    )
     _an_outsider_is_refused(distributor, tmp_path)
 
 
-def test_a_killed_group_restarts_alone_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
+def test_a_killed_group_restarts_alone_in_distributed_mode(
+    spark_session: object, tmp_path: Path, no_leftovers: None
+) -> None:
     """On ``local[2]``, each group a barrier job: group 1's rank SIGKILLed mid-step fails its job
     only; its restart is a new barrier job that heals from group 0, whose process never changed
     and whose steps only went forward; both end with the same weights and every step once."""
     distributor = Distributor(
-        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, max_restarts=1,
-        lighthouse_options=_options(), timeout=240, log_ranks=[], storage_path=tmp_path / "runs",
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=False,
+        replica_groups=2,
+        spark=spark_session,
+        max_restarts=1,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
+        storage_path=tmp_path / "runs",
+    )
     weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2)
     _killed_group_healed_alone(tmp_path, weights)
     last = distributor.last_run
     assert last is not None and last.error is None
     _reported(last, tmp_path)
-    assert [(a.replica_group, a.end) for a in last.attempts] == [(0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED)]
+    assert [(a.replica_group, a.end) for a in last.attempts] == [
+        (0, AttemptEnd.SUCCEEDED),
+        (1, AttemptEnd.FAILED),
+        (1, AttemptEnd.SUCCEEDED),
+    ]
 
 
 @pytest.mark.slow
-def test_a_lost_executor_costs_its_group_a_restart_on_the_replacement(cluster_spark: object, tmp_path: Path, no_leftovers: None) -> None:
+def test_a_lost_executor_costs_its_group_a_restart_on_the_replacement(
+    cluster_spark: object, tmp_path: Path, no_leftovers: None
+) -> None:
     """local-cluster[2,1,1024], one group per executor: group 1's rank SIGKILLs the executor JVM
     that runs it, mid-step. Group 0 keeps its process and never goes back in steps; group 1's
     barrier job fails, and its restart runs on the executor Spark starts in the lost one's place
@@ -439,10 +542,16 @@ def test_a_lost_executor_costs_its_group_a_restart_on_the_replacement(cluster_sp
     wait_for_slots(cluster_spark, 2)
     before = {process.pid for process in session_executors()}
     distributor = Distributor(
-        num_processes=2, local_mode=False, replica_groups=2, max_restarts=2, spark=cluster_spark,
-        lighthouse_options=_options(), timeout=240, log_ranks=[],
+        num_processes=2,
+        local_mode=False,
+        replica_groups=2,
+        max_restarts=2,
+        spark=cluster_spark,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
         warm_start=False,  # the rank under its executor's JVM: a warm template may have outlived an earlier executor
-    )  # fmt: skip
+    )
     weights = distributor.run(ft_programs.train, 12, str(tmp_path), kill_group=1, kill_step=3, lose_executor=True)
     survivor, first_after = _killed_group_healed_alone(tmp_path, weights)
     assert first_after > 1 and max(survivor) >= first_after
@@ -451,13 +560,21 @@ def test_a_lost_executor_costs_its_group_a_restart_on_the_replacement(cluster_sp
     wait_for_slots(cluster_spark, 2)  # the replacement serves the next tests too
 
 
-def test_a_failed_group_stops_the_others_in_distributed_mode(spark_session: object, tmp_path: Path, no_leftovers: None) -> None:
+def test_a_failed_group_stops_the_others_in_distributed_mode(
+    spark_session: object, tmp_path: Path, no_leftovers: None
+) -> None:
     """As in local mode: group 0's barrier job, whose rank hangs outside torchft, is stopped as
     soon as group 1 fails past its budget (not at the run's timeout), and its rank is gone."""
     distributor = Distributor(
-        num_processes=2, local_mode=False, replica_groups=2, max_restarts=0, spark=spark_session,
-        lighthouse_options=_options(), timeout=120, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=False,
+        replica_groups=2,
+        max_restarts=0,
+        spark=spark_session,
+        lighthouse_options=_options(),
+        timeout=120,
+        log_ranks=[],
+    )
     _group_1_fails_and_stops_group_0(distributor, tmp_path)
 
 
@@ -468,9 +585,16 @@ def test_groups_of_two_nodes_in_distributed_mode(local4_spark: object, tmp_path:
     restart is a new job of both nodes, each rank healing from its peer of group 0, whose two
     processes never changed; each rank of the group saw its node's rank and the group's world."""
     distributor = Distributor(
-        num_processes=4, local_mode=False, replica_groups=2, spark=local4_spark, max_restarts=1,
-        lighthouse_options=_options(), timeout=240, log_ranks=[], storage_path=tmp_path / "runs",
-    )  # fmt: skip
+        num_processes=4,
+        local_mode=False,
+        replica_groups=2,
+        spark=local4_spark,
+        max_restarts=1,
+        lighthouse_options=_options(),
+        timeout=240,
+        log_ranks=[],
+        storage_path=tmp_path / "runs",
+    )
     weights = distributor.run(ft_programs.train, 5, str(tmp_path), 1, 2, 20.0, False, 1)
     survivor, restarted_at = _killed_group_healed_alone(tmp_path, _weights(tmp_path / "g0r1.weights"), "r1")
     assert restarted_at in survivor
@@ -481,8 +605,10 @@ def test_groups_of_two_nodes_in_distributed_mode(local4_spark: object, tmp_path:
         assert seen == {(0, 0, 2), (1, 1, 2)}, (group, seen)
     last = distributor.last_run
     assert last is not None and [(a.replica_group, a.end) for a in last.attempts] == [
-        (0, AttemptEnd.SUCCEEDED), (1, AttemptEnd.FAILED), (1, AttemptEnd.SUCCEEDED),
-    ]  # fmt: skip
+        (0, AttemptEnd.SUCCEEDED),
+        (1, AttemptEnd.FAILED),
+        (1, AttemptEnd.SUCCEEDED),
+    ]
     assert [a.nodes for a in last.attempts] == [2, 2, 2]
 
 
@@ -494,8 +620,12 @@ def test_ctrl_c_stops_every_group(tmp_path: Path, no_leftovers: None) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, str(root / "tests" / "scripts" / "ft_interrupt.py"), str(tmp_path)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert "interrupted" in lines and "ranks still running: []" in lines, done.stdout
@@ -522,7 +652,11 @@ def test_what_a_plain_functions_ranks_see_and_the_warning_it_gets(
     share = max(1, available_cpus() // 2)
     for group in (0, 1):
         seen = json.loads((tmp_path / f"seen-{group}.json").read_text())
-        assert (seen["OMP_NUM_THREADS"], seen["MKL_NUM_THREADS"], seen["torch_threads"]) == (str(share), str(share), share), seen
+        assert (seen["OMP_NUM_THREADS"], seen["MKL_NUM_THREADS"], seen["torch_threads"]) == (
+            str(share),
+            str(share),
+            share,
+        ), seen
         assert seen["RUST_LOG"] == "warn"
         assert seen["cmdline"] == ["spark-torch", "group", str(group), "rank", "0:", "what_a_rank_sees()"]
     warned = [r.getMessage() for r in caplog.records if "never created a torchft Manager" in r.getMessage()]
@@ -530,10 +664,14 @@ def test_what_a_plain_functions_ranks_see_and_the_warning_it_gets(
     assert "spark_torch.ft.manager(" in warned[0] and "did not sync" in warned[0]
 
 
-def test_a_function_with_a_manager_is_not_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+def test_a_function_with_a_manager_is_not_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
     """Both groups made the Manager (spark_torch.ft.manager): no warning about copies that never synced."""
     caplog.set_level("WARNING", logger="spark_torch")
-    distributor = Distributor(num_processes=2, replica_groups=2, lighthouse_options=_options(), timeout=120, log_ranks=[])
+    distributor = Distributor(
+        num_processes=2, replica_groups=2, lighthouse_options=_options(), timeout=120, log_ranks=[]
+    )
     distributor.run(ft_programs.train, 2, str(tmp_path))
     assert not [r for r in caplog.records if "never created a torchft Manager" in r.getMessage()]
 
@@ -549,8 +687,14 @@ def test_executors_without_torchft_fail_the_run_before_any_restart(
 
     monkeypatch.setattr(controller, "FT_MODULE", "spark_torch_test_no_torchft")
     distributor = Distributor(
-        num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, max_restarts=2, timeout=120, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=False,
+        replica_groups=2,
+        spark=spark_session,
+        max_restarts=2,
+        timeout=120,
+        log_ranks=[],
+    )
     with pytest.raises(LaunchError) as raised:
         distributor.run(ft_programs.needs, "spark_torch_test_no_torchft")  # each rank would fail importing it
     message = str(raised.value)
@@ -558,7 +702,9 @@ def test_executors_without_torchft_fail_the_run_before_any_restart(
     assert "pip install 'torchft>=0.2.0' into the Python of the driver and of the executors" in message, message
     last = distributor.last_run
     assert last is not None and last.restarts == 0 and [r.restarts for r in last.replica_groups] == [0, 0]
-    assert AttemptEnd.LAUNCH_FAILED in {a.end for a in last.attempts} and AttemptEnd.FAILED not in {a.end for a in last.attempts}
+    assert AttemptEnd.LAUNCH_FAILED in {a.end for a in last.attempts} and AttemptEnd.FAILED not in {
+        a.end for a in last.attempts
+    }
 
 
 def test_run_on_dataframe_refuses_replica_groups(spark_session: Any, no_leftovers: None) -> None:

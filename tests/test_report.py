@@ -63,8 +63,13 @@ def test_metrics_rows_and_result(tmp_path: Path, no_leftovers: None) -> None:
     assert result.checkpoint.path == str(tmp_path / result.run_id / "checkpoint_000006") == os.fspath(result.checkpoint)
     assert result.checkpoint.to_directory() == result.checkpoint.path and result.path == str(tmp_path / result.run_id)
     assert sorted(os.listdir(tmp_path / result.run_id)) == [
-        ".spark_torch_run", "attempts.jsonl", "checkpoint_000003", "checkpoint_000006", "metrics.jsonl", "run.jsonl"
-    ]  # fmt: skip
+        ".spark_torch_run",
+        "attempts.jsonl",
+        "checkpoint_000003",
+        "checkpoint_000006",
+        "metrics.jsonl",
+        "run.jsonl",
+    ]
     manifest = json.loads((Path(result.checkpoint) / MANIFEST).read_text())
     assert manifest["step"] == 6 and manifest["ranks"] == [0]
     logged = [json.loads(line) for line in (tmp_path / result.run_id / "metrics.jsonl").read_text().splitlines()]
@@ -85,7 +90,9 @@ def test_rank_killed_mid_run_resumes_from_the_checkpoint(tmp_path: Path, no_left
 
 
 def test_distributed_rank_killed_mid_run(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
-    clean = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=tmp_path).run(deterministic_ddp, 8)
+    clean = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=tmp_path).run(
+        deterministic_ddp, 8
+    )
     chaos = Distributor(num_processes=2, local_mode=False, spark=spark_session, storage_path=tmp_path, max_restarts=1)
     out = chaos.run(deterministic_ddp, 8, die_at=5, die_rank=0)
     assert out["resumed_from"] == 4 and _same_weights(clean, out)
@@ -109,7 +116,9 @@ def test_resume_by_run_id_in_a_new_run(tmp_path: Path, no_leftovers: None) -> No
     assert again.last_run is not None and [a.attempt for a in again.last_run.attempts] == [1]
     assert {r["attempt"] for r in again.last_run.rows} == {1} and again.last_run.restarts == 0
     assert again.last_run.metrics_dataframe["attempt"].tolist() == [0] * 4 + [1] * 4
-    assert again.last_run is not None and again.last_run.metrics_dataframe["step"].tolist() == list(range(1, 9))  # the run's
+    assert again.last_run is not None and again.last_run.metrics_dataframe["step"].tolist() == list(
+        range(1, 9)
+    )  # the run's
     assert again.last_run.metrics["step"] == 8
 
 
@@ -206,7 +215,9 @@ def test_executor_jvm_killed_mid_run(cluster_spark: Any, tmp_path: Path, no_left
     loses the node, the gang restarts (on a fresh executor) from step 4's checkpoint."""
     from .report_programs import kill_my_executor_at
 
-    clean = Distributor(num_processes=2, local_mode=False, spark=cluster_spark, storage_path=tmp_path).run(deterministic_ddp, 8)
+    clean = Distributor(num_processes=2, local_mode=False, spark=cluster_spark, storage_path=tmp_path).run(
+        deterministic_ddp, 8
+    )
     chaos = Distributor(num_processes=2, local_mode=False, spark=cluster_spark, storage_path=tmp_path, max_restarts=1)
     out = chaos.run(kill_my_executor_at, 5, 8)
     assert chaos.last_run is not None and chaos.last_run.restarts == 1
@@ -275,7 +286,7 @@ def test_a_step_waits_for_every_rank_and_is_answered_once() -> None:
     ("local_mode", "rank_1_gone_first", "together"),
     [(True, True, 0), (True, False, 2), (False, True, 2), (False, False, 0)],
     ids=["local-ended-first", "local-reported-first", "distributed-ended-first", "distributed-reported-first"],
-)  # fmt: skip
+)
 def test_report_on_some_ranks_fails_at_once_naming_the_ranks_that_ended(
     local_mode: bool, rank_1_gone_first: bool, together: int, spark_session: Any, tmp_path: Path, no_leftovers: None
 ) -> None:
@@ -283,9 +294,13 @@ def test_report_on_some_ranks_fails_at_once_naming_the_ranks_that_ended(
     once (``timeout`` is only the deadline of a regression: it would wait 10 minutes), whichever
     of the two comes first, after steps every rank reported or before any."""
     d = Distributor(
-        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path / "runs",
-        timeout=120, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=local_mode,
+        spark=None if local_mode else spark_session,
+        storage_path=tmp_path / "runs",
+        timeout=120,
+        log_ranks=[],
+    )
     with pytest.raises(DistributedRunError) as caught:
         d.run(report_on_rank_0_only, together, str(tmp_path), rank_1_gone_first)
     error = caught.value
@@ -308,9 +323,13 @@ def test_report_on_rank_0_while_rank_1_waits_in_a_collective_fails_in_seconds(
     have waited REPORT_DEADLOCK_SECONDS, at the default stall_timeout (120 s) and
     stall_action ("warn"), with the report() error and both stacks."""
     d = Distributor(
-        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path / "runs",
-        timeout=240, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=local_mode,
+        spark=None if local_mode else spark_session,
+        storage_path=tmp_path / "runs",
+        timeout=240,
+        log_ranks=[],
+    )
     started = time.monotonic()
     with pytest.raises(DistributedRunError) as caught:
         d.run(report_on_rank_0_in_a_ddp_loop, 5)
@@ -333,9 +352,13 @@ def test_a_rank_that_fails_stays_the_cause_when_a_peer_waits_in_report(
     """Rank 1 raises while rank 0 waits in report(): the error leads with rank 1's exception,
     not with the report() error rank 0 gets because rank 1 ended."""
     d = Distributor(
-        num_processes=2, local_mode=local_mode, spark=None if local_mode else spark_session, storage_path=tmp_path,
-        timeout=120, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=local_mode,
+        spark=None if local_mode else spark_session,
+        storage_path=tmp_path,
+        timeout=120,
+        log_ranks=[],
+    )
     with pytest.raises(DistributedRunError) as caught:
         d.run(report_then_fail_on_rank_1)
     assert caught.value.rank == 1 and str(caught.value).startswith("rank 1 on "), str(caught.value)
@@ -355,11 +378,15 @@ def test_best_checkpoints_by_score_and_opening_a_past_run(tmp_path: Path, no_lef
     best = [(c.step, m["score"]) for c, m in result.best_checkpoints]
     assert best == [(2, 0.9), (4, 0.7), (5, 0.3)]  # the 2 best, and the latest
     assert sorted(p.name for p in (tmp_path / result.run_id).glob("checkpoint_*")) == [
-        "checkpoint_000002", "checkpoint_000004", "checkpoint_000005"
-    ]  # fmt: skip
+        "checkpoint_000002",
+        "checkpoint_000004",
+        "checkpoint_000005",
+    ]
     top, metrics = result.best_checkpoints[0]
     assert isinstance(top, Checkpoint) and Path(top.to_directory(tmp_path / "best"), "score.txt").read_text() == "0.9"
-    past = RunResult.from_path(tmp_path, result.run_id, checkpoint_score_attribute="score", checkpoint_score_order="min")
+    past = RunResult.from_path(
+        tmp_path, result.run_id, checkpoint_score_attribute="score", checkpoint_score_order="min"
+    )
     assert [c.step for c, _ in past.best_checkpoints] == [5, 4, 2] and past.value is None
     assert past.metrics_dataframe["score"].tolist() == scores and past.metrics["step"] == 5
     with pytest.raises(FileNotFoundError, match="no run 'nope' under"):
@@ -411,6 +438,9 @@ def test_dbfs_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftover
     assert d.last_run.checkpoint.path == str(mount / "team" / "runs" / d.last_run.run_id / "checkpoint_000001")
     monkeypatch.setattr(storage, "DBFS_MOUNT", str(tmp_path / "no-mount"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigurationError, match=r"storage dbfs://team/runs/\w+ cannot be used \(TypeError: .*'instance' and 'token'.*\{'instance': \.\.\., 'token': \.\.\.\}"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"storage dbfs://team/runs/\w+ cannot be used \(TypeError: .*'instance' and 'token'.*\{'instance': \.\.\., 'token': \.\.\.\}",
+    ):
         Distributor(storage_path="dbfs:/team/runs").run(report_steps, 0)
     assert not (tmp_path / "dbfs:").exists()

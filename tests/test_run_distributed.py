@@ -21,8 +21,17 @@ def world_info(tag: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-            "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    keys = (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",
+    )
     mine = {k: os.environ[k] for k in keys}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -76,7 +85,9 @@ def _rpc_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "Spark's RPC is not encrypted" in r.getMessage()]
 
 
-def test_a_cluster_run_without_rpc_encryption_warns_once(cluster_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+def test_a_cluster_run_without_rpc_encryption_warns_once(
+    cluster_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
     """local-cluster with spark.network.crypto.enabled off: the run secret travels in the task
     closure, in clear; one WARNING says so and what to set (docs/security.md)."""
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
@@ -86,7 +97,9 @@ def test_a_cluster_run_without_rpc_encryption_warns_once(cluster_spark: Any, cap
     assert "spark.authenticate=true and spark.network.crypto.enabled=true" in line
 
 
-def test_a_local_master_run_does_not_warn_about_rpc_encryption(spark_session: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+def test_a_local_master_run_does_not_warn_about_rpc_encryption(
+    spark_session: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
     """local[2]: the tasks never leave this machine's processes; no warning."""
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
         Distributor(num_processes=1, local_mode=False, spark=spark_session).run(os.getpid)
@@ -130,16 +143,22 @@ def _assert_fails_fast(spark: Any, fn: Any, pattern: str, cause: type[BaseExcept
 
 @pytest.mark.smoke
 def test_rank_failure_local2(spark_session: Any, no_leftovers: None) -> None:
-    _assert_fails_fast(spark_session, raise_on_rank1, r"^rank 1 on 127\.0\.0\.1 failed: ValueError: bad learning rate", ValueError)
+    _assert_fails_fast(
+        spark_session, raise_on_rank1, r"^rank 1 on 127\.0\.0\.1 failed: ValueError: bad learning rate", ValueError
+    )
 
 
 def test_rank_failure_before_init_local2(spark_session: Any, no_leftovers: None) -> None:
-    _assert_fails_fast(spark_session, fail_before_init_on_rank1, r"^rank 1 on .* failed: RuntimeError: could not read", RuntimeError)
+    _assert_fails_fast(
+        spark_session, fail_before_init_on_rank1, r"^rank 1 on .* failed: RuntimeError: could not read", RuntimeError
+    )
 
 
 @pytest.mark.slow
 def test_rank_failure_cluster(cluster_spark: Any, no_leftovers: None) -> None:
-    _assert_fails_fast(cluster_spark, fail_before_init_on_rank1, r"^rank 1 on .* failed: RuntimeError: could not read", RuntimeError)
+    _assert_fails_fast(
+        cluster_spark, fail_before_init_on_rank1, r"^rank 1 on .* failed: RuntimeError: could not read", RuntimeError
+    )
 
 
 def test_script_exit_code_distributed(spark_session: Any, no_leftovers: None) -> None:
@@ -149,7 +168,9 @@ def test_script_exit_code_distributed(spark_session: Any, no_leftovers: None) ->
 
 def test_more_tasks_than_slots(spark_session: Any, no_leftovers: None) -> None:
     start = time.monotonic()
-    with pytest.raises(InsufficientSlotsError, match=r"needs 3 Spark task slots at once .* has 2\. Use num_processes<=2"):
+    with pytest.raises(
+        InsufficientSlotsError, match=r"needs 3 Spark task slots at once .* has 2\. Use num_processes<=2"
+    ):
         Distributor(num_processes=3, local_mode=False, spark=spark_session).run(world_info, "x")
     assert time.monotonic() - start < 5
 
@@ -175,7 +196,11 @@ def test_a_failure_report_of_any_size_reaches_the_driver(
     with pytest.raises(DistributedRunError) as info:
         distributor.run(chatty_failure_on_rank1)
     root = info.value.failures[0]
-    assert root.rank == 1 and (root.exc_message or "").startswith("boom zzz") and "characters cut" in (root.exc_message or "")
+    assert (
+        root.rank == 1
+        and (root.exc_message or "").startswith("boom zzz")
+        and "characters cut" in (root.exc_message or "")
+    )
     assert sum(len(line) for line in root.last_lines) < 20_000 and "earlier line(s) cut" in root.last_lines[0]
     assert 1 in channels[0].failures, "node 1's failure report never arrived over the channel"
     got = channels[0].failures[1].failures[0]
@@ -213,7 +238,9 @@ def test_large_result_distributed(
 
 def test_bad_result_transfer_setting(spark_session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARK_TORCH_RESULT_TRANSFER", "carrier-pigeon")
-    with pytest.raises(ConfigurationError, match=r"SPARK_TORCH_RESULT_TRANSFER='carrier-pigeon' is not valid; use 'auto'"):
+    with pytest.raises(
+        ConfigurationError, match=r"SPARK_TORCH_RESULT_TRANSFER='carrier-pigeon' is not valid; use 'auto'"
+    ):
         Distributor(num_processes=1, local_mode=False, spark=spark_session).run(world_info, "x")
 
 
@@ -246,9 +273,14 @@ def test_a_distributed_timeout_names_only_the_ranks_still_running(spark_session:
     and the error names rank 0 alone as stopped while still running."""
     from spark_torch import RunTimeoutError
 
-    with pytest.raises(RunTimeoutError, match=r"exceeded timeout=10s; the Spark job was cancelled; rank 0 was still running and stopped") as info:
+    with pytest.raises(
+        RunTimeoutError,
+        match=r"exceeded timeout=10s; the Spark job was cancelled; rank 0 was still running and stopped",
+    ) as info:
         Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=10).run(rank1_returns_rank0_hangs)
-    assert [s.rank for s in info.value.stopped] == [0] and "Stopped while still running: rank 0\n" in str(info.value) + "\n"
+    assert [s.rank for s in info.value.stopped] == [0] and "Stopped while still running: rank 0\n" in str(
+        info.value
+    ) + "\n"
 
 
 @pytest.mark.slow
@@ -318,7 +350,9 @@ def rank1_fails_first_but_its_node_is_slow() -> None:
 
 def test_root_cause_leads_whichever_task_spark_saw_fail_first(spark_session: Any, no_leftovers: None) -> None:
     with pytest.raises(DistributedRunError) as info:
-        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(rank1_fails_first_but_its_node_is_slow)
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(
+            rank1_fails_first_but_its_node_is_slow
+        )
     assert str(info.value).startswith("rank 1 on 127.0.0.1 failed: ValueError: the real cause"), str(info.value)[:500]
     assert isinstance(info.value.__cause__, ValueError) and [f.rank for f in info.value.failures][:1] == [1]
 
@@ -330,7 +364,10 @@ def test_executors_missing_a_dependency(no_psutil_spark: Any, no_leftovers: None
     from spark_torch import LaunchError
 
     started = time.monotonic()
-    with pytest.raises(LaunchError, match=r"the executors' Python cannot run spark_torch: .*/python \(Python [\d.]+, on .*\) cannot import psutil \(PYSPARK_PYTHON was .*Point PYSPARK_PYTHON") as info:
+    with pytest.raises(
+        LaunchError,
+        match=r"the executors' Python cannot run spark_torch: .*/python \(Python [\d.]+, on .*\) cannot import psutil \(PYSPARK_PYTHON was .*Point PYSPARK_PYTHON",
+    ) as info:
         Distributor(num_processes=2, local_mode=False).run(world_info, "x")
     assert "getResult" not in str(info.value) and "\n" not in str(info.value)
     assert time.monotonic() - started < 60

@@ -200,7 +200,10 @@ def test_log_ranks_and_log_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert "[rank 0] rank 0 done" in out and "[rank 1]" not in out
     assert "rank 1 done" in (tmp_path / "rank-1.log").read_text()
-    assert {(p.name, p.stat().st_mode & 0o777) for p in tmp_path.glob("rank-*.log")} == {("rank-0.log", 0o600), ("rank-1.log", 0o600)}
+    assert {(p.name, p.stat().st_mode & 0o777) for p in tmp_path.glob("rank-*.log")} == {
+        ("rank-0.log", 0o600),
+        ("rank-1.log", 0o600),
+    }
 
 
 def test_a_link_planted_in_log_dir_is_refused(tmp_path: Path, no_leftovers: None) -> None:
@@ -241,7 +244,9 @@ def test_a_fifo_or_a_hard_link_planted_in_log_dir_is_refused(tmp_path: Path, pla
             reader = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
             says = "rank-1.log is not a regular file of this user"
     try:
-        with pytest.raises(ConfigurationError, match=rf"log_dir: {re.escape(f'{logs}/{says}')}.*; remove it or choose another log_dir"):
+        with pytest.raises(
+            ConfigurationError, match=rf"log_dir: {re.escape(f'{logs}/{says}')}.*; remove it or choose another log_dir"
+        ):
             Distributor(num_processes=2, log_dir=str(logs)).run(env_and_allreduce, "t")
     finally:
         if reader is not None:
@@ -326,15 +331,21 @@ def _secret_env() -> dict[str, str]:
 def test_spark_secrets_do_not_reach_ranks(no_leftovers: None) -> None:
     """Spark's own secrets (spark.authenticate's _SPARK_AUTH_SECRET, Py4J's, a Connect token)
     are scrubbed; the user's own variables (e.g. a cloud key) are not."""
-    os.environ.update({
-        "_SPARK_AUTH_SECRET": "spark-auth", "PYSPARK_GATEWAY_SECRET": "py4j",
-        "SPARK_CONNECT_AUTHENTICATE_TOKEN": "connect", "MY_API_SECRET": "mine",
-    })  # fmt: skip  (restored by the autouse _restore_environ fixture)
+    os.environ.update(
+        {
+            "_SPARK_AUTH_SECRET": "spark-auth",
+            "PYSPARK_GATEWAY_SECRET": "py4j",
+            "SPARK_CONNECT_AUTHENTICATE_TOKEN": "connect",
+            "MY_API_SECRET": "mine",
+        }
+    )  # restored by the autouse _restore_environ fixture
     seen = Distributor(num_processes=1).run(_secret_env)
     assert seen == {"MY_API_SECRET": "mine"}
 
 
-def test_a_store_host_that_never_said_ready_does_not_keep_rank_0_off_the_port(monkeypatch: Any, no_leftovers: None) -> None:
+def test_a_store_host_that_never_said_ready_does_not_keep_rank_0_off_the_port(
+    monkeypatch: Any, no_leftovers: None
+) -> None:
     """A store host slow to start under load may still come up on the reserved port after
     node 0 gave up on it: rank 0 then hosts the store on a fresh port, not the taken one."""
     import socket

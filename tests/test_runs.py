@@ -35,7 +35,9 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Distributor(num_processes=1, storage_path=base, run_id="restarted", max_restarts=1, log_ranks=[]).run(
         report_losses, [0.8, 0.3], fail_attempts=1
     )
-    Distributor(num_processes=2, storage_path=base, run_id="steady", log_ranks=[]).run(report_losses, [0.9, 0.4, 0.6, 0.5])
+    Distributor(num_processes=2, storage_path=base, run_id="steady", log_ranks=[]).run(
+        report_losses, [0.9, 0.4, 0.6, 0.5]
+    )
     return base
 
 
@@ -48,7 +50,10 @@ def test_list_runs(storage: Path) -> None:
     assert restarted.metrics["loss"] == 0.3 and restarted.metrics["step"] == 2
     assert restarted.best_checkpoint is not None and restarted.best_checkpoint.step == 2
     assert restarted.path == str(storage / "restarted")
-    assert steady.attempts == 2 and [row["attempt"] for row in steady.attempt_log] == [0, 1]  # two run() calls number on
+    assert steady.attempts == 2 and [row["attempt"] for row in steady.attempt_log] == [
+        0,
+        1,
+    ]  # two run() calls number on
     assert steady.world_size == 2 and steady.steps == 4 and steady.metrics["loss"] == 0.5
     assert steady.best_checkpoint is not None and steady.best_checkpoint.step == 2  # loss 0.4, the lowest
     assert steady.checkpoint is not None and steady.checkpoint.step == 4
@@ -64,7 +69,13 @@ def test_cli_runs_lists_the_runs(storage: Path) -> None:
     header, first, second = done.stdout.splitlines()
     assert header.split()[:8] == ["RUN", "ID", "STARTED", "DURATION", "OUTCOME", "ENTRY", "ATTEMPTS", "WORLD"]
     assert header.endswith("CHECKPOINT (BEST BY SCORE, ELSE LATEST)")
-    assert first.split()[0] == "restarted" and first.split()[4:9] == ["succeeded", "tests.ray_train_programs.report_losses", "2", "1", "2"]  # attempts, world, steps
+    assert first.split()[0] == "restarted" and first.split()[4:9] == [
+        "succeeded",
+        "tests.ray_train_programs.report_losses",
+        "2",
+        "1",
+        "2",
+    ]  # attempts, world, steps
     assert "loss=0.3" in first and first.endswith(f"{storage / 'restarted' / 'checkpoint_000002'} (best: lowest loss)")
     assert second.split()[0] == "steady" and second.split()[6:9] == ["2", "2", "4"]
     assert second.endswith(f"{storage / 'steady' / 'checkpoint_000002'} (best: lowest loss)")
@@ -79,10 +90,16 @@ def test_cli_runs_show(storage: Path) -> None:
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert text.startswith("run restarted\n") and f"path             {storage / 'restarted'}" in text
-    assert "  outcome          succeeded\n" in text and "  entry            tests.ray_train_programs.report_losses\n" in text
+    assert (
+        "  outcome          succeeded\n" in text
+        and "  entry            tests.ray_train_programs.report_losses\n" in text
+    )
     assert "attempt 0: 1 rank(s) on 1 node(s), start; failed: rank 0 on " in text
     assert "attempt 1: 1 rank(s) on 1 node(s), restart after a failure; succeeded" in text
-    assert "checkpoints (2, latest first):" in text and "step 2  " + str(storage / "restarted" / "checkpoint_000002") in text
+    assert (
+        "checkpoints (2, latest first):" in text
+        and "step 2  " + str(storage / "restarted" / "checkpoint_000002") in text
+    )
     assert f"  best checkpoint  {storage / 'restarted' / 'checkpoint_000002'} (latest)" in text
     scored = cli("runs", "show", "steady", "--storage", str(storage), "--checkpoint-score", "loss:min").stdout
     assert "checkpoints (4, best first: lowest loss first):" in scored
@@ -96,8 +113,14 @@ def test_a_past_run_orders_its_checkpoints_as_last_run_did(order: str, tmp_path:
     list_runs and ``spark-torch runs`` (show) order its checkpoints as last_run did, under a
     heading that says the order; an explicit score still overrides."""
     losses = [0.5, 0.2, 0.9, 0.4]
-    d = Distributor(num_processes=1, storage_path=tmp_path, run_id="scored", checkpoint_score_attribute="loss",
-                    checkpoint_score_order=order, log_ranks=[])  # fmt: skip
+    d = Distributor(
+        num_processes=1,
+        storage_path=tmp_path,
+        run_id="scored",
+        checkpoint_score_attribute="loss",
+        checkpoint_score_order=order,
+        log_ranks=[],
+    )
     d.run(report_losses, losses)
     assert d.last_run is not None
     then = [c.step for c, _ in d.last_run.best_checkpoints]
@@ -114,8 +137,11 @@ def test_a_past_run_orders_its_checkpoints_as_last_run_did(order: str, tmp_path:
     listed = [line.split()[1] for line in shown.stdout.splitlines() if line.startswith("  step ")]
     assert listed == [str(step) for step in then]
     assert cli("runs", str(tmp_path)).stdout.splitlines()[1].endswith(f"checkpoint_{then[0]:06d} (best: {side} loss)")
-    latest = spark_torch.RunResult.from_path(tmp_path / "scored", checkpoint_score_attribute="loss",
-                                             checkpoint_score_order="max" if order == "min" else "min")  # fmt: skip
+    latest = spark_torch.RunResult.from_path(
+        tmp_path / "scored",
+        checkpoint_score_attribute="loss",
+        checkpoint_score_order="max" if order == "min" else "min",
+    )
     assert [c.step for c, _ in latest.best_checkpoints] == then[::-1]
 
 
@@ -131,19 +157,32 @@ def test_a_script_that_never_reports_is_kept_with_its_outcome_and_attempts(
     with pytest.raises(DistributedRunError):
         d.run(script, 3, 1)
     last = d.last_run
-    assert last is not None and last.path == str(tmp_path / "spark_torch_runs" / last.run_id) and os.path.isdir(last.path)
+    assert (
+        last is not None and last.path == str(tmp_path / "spark_torch_runs" / last.run_id) and os.path.isdir(last.path)
+    )
     assert last.outcome is Outcome.FAILED and last.entry == f"{script} 3 1"
     assert last.duration is not None and last.duration > 0 and last.started is not None
     (summary,) = spark_torch.list_runs()
-    assert (summary.run_id, summary.outcome, summary.entry, summary.attempts) == (last.run_id, Outcome.FAILED, f"{script} 3 1", 2)
+    assert (summary.run_id, summary.outcome, summary.entry, summary.attempts) == (
+        last.run_id,
+        Outcome.FAILED,
+        f"{script} 3 1",
+        2,
+    )
     assert summary.error is not None and summary.error.startswith("DistributedRunError: rank 1 on ")
     (call,) = summary.calls
-    assert [(a.attempt, a.reason, a.end) for a in call.attempts] == [(0, "start", "failed"), (1, "restart after a failure", "failed")]
+    assert [(a.attempt, a.reason, a.end) for a in call.attempts] == [
+        (0, "start", "failed"),
+        (1, "restart after a failure", "failed"),
+    ]
     assert all(a.error is not None and "exited with code 3" in a.error for a in call.attempts)
     past = spark_torch.RunResult.from_path(last.path)
     assert (past.outcome, past.entry, past.started, past.restarts) == (Outcome.FAILED, last.entry, last.started, 1)
     assert past.error_line == summary.error and past.duration is not None
-    assert [(str(a.reason), str(a.end)) for a in past.attempts] == [("start", "failed"), ("restart after a failure", "failed")]
+    assert [(str(a.reason), str(a.end)) for a in past.attempts] == [
+        ("start", "failed"),
+        ("restart after a failure", "failed"),
+    ]
     assert "outcome='failed'" in repr(past) and "error='DistributedRunError: rank 1 on " in repr(past)
     shown = cli("runs", "show", last.run_id)
     assert shown.returncode == 0, shown.stderr
@@ -151,12 +190,18 @@ def test_a_script_that_never_reports_is_kept_with_its_outcome_and_attempts(
     assert "  outcome          failed: DistributedRunError: rank 1 on " in shown.stdout
     assert "attempt 1: 2 rank(s) on 1 node(s), restart after a failure; failed: rank 1 on " in shown.stdout
     listed = cli("runs").stdout.splitlines()
-    assert len(listed) == 2 and listed[1].startswith(last.run_id) and " failed: DistributedRunError: rank 1" in listed[1]
+    assert (
+        len(listed) == 2 and listed[1].startswith(last.run_id) and " failed: DistributedRunError: rank 1" in listed[1]
+    )
 
 
-def test_a_distributed_run_stopped_by_its_timeout_is_listed_so(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
+def test_a_distributed_run_stopped_by_its_timeout_is_listed_so(
+    spark_session: Any, tmp_path: Path, no_leftovers: None
+) -> None:
     """Distributed mode: a hanging script stopped by ``timeout`` is kept, "stopped by timeout"."""
-    d = Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=5, storage_path=tmp_path, log_ranks=[])
+    d = Distributor(
+        num_processes=2, local_mode=False, spark=spark_session, timeout=5, storage_path=tmp_path, log_ranks=[]
+    )
     with pytest.raises(RunTimeoutError):
         d.run(str(SCRIPTS / "hang.py"))
     assert d.last_run is not None and d.last_run.outcome is Outcome.TIMED_OUT and os.path.isdir(str(d.last_run.path))
@@ -178,10 +223,15 @@ def test_the_cli_page_says_what_runs_prints() -> None:
     checkpoint = spark_torch.Checkpoint("/tmp/runs/steady/checkpoint_000002", step=2, metrics={"loss": 0.4})
 
     def summary(score: str | None) -> RunSummary:
-        return RunSummary("steady", "/tmp/runs/steady", 0.0, 1, 2, 3, {"loss": 0.6}, checkpoint, checkpoint, [], score, "min")
+        return RunSummary(
+            "steady", "/tmp/runs/steady", 0.0, 1, 2, 3, {"loss": 0.6}, checkpoint, checkpoint, [], score, "min"
+        )
 
     scored, latest = run_details(summary("loss"), [checkpoint] * 4), run_details(summary(None), [checkpoint] * 4)
-    assert "checkpoints (4, best first: lowest loss first):" in scored and "`checkpoints (4, best first: lowest loss first):`" in text
+    assert (
+        "checkpoints (4, best first: lowest loss first):" in scored
+        and "`checkpoints (4, best first: lowest loss first):`" in text
+    )
     assert "checkpoints (4, latest first):" in latest and "`checkpoints (4, latest first):`" in text
     header, row = runs_table([summary("loss")]).splitlines()
     assert header.split("LAST METRICS")[1].strip() in section and row.endswith("checkpoint_000002 (best: lowest loss)")
@@ -215,7 +265,14 @@ def test_a_run_without_an_attempt_log(storage: Path, tmp_path: Path) -> None:
     assert old.attempts is None and old.attempt_log == [] and old.started == first_row["time"]
     assert old.world_size == 1 and old.steps == 2
     line = cli("runs", str(tmp_path)).stdout.splitlines()[1]
-    assert line.split()[0] == "old" and line.split()[3:9] == ["-", "-", "-", "-", "1", "2"]  # duration, outcome, entry, attempts
+    assert line.split()[0] == "old" and line.split()[3:9] == [
+        "-",
+        "-",
+        "-",
+        "-",
+        "1",
+        "2",
+    ]  # duration, outcome, entry, attempts
 
 
 def test_a_run_is_one_replica_group_only_beside_its_sibling_groups() -> None:

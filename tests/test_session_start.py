@@ -135,7 +135,9 @@ def test_a_run_leaves_the_drivers_environment_as_it_found_it_but_pysparks_two() 
     variables PySpark's SparkContext itself adds when the embedded session starts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_") or k == "SPARK_HOME"}
     env.update(PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-    done = subprocess.run([sys.executable, "-c", _ENVIRON_PROBE], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", _ENVIRON_PROBE], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     nothing = '{"added": [], "removed": [], "changed": []}'
     lines = [line for line in done.stdout.splitlines() if line.startswith(("local ", "first ", "second "))]

@@ -49,7 +49,9 @@ def test_without_shipping_mixed_code_is_refused(stale_executors_spark: tuple[Any
 
 
 @pytest.mark.parametrize("executors", ["without spark_torch", "with spark_torch 0.0.9"])
-def test_executors_run_the_drivers_package(stale_executors_spark: tuple[Any, Path], executors: str, no_leftovers: None) -> None:
+def test_executors_run_the_drivers_package(
+    stale_executors_spark: tuple[Any, Path], executors: str, no_leftovers: None
+) -> None:
     spark, root = stale_executors_spark
     flag = root / MISSING_FLAG
     if executors == "without spark_torch":

@@ -19,11 +19,14 @@ pytestmark = pytest.mark.slow
 def test_spark_submit_local_cluster(tmp_path: Path, no_leftovers: None) -> None:
     proc = submit(
         [
-            "--master", CLUSTER_MASTER,
-            "--conf", "spark.driver.host=127.0.0.1",
-            "--conf", "spark.ui.enabled=false",
+            "--master",
+            CLUSTER_MASTER,
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
             str(SCRIPTS / "submit_driver.py"),
         ],
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     check_submit_output(proc.returncode, proc.stdout)

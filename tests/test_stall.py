@@ -60,9 +60,13 @@ def _distributor(mode: str, spark: Any, **kwargs: Any) -> Distributor:
     local, warm = mode.split("-")
     kwargs.setdefault("stall_timeout", TIMEOUT)
     return Distributor(
-        num_processes=2, local_mode=local == "local", spark=None if local == "local" else spark,
-        warm_start=warm == "warm", log_ranks=[], **kwargs,
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=local == "local",
+        spark=None if local == "local" else spark,
+        warm_start=warm == "warm",
+        log_ranks=[],
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("mode", ["local-warm", "local-cold", "distributed-warm"])
@@ -76,7 +80,7 @@ def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(
     first = warnings[0]
     assert "rank 0: in all_reduce" in first and "rank 1: in wait_for_the_loader" in first, first
     assert "stall_timeout=2s" in first and "stall_action='fail'" in first
-    assert 'in one_rank_stuck\n    dist.all_reduce(t)' in first  # file:line and the user's source line
+    assert "in one_rank_stuck\n    dist.all_reduce(t)" in first  # file:line and the user's source line
     assert len(warnings) == 1, warnings  # the stacks once per stall (README: "one warning shows every rank's stack")
     reminders = [r for r in caplog.records if r.getMessage().startswith("spark_torch: still stalled after")]
     assert reminders and all(r.getMessage().endswith("s; ranks unchanged") for r in reminders)
@@ -85,7 +89,9 @@ def test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds(
     assert len(_moved_again(caplog)) == 1
     assert re.fullmatch(r"spark_torch: the run moves again after \d+s without progress", _moved_again(caplog)[0])
     # torch's Flight Recorder (gloo records too): what each rank had in flight, and its JSON dump
-    recorder = [r.getMessage() for r in caplog.records if "Flight Recorder, the collectives in flight" in r.getMessage()]
+    recorder = [
+        r.getMessage() for r in caplog.records if "Flight Recorder, the collectives in flight" in r.getMessage()
+    ]
     assert recorder, "no Flight Recorder summary"
     assert "rank 0: gloo:all_reduce #" in recorder[0] and "rank 1: no collective in flight" in recorder[0], recorder
     traces = tmp_path / "flight-recorder" / "attempt-0"
@@ -170,10 +176,29 @@ def test_the_cli_says_each_stalls_stacks_once(tmp_path: Path, no_leftovers: None
     waited for, so the message that holds the stacks holds them)."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     done = subprocess.run(
-        [sys.executable, "-m", "spark_torch", "run", "-n", "2", "--stall-timeout", f"{TIMEOUT:g}", "--stall-action", "fail",
-         "--max-restarts", "1", "--log-dir", str(tmp_path), str(SCRIPTS / "stall_script.py")],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "spark_torch",
+            "run",
+            "-n",
+            "2",
+            "--stall-timeout",
+            f"{TIMEOUT:g}",
+            "--stall-action",
+            "fail",
+            "--max-restarts",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+            str(SCRIPTS / "stall_script.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert out.count("rank 1: in wait_for_the_loader") == 2, out
@@ -200,7 +225,9 @@ def test_a_stall_with_max_restarts_resumes_from_the_checkpoint(tmp_path: Path, c
 
 
 @pytest.mark.parametrize("mode", ["local-warm", "distributed-warm"])
-def test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped(mode: str, spark_session: Any, no_leftovers: None) -> None:
+def test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped(
+    mode: str, spark_session: Any, no_leftovers: None
+) -> None:
     # its sampler cannot run; the run is stopped (stall_action="fail"), so faulthandler is asked
     # (in distributed mode through the channel's trace request marked "stopping")
     distributor = _distributor(mode, spark_session, stall_action="fail")
@@ -215,7 +242,12 @@ def test_looking_at_a_rank_holding_the_gil_never_interrupts_it(caplog: Any, no_l
     # warn mode: the run goes on, so no signal reaches the rank; libc's sleep returns 0 (a
     # signal would have cut it short: it returns the seconds left)
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
-        assert Distributor(num_processes=2, stall_timeout=TIMEOUT, log_ranks=[]).run(sleeps_holding_the_gil, 3 * int(TIMEOUT)) == 0
+        assert (
+            Distributor(num_processes=2, stall_timeout=TIMEOUT, log_ranks=[]).run(
+                sleeps_holding_the_gil, 3 * int(TIMEOUT)
+            )
+            == 0
+        )
     warnings = _stall_warnings(caplog)
     shown = [w for w in warnings if "rank 1: in sleeps_holding_the_gil (not answering for" in w]
     assert shown and "its last sampled stack" in shown[0] and "rank 0: in all_reduce" in shown[0], warnings
@@ -225,11 +257,16 @@ def test_a_rank_holding_the_gil_from_its_first_step_is_shown(tmp_path: Path, cap
     # its sampler started (record 0) and never sampled: not set-up, a stall within 2 x stall_timeout
     note = tmp_path / "rank1.json"
     with caplog.at_level(logging.WARNING, logger="spark_torch"):
-        assert Distributor(num_processes=2, stall_timeout=TIMEOUT, log_ranks=[]).run(
-            holds_the_gil_from_its_first_step, 3 * int(TIMEOUT), str(note)
-        ) == 2
+        assert (
+            Distributor(num_processes=2, stall_timeout=TIMEOUT, log_ranks=[]).run(
+                holds_the_gil_from_its_first_step, 3 * int(TIMEOUT), str(note)
+            )
+            == 2
+        )
     entered = json.loads(note.read_text())
-    assert entered["seq"] in (0, None), f"rank 1 was sampled before its native call: not the case this test is about ({entered})"
+    assert entered["seq"] in (0, None), (
+        f"rank 1 was sampled before its native call: not the case this test is about ({entered})"
+    )
     shown = [r for r in _stall_records(caplog) if "rank 1 (has not answered since it started" in r.getMessage()]
     assert shown, _stall_warnings(caplog)
     assert "a native call may hold the GIL" in shown[0].getMessage()
@@ -240,7 +277,11 @@ def test_a_rank_holding_the_gil_from_its_first_step_is_shown(tmp_path: Path, cap
 POLL_TIMEOUT = 8.0
 #: hangs in which the stuck rank polls: (program, argument, what the message must show)
 POLLING_HANGS = {
-    "data-loader": (loader_stuck, 1, ["threading.Event().wait()  # the data-loader deadlock", "for batch in DataLoader("]),
+    "data-loader": (
+        loader_stuck,
+        1,
+        ["threading.Event().wait()  # the data-loader deadlock", "for batch in DataLoader("],
+    ),
     "event-wait-loop": (waits_in_a_loop, 10_000, ["rank 1: in waits_in_a_loop", "if done.wait(1):"]),
     "heartbeat": (heartbeat_beside_a_hang, 3600, ["rank 1: in wait_for_the_loader", "heartbeat"]),
 }
@@ -252,7 +293,9 @@ def test_a_rank_that_only_polls_is_stalled(mode: str, hang: str, spark_session: 
     program, argument, shown = POLLING_HANGS[hang]
     start = time.monotonic()
     with pytest.raises(RunStalledError) as info:  # not RunTimeoutError: the stall is found
-        _distributor(mode, spark_session, stall_timeout=POLL_TIMEOUT, stall_action="fail", timeout=240).run(program, argument)
+        _distributor(mode, spark_session, stall_timeout=POLL_TIMEOUT, stall_action="fail", timeout=240).run(
+            program, argument
+        )
     took = time.monotonic() - start
     message = str(info.value)
     for text in shown:
@@ -336,16 +379,21 @@ print(f"freed {sum(one_round() for _ in range(20))} of 20")
 
 
 @pytest.mark.parametrize("source_lines", ["0", "1"])
-def test_a_deep_stack_is_cut_on_frame_boundaries_after_its_source_lines_are_left_out(tmp_path: Path, source_lines: str) -> None:
+def test_a_deep_stack_is_cut_on_frame_boundaries_after_its_source_lines_are_left_out(
+    tmp_path: Path, source_lines: str
+) -> None:
     """A rank 300 frames deep whose lines hold a token: with stall_source_lines=False no part of
     any source line is in what its sampler writes; with them, the cut keeps whole frames."""
     script = tmp_path / "deep.py"
     script.write_text(DEEP_PROBE)
     stack = tmp_path / "stack.json"
     env = {
-        **os.environ, "SPARK_TORCH_STACK_FILE": str(stack), "SPARK_TORCH_SAMPLE_SECONDS": "0.05",
-        "SPARK_TORCH_STACK_SOURCE_LINES": source_lines, "DEEP_SEEN": str(tmp_path / "seen.json"),
-    }  # fmt: skip
+        **os.environ,
+        "SPARK_TORCH_STACK_FILE": str(stack),
+        "SPARK_TORCH_SAMPLE_SECONDS": "0.05",
+        "SPARK_TORCH_STACK_SOURCE_LINES": source_lines,
+        "DEEP_SEEN": str(tmp_path / "seen.json"),
+    }
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     text = json.loads((tmp_path / "seen.json").read_text())["stack"]  # what the sampler wrote while it was deep
@@ -398,7 +446,9 @@ def test_a_timeout_during_a_stall_shows_the_stacks_once(caplog: Any, no_leftover
 
 
 def test_source_lines_can_be_left_out(no_leftovers: None) -> None:
-    distributor = Distributor(num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", stall_source_lines=False, log_ranks=[])
+    distributor = Distributor(
+        num_processes=2, stall_timeout=TIMEOUT, stall_action="fail", stall_source_lines=False, log_ranks=[]
+    )
     with pytest.raises(RunStalledError) as info:
         distributor.run(one_rank_stuck, 3600)
     message = str(info.value)

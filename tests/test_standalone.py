@@ -70,8 +70,17 @@ def placement(tag: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="env://")
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-            "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    keys = (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",
+    )
     mine: dict[str, Any] = {k: os.environ[k] for k in keys}
     for parent in psutil.Process().parents():
         cmd = parent.cmdline()
@@ -130,9 +139,7 @@ def test_one_node_two_ranks_standalone(standalone_spark: Any, no_leftovers: None
     assert len({r.get("executor_id") for r in ranks}) == 1
 
 
-def test_ranks_spread_over_workers(
-    standalone_spark: Any, standalone: StandaloneCluster, no_leftovers: None
-) -> None:
+def test_ranks_spread_over_workers(standalone_spark: Any, standalone: StandaloneCluster, no_leftovers: None) -> None:
     """spark.task.cpus=1, 2 processes: one barrier task (node) on each worker's executor."""
     assert standalone_spark.conf.get("spark.task.cpus") == "1"
     out = Distributor(num_processes=2, local_mode=False, spark=standalone_spark).run(placement, "x")
@@ -152,14 +159,17 @@ def test_spark_submit_standalone(
     conf = [arg for k, v in EXECUTOR_CONF.items() for arg in ("--conf", f"{k}={v}")]
     proc = submit(
         [
-            "--master", standalone.url,
-            "--conf", "spark.driver.host=127.0.0.1",
-            "--conf", "spark.ui.enabled=false",
+            "--master",
+            standalone.url,
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.ui.enabled=false",
             *conf,
             str(SCRIPTS / "submit_driver.py"),
         ],
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     check_submit_output(proc.returncode, proc.stdout)
 
 
@@ -170,13 +180,20 @@ def _wait_for_file(directory: Path, pattern: str, seconds: float, thread: Any) -
         if found:
             return found[0]
         if not thread.is_alive():
-            raise AssertionError(f"the run ended before {pattern} appeared: {sorted(p.name for p in directory.iterdir())}")
+            raise AssertionError(
+                f"the run ended before {pattern} appeared: {sorted(p.name for p in directory.iterdir())}"
+            )
         time.sleep(0.2)
-    raise AssertionError(f"no {pattern} in {directory} within {seconds:g}s: {sorted(p.name for p in directory.iterdir())}")
+    raise AssertionError(
+        f"no {pattern} in {directory} within {seconds:g}s: {sorted(p.name for p in directory.iterdir())}"
+    )
 
 
 def test_a_worker_leaves_and_comes_back(
-    standalone_spark: Any, standalone: StandaloneCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    standalone_spark: Any,
+    standalone: StandaloneCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     no_leftovers: None,
 ) -> None:
     """Elastic membership on a real cluster: N=2, M=1. A worker is stopped after epoch 3: the run
@@ -205,13 +222,21 @@ def test_a_worker_leaves_and_comes_back(
 
     monkeypatch.setattr(barrier, "GrowWatch", recorded_grow_watch)
     # one 2-core executor per worker, a task takes both cores: a lost worker's slot cannot move to the other
-    spark = make_session(standalone.url, spark_executor_cores="2", spark_task_cpus="2", spark_cores_max="4",
-                         spark_executor_memory="512m")  # fmt: skip
+    spark = make_session(
+        standalone.url, spark_executor_cores="2", spark_task_cpus="2", spark_cores_max="4", spark_executor_memory="512m"
+    )
     wait_for_slots(spark, 2)
     d = Distributor(
-        num_processes=2, min_processes=1, local_mode=False, spark=spark, storage_path=tmp_path / "runs",
-        max_restarts=2, elastic_wait=3, elastic_grow=True, log_ranks=[],
-    )  # fmt: skip
+        num_processes=2,
+        min_processes=1,
+        local_mode=False,
+        spark=spark,
+        storage_path=tmp_path / "runs",
+        max_restarts=2,
+        elastic_wait=3,
+        elastic_grow=True,
+        log_ranks=[],
+    )
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -232,7 +257,9 @@ def test_a_worker_leaves_and_comes_back(
         logs = leaving.log.parent
         standalone.workers[1] = start_worker("worker-1-again", standalone.url, standalone.work_dirs[1], logs, cores=2)
         wait_for_slots(spark, 2, 180)
-        assert len(watches) == 1 and watches[0].ready.wait(180), "the shrunk attempt's grow watch never saw the slot free"
+        assert len(watches) == 1 and watches[0].ready.wait(180), (
+            "the shrunk attempt's grow watch never saw the slot free"
+        )
         back.touch()
     finally:
         thread.join(400)
@@ -242,9 +269,16 @@ def test_a_worker_leaves_and_comes_back(
     assert box["out"]["count"] == 20.0 and box["out"]["world_size"] == 2
     result = box["result"]
     assert result is not None and [a.world_size for a in result.attempts] == [2, 1, 2], result.attempts
-    assert [a.reason for a in result.attempts] == [AttemptReason.START, AttemptReason.RESTART_AFTER_FAILURE, AttemptReason.GROW]
+    assert [a.reason for a in result.attempts] == [
+        AttemptReason.START,
+        AttemptReason.RESTART_AFTER_FAILURE,
+        AttemptReason.GROW,
+    ]
     assert [a.end for a in result.attempts] == [AttemptEnd.FAILED, AttemptEnd.GROW_REQUESTED, AttemptEnd.SUCCEEDED]
-    assert result.attempts[1].grow is not None and (result.attempts[1].grow.running, result.attempts[1].grow.nodes) == (1, 2)
+    assert result.attempts[1].grow is not None and (result.attempts[1].grow.running, result.attempts[1].grow.nodes) == (
+        1,
+        2,
+    )
     assert result.attempts[1].detail.startswith("slots for 2 nodes were free for 3s"), result.attempts
     history = result.metrics_dataframe
     assert history["epoch"].tolist() == list(range(1, 21))

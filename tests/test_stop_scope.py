@@ -108,7 +108,17 @@ def _touch_then_wait(started: str, go: str) -> str:
 def test_the_drivers_wait_is_derived_from_the_nodes_grace() -> None:
     """One constant: the node's grace (its runner's and its reaper's) and what the driver waits
     for stopping nodes before it cancels the job or restarts."""
-    names = {name for module in (rank_group, reaper_main, barrier, store_host) for name in vars(module) if name.endswith("GRACE_SECONDS")}
+    names = {
+        name
+        for module in (rank_group, reaper_main, barrier, store_host)
+        for name in vars(module)
+        if name.endswith("GRACE_SECONDS")
+    }
     assert names <= set(grace.__all__), names  # a grace is named in grace.py only (imported, never renamed)
-    assert all(getattr(module, name) == getattr(grace, name) for module in (rank_group, reaper_main, store_host) for name in names if hasattr(module, name))
+    assert all(
+        getattr(module, name) == getattr(grace, name)
+        for module in (rank_group, reaper_main, store_host)
+        for name in names
+        if hasattr(module, name)
+    )
     assert grace.DRIVER_STOP_WAIT_SECONDS > grace.RANK_GRACE_SECONDS

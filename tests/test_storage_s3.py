@@ -41,8 +41,14 @@ def s3() -> Iterator[dict[str, Any]]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    options = {"key": "testing", "secret": SECRET, "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=SECRET, region_name="us-east-1")
+    options = {
+        "key": "testing",
+        "secret": SECRET,
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=SECRET, region_name="us-east-1"
+    )
     client.create_bucket(Bucket="runs")
     try:
         yield {"options": options, "client": client}
@@ -56,18 +62,27 @@ def environment_has(text: str) -> bool:
     return any(text in value for value in os.environ.values())
 
 
-def test_checkpoints_kill_resume_prune_on_s3(s3: dict[str, Any], spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
+def test_checkpoints_kill_resume_prune_on_s3(
+    s3: dict[str, Any], spark_session: Any, tmp_path: Path, no_leftovers: None
+) -> None:
     clean = Distributor(num_processes=2, storage_path=tmp_path).run(deterministic_ddp, 8)
     d = Distributor(
-        num_processes=2, local_mode=False, spark=spark_session, storage_path="s3://runs/team",
-        storage_options=s3["options"], max_restarts=1, keep_checkpoints=2,
-    )  # fmt: skip
+        num_processes=2,
+        local_mode=False,
+        spark=spark_session,
+        storage_path="s3://runs/team",
+        storage_options=s3["options"],
+        max_restarts=1,
+        keep_checkpoints=2,
+    )
     out = d.run(deterministic_ddp, 8, die_at=5)  # rank 1 SIGKILLs itself in step 5
     result = d.last_run
     assert result is not None and result.restarts == 1 and out["resumed_from"] == 4
     assert all(a.equal(b) for a, b in zip(clean["weights"], out["weights"]))
     assert result.metrics_dataframe["step"].tolist() == list(range(1, 9))
-    assert result.checkpoint is not None and result.checkpoint.path == f"s3://runs/team/{result.run_id}/checkpoint_000008"
+    assert (
+        result.checkpoint is not None and result.checkpoint.path == f"s3://runs/team/{result.run_id}/checkpoint_000008"
+    )
     keys = [o["Key"] for o in s3["client"].list_objects_v2(Bucket="runs", Prefix=f"team/{result.run_id}/")["Contents"]]
     checkpoints = sorted({k.split("/")[2] for k in keys if k.split("/")[2].startswith("checkpoint_")})
     assert checkpoints == ["checkpoint_000006", "checkpoint_000008"]  # pruned in S3
@@ -83,20 +98,32 @@ def test_checkpoints_kill_resume_prune_on_s3(s3: dict[str, Any], spark_session: 
         assert sorted(os.listdir(directory)) == [".spark_torch", "state.pt"]
     assert not os.path.exists(directory)
     # the credentials reach the ranks in a 0600 file, not in their environment
-    assert Distributor(num_processes=1, storage_path="s3://runs/team", storage_options=s3["options"]).run(environment_has, SECRET) is False
+    assert (
+        Distributor(num_processes=1, storage_path="s3://runs/team", storage_options=s3["options"]).run(
+            environment_has, SECRET
+        )
+        is False
+    )
 
 
 def test_a_storage_error_is_one_error_naming_the_url(s3: dict[str, Any]) -> None:
-    with pytest.raises(ConfigurationError, match=r"storage_path='s3://no-such-bucket/x': cannot create the run's directory; the run's storage s3://no-such-bucket/x/\w+ cannot be used"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"storage_path='s3://no-such-bucket/x': cannot create the run's directory; the run's storage s3://no-such-bucket/x/\w+ cannot be used",
+    ):
         Distributor(storage_path="s3://no-such-bucket/x", storage_options=s3["options"]).run(print)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k != STORAGE_OPTIONS}
     # options that do not arrive must not send the test to AWS: a refused loopback port instead
-    full.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, AWS_ENDPOINT_URL="http://127.0.0.1:9", EPOCHS="1")
+    full.update(
+        SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, AWS_ENDPOINT_URL="http://127.0.0.1:9", EPOCHS="1"
+    )
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "spark_torch", *args], capture_output=True, text=True, timeout=240, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "spark_torch", *args], capture_output=True, text=True, timeout=240, env=full
+    )
 
 
 def test_the_cli_takes_storage_options_from_a_file_or_the_environment(s3: dict[str, Any], tmp_path: Path) -> None:
@@ -105,10 +132,19 @@ def test_the_cli_takes_storage_options_from_a_file_or_the_environment(s3: dict[s
     options = tmp_path / "options.json"
     options.write_text(json.dumps(s3["options"]))
     script = str(SCRIPTS / "report_script.py")
-    by_file = _cli("run", "--storage-path", "s3://runs/cli", "--run-id", "by-file", "--storage-options", f"@{options}", script)
+    by_file = _cli(
+        "run", "--storage-path", "s3://runs/cli", "--run-id", "by-file", "--storage-options", f"@{options}", script
+    )
     assert by_file.returncode == 0, by_file.stderr[-2000:]
-    by_env = _cli("run", "--storage-path", "s3://runs/cli", "--run-id", "by-env", script,
-                  env={STORAGE_OPTIONS: json.dumps(s3["options"])})  # fmt: skip
+    by_env = _cli(
+        "run",
+        "--storage-path",
+        "s3://runs/cli",
+        "--run-id",
+        "by-env",
+        script,
+        env={STORAGE_OPTIONS: json.dumps(s3["options"])},
+    )
     assert by_env.returncode == 0, by_env.stderr[-2000:]
     keys = {o["Key"] for o in s3["client"].list_objects_v2(Bucket="runs", Prefix="cli/")["Contents"]}
     assert {"cli/by-file/metrics.jsonl", "cli/by-env/metrics.jsonl"} <= keys, keys
@@ -117,7 +153,11 @@ def test_the_cli_takes_storage_options_from_a_file_or_the_environment(s3: dict[s
     for args, env, says in [
         (["--storage-options", broken], None, "--storage-options is not valid JSON (Expecting property name"),
         (["--storage-options", f"@{options}"], None, f"--storage-options: {options} is not valid JSON"),
-        (["--storage-options", f"@{tmp_path}/missing.json"], None, f"--storage-options: cannot read {tmp_path}/missing.json"),
+        (
+            ["--storage-options", f"@{tmp_path}/missing.json"],
+            None,
+            f"--storage-options: cannot read {tmp_path}/missing.json",
+        ),
         ([], {STORAGE_OPTIONS: broken}, f"{STORAGE_OPTIONS} is not valid JSON"),
         ([], {STORAGE_OPTIONS: f'["{SECRET}"]'}, f"{STORAGE_OPTIONS} must be a JSON object (got a JSON list)"),
     ]:
@@ -137,7 +177,9 @@ def test_a_storage_error_never_quotes_the_options(s3: dict[str, Any], quoted: di
     """The backend quotes the option it refused; spark_torch's error (and what it chains) does
     not, nor do the config's repr and its type errors."""
     options = {**s3["options"], **quoted}
-    with pytest.raises(ConfigurationError, match=r"cannot create the run's directory; the run's storage s3://runs/q/\w+ cannot be used") as info:
+    with pytest.raises(
+        ConfigurationError, match=r"cannot create the run's directory; the run's storage s3://runs/q/\w+ cannot be used"
+    ) as info:
         Distributor(storage_path="s3://runs/q", storage_options=options).run(print)
     chain: list[BaseException] = []
     link: BaseException | None = info.value

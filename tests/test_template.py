@@ -41,6 +41,7 @@ def _launcher_pid() -> int:
     which is its keeper's parent (:mod:`spark_torch.node.keeper`)."""
     return psutil.Process(os.getppid()).ppid()
 
+
 TEMPLATE_MODULE = "spark_torch.node.template.server"
 SCRIPT_MAIN = "spark_torch.rank.script_main"
 #: a fresh template imports torch: seconds on 2 busy cores
@@ -178,7 +179,9 @@ def _runner_connect(template: Template) -> socket.socket:
     """Connect as node runners do (spark_torch.node.template.client)."""
     conn = warm._connect(template.path)
     if conn is None:
-        raise AssertionError(f"the template no longer listens (exit status {template.process.poll()}): {template.stderr()}")
+        raise AssertionError(
+            f"the template no longer listens (exit status {template.process.poll()}): {template.stderr()}"
+        )
     return conn
 
 
@@ -187,7 +190,9 @@ def run_rank(template: Template, script: str, *args: str, idle: float | None = N
     request = Request(_runner_connect(template), script, *args, idle=idle)
     try:
         started = request.answer()
-        assert "pid" in started, f"no rank started: {started} (template exit status {template.process.poll()}): {template.stderr()}"
+        assert "pid" in started, (
+            f"no rank started: {started} (template exit status {template.process.poll()}): {template.stderr()}"
+        )
         ended = request.answer()
         assert "exit" in ended, f"no exit status: {ended}: {template.stderr()}"
         return int(ended["exit"])
@@ -235,8 +240,12 @@ def test_a_rank_exit_and_its_runner_leaving_in_one_batch(template: Template, no_
     request.read_until(b"hanging")
     with template.stopped():
         os.kill(pid, signal.SIGKILL)
-        _wait(f"rank {pid} to exit", lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
-              "SIGKILL did not end it")
+        _wait(
+            f"rank {pid} to exit",
+            lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+            30,
+            "SIGKILL did not end it",
+        )
         _wake_as_sigchld_would(template.process.pid)
         request.close()  # its runner leaves: both events reach the same select() batch
     assert run_rank(template, "exit_code.py", "0") == 0
@@ -254,8 +263,12 @@ def test_a_killed_template_takes_its_children_along(template: Template, no_lefto
         request.read_until(b"ready")
         template.process.kill()
         template.process.wait(10)
-        _wait(f"store host {pid} to go with its template", lambda: not psutil.pid_exists(pid)
-              or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30, "it outlived its template")
+        _wait(
+            f"store host {pid} to go with its template",
+            lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+            30,
+            "it outlived its template",
+        )
     finally:
         request.close()
         if pid is not None:
@@ -393,8 +406,10 @@ def test_a_burst_of_runners_all_get_ranks(template: Template, no_leftovers: None
             thread.start()
         _wait(
             "every runner to connect, fail, or wait inside connect()",
-            lambda: all(s in ("connected", "failed") or (s == "connecting" and _thread_syscall(t) == syscall)
-                        for s, t in zip(state, tids)),
+            lambda: all(
+                s in ("connected", "failed") or (s == "connecting" and _thread_syscall(t) == syscall)
+                for s, t in zip(state, tids)
+            ),
             60,
             f"states {state}",
         )
@@ -429,8 +444,12 @@ def test_runs_sharing_a_template_each_keep_it_their_idle_time(no_leftovers: None
             assert os.path.exists(template.path), f"B's 0.3 s idle time ended run A's 15 s: {template.stderr()}"
             time.sleep(0.05)
         assert run_rank(template, "exit_code.py", "0") == 0  # a request without an idle time changes nothing
-        _wait("the template to stop once A's 15 s passed", lambda: template.process.poll() is not None, 60,
-              "A's idle time did not expire")  # fmt: skip
+        _wait(
+            "the template to stop once A's 15 s passed",
+            lambda: template.process.poll() is not None,
+            60,
+            "A's idle time did not expire",
+        )
         assert template.process.returncode == 0 and not os.path.exists(template.path), template.stderr()
     finally:
         template.close()
@@ -499,9 +518,12 @@ def test_a_runner_waits_for_room_in_a_full_listen_queue() -> None:
 
         thread = threading.Thread(target=connect, daemon=True)
         thread.start()
-        _wait("the runner to wait inside connect() (or to fail)",
-              lambda: "conn" in outcome or ("tid" in outcome and _thread_syscall(outcome["tid"]) == syscall),
-              30, f"got {outcome}")
+        _wait(
+            "the runner to wait inside connect() (or to fail)",
+            lambda: "conn" in outcome or ("tid" in outcome and _thread_syscall(outcome["tid"]) == syscall),
+            30,
+            f"got {outcome}",
+        )
         assert "conn" not in outcome, outcome  # it waits: no EAGAIN
         accepted, _ = listener.accept()  # room for one more: the runner gets in
         thread.join(30)
@@ -710,8 +732,12 @@ def test_a_runner_refuses_a_template_of_another_user() -> None:
     os.close(go)
     try:
         listening, _, _ = select.select([ready], [], [], ANSWER_SECONDS)
-        assert listening and os.read(ready, 1) == b"x", f"the stranger's listener did not start within {ANSWER_SECONDS:g}s"
-        with pytest.raises(OSError, match=rf"the warm-start template at {path} runs as user {STRANGER}, not as this user"):
+        assert listening and os.read(ready, 1) == b"x", (
+            f"the stranger's listener did not start within {ANSWER_SECONDS:g}s"
+        )
+        with pytest.raises(
+            OSError, match=rf"the warm-start template at {path} runs as user {STRANGER}, not as this user"
+        ):
             warm._connect(path)
     finally:
         os.close(ready)

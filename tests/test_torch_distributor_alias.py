@@ -32,7 +32,12 @@ def train(learning_rate: float, use_gpu: bool = False) -> dict[str, Any]:
 
 def test_local_mode_like_pyspark(no_leftovers: None) -> None:
     distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
-    assert (distributor.num_processes, distributor.local_mode, distributor.use_gpu, distributor.num_tasks) == (2, True, False, 2)
+    assert (distributor.num_processes, distributor.local_mode, distributor.use_gpu, distributor.num_tasks) == (
+        2,
+        True,
+        False,
+        2,
+    )
     assert distributor.ssl_conf == "pytorch.spark.distributor.ignoreSsl"
     assert distributor.run(train, 1e-3, use_gpu=False) == {"sum": 3.0, "lr": 1e-3}
 
@@ -44,7 +49,12 @@ def test_distributed_mode_like_pyspark(spark_session: Any, no_leftovers: None) -
 
 
 def test_script_like_pyspark(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
-    assert TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(str(SCRIPTS / "env_dump.py"), str(tmp_path), "--lr=1") is None
+    assert (
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            str(SCRIPTS / "env_dump.py"), str(tmp_path), "--lr=1"
+        )
+        is None
+    )
     infos = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
     assert [i["argv"] for i in infos] == [["--lr=1"], ["--lr=1"]]
 
@@ -56,9 +66,15 @@ def test_input_params_are_set_by_the_constructor() -> None:
 
     distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
     assert distributor.input_params == {"num_processes": 2, "local_mode": True, "use_gpu": False, "num_tasks": 2}
-    deepspeed = DeepspeedTorchDistributor(numGpus=2, localMode=True, useGpu=False, deepspeedConfig={"train_batch_size": 4})
+    deepspeed = DeepspeedTorchDistributor(
+        numGpus=2, localMode=True, useGpu=False, deepspeedConfig={"train_batch_size": 4}
+    )
     assert deepspeed.input_params == {
-        "num_processes": 2, "local_mode": True, "use_gpu": False, "num_tasks": 2, "deepspeed_config": {"train_batch_size": 4},
+        "num_processes": 2,
+        "local_mode": True,
+        "use_gpu": False,
+        "num_tasks": 2,
+        "deepspeed_config": {"train_batch_size": 4},
     }
 
 

@@ -119,9 +119,15 @@ def two_host_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHost
         hosts.daemons.append(master)
         for i in (0, 1):
             worker = start_worker(
-                f"worker-{'ab'[i]}", hosts.url, base / f"work-{'ab'[i]}", logs,
-                host=hosts.addresses[i], cores=1, memory="1g", prefix=hosts.prefix(i),
-            )  # fmt: skip
+                f"worker-{'ab'[i]}",
+                hosts.url,
+                base / f"work-{'ab'[i]}",
+                logs,
+                host=hosts.addresses[i],
+                cores=1,
+                memory="1g",
+                prefix=hosts.prefix(i),
+            )
             hosts.daemons.insert(0, worker)
         registered = wait_for_workers(master, 2)
         assert {r.rsplit(":", 1)[0] for r in registered} == set(hosts.addresses), registered
@@ -139,18 +145,23 @@ def _submit_from_a(hosts: TwoHosts, cwd: Path, then_env: dict[str, str] | None =
     then = [arg for key, value in (then_env or {}).items() for arg in ("--then-env", f"{key}={value}")]
     return submit(
         [
-            "--master", hosts.url,
-            "--conf", f"spark.driver.host={hosts.addresses[0]}",
-            "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.executor.memory=512m",
+            "--master",
+            hosts.url,
+            "--conf",
+            f"spark.driver.host={hosts.addresses[0]}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.executor.memory=512m",
             str(SCRIPTS / "submit_driver.py"),
-            "--env", f"GLOO_SOCKET_IFNAME={IFNAME}",
+            "--env",
+            f"GLOO_SOCKET_IFNAME={IFNAME}",
             *then,
         ],
         host=hosts.addresses[0],
         prefix=hosts.prefix(0),
         cwd=cwd,
-    )  # fmt: skip
+    )
 
 
 def test_two_hosts_gloo_then_a_channel_unreachable_from_one_host_falls_back(
@@ -171,9 +182,14 @@ def test_two_hosts_gloo_then_a_channel_unreachable_from_one_host_falls_back(
     try:
         start = time.monotonic()
         proc = _submit_from_a(
-            hosts, tmp_path,
-            then_env={"SPARK_TORCH_CHANNEL_HOST": private, "SPARK_TORCH_CHANNEL_BIND_ADDRESS": private, "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "8"},
-        )  # fmt: skip
+            hosts,
+            tmp_path,
+            then_env={
+                "SPARK_TORCH_CHANNEL_HOST": private,
+                "SPARK_TORCH_CHANNEL_BIND_ADDRESS": private,
+                "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "8",
+            },
+        )
         elapsed = time.monotonic() - start
     finally:
         _ip("-n", hosts.namespaces[0], "addr", "del", f"{private}/32", "dev", "lo")

@@ -30,8 +30,20 @@ def _launcher_pid() -> int:
     which is its keeper's parent (:mod:`spark_torch.node.keeper`)."""
     return psutil.Process(os.getppid()).ppid()
 
-IGNORED = {"SPARK_TORCH_PARENT_PID", "SPARK_TORCH_RUN_ID", "SPARK_TORCH_NODE_TOKEN", "TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
-           "SPARK_TORCH_REPORT_FDS", "SPARK_TORCH_STORAGE", "SPARK_TORCH_WARM_START", "SPARK_TORCH_STACK_FILE", "_"}
+
+IGNORED = {
+    "SPARK_TORCH_PARENT_PID",
+    "SPARK_TORCH_RUN_ID",
+    "SPARK_TORCH_NODE_TOKEN",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_PORT",
+    "TORCHELASTIC_ERROR_FILE",
+    "SPARK_TORCH_REPORT_FDS",
+    "SPARK_TORCH_STORAGE",
+    "SPARK_TORCH_WARM_START",
+    "SPARK_TORCH_STACK_FILE",
+    "_",
+}
 
 
 def what_a_rank_sees(marker: str) -> dict[str, Any]:
@@ -74,7 +86,10 @@ def test_warm_ranks_see_what_cold_ranks_see(tmp_path: Path, no_leftovers: None) 
         warm, cold = _both(tmp_path)
     finally:
         os.chdir(cwd)
-    assert "spark_torch.node.template.server" in warm["ppid_cmd"] and "spark_torch.node.template.server" not in cold["ppid_cmd"]
+    assert (
+        "spark_torch.node.template.server" in warm["ppid_cmd"]
+        and "spark_torch.node.template.server" not in cold["ppid_cmd"]
+    )
     for key in ("cwd", "argv0", "argc", "path0", "main", "stdio", "threads"):
         assert warm[key] == cold[key], key
     # the rendezvous store is hosted before the user's code either way: warm by a fork of the
@@ -98,7 +113,9 @@ def _templates() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and "spark_torch.node.template.server" in " ".join(child.cmdline()):
+            if child.status() != psutil.STATUS_ZOMBIE and "spark_torch.node.template.server" in " ".join(
+                child.cmdline()
+            ):
                 found.append(child)
         except psutil.Error:
             continue
@@ -165,7 +182,11 @@ def test_scripts_start_warm_too(tmp_path: Path, no_leftovers: None) -> None:
 def test_warm_start_can_be_turned_off(value: str, no_leftovers: None) -> None:
     os.environ["SPARK_TORCH_WARM_START"] = value
     out = Distributor(num_processes=1).run(what_a_rank_sees, "z")
-    assert "spark_torch.node.template.server" not in out["ppid_cmd"] and sys.executable in out["ppid_cmd"] or "pytest" in out["ppid_cmd"]
+    assert (
+        "spark_torch.node.template.server" not in out["ppid_cmd"]
+        and sys.executable in out["ppid_cmd"]
+        or "pytest" in out["ppid_cmd"]
+    )
 
 
 def what_starts_with_the_interpreter() -> dict[str, Any]:
@@ -193,7 +214,9 @@ def what_starts_with_the_interpreter() -> dict[str, Any]:
         "dont_write_bytecode": sys.dont_write_bytecode,
         "umask": umask,
         "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
-        "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")},
+        "rlimits": {
+            name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")
+        },
         "path": list(sys.path),
         "cwd": os.getcwd(),
         "user_site": site.USER_SITE,
@@ -239,9 +262,12 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
     import resource
 
     env = {
-        "PYTHONHASHSEED": "123", "PYTHONWARNINGS": "ignore::UserWarning", "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONSAFEPATH": "1", "HOME": str(tmp_path / "home"),
-    }  # fmt: skip
+        "PYTHONHASHSEED": "123",
+        "PYTHONWARNINGS": "ignore::UserWarning",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONSAFEPATH": "1",
+        "HOME": str(tmp_path / "home"),
+    }
     (tmp_path / "work").mkdir()
     cwd = os.getcwd()
     os.chdir(tmp_path / "work")  # on no sys.path but its own (the tests run with PYTHONPATH=checkout)
@@ -260,7 +286,9 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
         scheduling.update(_change_policy())  # likewise
         warm = Distributor(num_processes=1, env=env).run(what_starts_with_the_interpreter)
         cold = Distributor(num_processes=1, env=env, warm_start=False).run(what_starts_with_the_interpreter)
-        lowered = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
+        lowered = {
+            name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")
+        }
     finally:
         _restore_scheduling()
         os.chdir(cwd)
@@ -270,7 +298,10 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
             resource.setrlimit(which, value)
         for template in set(_templates()) - before:  # the one for these settings
             template.kill()
-    assert "spark_torch.node.template.server" in warm["ppid_cmd"] and "spark_torch.node.template.server" not in cold["ppid_cmd"]
+    assert (
+        "spark_torch.node.template.server" in warm["ppid_cmd"]
+        and "spark_torch.node.template.server" not in cold["ppid_cmd"]
+    )
     assert cold["hash"] == warm["hash"] and cold["warnoptions"] == warm["warnoptions"] == ["ignore::UserWarning"]
     assert cold["filters"] == warm["filters"] and ("ignore", "UserWarning") in warm["filters"]
     assert cold["dont_write_bytecode"] is warm["dont_write_bytecode"] is True
@@ -281,7 +312,13 @@ def test_warm_ranks_start_with_the_settings_cold_ranks_start_with(tmp_path: Path
     assert cold["path"] == warm["path"] and warm["cwd"] not in warm["path"]  # PYTHONSAFEPATH: no cwd first
     assert cold["user_site"] == warm["user_site"] and warm["user_site"].startswith(str(tmp_path / "home"))
     assert cold["user_base"] == warm["user_base"]
-    for key in ("affinity", "nice", "oom_score_adj", "sched_policy", "io_class"):  # the runner's, changed after the template started
+    for key in (
+        "affinity",
+        "nice",
+        "oom_score_adj",
+        "sched_policy",
+        "io_class",
+    ):  # the runner's, changed after the template started
         assert cold[key] == warm[key] == scheduling[key], (key, cold[key], warm[key], scheduling[key])
 
 
@@ -296,9 +333,12 @@ def _change_priority() -> dict[str, Any]:
     with open("/proc/self/oom_score_adj") as fh:
         oom = int(fh.read())
     _SCHEDULING_BEFORE.update(
-        affinity=sorted(os.sched_getaffinity(0)), nice=nice, oom_score_adj=oom,
-        sched=(os.sched_getscheduler(0), os.sched_getparam(0)), ionice=psutil.Process().ionice(),
-    )  # fmt: skip
+        affinity=sorted(os.sched_getaffinity(0)),
+        nice=nice,
+        oom_score_adj=oom,
+        sched=(os.sched_getscheduler(0), os.sched_getparam(0)),
+        ionice=psutil.Process().ionice(),
+    )
     os.setpriority(os.PRIO_PROCESS, 0, nice + 1)
     with open("/proc/self/oom_score_adj", "w") as fh:
         fh.write(str(oom + 100))
@@ -379,12 +419,16 @@ def test_ranks_hold_no_descriptor_but_their_own(tmp_path: Path, no_leftovers: No
     for name, ranks in seen.items():
         for rank, got in enumerate(ranks):
             fds = {int(fd): target for fd, target in got["fds"].items()}
-            dump = {fd for fd, target in fds.items() if target.endswith(".native")}  # stall detection's faulthandler file
+            dump = {
+                fd for fd, target in fds.items() if target.endswith(".native")
+            }  # stall detection's faulthandler file
             own = {0, 1, 2, *got["report_fds"], *dump}
             assert len(dump) == 1, fds
             if name == "cold" and rank == 0:
                 store = {fd: target for fd, target in fds.items() if fd not in own}
-                assert store and all(t.startswith(("socket:", "anon_inode:", "pipe:")) or t == "/dev/null" for t in store.values()), store
+                assert store and all(
+                    t.startswith(("socket:", "anon_inode:", "pipe:")) or t == "/dev/null" for t in store.values()
+                ), store
             else:
                 assert set(fds) == own, (name, rank, fds)
     assert len(seen["warm"][1]["report_fds"]) == len(seen["cold"][1]["report_fds"])
@@ -476,13 +520,17 @@ def who_hosts_the_store() -> list[dict[str, Any]]:
         time.sleep(0.3)
     dist.init_process_group("gloo", init_method="env://")
     port = int(os.environ["MASTER_PORT"])
-    listening = [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+    listening = [
+        c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    ]
     mine = {
         "rank": dist.get_rank(),
         "listens": any(c.pid == os.getpid() for c in listening),
         "host_cmd": " ".join(psutil.Process(listening[0].pid).cmdline()) if listening and listening[0].pid else "",
         "agent": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
-        "host_parent": psutil.Process(psutil.Process(listening[0].pid).ppid()).ppid() if listening and listening[0].pid else None,
+        "host_parent": psutil.Process(psutil.Process(listening[0].pid).ppid()).ppid()
+        if listening and listening[0].pid
+        else None,
         "parent": _launcher_pid(),
     }
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -515,8 +563,12 @@ def tmpdir_of_rank() -> dict[str, Any]:
     """The temporary directory a rank's node runner had, and what started the rank."""
     import tempfile
 
-    return {"tmpdir": os.environ.get("TMPDIR"), "tempdir": tempfile.gettempdir(), "launcher": _launcher_pid(),
-            "cmd": psutil.Process(_launcher_pid()).cmdline()}  # fmt: skip
+    return {
+        "tmpdir": os.environ.get("TMPDIR"),
+        "tempdir": tempfile.gettempdir(),
+        "launcher": _launcher_pid(),
+        "cmd": psutil.Process(_launcher_pid()).cmdline(),
+    }
 
 
 def test_ranks_start_warm_under_a_130_character_temporary_directory(spark_session: Any, no_leftovers: None) -> None:
@@ -563,7 +615,9 @@ def test_ranks_start_warm_under_a_130_character_temporary_directory(spark_sessio
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_the_socket_folder_is_chosen_by_the_socket_paths_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_socket_folder_is_chosen_by_the_socket_paths_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where a template's socket fits in the temporary directory, its folder is there; where it
     would not (a 100-character TMPDIR), it is the short folder's, and every socket path fits."""
     from spark_torch.node.template import client

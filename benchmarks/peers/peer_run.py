@@ -87,8 +87,12 @@ def run_petastorm(spark: Any, df: Any, work: str, total: int, table: str) -> tup
     steps = len(converter) // (BATCH * 2)
     start, called = time.perf_counter(), time.time()
     try:
-        out = cast(dict[str, Any], TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-            petastorm_fn, converter, total, table, steps))
+        out = cast(
+            dict[str, Any],
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                petastorm_fn, converter, total, table, steps
+            ),
+        )
         train = time.perf_counter() - start
     finally:
         converter.delete()
@@ -109,7 +113,10 @@ def run_streaming(spark: Any, df: Any, work: str, total: int, table: str) -> tup
     prep = time.perf_counter() - start
     start, called = time.perf_counter(), time.time()
     try:
-        out = cast(dict[str, Any], TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(streaming_fn, local, total, table))
+        out = cast(
+            dict[str, Any],
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(streaming_fn, local, total, table),
+        )
         train = time.perf_counter() - start
     finally:
         shutil.rmtree(local, ignore_errors=True)
@@ -130,8 +137,13 @@ def versions(peer: str) -> dict[str, str]:
         import petastorm as module
     else:
         import streaming as module
-    return {peer: str(module.__version__), "pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__,
-            "numpy": numpy.__version__, "torch": torch.__version__}  # fmt: skip
+    return {
+        peer: str(module.__version__),
+        "pyspark": pyspark.__version__,
+        "pyarrow": pyarrow.__version__,
+        "numpy": numpy.__version__,
+        "torch": torch.__version__,
+    }
 
 
 def main() -> None:
@@ -147,8 +159,13 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     cloudpickle.register_pickle_by_value(bench_dataframe)  # type: ignore[no-untyped-call]  # the ranks cannot import benchmarks/
-    spark = (SparkSession.builder.master("local[2]").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())  # fmt: skip
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     work = tempfile.mkdtemp(prefix=f"bench_{args.peer}_")
     run = RUNNERS[args.peer]

@@ -13,8 +13,12 @@ Pure constants: no imports.
 from __future__ import annotations
 
 __all__ = [
-    "RANK_GRACE_SECONDS", "INTERRUPT_GRACE_SECONDS", "STOP_MARGIN_SECONDS", "DRIVER_STOP_WAIT_SECONDS", "STORE_HOST_GRACE_SECONDS",
-]  # fmt: skip
+    "RANK_GRACE_SECONDS",
+    "INTERRUPT_GRACE_SECONDS",
+    "STOP_MARGIN_SECONDS",
+    "DRIVER_STOP_WAIT_SECONDS",
+    "STORE_HOST_GRACE_SECONDS",
+]
 
 #: SIGTERM to SIGKILL for a node's ranks (the node runner's stop, and its reaper's)
 RANK_GRACE_SECONDS = 5.0

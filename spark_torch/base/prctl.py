@@ -11,9 +11,15 @@ import signal
 from typing import Any
 
 __all__ = [
-    "prctl", "die_with_parent_thread", "become_subreaper", "is_subreaper",
-    "PR_SET_PDEATHSIG", "PR_SET_NAME", "PR_SET_CHILD_SUBREAPER", "PR_GET_CHILD_SUBREAPER",
-]  # fmt: skip
+    "prctl",
+    "die_with_parent_thread",
+    "become_subreaper",
+    "is_subreaper",
+    "PR_SET_PDEATHSIG",
+    "PR_SET_NAME",
+    "PR_SET_CHILD_SUBREAPER",
+    "PR_GET_CHILD_SUBREAPER",
+]
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15

@@ -16,7 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ValueEnum", "RankState", "GroupState", "StopReason", "ProblemKind", "StopSignal", "ShardSource", "ShardUse", "NodeOutcome"]
+__all__ = [
+    "ValueEnum",
+    "RankState",
+    "GroupState",
+    "StopReason",
+    "ProblemKind",
+    "StopSignal",
+    "ShardSource",
+    "ShardUse",
+    "NodeOutcome",
+]
 
 
 class ValueEnum(str, enum.Enum):
@@ -190,7 +200,9 @@ class NodeOutcome:
         ):
             raise ValueError("a node's dumps need an object of lists of paths by rank")
         problem = value.get("problem")
-        if problem is not None and (not isinstance(problem, list) or len(problem) != 2 or not isinstance(problem[1], str)):
+        if problem is not None and (
+            not isinstance(problem, list) or len(problem) != 2 or not isinstance(problem[1], str)
+        ):
             raise ValueError("a node's problem must be [kind, message]")
         shard = value.get("shard")
         if shard is not None and (

@@ -97,7 +97,11 @@ class ChannelClient:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def send(
-        self, message: dict[str, Any], *, block_until: float | None = None, abort: Callable[[], str | None] | None = None
+        self,
+        message: dict[str, Any],
+        *,
+        block_until: float | None = None,
+        abort: Callable[[], str | None] | None = None,
     ) -> None:
         """Queue a control message (delivered once, in order, before queued outbox messages).
 
@@ -139,7 +143,9 @@ class ChannelClient:
             raise ConnectionError("closing")
         try:
             tune_socket(sock, self._heartbeat)
-            link = client_handshake(sock, self._secret, time.monotonic() + HANDSHAKE_SECONDS, self._heartbeat * DEAD_AFTER)
+            link = client_handshake(
+                sock, self._secret, time.monotonic() + HANDSHAKE_SECONDS, self._heartbeat * DEAD_AFTER
+            )
             link.send({"attach": self._node})
         except BaseException as exc:
             sock.close()

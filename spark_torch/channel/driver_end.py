@@ -223,7 +223,11 @@ class DriverChannel:
             error = f"{type(exc).__name__}: {exc}"
             with self._lock:
                 self._bulk_errors[node] = error
-            self._bulk_log("spark_torch channel: the driver could not take node %s's data (%s); the node is told to send it another way", node, error)
+            self._bulk_log(
+                "spark_torch channel: the driver could not take node %s's data (%s); the node is told to send it another way",
+                node,
+                error,
+            )
             self._server.send(node, BulkError(error).to_wire())  # before the ack of this piece
 
     def detached(self, node: int) -> None:
@@ -267,7 +271,11 @@ class DriverChannel:
             return
         detail = [f"node {n}: {e}" for n, e in sorted(errors.items())]
         if not self._warn_fallback(detail):
-            logger.warning("spark_torch: the executors' last errors reaching the channel at %s: %s", self.spec.address, "; ".join(detail))
+            logger.warning(
+                "spark_torch: the executors' last errors reaching the channel at %s: %s",
+                self.spec.address,
+                "; ".join(detail),
+            )
 
     def answer_reports(self, step: int, error: str | None) -> None:
         """Tell every node that report step ``step`` is persisted (or failed)."""

@@ -49,7 +49,9 @@ def _frames_of(entries: tuple[tuple[int, str, str], ...], number: Numbering) -> 
     if middle < 0:
         middle = block.find("\n", len(block) // 2)
     if isinstance(problem, FrameTooLarge) and middle >= 0:
-        return _frames_of(((rank, stream, block[:middle]),), number) + _frames_of(((rank, stream, block[middle + 1 :]),), number)
+        return _frames_of(((rank, stream, block[:middle]),), number) + _frames_of(
+            ((rank, stream, block[middle + 1 :]),), number
+        )
     note = f"[spark_torch] {block_lines(block)} line(s) of rank {rank} could not be sent: {type(problem).__name__}: {problem}"
     return [number(Lines(((-1, "stderr", note[:1000]),)).to_wire())]
 

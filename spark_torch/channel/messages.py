@@ -29,12 +29,34 @@ from spark_torch.channel.wire import MAX_FRAME, sendable
 from spark_torch.shared.failure_reports import FailureReport, report_from_dict, report_to_dict
 
 __all__ = [
-    "PROTOCOL", "EVENT_STREAM", "MessageError", "ProtocolMismatch",
-    "Lines", "Dropped", "Eof", "Hello", "GiveUp", "Report", "Failure", "Outcome", "Progress", "Trace", "Bulk",
-    "Rendezvous", "Stop", "Reported", "Traces", "BulkError",
-    "NodeMessage", "DriverMessage", "NODE_MESSAGES", "DRIVER_MESSAGES",
-    "decode_node_message", "decode_driver_message", "unreachable",
-]  # fmt: skip
+    "PROTOCOL",
+    "EVENT_STREAM",
+    "MessageError",
+    "ProtocolMismatch",
+    "Lines",
+    "Dropped",
+    "Eof",
+    "Hello",
+    "GiveUp",
+    "Report",
+    "Failure",
+    "Outcome",
+    "Progress",
+    "Trace",
+    "Bulk",
+    "Rendezvous",
+    "Stop",
+    "Reported",
+    "Traces",
+    "BulkError",
+    "NodeMessage",
+    "DriverMessage",
+    "NODE_MESSAGES",
+    "DRIVER_MESSAGES",
+    "decode_node_message",
+    "decode_driver_message",
+    "unreachable",
+]
 
 #: the version of this vocabulary: a node's hello says it, the driver refuses another
 PROTOCOL = 1
@@ -82,7 +104,12 @@ class Lines:
             if not (isinstance(entry, list) and len(entry) == 3):
                 raise MessageError("a lines entry must be [rank, stream, block]")
             rank, stream, block = entry
-            if isinstance(rank, bool) or not isinstance(rank, int) or not isinstance(stream, str) or not isinstance(block, str):
+            if (
+                isinstance(rank, bool)
+                or not isinstance(rank, int)
+                or not isinstance(stream, str)
+                or not isinstance(block, str)
+            ):
                 raise MessageError("a lines entry must be [int, str, str]")
             if stream == EVENT_STREAM:
                 RankState(block)  # an unknown rank state raises ValueError: malformed
@@ -221,7 +248,10 @@ def _repaired(data: Any) -> Any:
 
 def _fits(data: dict[str, Any]) -> bool:
     # with room for the transport's sequence number next to the report
-    return len(json.dumps({"failure": data, "seq": 2**63}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")) < MAX_FRAME
+    return (
+        len(json.dumps({"failure": data, "seq": 2**63}, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        < MAX_FRAME
+    )
 
 
 @dataclass(frozen=True)
@@ -396,7 +426,19 @@ class BulkError:
 NodeMessage: TypeAlias = Lines | Dropped | Eof | Hello | GiveUp | Report | Failure | Outcome | Progress | Trace | Bulk
 #: what the driver says
 DriverMessage: TypeAlias = Rendezvous | Stop | Reported | Traces | BulkError
-NODE_MESSAGES: tuple[type[NodeMessage], ...] = (Lines, Dropped, Eof, Hello, GiveUp, Report, Failure, Outcome, Progress, Trace, Bulk)
+NODE_MESSAGES: tuple[type[NodeMessage], ...] = (
+    Lines,
+    Dropped,
+    Eof,
+    Hello,
+    GiveUp,
+    Report,
+    Failure,
+    Outcome,
+    Progress,
+    Trace,
+    Bulk,
+)
 DRIVER_MESSAGES: tuple[type[DriverMessage], ...] = (Rendezvous, Stop, Reported, Traces, BulkError)
 _NODE: dict[str, Callable[[Any, Any], NodeMessage]] = {kind.KIND: kind.from_wire for kind in NODE_MESSAGES}
 _DRIVER: dict[str, Callable[[Any, Any], DriverMessage]] = {kind.KIND: kind.from_wire for kind in DRIVER_MESSAGES}

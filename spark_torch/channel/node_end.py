@@ -50,7 +50,13 @@ class NodeChannel:
     """
 
     def __init__(
-        self, spec: ChannelSpec, node: int, nodes: int, stop: threading.Event, *, reports: StepAnswers | None = None,
+        self,
+        spec: ChannelSpec,
+        node: int,
+        nodes: int,
+        stop: threading.Event,
+        *,
+        reports: StepAnswers | None = None,
         on_trace_request: Callable[[bool], None] | None = None,
     ) -> None:
         """``reports``: where the driver's answers to report() steps go; ``on_trace_request``:
@@ -73,7 +79,14 @@ class NodeChannel:
         cond = threading.Condition()
         self._queue = LineQueue(node, cond)
         self._client = ChannelClient(
-            spec.host, spec.port, spec.secret, node, self._on_message, outbox=self._queue, heartbeat=spec.heartbeat, cond=cond
+            spec.host,
+            spec.port,
+            spec.secret,
+            node,
+            self._on_message,
+            outbox=self._queue,
+            heartbeat=spec.heartbeat,
+            cond=cond,
         )
 
     def __call__(self, rank: int, stream: str, block: str) -> None:
@@ -209,8 +222,10 @@ class NodeChannel:
         if result is None:
             self._refused(
                 "spark_torch channel: node %s ignored a rendezvous decision of %s nodes (this run has %s)",
-                self._node, len(decision.peers or ()), self._nodes,
-            )  # fmt: skip
+                self._node,
+                len(decision.peers or ()),
+                self._nodes,
+            )
             return
         with self._client.cond:
             self._decision = result
@@ -238,7 +253,9 @@ class NodeChannel:
             return RendezvousResult(stopped=True)
         if self._decision is not None:
             return self._decision
-        return RendezvousResult(reason=self.last_error or f"no answer from the driver's channel at {self._spec.address}")
+        return RendezvousResult(
+            reason=self.last_error or f"no answer from the driver's channel at {self._spec.address}"
+        )
 
     def detach_if_unreachable(self) -> bool:
         """After a fallback: if the driver was never reached, stop trying (output goes elsewhere).
@@ -266,4 +283,3 @@ class NodeChannel:
             hopeless = not self.connected_ever and self.last_error is not None
             self._client.drain(min(timeout, 1.0) if hopeless else timeout)
         self._client.close()
-

@@ -275,7 +275,9 @@ class ChannelServer:
         except OSError as exc:
             self._reject(pending.addr, f"handshake failed ({type(exc).__name__}: {exc})", closing=conn)
             return
-        thread = threading.Thread(target=self._serve, args=(link, pending.addr), name="spark-torch-channel-conn", daemon=True)
+        thread = threading.Thread(
+            target=self._serve, args=(link, pending.addr), name="spark-torch-channel-conn", daemon=True
+        )
         with self._lock:
             if self._closed.is_set():
                 link.close()
@@ -321,13 +323,17 @@ class ChannelServer:
         except (ProtocolError, AuthenticationError) as exc:  # a bug on one side, or an attack
             self._tampered(
                 "spark_torch channel: dropped an authenticated connection (node %s, from %s): %s",
-                "?" if node < 0 else node, addr, exc,
-            )  # fmt: skip
+                "?" if node < 0 else node,
+                addr,
+                exc,
+            )
         except (OSError, ConnectionError) as exc:
             if not self._closed.is_set() and not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
                 logger.debug("spark_torch channel: node %s disconnected: %s", node, exc)
         except Exception as exc:  # noqa: BLE001 - the handler's attached(): the driver's own failure
-            self._error("spark_torch channel: the driver failed to attach node %s: %s: %s", node, type(exc).__name__, exc)
+            self._error(
+                "spark_torch channel: the driver failed to attach node %s: %s: %s", node, type(exc).__name__, exc
+            )
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
@@ -369,8 +375,11 @@ class ChannelServer:
             kind = next((k for k in message if k != "seq"), "?")
             self._error(
                 "spark_torch channel: the driver failed to handle a %r message of node %s: %s: %s",
-                kind, node, type(exc).__name__, exc,
-            )  # fmt: skip
+                kind,
+                node,
+                type(exc).__name__,
+                exc,
+            )
 
     def send(self, node: int, message: dict[str, Any]) -> bool:
         """Send to one node if it is connected (it gets the state again when it reattaches)."""

@@ -124,7 +124,12 @@ def _preflight_rows(spark: Any, tasks: int, ship: bool) -> list[Check]:
             why = "this driver's spark_torch is not a directory"
         rows.append(Check("spark_torch shipped to the executors", f"yes ({__version__})" if shipped else f"no: {why}"))
     else:
-        rows.append(Check("spark_torch shipped to the executors", f"no (ship_package is off: the executors need spark_torch {__version__})"))
+        rows.append(
+            Check(
+                "spark_torch shipped to the executors",
+                f"no (ship_package is off: the executors need spark_torch {__version__})",
+            )
+        )
     try:
         check_executors(spark, tasks, ship)
         rows.append(Check("executors' Python (run()'s check)", "can run spark_torch"))
@@ -147,17 +152,31 @@ def _executor_rows(spark: Any, tasks: int, driver: dict[str, str]) -> list[Check
         rows = spark.range(0, tasks, 1, tasks).mapInArrow(_probe, "info string").collect()
         executors = [json.loads(r["info"]) for r in rows]
     except Exception as exc:  # noqa: BLE001 - reported as a failed check
-        return [Check("executor versions", f"probe failed: {_first_line(exc)}", False,
-                      "see the executors' Python row; the executors need pyarrow (README: Install)")]  # fmt: skip
+        return [
+            Check(
+                "executor versions",
+                f"probe failed: {_first_line(exc)}",
+                False,
+                "see the executors' Python row; the executors need pyarrow (README: Install)",
+            )
+        ]
     hosts = sorted({e["host"] for e in executors})
     checks = [Check("executor hosts probed", f"{len(hosts)} ({', '.join(hosts[:4])}{'...' if len(hosts) > 4 else ''})")]
     java, java_seen = driver["java"], sorted({e.get("java", "?") for e in executors})
     major = {v.split(".")[0] for v in java_seen} | ({java.split(".")[0]} if java != "?" else set())
-    checks.append(Check("executor java", ", ".join(java_seen), len(major) == 1 and "missing" not in java_seen,
-                        f"use the same Java major version as the driver ({java}) on every executor"))  # fmt: skip
+    checks.append(
+        Check(
+            "executor java",
+            ", ".join(java_seen),
+            len(major) == 1 and "missing" not in java_seen,
+            f"use the same Java major version as the driver ({java}) on every executor",
+        )
+    )
     for key in ("python", "torch", "pyspark", "spark_torch"):
         seen = sorted({e[key] for e in executors})
-        checks.append(Check(f"executor {key}", ", ".join(seen), _agrees(key, seen, driver[key]), _fix(key, driver[key])))
+        checks.append(
+            Check(f"executor {key}", ", ".join(seen), _agrees(key, seen, driver[key]), _fix(key, driver[key]))
+        )
     return checks
 
 
@@ -192,7 +211,9 @@ def _allreduce_row(spark: Any, slots: int | None, failed: list[Check]) -> Check:
 
     fix = "check that executors can reach each other (GLOO_SOCKET_IFNAME)"
     try:
-        value = Distributor(num_processes=ranks, local_mode=False, spark=spark, timeout=300, log_ranks=[]).run(_allreduce)
+        value = Distributor(num_processes=ranks, local_mode=False, spark=spark, timeout=300, log_ranks=[]).run(
+            _allreduce
+        )
     except Exception as exc:  # noqa: BLE001 - reported as a failed check
         return Check(name, _first_line(exc), False, fix)
     return Check(name, f"ok ({value:g})", value == ranks, fix)
@@ -222,13 +243,21 @@ def collect_checks(spark: Any) -> list[Check]:
     settings = resolve({}, os.environ, cluster.torch_conf)
     # as run() does: a fresh cluster's executors register over seconds (up to executor_wait)
     slots = settled_slots(spark, settings.executor_wait)
-    checks.append(Check("free task slots", "unknown (Spark Connect)" if slots is None else str(slots),
-                        slots is None or slots >= 1, "start executors or lower spark.task.cpus"))  # fmt: skip
+    checks.append(
+        Check(
+            "free task slots",
+            "unknown (Spark Connect)" if slots is None else str(slots),
+            slots is None or slots >= 1,
+            "start executors or lower spark.task.cpus",
+        )
+    )
     tasks = max(1, min(slots or 2, 8))
     ship = settings.ship_package
     checks += _preflight_rows(spark, tasks, ship)
     checks += _executor_rows(spark, tasks, driver)
-    checks.append(Check("GPUs per executor / per task", f"{cluster.executor_gpu_amount:g} / {cluster.task_gpu_amount:g}"))
+    checks.append(
+        Check("GPUs per executor / per task", f"{cluster.executor_gpu_amount:g} / {cluster.task_gpu_amount:g}")
+    )
     checks += shared_rows(cluster)
     checks.append(_allreduce_row(spark, slots, [c for c in checks if not c.ok]))
     return checks

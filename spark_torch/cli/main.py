@@ -89,48 +89,129 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("-n", "--num-processes", type=int, default=1, help="total ranks (default 1)")
     where = run.add_mutually_exclusive_group()
-    where.add_argument("--local", dest="local_mode", action="store_const", const=True, default=None,
-                       help="all ranks on this machine (the default without --master)")
-    where.add_argument("--distributed", dest="local_mode", action="store_const", const=False,
-                       help="one Spark barrier task per node on the executors (the default with --master)")
+    where.add_argument(
+        "--local",
+        dest="local_mode",
+        action="store_const",
+        const=True,
+        default=None,
+        help="all ranks on this machine (the default without --master)",
+    )
+    where.add_argument(
+        "--distributed",
+        dest="local_mode",
+        action="store_const",
+        const=False,
+        help="one Spark barrier task per node on the executors (the default with --master)",
+    )
     device = run.add_mutually_exclusive_group()
-    device.add_argument("--gpu", dest="use_gpu", action="store_const", const=True, default=None,
-                        help="use the GPUs Spark assigns (default: auto)")
+    device.add_argument(
+        "--gpu",
+        dest="use_gpu",
+        action="store_const",
+        const=True,
+        default=None,
+        help="use the GPUs Spark assigns (default: auto)",
+    )
     device.add_argument("--cpu", dest="use_gpu", action="store_const", const=False, help="never use GPUs")
     _spark_options(run)
-    run.add_argument("--env", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
-                     help="environment variable for every rank (repeatable)")
+    run.add_argument(
+        "--env",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable for every rank (repeatable)",
+    )
     run.add_argument("--timeout", type=float, default=None, metavar="S", help="bound on the whole run, seconds")
-    run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times (-1: no limit)")
-    run.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                     help="a run whose ranks made no progress for S seconds is stalled: log every rank's stack (default 120; 0: off)")
-    run.add_argument("--stall-action", choices=["warn", "fail"], default=None,
-                     help="on a stall: warn (the default) or fail (stop the run with RunStalledError)")
-    run.add_argument("--min-processes", type=int, default=None, metavar="M",
-                     help="distributed: go on with at least M ranks when nodes are missing or lost (default: -n)")
-    run.add_argument("--grow", dest="elastic_grow", action="store_true",
-                     help="with --min-processes: restart larger at the next checkpoint once slots are free again")
-    run.add_argument("--ranks-per-task", type=int, default=None, metavar="N",
-                     help="distributed CPU mode: ranks per Spark task (node); default 1")
-    run.add_argument("--storage-path", default=None, metavar="DIR_OR_URL",
-                     help="where spark_torch.report() keeps checkpoints and metrics (default ~/spark_torch_runs)")
-    run.add_argument("--run-id", default=None, metavar="ID",
-                     help="the run's name in the storage; an existing one resumes from its latest checkpoint")
-    run.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
-                     help="keep only N checkpoints: the newest, or the best by --checkpoint-score (default: all)")
-    run.add_argument("--checkpoint-score", default=None, metavar="METRIC[:min]",
-                     help="rank checkpoints by this reported metric (higher is better; METRIC:min for lower)")
-    run.add_argument("--storage-options", default=None, metavar="JSON|@FILE",
-                     help="fsspec options of the storage as a JSON object, e.g. '{\"anon\": false}', or @FILE: a "
-                     f"file holding one (default: ${envnames.STORAGE_OPTIONS}, either form). Credentials belong in the "
-                     "file or the variable: a command line is visible to every user of this machine (ps)")
-    run.add_argument("--log-ranks", default="all", metavar="all|none|0,1,...",
-                     help="whose output to print (default all; the others still go to --log-dir)")
+    run.add_argument(
+        "--max-restarts", type=int, default=0, metavar="N", help="restart the gang up to N times (-1: no limit)"
+    )
+    run.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a run whose ranks made no progress for S seconds is stalled: log every rank's stack (default 120; 0: off)",
+    )
+    run.add_argument(
+        "--stall-action",
+        choices=["warn", "fail"],
+        default=None,
+        help="on a stall: warn (the default) or fail (stop the run with RunStalledError)",
+    )
+    run.add_argument(
+        "--min-processes",
+        type=int,
+        default=None,
+        metavar="M",
+        help="distributed: go on with at least M ranks when nodes are missing or lost (default: -n)",
+    )
+    run.add_argument(
+        "--grow",
+        dest="elastic_grow",
+        action="store_true",
+        help="with --min-processes: restart larger at the next checkpoint once slots are free again",
+    )
+    run.add_argument(
+        "--ranks-per-task",
+        type=int,
+        default=None,
+        metavar="N",
+        help="distributed CPU mode: ranks per Spark task (node); default 1",
+    )
+    run.add_argument(
+        "--storage-path",
+        default=None,
+        metavar="DIR_OR_URL",
+        help="where spark_torch.report() keeps checkpoints and metrics (default ~/spark_torch_runs)",
+    )
+    run.add_argument(
+        "--run-id",
+        default=None,
+        metavar="ID",
+        help="the run's name in the storage; an existing one resumes from its latest checkpoint",
+    )
+    run.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep only N checkpoints: the newest, or the best by --checkpoint-score (default: all)",
+    )
+    run.add_argument(
+        "--checkpoint-score",
+        default=None,
+        metavar="METRIC[:min]",
+        help="rank checkpoints by this reported metric (higher is better; METRIC:min for lower)",
+    )
+    run.add_argument(
+        "--storage-options",
+        default=None,
+        metavar="JSON|@FILE",
+        help="fsspec options of the storage as a JSON object, e.g. '{\"anon\": false}', or @FILE: a "
+        f"file holding one (default: ${envnames.STORAGE_OPTIONS}, either form). Credentials belong in the "
+        "file or the variable: a command line is visible to every user of this machine (ps)",
+    )
+    run.add_argument(
+        "--log-ranks",
+        default="all",
+        metavar="all|none|0,1,...",
+        help="whose output to print (default all; the others still go to --log-dir)",
+    )
     run.add_argument("--log-dir", default=None, metavar="DIR", help="also write each rank's output to DIR/rank-N.log")
-    run.add_argument("--mlflow", action=argparse.BooleanOptionalAction, default=None,
-                     help="log the reported metrics to MLflow (default: when an MLflow run is active)")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="show the live status line (default: in a terminal)")
+    run.add_argument(
+        "--mlflow",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="log the reported metrics to MLflow (default: when an MLflow run is active)",
+    )
+    run.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the live status line (default: in a terminal)",
+    )
     run.add_argument("script", metavar="SCRIPT", help="path of the training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments of the script")
 
@@ -151,24 +232,47 @@ def build_parser() -> argparse.ArgumentParser:
         "reported nothing too. runs show RUN_ID [--storage STORAGE]: one run in full (every run() call with "
         "its attempts' ends and reasons, every kept checkpoint, in that order).",
     )
-    runs.add_argument("words", nargs="*", metavar="STORAGE | show RUN_ID",
-                      help="a storage directory or URL to list; or show and a run's id")
-    runs.add_argument("--storage", default=None, metavar="DIR_OR_URL",
-                      help="the storage of runs show (default ~/spark_torch_runs)")
-    runs.add_argument("--checkpoint-score", default=None, metavar="METRIC[:min]",
-                      help="the best checkpoint is the one with the highest METRIC (METRIC:min: lowest); default: the "
-                      "score each run was configured with (checkpoint_score_attribute), else the latest")
-    runs.add_argument("--storage-options", default=None, metavar="JSON|@FILE",
-                      help=f"fsspec options of the storage, as for run (default: ${envnames.STORAGE_OPTIONS})")
+    runs.add_argument(
+        "words",
+        nargs="*",
+        metavar="STORAGE | show RUN_ID",
+        help="a storage directory or URL to list; or show and a run's id",
+    )
+    runs.add_argument(
+        "--storage", default=None, metavar="DIR_OR_URL", help="the storage of runs show (default ~/spark_torch_runs)"
+    )
+    runs.add_argument(
+        "--checkpoint-score",
+        default=None,
+        metavar="METRIC[:min]",
+        help="the best checkpoint is the one with the highest METRIC (METRIC:min: lowest); default: the "
+        "score each run was configured with (checkpoint_score_attribute), else the latest",
+    )
+    runs.add_argument(
+        "--storage-options",
+        default=None,
+        metavar="JSON|@FILE",
+        help=f"fsspec options of the storage, as for run (default: ${envnames.STORAGE_OPTIONS})",
+    )
     runs.add_argument("--json", action="store_true", help="print JSON (a list of runs, or one run)")
     return parser
 
 
 def _spark_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--master", default=None, metavar="URL",
-                        help="Spark master (default: the spark-submit/active session, else local[*])")
-    parser.add_argument("--conf", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
-                        help="Spark configuration (repeatable)")
+    parser.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master (default: the spark-submit/active session, else local[*])",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        type=_key_value,
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark configuration (repeatable)",
+    )
 
 
 def _session(args: argparse.Namespace, needed: bool) -> Any | None:
@@ -206,8 +310,11 @@ def _run(args: argparse.Namespace) -> int:
         if local_mode is None:
             local_mode = args.master is None
             if not local_mode:  # a master says where to run: never silently ignored
-                print(f"spark-torch: --master {args.master}: running distributed (pass --local to run every "
-                      "rank on this machine)", file=sys.stderr)
+                print(
+                    f"spark-torch: --master {args.master}: running distributed (pass --local to run every "
+                    "rank on this machine)",
+                    file=sys.stderr,
+                )
         score, _, order = (args.checkpoint_score or "").partition(":")
         storage_options = _given_storage_options(args.storage_options)
         spark = _session(args, needed=not local_mode)
@@ -240,12 +347,21 @@ def _run(args: argparse.Namespace) -> int:
             last = distributor.last_run
             print(
                 f"spark-torch: run {last.run_id}: {len(last.rows)} report(s), latest checkpoint "
-                f"{last.checkpoint.path if last.checkpoint else '(none)'}", file=sys.stderr,
+                f"{last.checkpoint.path if last.checkpoint else '(none)'}",
+                file=sys.stderr,
             )
     except KeyboardInterrupt as interrupt:
         print(_interrupted(interrupt), file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (ConfigurationError, PicklingError, FileNotFoundError, IsADirectoryError, PermissionError, TypeError, ValueError) as exc:
+    except (
+        ConfigurationError,
+        PicklingError,
+        FileNotFoundError,
+        IsADirectoryError,
+        PermissionError,
+        TypeError,
+        ValueError,
+    ) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)
         return EXIT_USAGE
     except DistributedRunError as exc:
@@ -267,11 +383,15 @@ def _runs(args: argparse.Namespace) -> int:
     words = list(args.words)
     show = words[:1] == ["show"]
     if (show and len(words) != 2) or (not show and len(words) > 1):
-        print("spark-torch runs: error: give one STORAGE to list, or show RUN_ID (a storage named show: ./show)",
-              file=sys.stderr)
+        print(
+            "spark-torch runs: error: give one STORAGE to list, or show RUN_ID (a storage named show: ./show)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if not show and words and args.storage is not None:
-        print("spark-torch runs: error: give the storage once: runs STORAGE, or runs --storage STORAGE", file=sys.stderr)
+        print(
+            "spark-torch runs: error: give the storage once: runs STORAGE, or runs --storage STORAGE", file=sys.stderr
+        )
         return EXIT_USAGE
     score, _, order = (args.checkpoint_score or "").partition(":")
     try:
@@ -280,8 +400,12 @@ def _runs(args: argparse.Namespace) -> int:
             raise ValueError(f"--checkpoint-score {args.checkpoint_score}: write METRIC, METRIC:max or METRIC:min")
         if not show:
             base = words[0] if words else (args.storage or DEFAULT_STORAGE)
-            summaries = list_runs(base, storage_options=options, checkpoint_score_attribute=score or None,
-                                  checkpoint_score_order=order or None)
+            summaries = list_runs(
+                base,
+                storage_options=options,
+                checkpoint_score_attribute=score or None,
+                checkpoint_score_order=order or None,
+            )
             if args.json:
                 print(json.dumps([summary_json(s) for s in summaries], indent=2))
             elif summaries:
@@ -290,11 +414,18 @@ def _runs(args: argparse.Namespace) -> int:
                 print(f"spark-torch: no runs in {base}", file=sys.stderr)
             return 0
         base = args.storage or DEFAULT_STORAGE
-        result = RunResult.from_path(base, words[1], storage_options=options,
-                                     checkpoint_score_attribute=score or None, checkpoint_score_order=order or None)
+        result = RunResult.from_path(
+            base,
+            words[1],
+            storage_options=options,
+            checkpoint_score_attribute=score or None,
+            checkpoint_score_order=order or None,
+        )
         # a replica-group run is its groups' runs (RUN_ID-g0, ...): each group's details, in order
         parts = result.replica_groups or [result]
-        summaries = [read_summary(RunStorage(base, part.run_id, options), score or None, order or None) for part in parts]
+        summaries = [
+            read_summary(RunStorage(base, part.run_id, options), score or None, order or None) for part in parts
+        ]
     except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, ImportError) as exc:
         print(_paragraph(str(exc)), file=sys.stderr)
         return EXIT_USAGE
@@ -302,7 +433,9 @@ def _runs(args: argparse.Namespace) -> int:
     for part, summary in zip(parts, summaries, strict=True):
         if args.json:
             data = summary_json(summary)
-            data["checkpoints"] = [{"path": c.path, "step": c.step, "metrics": c.metrics} for c, _ in part.best_checkpoints]
+            data["checkpoints"] = [
+                {"path": c.path, "step": c.step, "metrics": c.metrics} for c, _ in part.best_checkpoints
+            ]
             data["history"] = part.history
             shown.append(data)
         else:

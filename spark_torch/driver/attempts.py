@@ -14,9 +14,16 @@ from spark_torch.base.states import ValueEnum
 from spark_torch.reporting.run_log import AttemptEndRow, attempt_line
 
 __all__ = [
-    "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError", "GrowRequest",
+    "AttemptEnd",
+    "AttemptReason",
+    "AttemptRecord",
+    "AttemptSize",
+    "SizeReason",
+    "AttemptError",
+    "GrowRequest",
     "attempt_record",
 ]
+
 
 class AttemptEnd(ValueEnum):
     """How one attempt (one start of the whole gang) ended."""
@@ -33,7 +40,6 @@ class AttemptEnd(ValueEnum):
     MISCONFIGURED = "misconfigured"
 
 
-
 class AttemptReason(ValueEnum):
     """Why an attempt started."""
 
@@ -41,7 +47,6 @@ class AttemptReason(ValueEnum):
     RESTART_AFTER_FAILURE = "restart after a failure"
     RESTART_AFTER_STALL = "restart after a stall"
     GROW = "grow"
-
 
 
 class SizeReason(ValueEnum):
@@ -55,7 +60,6 @@ class SizeReason(ValueEnum):
     SLOTS_UNKNOWN = "slots unknown: all nodes"
     #: slots for fewer nodes than ``num_processes`` needs, at least ``min_processes``: as many as fit
     FEWER_SLOTS = "fewer slots"
-
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,9 @@ class AttemptRecord:
 
     def __str__(self) -> str:
         end = str(self.end) if self.end is not None else None
-        line = attempt_line(self.attempt, self.world_size, self.nodes, str(self.reason), self.size_note, end, self.detail)
+        line = attempt_line(
+            self.attempt, self.world_size, self.nodes, str(self.reason), self.size_note, end, self.detail
+        )
         return line if self.replica_group is None else f"replica group {self.replica_group}: {line}"
 
 
@@ -192,6 +198,10 @@ def attempt_record(row: AttemptEndRow) -> AttemptRecord:
 
     error = AttemptError(row.error_type, row.error or "") if row.error_type else None
     return AttemptRecord(
-        attempt=row.attempt, world_size=row.world_size, nodes=row.nodes, reason=member(AttemptReason, row.reason),
-        end=member(AttemptEnd, row.end), error=error,
-    )  # fmt: skip
+        attempt=row.attempt,
+        world_size=row.world_size,
+        nodes=row.nodes,
+        reason=member(AttemptReason, row.reason),
+        end=member(AttemptEnd, row.end),
+        error=error,
+    )

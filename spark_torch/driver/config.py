@@ -22,7 +22,6 @@ LogRanks = Literal["all"] | frozenset[int] | None
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-
 def _check_int(name: str, value: Any, minimum: int) -> int:
     """``value`` as an int (numpy integers too), or TypeError/ConfigurationError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -52,9 +51,7 @@ def _normalise_log_ranks(value: Any) -> LogRanks:
         ranks = list(value)
         if all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
             return frozenset(ranks)
-    raise ConfigurationError(
-        f"log_ranks must be 'all', None (all), or a list of rank numbers like [0], got {value!r}"
-    )
+    raise ConfigurationError(f"log_ranks must be 'all', None (all), or a list of rank numbers like [0], got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -237,11 +234,17 @@ class DistributorConfig:
         if self.checkpoint_score_attribute is not None and (
             not isinstance(self.checkpoint_score_attribute, str) or not self.checkpoint_score_attribute
         ):
-            raise TypeError(f"checkpoint_score_attribute must be a metric name, got {self.checkpoint_score_attribute!r}")
+            raise TypeError(
+                f"checkpoint_score_attribute must be a metric name, got {self.checkpoint_score_attribute!r}"
+            )
         if self.checkpoint_score_order not in ("max", "min"):
-            raise ConfigurationError(f"checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}")
+            raise ConfigurationError(
+                f"checkpoint_score_order must be 'max' or 'min', got {self.checkpoint_score_order!r}"
+            )
         if self.mlflow is not None and not isinstance(self.mlflow, bool):
-            raise TypeError(f"mlflow must be True, False or None (on when an MLflow run is active), got {self.mlflow!r}")
+            raise TypeError(
+                f"mlflow must be True, False or None (on when an MLflow run is active), got {self.mlflow!r}"
+            )
 
     def given_settings(self) -> dict[str, Any]:
         """The settings given as keywords (see :func:`spark_torch.settings.resolve`)."""

@@ -22,7 +22,7 @@ from spark_torch.driver.attempts import (
     GrowRequest,
     SizeReason,
     attempt_record,
-)  # fmt: skip
+)
 from spark_torch.driver.group_runs import group_rows, ranked_checkpoints, stored_group_ids
 from spark_torch.reporting.api import GROUP_KEY, RECORDED_KEYS
 from spark_torch.reporting.checkpoint import Checkpoint, persisted_checkpoint
@@ -33,8 +33,18 @@ from spark_torch.reporting.storage_keys import remember
 from spark_torch.shared.staged_shards import Staging
 
 __all__ = [
-    "RunResult", "Checkpoint", "AttemptEnd", "AttemptReason", "AttemptRecord", "AttemptSize", "SizeReason", "AttemptError",
-    "GrowRequest", "StoredRun", "read_stored", "merge_groups",
+    "RunResult",
+    "Checkpoint",
+    "AttemptEnd",
+    "AttemptReason",
+    "AttemptRecord",
+    "AttemptSize",
+    "SizeReason",
+    "AttemptError",
+    "GrowRequest",
+    "StoredRun",
+    "read_stored",
+    "merge_groups",
 ]
 
 
@@ -172,11 +182,15 @@ class RunResult:
         try:
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - pandas comes with the spark extra
-            raise ImportError("RunResult.metrics_dataframe needs pandas (pip install pandas); RunResult.history has the same data") from exc
+            raise ImportError(
+                "RunResult.metrics_dataframe needs pandas (pip install pandas); RunResult.history has the same data"
+            ) from exc
         frame = pd.DataFrame(self.history or self.rows)
         if frame.empty:
             return pd.DataFrame(columns=[k for k in RECORDED_KEYS if k != GROUP_KEY])
-        ordered = [c for c in frame.columns if c not in RECORDED_KEYS] + [c for c in RECORDED_KEYS if c in frame.columns]
+        ordered = [c for c in frame.columns if c not in RECORDED_KEYS] + [
+            c for c in RECORDED_KEYS if c in frame.columns
+        ]
         return frame[ordered].sort_values("step", kind="stable").reset_index(drop=True)
 
     @classmethod
@@ -220,21 +234,37 @@ class RunResult:
                 attempts = RunStorage(base, groups[0], storage_options).attempts()
                 score, order = recorded_score(attempts, checkpoint_score_attribute, checkpoint_score_order)
                 parts = [
-                    cls.from_path(base, g, storage_options=storage_options, checkpoint_score_attribute=score, checkpoint_score_order=order)
+                    cls.from_path(
+                        base,
+                        g,
+                        storage_options=storage_options,
+                        checkpoint_score_attribute=score,
+                        checkpoint_score_order=order,
+                    )
                     for g in groups
                 ]
                 return merge_groups(run_id, dict(enumerate(parts)), score, order)
             if path_form:
                 raise FileNotFoundError(_not_a_run(text, storage_options))
             raise FileNotFoundError(f"no run {run_id!r} under {storage.base} (looked for {storage.url})")
-        stored = read_stored(storage, (), *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order))
+        stored = read_stored(
+            storage, (), *recorded_score(storage.attempts(), checkpoint_score_attribute, checkpoint_score_order)
+        )
         calls = read_calls(storage.read_log(RUN_LOG))
         # the latest call: what it ran and how it ended, its restarts; every call's attempts
-        logged: dict[str, Any] = {} if not calls else dict(
-            outcome=calls[-1].outcome, entry=calls[-1].entry, started=calls[-1].started, duration=calls[-1].duration,
-            past_error=calls[-1].error, attempts=[attempt_record(row) for call in calls for row in call.attempts],
-            restarts=restarts_of(calls[-1].attempts),
-        )  # fmt: skip
+        logged: dict[str, Any] = (
+            {}
+            if not calls
+            else dict(
+                outcome=calls[-1].outcome,
+                entry=calls[-1].entry,
+                started=calls[-1].started,
+                duration=calls[-1].duration,
+                past_error=calls[-1].error,
+                attempts=[attempt_record(row) for call in calls for row in call.attempts],
+                restarts=restarts_of(calls[-1].attempts),
+            )
+        )
         return cls(run_id=run_id, **logged, **vars(stored))
 
 
@@ -245,10 +275,18 @@ def restarts_of(attempts: Sequence[object]) -> int:
 
 
 def merge_groups(
-    run_id: str, parts: Mapping[int, RunResult], score: str | None, order: str = "max", *, shown: int | None = None,
-    value: Any = None, error: BaseException | None = None, outcome: Outcome | None = None,
-    started: float | None = None, ended: float | None = None,
-) -> RunResult:  # fmt: skip
+    run_id: str,
+    parts: Mapping[int, RunResult],
+    score: str | None,
+    order: str = "max",
+    *,
+    shown: int | None = None,
+    value: Any = None,
+    error: BaseException | None = None,
+    outcome: Outcome | None = None,
+    started: float | None = None,
+    ended: float | None = None,
+) -> RunResult:
     """A replica-group run as one result, from each group's own (``parts``, by group): the one
     merge of a call's ``last_run`` (the driver passes what only it knows: group 0's ``value``, the
     ``error``, an ``outcome`` that overrides the shown group's (Ctrl-C), when the call
@@ -260,7 +298,9 @@ def merge_groups(
     single directory (``path`` None; each group's is in ``replica_groups``)."""
     groups = sorted(parts)
     if shown is None:
-        shown = next((g for g in groups if parts[g].outcome not in (None, Outcome.SUCCEEDED)), groups[0] if groups else None)
+        shown = next(
+            (g for g in groups if parts[g].outcome not in (None, Outcome.SUCCEEDED)), groups[0] if groups else None
+        )
     face = parts[shown] if shown is not None else RunResult(run_id=run_id)
     newest = [c for c in (parts[g].checkpoint for g in groups) if c is not None]
     starts = [s for s in (parts[g].started for g in groups) if s is not None]
@@ -268,16 +308,22 @@ def merge_groups(
     started = started if started is not None else min(starts, default=None)
     ended = ended if ended is not None else max(ends, default=None)
     return RunResult(
-        run_id=run_id, value=value, replica_groups=[parts[g] for g in groups], error=error,
+        run_id=run_id,
+        value=value,
+        replica_groups=[parts[g] for g in groups],
+        error=error,
         rows=group_rows([(g, parts[g].rows) for g in groups]),
         history=group_rows([(g, parts[g].history) for g in groups]),
         best_checkpoints=ranked_checkpoints([parts[g].best_checkpoints for g in groups], score, order),
         checkpoint=max(newest, key=lambda c: c.step) if newest else None,
         attempts=[replace(record, replica_group=g) for g in groups for record in parts[g].attempts],
         restarts=sum(parts[g].restarts for g in groups),
-        outcome=outcome if outcome is not None else face.outcome, entry=face.entry, past_error=face.past_error,
-        started=started, duration=ended - started if ended is not None and started is not None else None,
-    )  # fmt: skip
+        outcome=outcome if outcome is not None else face.outcome,
+        entry=face.entry,
+        past_error=face.past_error,
+        started=started,
+        duration=ended - started if ended is not None and started is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -291,7 +337,9 @@ class StoredRun:
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
 
 
-def read_stored(storage: RunStorage | None, rows: Sequence[dict[str, Any]], score: str | None = None, order: str = "max") -> StoredRun:
+def read_stored(
+    storage: RunStorage | None, rows: Sequence[dict[str, Any]], score: str | None = None, order: str = "max"
+) -> StoredRun:
     """The run's ``path``, ``history``, ``checkpoint`` and ``best_checkpoints`` from its storage
     (ranked by ``score``/``order``); without storage (or before any step was stored) the history
     is the call's own ``rows``. The driver reads it when a run ends, :meth:`RunResult.from_path`
@@ -304,7 +352,9 @@ def read_stored(storage: RunStorage | None, rows: Sequence[dict[str, Any]], scor
         path=storage.url,
         history=storage.history() or list(rows),
         checkpoint=persisted_checkpoint(complete[-1], key) if complete else None,
-        best_checkpoints=[(persisted_checkpoint(info, key), dict(info.metrics)) for info in best(complete, score, order)],
+        best_checkpoints=[
+            (persisted_checkpoint(info, key), dict(info.metrics)) for info in best(complete, score, order)
+        ],
     )
 
 
@@ -313,7 +363,10 @@ def _not_a_run(path: str, options: dict[str, Any] | None) -> str:
     text = f"RunResult.from_path({path!r}): not a run's directory (no {RUN_MARKER} in it)"
     runs = run_ids(path, options)
     if not runs:
-        return text + "; pass the run's own directory (STORAGE/RUN_ID, what RunResult.path says), or (storage_path, run_id)"
+        return (
+            text
+            + "; pass the run's own directory (STORAGE/RUN_ID, what RunResult.path says), or (storage_path, run_id)"
+        )
     example = os.path.join(path, runs[0]) if "://" not in path else f"{path.rstrip('/')}/{runs[0]}"
     shown = ", ".join(runs[:5]) + (", ..." if len(runs) > 5 else "")
     return text + f"; it is a storage holding the runs {shown}: pass one run's directory, e.g. {example!r}"

@@ -61,10 +61,19 @@ class RunRecord:
             rows = list(self.rows)
         started = self.started if self.started is not None else ended
         self.result = RunResult(
-            run_id=self.run_id, value=value, rows=rows, restarts=restarts_of(self.attempts), error=error,
-            attempts=list(self.attempts), outcome=outcome, entry=self.entry, started=self.started,
-            duration=ended - started, staging=self.staging, **vars(stored),
-        )  # fmt: skip
+            run_id=self.run_id,
+            value=value,
+            rows=rows,
+            restarts=restarts_of(self.attempts),
+            error=error,
+            attempts=list(self.attempts),
+            outcome=outcome,
+            entry=self.entry,
+            started=self.started,
+            duration=ended - started,
+            staging=self.staging,
+            **vars(stored),
+        )
         return self.result
 
     def final(self) -> RunResult:

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from spark_torch.base.envnames import NUM_REPLICA_GROUPS, REPLICA_GROUP_ID, TORCHFT_LIGHTHOUSE
 from spark_torch.errors import SparkTorchError
 
-__all__ = ["REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE", "NAMES", "GroupEnv", "NotInReplicaGroupError"]
+__all__ = [
+    "REPLICA_GROUP_ID",
+    "NUM_REPLICA_GROUPS",
+    "TORCHFT_LIGHTHOUSE",
+    "NAMES",
+    "GroupEnv",
+    "NotInReplicaGroupError",
+]
 
 #: set for the ranks of a run with replica groups; a user's ``env=`` may not set them then
 NAMES = frozenset({REPLICA_GROUP_ID, NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE})
@@ -39,7 +46,11 @@ class GroupEnv:
 
     def variables(self) -> dict[str, str]:
         """The variables of every rank of this group."""
-        return {REPLICA_GROUP_ID: str(self.group), NUM_REPLICA_GROUPS: str(self.groups), TORCHFT_LIGHTHOUSE: self.lighthouse}
+        return {
+            REPLICA_GROUP_ID: str(self.group),
+            NUM_REPLICA_GROUPS: str(self.groups),
+            TORCHFT_LIGHTHOUSE: self.lighthouse,
+        }
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> GroupEnv:

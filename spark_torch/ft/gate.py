@@ -117,7 +117,7 @@ class AddressGate:
                 self._refused.add(key)
                 logger.warning(
                     "spark_torch: refused a connection to the run's torchft lighthouse from %s: %s", peer[0], why
-                )  # fmt: skip
+                )
         return admitted
 
     def _connect(self) -> socket.socket:

@@ -67,14 +67,25 @@ class Hideout:
         """Start the child with torchft's options ``(min_replicas, join_timeout_ms,
         quorum_tick_ms, heartbeat_timeout_ms)``; NoHideout saying why when it cannot."""
         folder = tempfile.mkdtemp(prefix="spark-torch-lighthouse-")  # 0700
-        argv = [sys.executable, "-m", "spark_torch.ft.hideout", folder, *("-" if v is None else str(v) for v in options)]
+        argv = [
+            sys.executable,
+            "-m",
+            "spark_torch.ft.hideout",
+            folder,
+            *("-" if v is None else str(v) for v in options),
+        ]
         # the child imports this package from where this process has it, installed or not
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
         process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True, close_fds=True,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            close_fds=True,
             env={**os.environ, "PYTHONPATH": path},
-        )  # fmt: skip
+        )
         hideout = cls(process, folder)
         assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], START_SECONDS)
@@ -141,10 +152,12 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"the kernel refused a private network namespace ({exc})", flush=True)
         return 3
-    options: dict[str, Any] = dict(zip(("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms"), values))
+    options: dict[str, Any] = dict(
+        zip(("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms"), values)
+    )
     server = _torchft_core().LighthouseServer(
         bind="127.0.0.1:0", **{name: int(value) for name, value in options.items() if value != "-"}
-    )  # fmt: skip
+    )
     port = int(server.address().rsplit(":", 1)[1])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     path = os.path.join(folder, SOCKET_NAME)
@@ -152,8 +165,12 @@ def main(argv: list[str]) -> int:
     os.chmod(path, 0o600)
     listener.listen(socket.SOMAXCONN)
     # only this user can open the 0700 folder: every connection is this user's
-    relay = Relay(listener, lambda: socket.create_connection(("127.0.0.1", port), timeout=5), lambda conn, peer: True,
-                  name="spark-torch-lighthouse-hideout")  # fmt: skip
+    relay = Relay(
+        listener,
+        lambda: socket.create_connection(("127.0.0.1", port), timeout=5),
+        lambda conn, peer: True,
+        name="spark-torch-lighthouse-hideout",
+    )
     print("ready", flush=True)
     try:
         sys.stdin.read()  # until the driver closes it, or dies

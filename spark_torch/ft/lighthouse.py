@@ -54,9 +54,7 @@ class Lighthouse:
         try:
             from torchft.coordination import LighthouseServer
         except ModuleNotFoundError as exc:
-            raise ModuleNotFoundError(
-                f"replica_groups > 1 needs torchft ({exc}): {install_hint()}"
-            ) from exc
+            raise ModuleNotFoundError(f"replica_groups > 1 needs torchft ({exc}): {install_hint()}") from exc
         opts = options or LighthouseOptions()
         self.host = host
         self.advertise = advertise or host
@@ -76,8 +74,10 @@ class Lighthouse:
             except NoHideout as exc:
                 logger.warning(
                     "spark_torch: torchft's lighthouse could not be hidden from other users of this machine (%s): it "
-                    "listens on %s, where any local user can reach it (docs/security.md)", exc, LOOPBACK,
-                )  # fmt: skip
+                    "listens on %s, where any local user can reach it (docs/security.md)",
+                    exc,
+                    LOOPBACK,
+                )
                 self._server = LighthouseServer(
                     bind=bind_address(LOOPBACK, 0),
                     min_replicas=opts.min_replicas,

@@ -75,16 +75,18 @@ def manager(
         import torchft
         from torchft.checkpointing.pg_transport import PGTransport
     except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(
-            f"spark_torch.ft.manager() needs torchft ({exc}): {install_hint()}"
-        ) from exc
+        raise ModuleNotFoundError(f"spark_torch.ft.manager() needs torchft ({exc}): {install_hint()}") from exc
     import torchft.manager as torchft_manager
 
     wiring.wire(torchft_manager)  # the DDP hook fix, the server's address, report()'s step: as for any Manager here
     dev = torch.device(device) if device is not None else torch.device("cpu")
     pg = kwargs.pop("pg", None)
     if pg is None:
-        pg = torchft.ProcessGroupNCCL(timeout=timeout) if dev.type == "cuda" else torchft.ProcessGroupGloo(timeout=timeout)
+        pg = (
+            torchft.ProcessGroupNCCL(timeout=timeout)
+            if dev.type == "cuda"
+            else torchft.ProcessGroupGloo(timeout=timeout)
+        )
     options: dict[str, Any] = {
         "pg": pg,
         "state_dict": state_dict,

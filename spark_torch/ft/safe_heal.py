@@ -21,7 +21,9 @@ __all__ = ["HealRefused", "loads", "install", "ALLOWED"]
 
 #: the globals a heal's description may name (module -> names); torch's dtypes are allowed too
 ALLOWED: dict[str, frozenset[str]] = {
-    "builtins": frozenset({"dict", "list", "tuple", "set", "frozenset", "int", "float", "bool", "str", "bytes", "complex", "slice"}),
+    "builtins": frozenset(
+        {"dict", "list", "tuple", "set", "frozenset", "int", "float", "bool", "str", "bytes", "complex", "slice"}
+    ),
     "collections": frozenset({"OrderedDict"}),
     "torch": frozenset({"Size", "device"}),
     "torch.utils._pytree": frozenset({"TreeSpec", "LeafSpec", "MappingKey", "SequenceKey", "GetAttrKey"}),

@@ -37,7 +37,16 @@ from spark_torch.shared.spec import RunSpec
 from spark_torch.shared.workdir_files import WorkdirFiles, make_private
 from spark_torch.version import package_identity
 
-__all__ = ["NodeIO", "NodeProblem", "NodeResult", "run_node", "resume_env", "python_mismatch", "package_mismatch", "host_of"]
+__all__ = [
+    "NodeIO",
+    "NodeProblem",
+    "NodeResult",
+    "run_node",
+    "resume_env",
+    "python_mismatch",
+    "package_mismatch",
+    "host_of",
+]
 
 
 class NodeProblem(Exception):
@@ -137,7 +146,10 @@ def python_mismatch(driver: str, executors: list[str]) -> tuple[str | None, str 
             None,
         )
     if len(versions) > 1:
-        return None, f"[spark_torch] Python patch versions differ between the driver and executors ({', '.join(versions)})"
+        return (
+            None,
+            f"[spark_torch] Python patch versions differ between the driver and executors ({', '.join(versions)})",
+        )
     return None, None
 
 
@@ -145,7 +157,13 @@ def package_mismatch(driver: str, peers: list[dict[str, Any]]) -> str | None:
     """Why the nodes do not all run the driver's spark_torch (a message), or None."""
     if not driver:
         return None
-    others = sorted({f"{p.get('package')} on {p.get('host', 'node ' + str(p.get('node')))}" for p in peers if p.get("package") != driver})
+    others = sorted(
+        {
+            f"{p.get('package')} on {p.get('host', 'node ' + str(p.get('node')))}"
+            for p in peers
+            if p.get("package") != driver
+        }
+    )
     if not others:
         return None
     return (
@@ -225,7 +243,9 @@ def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, placement: Placeme
         problem = check_shards(placement.rows_per_node, run.plan.procs_per_node)
         if problem:
             raise NodeProblem(problem, kind=ProblemKind.CONFIGURATION)
-        node_env.update(data_env(placement.path, run.data.columns, run.data.explicit, rows_per_node=placement.rows_per_node))
+        node_env.update(
+            data_env(placement.path, run.data.columns, run.data.explicit, rows_per_node=placement.rows_per_node)
+        )
     if run.script is not None and not os.path.isfile(run.script):
         raise NodeProblem(
             f"training script {run.script} does not exist on executor host {io.host}; "
@@ -281,7 +301,13 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
     reports = None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
-        hello = {"port": port, "python": platform.python_version(), "package": package_identity(), "host": io.host, "rows": 0}
+        hello = {
+            "port": port,
+            "python": platform.python_version(),
+            "package": package_identity(),
+            "host": io.host,
+            "rows": 0,
+        }
         peers = io.rendezvous({**hello, **(shard.hello() if shard is not None else {})})
         if peers is None:
             return NodeResult(group=None, stopped=io.stop.reason)
@@ -295,12 +321,26 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
         first = io.node_rank * run.plan.procs_per_node
         reports = io.report_pipes(range(first, first + run.plan.procs_per_node))
         spec = NodeSpec(
-            run=run, node_rank=io.node_rank, master_addr=io.master_host, master_port=int(peers[0]["port"]),
-            host=io.host, visible_devices=visible, node_env=node_env, cwd=cwd, agent_store=store is not None,
-        )  # fmt: skip
+            run=run,
+            node_rank=io.node_rank,
+            master_addr=io.master_host,
+            master_port=int(peers[0]["port"]),
+            host=io.host,
+            visible_devices=visible,
+            node_env=node_env,
+            cwd=cwd,
+            agent_store=store is not None,
+        )
         group = run_ranks(
-            spec, output, workdir, stop=io.stop, reports=reports, on_failure=io.rank_failed, on_progress=io.progress,
-            on_trace=io.trace, watching=io.watching,
+            spec,
+            output,
+            workdir,
+            stop=io.stop,
+            reports=reports,
+            on_failure=io.rank_failed,
+            on_progress=io.progress,
+            on_trace=io.trace,
+            watching=io.watching,
         )
         result = NodeResult(group=group, shard=placement.use if placement is not None else None)
         if group.state is GroupState.FAILED:

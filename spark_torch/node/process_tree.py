@@ -62,7 +62,9 @@ def find_marked(marker: Mapping[str, str]) -> list[psutil.Process]:
     return found
 
 
-def snapshot(refs: Iterable[GroupRef], marker: Mapping[str, str] | None = None) -> tuple[list[psutil.Process], list[int]]:
+def snapshot(
+    refs: Iterable[GroupRef], marker: Mapping[str, str] | None = None
+) -> tuple[list[psutil.Process], list[int]]:
     """The processes of a node right now, and the process groups still safe to ``killpg``
     (their leader is the very rank that was started)."""
     found: dict[int, psutil.Process] = {}

@@ -51,6 +51,7 @@ def with_package_on_path(env: dict[str, str]) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     return env
 
+
 def signal_name(returncode: int | None) -> str | None:
     """``SIGKILL`` for a process killed by signal 9 (``returncode == -9``), else None."""
     if returncode is None or returncode >= 0:
@@ -243,7 +244,8 @@ def kill_group(procs: Sequence[RankProcess], grace: float = 5.0, marker: Mapping
     if left:
         logger.warning(
             "spark_torch: %d process(es) did not exit after SIGKILL (stuck in the kernel?): %s",
-            len(left), ", ".join(str(p.pid) for p in left),
+            len(left),
+            ", ".join(str(p.pid) for p in left),
         )
 
 

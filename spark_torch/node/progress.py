@@ -257,4 +257,3 @@ class ProgressWatch:
         if self._thread.is_alive():
             self._thread.join(self._interval + 2.0)
             self._report()
-

@@ -39,8 +39,14 @@ from spark_torch.shared.spec import FILE_ARGUMENT, RunSpec
 from spark_torch.shared.workdir_files import StorageFile, WorkdirFiles, open_private
 
 __all__ = [
-    "NodeSpec", "RankStatus", "GroupResult", "RankGroup", "run_ranks", "RANK_MAIN_MODULE", "SCRIPT_MAIN_MODULE",
-]  # fmt: skip
+    "NodeSpec",
+    "RankStatus",
+    "GroupResult",
+    "RankGroup",
+    "run_ranks",
+    "RANK_MAIN_MODULE",
+    "SCRIPT_MAIN_MODULE",
+]
 
 RANK_MAIN_MODULE = "spark_torch.rank.function_main"
 SCRIPT_MAIN_MODULE = "spark_torch.rank.script_main"
@@ -123,7 +129,7 @@ class GroupResult:
 
 def _argv(spec: NodeSpec, files: WorkdirFiles) -> list[str]:
     if spec.run.script is not None:
-        argv = [files.file(a[len(FILE_ARGUMENT):]) if a.startswith(FILE_ARGUMENT) else a for a in spec.run.script_argv]
+        argv = [files.file(a[len(FILE_ARGUMENT) :]) if a.startswith(FILE_ARGUMENT) else a for a in spec.run.script_argv]
         return [spec.python, "-m", SCRIPT_MAIN_MODULE, spec.run.script, *argv]
     return [spec.python, "-m", RANK_MAIN_MODULE, files.payload(), files.path]
 
@@ -237,7 +243,9 @@ class RankGroup:
             watching(self._progress)
 
     def _progress_watch(
-        self, on_progress: Callable[[list[dict[str, object]]], None] | None, on_trace: Callable[[int, bytes], None] | None
+        self,
+        on_progress: Callable[[list[dict[str, object]]], None] | None,
+        on_trace: Callable[[int, bytes], None] | None,
     ) -> ProgressWatch | None:
         settings = self.spec.run.settings
         if on_progress is None or settings.stall_timeout <= 0:
@@ -317,9 +325,16 @@ class RankGroup:
             with interrupts_deferred():  # a Ctrl-C now must not orphan a half-registered rank
                 try:
                     proc = spawn_rank(
-                        argv, env, rank=rank, local_rank=local_rank, cwd=spec.cwd, on_lines=self._on_lines, pass_fds=fds,
-                        warm=spec.run.settings.warm_start, warm_idle=spec.run.settings.warm_start_idle,
-                    )  # fmt: skip
+                        argv,
+                        env,
+                        rank=rank,
+                        local_rank=local_rank,
+                        cwd=spec.cwd,
+                        on_lines=self._on_lines,
+                        pass_fds=fds,
+                        warm=spec.run.settings.warm_start,
+                        warm_idle=spec.run.settings.warm_start_idle,
+                    )
                 finally:
                     if reports is not None:
                         reports.started(rank)
@@ -328,7 +343,9 @@ class RankGroup:
                 if self._progress is not None:
                     self._progress.started(rank, proc.pid)
                 self._on_lines.rank_event(proc.rank, RankState.STARTED)
-                threading.Thread(target=self._watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}").start()
+                threading.Thread(
+                    target=self._watch, args=(proc,), daemon=True, name=f"spark-torch-wait-{proc.rank}"
+                ).start()
         if self._progress is not None:
             self._progress.start()
 
@@ -389,10 +406,13 @@ class RankGroup:
             if os.path.isfile(path):
                 return GroupResult(GroupState.SUCCEEDED, self._statuses(None), result_file=path)
             failure = RankFailure(
-                rank=0, host=spec.host, exit_code=0,  # it raised nothing: no exception type to name
+                rank=0,
+                host=spec.host,
+                exit_code=0,  # it raised nothing: no exception type to name
                 exc_message="it wrote no result (did the function call os._exit(0)?)",
-                last_lines=tuple(self._procs[0].tail), failed_at=time.time(),
-            )  # fmt: skip
+                last_lines=tuple(self._procs[0].tail),
+                failed_at=time.time(),
+            )
         if failure is not None:
             state = GroupState.FAILED
         else:
@@ -412,6 +432,7 @@ class RankGroup:
 
         return tuple(status(proc) for proc in self._procs)
 
+
 def run_ranks(
     spec: NodeSpec,
     on_lines: RankOutput,
@@ -427,9 +448,15 @@ def run_ranks(
     """Run this node's ranks (a :class:`RankGroup`) in ``workdir`` to completion, first failure
     or ``stop``, and clean up."""
     with RankGroup(
-        spec, on_lines, workdir, reports=reports, on_failure=on_failure, on_progress=on_progress, on_trace=on_trace,
+        spec,
+        on_lines,
+        workdir,
+        reports=reports,
+        on_failure=on_failure,
+        on_progress=on_progress,
+        on_trace=on_trace,
         watching=watching,
-    ) as group:  # fmt: skip
+    ) as group:
         group.start()
         group.wait(stop)
         group.stop()

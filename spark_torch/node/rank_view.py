@@ -227,7 +227,7 @@ class RankView:
     def children_stacks(self, stack_file: str) -> str:
         """The stacks of the live processes this rank forked that sample themselves."""
         blocks = []
-        for path in sorted(glob.glob(child_stack_pattern(stack_file)))[:MAX_CHILDREN * 4]:
+        for path in sorted(glob.glob(child_stack_pattern(stack_file)))[: MAX_CHILDREN * 4]:
             try:
                 pid = int(path.rsplit("-", 1)[1])
             except ValueError:
@@ -241,7 +241,9 @@ class RankView:
                     stack = str(json.load(fh)["stack"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            blocks.append(f"  Process {pid} (forked by this rank: a DataLoader worker?):\n{cut_tail(stack, MAX_CHILD_CHARS)}")
+            blocks.append(
+                f"  Process {pid} (forked by this rank: a DataLoader worker?):\n{cut_tail(stack, MAX_CHILD_CHARS)}"
+            )
             if len(blocks) == MAX_CHILDREN:
                 break
         return "".join("\n" + block for block in blocks)

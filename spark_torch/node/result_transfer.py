@@ -222,7 +222,12 @@ def open_outcome(sealed: bytes, secret: bytes) -> NodeOutcome:
 
 
 def node_rows(
-    node_rank: int, outcome: NodeOutcome, secret: bytes, *, channel_error: str | None, delivered: tuple[int, int] | None,
+    node_rank: int,
+    outcome: NodeOutcome,
+    secret: bytes,
+    *,
+    channel_error: str | None,
+    delivered: tuple[int, int] | None,
     result_file: str | None,
 ) -> Iterator[Any]:
     """The rows a barrier task returns (see the module docstring)."""
@@ -318,12 +323,16 @@ def assemble(stage: StageRows, result_dir: str | None, streamed: StreamedResult 
     seqs = table.column("seq").to_pylist()
     data = table.column("data")
     kinds = (HANDED_OVER_SEQ, STREAMED_SEQ)
-    rows = sorted((seq, i) for i, (node, seq) in enumerate(zip(nodes, seqs)) if node == 0 and (seq >= 0 or seq in kinds))
+    rows = sorted(
+        (seq, i) for i, (node, seq) in enumerate(zip(nodes, seqs)) if node == 0 and (seq >= 0 or seq in kinds)
+    )
     if rows and rows[0][0] == STREAMED_SEQ:
         size = int(data[rows[0][1]].as_py().decode("ascii"))
         received = streamed.size() if streamed is not None else 0
         if received != size or streamed is None:
-            raise LaunchError(f"rank 0's result: node 0 streamed {size} bytes over the channel, the driver has {received}")
+            raise LaunchError(
+                f"rank 0's result: node 0 streamed {size} bytes over the channel, the driver has {received}"
+            )
         return rank_files.map_file(streamed.path)
     if rows and rows[0][0] == HANDED_OVER_SEQ:
         size = int(data[rows[0][1]].as_py().decode("ascii"))

@@ -109,7 +109,9 @@ class NodeShard:
             if held is not mine:
                 held.release()  # another node trains on it
         rows_per_node = [offers[node][shard] for node, shard in enumerate(assigned)]
-        return Placement(mine.path, rows_per_node, ShardUse(shard=mine.shard, rows=mine.rows, source=ShardSource.REUSED))
+        return Placement(
+            mine.path, rows_per_node, ShardUse(shard=mine.shard, rows=mine.rows, source=ShardSource.REUSED)
+        )
 
     def missed(self) -> ShardUse:
         """What a node whose reuse attempt missed tells the driver."""

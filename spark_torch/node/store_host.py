@@ -63,8 +63,15 @@ class StoreHost:
 
 
 def host_store(
-    python: str, port: int, world_size: int, env: Mapping[str, str], cwd: str | None, idle: float | None = None,
-    *, host: str = "127.0.0.1", warm: bool = True,
+    python: str,
+    port: int,
+    world_size: int,
+    env: Mapping[str, str],
+    cwd: str | None,
+    idle: float | None = None,
+    *,
+    host: str = "127.0.0.1",
+    warm: bool = True,
 ) -> StoreHost | None:
     """Start the store for ``world_size`` ranks on ``host:port``, forked from the template when
     ``warm`` and it can be, else cold; None when it cannot be hosted here (the ranks then fall
@@ -81,9 +88,15 @@ def host_store(
         if process is None:
             seconds = COLD_READY_SECONDS
             process = subprocess.Popen(
-                argv, env={**clean_env, PARENT_PID: str(os.getpid())}, cwd=cwd, stdin=null, stdout=out_w,
-                stderr=null, start_new_session=True, close_fds=True,
-            )  # fmt: skip
+                argv,
+                env={**clean_env, PARENT_PID: str(os.getpid())},
+                cwd=cwd,
+                stdin=null,
+                stdout=out_w,
+                stderr=null,
+                start_new_session=True,
+                close_fds=True,
+            )
     except BaseException:
         os.close(out_r)
         raise
@@ -99,9 +112,10 @@ def host_store(
     if line.strip() != b"ready":
         store.close()
         logger.warning(
-            "spark_torch: the rendezvous store host did not start on %s:%d in time; rank 0 hosts the store "
-            "itself", host, port,
-        )  # fmt: skip
+            "spark_torch: the rendezvous store host did not start on %s:%d in time; rank 0 hosts the store itself",
+            host,
+            port,
+        )
         return None
     return store
 

@@ -73,7 +73,12 @@ class BarrierIO:
         self._progress: ProgressWatch | None = None
         self.channel = (
             NodeChannel(
-                spec.channel, self.node_rank, spec.plan.num_nodes, self.stop, reports=self, on_trace_request=self._trace_request
+                spec.channel,
+                self.node_rank,
+                spec.plan.num_nodes,
+                self.stop,
+                reports=self,
+                on_trace_request=self._trace_request,
             )
             if spec.channel is not None
             else None
@@ -88,9 +93,7 @@ class BarrierIO:
         if problem is not None and storage_needed(self.spec):
             raise NodeProblem(problem, kind=ProblemKind.CONFIGURATION)
         if problem is not None and self.node_rank == 0:  # the default storage: checkpoints would fail
-            self._storage_warning = (
-                f"[spark_torch] WARNING: report(checkpoint=...) will fail on these nodes: {problem}"
-            )
+            self._storage_warning = f"[spark_torch] WARNING: report(checkpoint=...) will fail on these nodes: {problem}"
         return peers
 
     def _meet(self, hello: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -122,7 +125,9 @@ class BarrierIO:
 
     def output(self) -> RankOutput:
         """The driver's channel if this node reaches it, else the executor log."""
-        sink: RankOutput = self.channel if self.channel is not None and self.channel.detach_if_unreachable() else ExecutorLog()
+        sink: RankOutput = (
+            self.channel if self.channel is not None and self.channel.detach_if_unreachable() else ExecutorLog()
+        )
         if self._storage_warning is not None:  # said once, before any rank's line
             sink(-1, "stderr", self._storage_warning)
         return sink
@@ -148,7 +153,9 @@ class BarrierIO:
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         if self.channel is not None:  # the driver hears it before Spark's own report of any task
-            self.channel.send_failure(FailureReport(failures=(failure,), pickled={failure.rank: pickled} if pickled else {}), None)
+            self.channel.send_failure(
+                FailureReport(failures=(failure,), pickled={failure.rank: pickled} if pickled else {}), None
+            )
 
     def node_failed(self, report: FailureReport) -> None:
         if self.channel is not None:
@@ -233,7 +240,12 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
                 delivered = result_transfer.deliver(spec, result_file, io.channel)
             io.close()  # sends the last lines (bounded) before the rows go back
             yield from result_transfer.node_rows(
-                io.node_rank, outcome, io.secret, channel_error=channel_error, delivered=delivered, result_file=result_file
+                io.node_rank,
+                outcome,
+                io.secret,
+                channel_error=channel_error,
+                delivered=delivered,
+                result_file=result_file,
             )
     finally:
         io.close()

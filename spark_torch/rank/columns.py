@@ -51,7 +51,9 @@ def column_dtypes(kinds: Mapping[str, str], floats: Mapping[str, bool], dtype: A
             raise ValueError(f"dtype names {textual}, which are strings or bytes, not numbers: leave them out of dtype")
         return {name: check(dtype[name], f"dtype[{name!r}]") if name in dtype else default(name) for name in kinds}
     check(dtype, "dtype")
-    return {name: dtype if kinds[name] == "vector" or (kinds[name] in _NUMERIC and floats[name]) else None for name in kinds}
+    return {
+        name: dtype if kinds[name] == "vector" or (kinds[name] in _NUMERIC and floats[name]) else None for name in kinds
+    }
 
 
 def dense_vectors(parts: Mapping[str, Any], dtype: Any = None) -> Any:
@@ -89,7 +91,9 @@ def _text(parts: Mapping[str, Any], binary: bool) -> list[Any]:
     valid = parts["valid"]
     validity = None if valid.all() else pa.array(valid).buffers()[1]
     kind = pa.large_binary() if binary else pa.large_string()
-    array = pa.Array.from_buffers(kind, len(valid), [validity, pa.py_buffer(parts["offsets"]), pa.py_buffer(parts["items"])])
+    array = pa.Array.from_buffers(
+        kind, len(valid), [validity, pa.py_buffer(parts["offsets"]), pa.py_buffer(parts["items"])]
+    )
     return list(array.to_pylist())
 
 

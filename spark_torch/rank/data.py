@@ -57,6 +57,7 @@ __all__ = [
     "rank_positions",
 ]
 
+
 def _shares(rows_per_node: Sequence[int], local_world_size: int) -> list[int]:
     return [len(range(j, rows, local_world_size)) for rows in rows_per_node for j in range(local_world_size)]
 
@@ -82,7 +83,12 @@ class _Sharding:
     position ``first + (j mod own)``, ``first`` being where its block starts (see :func:`rank_positions`)."""
 
     def __init__(
-        self, node_rows: int, local_rank: int, local_world_size: int, rows_per_node: Sequence[int] | None, drop_last: bool
+        self,
+        node_rows: int,
+        local_rank: int,
+        local_world_size: int,
+        rows_per_node: Sequence[int] | None,
+        drop_last: bool,
     ) -> None:
         self.node_rows = node_rows
         base, longer = divmod(node_rows, local_world_size)
@@ -183,7 +189,9 @@ class RankDataset:
         if self._staged is None:
             self._staged = StagedColumns(self.path)
         staged = self._staged
-        values = [to_tensor(staged.gather(name, positions), self.kinds[name], self.dtypes[name]) for name in self.columns]
+        values = [
+            to_tensor(staged.gather(name, positions), self.kinds[name], self.dtypes[name]) for name in self.columns
+        ]
         if self.as_tuple:
             return tuple(values)
         return dict(zip(self.columns, values))
@@ -222,10 +230,16 @@ class RankDataset:
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this dataset depends on (:func:`spark_torch.rank.positions.fingerprint`)."""
         return fingerprint(
-            world_size=int(os.environ.get(envnames.WORLD_SIZE, "1")), rank=int(os.environ.get(envnames.RANK, "0")),
-            rows=self.rows_per_node or [self._sharding.node_rows], local_world_size=self.local_world_size,
-            batches=len(self), batch_size=self.batch_size, shuffle=bool(self.shuffle), seed=self.seed, drop_last=bool(self.drop_last),
-        )  # fmt: skip
+            world_size=int(os.environ.get(envnames.WORLD_SIZE, "1")),
+            rank=int(os.environ.get(envnames.RANK, "0")),
+            rows=self.rows_per_node or [self._sharding.node_rows],
+            local_world_size=self.local_world_size,
+            batches=len(self),
+            batch_size=self.batch_size,
+            shuffle=bool(self.shuffle),
+            seed=self.seed,
+            drop_last=bool(self.drop_last),
+        )
 
 
 def _make_iterable_dataset(dataset: RankDataset, tracker: Tracker | None) -> Any:
@@ -271,7 +285,9 @@ def _make_iterable_dataset(dataset: RankDataset, tracker: Tracker | None) -> Any
 
 def _tracker(dataset: Any) -> Tracker:
     if dataset.tracker is None:
-        raise RuntimeError("this dataset belongs to a rank_loader(): use the loader's state_dict() and load_state_dict()")
+        raise RuntimeError(
+            "this dataset belongs to a rank_loader(): use the loader's state_dict() and load_state_dict()"
+        )
     return dataset.tracker  # type: ignore[no-any-return]
 
 
@@ -321,13 +337,26 @@ def rank_dataset(
 
 
 def _rank_dataset(
-    batch_size: int, columns: Sequence[str] | None, shuffle: bool, seed: int, drop_last: bool, epochs: int, dtype: Any,
+    batch_size: int,
+    columns: Sequence[str] | None,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    epochs: int,
+    dtype: Any,
     tracked: bool,
 ) -> Any:
     cols, as_tuple = _default_columns(columns)
     inner = RankDataset(
-        _data_file(), batch_size=batch_size, columns=cols, as_tuple=as_tuple, shuffle=shuffle,
-        seed=seed, drop_last=drop_last, epochs=epochs, dtype=dtype,
+        _data_file(),
+        batch_size=batch_size,
+        columns=cols,
+        as_tuple=as_tuple,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        epochs=epochs,
+        dtype=dtype,
     )
     if not tracked:
         return _make_iterable_dataset(inner, None)

@@ -36,7 +36,9 @@ __all__ = ["LoaderPosition", "Tracker", "fingerprint", "register", "positions", 
 KEYS = ("world_size", "rows", "layout", "batches", "batch_size", "shuffle", "seed", "drop_last")
 
 
-def fingerprint(*, world_size: int, rank: int, rows: list[int], local_world_size: int, batches: int, **batching: Any) -> dict[str, Any]:
+def fingerprint(
+    *, world_size: int, rank: int, rows: list[int], local_world_size: int, batches: int, **batching: Any
+) -> dict[str, Any]:
     """What a position depends on: the world, the rows per node (``rows``), how they are batched."""
     layout = hashlib.sha256(json.dumps([rows, local_world_size]).encode()).hexdigest()[:16]
     return {"world_size": world_size, "rank": rank, "rows": sum(rows), "layout": layout, "batches": batches, **batching}
@@ -82,7 +84,12 @@ class LoaderPosition:
         """
         epoch = state.get("epoch") if isinstance(state, dict) else None
         batch = state.get("batch") if isinstance(state, dict) else None
-        if not (isinstance(epoch, int) and isinstance(batch, int)) or isinstance(epoch, bool) or isinstance(batch, bool) or min(epoch, batch) < 0:
+        if (
+            not (isinstance(epoch, int) and isinstance(batch, int))
+            or isinstance(epoch, bool)
+            or isinstance(batch, bool)
+            or min(epoch, batch) < 0
+        ):
             raise ValueError(
                 f"{origin}: {state!r:.200} is not a data loader's position; pass what the loader's state_dict() returned "
                 "(a dict with int 'epoch' and 'batch' >= 0)"

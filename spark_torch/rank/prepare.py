@@ -34,7 +34,13 @@ from typing import Any
 from spark_torch.base import envnames
 
 __all__ = [
-    "RankContext", "get_context", "get_device", "init_process_group", "prepare_model", "prepare_data_loader", "rank_device",
+    "RankContext",
+    "get_context",
+    "get_device",
+    "init_process_group",
+    "prepare_model",
+    "prepare_data_loader",
+    "rank_device",
 ]
 
 
@@ -87,7 +93,9 @@ def context_from(env: Mapping[str, str]) -> RankContext:
     try:
         rank, world, local, local_world, node_rank = (int(v) for v in values)
     except ValueError:
-        raise RuntimeError(f"spark_torch.get_context(): torchrun's variables are not integers here ({dict(zip((*_CONTEXT_VARS, 'node'), values))})") from None
+        raise RuntimeError(
+            f"spark_torch.get_context(): torchrun's variables are not integers here ({dict(zip((*_CONTEXT_VARS, 'node'), values))})"
+        ) from None
     return RankContext(rank, world, local, local_world, node_rank)
 
 
@@ -187,7 +195,11 @@ def prepare_data_loader(loader: Any) -> DeviceLoader:
     from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
     device = rank_device()
-    if _world_size() > 1 and not isinstance(loader.dataset, IterableDataset) and not isinstance(loader.sampler, DistributedSampler):
+    if (
+        _world_size() > 1
+        and not isinstance(loader.dataset, IterableDataset)
+        and not isinstance(loader.sampler, DistributedSampler)
+    ):
         if loader.batch_size is None:
             raise ValueError(
                 "prepare_data_loader(): this DataLoader takes its batches from a batch_sampler, which cannot be split "
@@ -195,7 +207,9 @@ def prepare_data_loader(loader: Any) -> DeviceLoader:
                 "(e.g. a DistributedSampler inside your batch sampler)"
             )
         init_process_group()  # the sampler asks the group for this rank and the world size
-        sampler: Any = DistributedSampler(loader.dataset, shuffle=isinstance(loader.sampler, RandomSampler), drop_last=loader.drop_last)
+        sampler: Any = DistributedSampler(
+            loader.dataset, shuffle=isinstance(loader.sampler, RandomSampler), drop_last=loader.drop_last
+        )
         options: dict[str, Any] = {
             "batch_size": loader.batch_size,
             "sampler": sampler,

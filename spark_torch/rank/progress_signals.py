@@ -156,7 +156,9 @@ class Progress:
         except (OSError, KeyError, ValueError, IndexError):
             return None
 
-    def moved(self, position: object, lasti: int, frames: list[tuple[str, int, str]], waits_on_a_thread: bool = False) -> bool:
+    def moved(
+        self, position: object, lasti: int, frames: list[tuple[str, int, str]], waits_on_a_thread: bool = False
+    ) -> bool:
         """Whether the thread made progress since the last call (``position``: its stack as
         the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of
         them; ``waits_on_a_thread``: it waits on another thread of the process)."""

@@ -79,7 +79,11 @@ def _flight_recorder_trace() -> bytes | None:
 _ENTRY_DIR = os.path.join("spark_torch", "rank", "")
 _PACKAGE_DIR = os.path.join("spark_torch", "")
 #: a frame in one of these is waiting for another thread: show the other threads too
-_THREAD_WAITS = (os.path.join("", "threading.py"), os.path.join("", "queue.py"), os.path.join("concurrent", "futures", ""))
+_THREAD_WAITS = (
+    os.path.join("", "threading.py"),
+    os.path.join("", "queue.py"),
+    os.path.join("concurrent", "futures", ""),
+)
 
 #: (filename, line number, function name), innermost last
 Frame = tuple[str, int, str]
@@ -169,7 +173,9 @@ def _waits_on_a_thread(frames: list[Frame]) -> bool:
 
 
 class _Sampler:
-    def __init__(self, path: str, interval: float, all_threads: bool, child: bool = False, source_lines: bool = True) -> None:
+    def __init__(
+        self, path: str, interval: float, all_threads: bool, child: bool = False, source_lines: bool = True
+    ) -> None:
         self.path = path
         self.interval = interval
         self.all_threads = all_threads
@@ -210,9 +216,14 @@ class _Sampler:
     def write(self, text: str) -> None:
         """One record (seq 0, no stack: the sampler started, before the rank's own code runs)."""
         record = {
-            "seq": self.seq, "moved": self.moved, "time": time.time(), "stack": text,
-            "pid": os.getpid(), "thread": self.main_id, "sampler": self.native_id,
-        }  # fmt: skip
+            "seq": self.seq,
+            "moved": self.moved,
+            "time": time.time(),
+            "stack": text,
+            "pid": os.getpid(),
+            "thread": self.main_id,
+            "sampler": self.native_id,
+        }
         temporary = f"{self.path}.{os.getpid()}.tmp"
         with open_private(temporary, "w") as fh:
             json.dump(record, fh)
@@ -259,7 +270,9 @@ def _register_dump(path: str) -> None:
     """faulthandler dumps every thread's stack into ``path`` on the node's signal, without the GIL."""
     global _dump_file
     try:
-        _dump_file = open_private(native_dump_path(path), "a")  # open for the rank's life; appended: the node truncates it
+        _dump_file = open_private(
+            native_dump_path(path), "a"
+        )  # open for the rank's life; appended: the node truncates it
         own_descriptor(_dump_file.fileno())  # faulthandler writes it directly: nothing to flush at exit
         faulthandler.register(signal.SIGRTMIN + DUMP_SIGNAL_OFFSET, file=_dump_file, all_threads=True, chain=False)
     except (OSError, AttributeError, ValueError, RuntimeError):
@@ -295,7 +308,9 @@ def start_sampler(environ: dict[str, str] | None = None) -> bool:
     def in_child() -> None:  # a forked child (a DataLoader worker): its own sampler, its own file
         if os.getppid() == rank_pid:
             try:
-                _start(child_stack_path(path, os.getpid()), interval, all_threads, child=True, source_lines=source_lines)
+                _start(
+                    child_stack_path(path, os.getpid()), interval, all_threads, child=True, source_lines=source_lines
+                )
             except Exception:  # noqa: BLE001 - never disturb the child
                 pass
 

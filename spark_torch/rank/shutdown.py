@@ -61,7 +61,6 @@ def _may_hold_unwritten_data() -> bool:
     return False
 
 
-
 def destroy_process_group() -> None:
     """Tear down a process group the user's code left open (best effort).
 

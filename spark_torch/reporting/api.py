@@ -44,7 +44,15 @@ from spark_torch.shared.workdir_files import StorageFile
 if TYPE_CHECKING:
     from spark_torch.reporting.checkpoint import Checkpoint
 
-__all__ = ["report", "get_checkpoint", "follow_steps", "MAX_METRICS_BYTES", "RECORDED_KEYS", "NOT_EVERY_RANK", "GROUP_KEY"]
+__all__ = [
+    "report",
+    "get_checkpoint",
+    "follow_steps",
+    "MAX_METRICS_BYTES",
+    "RECORDED_KEYS",
+    "NOT_EVERY_RANK",
+    "GROUP_KEY",
+]
 
 #: the key of the replica group a row came from (runs with ``replica_groups``)
 GROUP_KEY = "replica_group"
@@ -180,7 +188,11 @@ class _Reporter:
             if checkpoint is not None:
                 with _local_directory(checkpoint) as directory, working():  # stall detection: uploading is progress
                     self.storage().upload(directory, step)
-            message: dict[str, Any] = {"step": step, "metrics": {**metrics, **self.tags} if self.rank == 0 else None, "checkpoint": checkpoint is not None}
+            message: dict[str, Any] = {
+                "step": step,
+                "metrics": {**metrics, **self.tags} if self.rank == 0 else None,
+                "checkpoint": checkpoint is not None,
+            }
             if positions:
                 message[loader_positions.KEY] = positions
             self._out.write(json.dumps(message) + "\n")
@@ -204,7 +216,9 @@ class _Reporter:
             if isinstance(answered, int) and answered < step:
                 continue
             if answered != step:
-                raise RuntimeError(f"report(): step {step} got the answer of step {answered!r}; report() calls are out of step")
+                raise RuntimeError(
+                    f"report(): step {step} got the answer of step {answered!r}; report() calls are out of step"
+                )
             return dict(reply)
 
 

@@ -100,7 +100,9 @@ class Checkpoint:
             )
         return cls(path=os.path.abspath(text))
 
-    def to_directory(self, path: str | os.PathLike[str] | None = None, *, storage_options: Mapping[str, Any] | None = None) -> str:
+    def to_directory(
+        self, path: str | os.PathLike[str] | None = None, *, storage_options: Mapping[str, Any] | None = None
+    ) -> str:
         """A local directory with the checkpoint's files: the checkpoint itself when it is local
         and no ``path`` is given, else a copy in ``path`` (default: a new temporary directory,
         which the caller removes).
@@ -116,12 +118,16 @@ class Checkpoint:
         local = not _is_remote(self.path)
         if local and path is None:
             return self.path
-        options = {} if local else resolve_options(self.storage_key, storage_options, self.path, "checkpoint.to_directory")
+        options = (
+            {} if local else resolve_options(self.storage_key, storage_options, self.path, "checkpoint.to_directory")
+        )
         return self._fetch(path, options)
 
     def _fetch(self, path: str | os.PathLike[str] | None, options: dict[str, Any]) -> str:
         """The checkpoint's files copied or downloaded (with ``options``) into ``path``."""
-        target = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
+        target = (
+            os.fspath(path) if path is not None else tempfile.mkdtemp(prefix=f"spark-torch-checkpoint-{self.step}-")
+        )
         if not _is_remote(self.path):
             shutil.copytree(self.path, target, dirs_exist_ok=True)
             return target

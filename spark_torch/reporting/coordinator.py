@@ -128,11 +128,16 @@ class ReportCoordinator:
             self._doomed.add(step)
             self._pending.pop(step, None)
             ranks = ", ".join(map(str, missing))
-            self._steps.put((step, (
-                f"{NOT_EVERY_RANK}, the same number of times: rank(s) {ranks} ended without calling it for step {step} "
-                f"(after step {min(self._ended[r] for r in missing)}). Call report() on every rank (pass checkpoint= only "
-                "on the ranks that have files to save), not under `if rank == 0:`"
-            )))  # fmt: skip
+            self._steps.put(
+                (
+                    step,
+                    (
+                        f"{NOT_EVERY_RANK}, the same number of times: rank(s) {ranks} ended without calling it for step {step} "
+                        f"(after step {min(self._ended[r] for r in missing)}). Call report() on every rank (pass checkpoint= only "
+                        "on the ranks that have files to save), not under `if rank == 0:`"
+                    ),
+                )
+            )
         return True
 
     def _persist_loop(self) -> None:
@@ -150,14 +155,24 @@ class ReportCoordinator:
         self._steps.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
-            logger.warning("spark_torch: persisting report() steps took over %gs; it goes on in the background", timeout)
+            logger.warning(
+                "spark_torch: persisting report() steps took over %gs; it goes on in the background", timeout
+            )
 
     def _persist(self, step: int, reports: dict[int, dict[str, Any]]) -> None:
         error = None
         ranks: list[int] = []
         try:
-            metrics: dict[str, Any] = next((rep["metrics"] for rep in reports.values() if rep["metrics"] is not None), {})
-            row = {**metrics, "step": step, "time": time.time(), "attempt": self._attempt, "world_size": self._world_size}
+            metrics: dict[str, Any] = next(
+                (rep["metrics"] for rep in reports.values() if rep["metrics"] is not None), {}
+            )
+            row = {
+                **metrics,
+                "step": step,
+                "time": time.time(),
+                "attempt": self._attempt,
+                "world_size": self._world_size,
+            }
             ranks = sorted(r for rep in reports.values() for r in rep["checkpoint_ranks"])
             if ranks:
                 if self._storage is None:  # pragma: no cover - the ranks refuse first

@@ -229,7 +229,10 @@ class RunFolder:
         info = self.owners.check(fd, shown, "file")
         if info.st_nlink != 1:
             os.close(fd)
-            raise refusal(shown, f"has {info.st_nlink} names (a hard link: writing would also change the file under its other name)")
+            raise refusal(
+                shown,
+                f"has {info.st_nlink} names (a hard link: writing would also change the file under its other name)",
+            )
         os.set_blocking(fd, True)
         if not append:
             os.ftruncate(fd, 0)

@@ -69,9 +69,11 @@ class NodeReports:
             self._answers[rank] = os.fdopen(answer_write, "w", encoding="utf-8")
             self._child_fds[rank] = (report_write, answer_read)
         thread = threading.Thread(
-            target=self._read, args=(rank, os.fdopen(report_read, "r", encoding="utf-8")),
-            name=f"spark-torch-reports-{rank}", daemon=True,
-        )  # fmt: skip
+            target=self._read,
+            args=(rank, os.fdopen(report_read, "r", encoding="utf-8")),
+            name=f"spark-torch-reports-{rank}",
+            daemon=True,
+        )
         self._threads.append(thread)
         thread.start()
         return report_write, answer_read
@@ -141,7 +143,9 @@ class NodeReports:
         try:
             self._forward(message)
         except Exception as exc:  # noqa: BLE001 - e.g. the channel refused the message: the ranks must hear it
-            logger.warning("spark_torch: report step %d of node %d could not be sent to the driver: %s", step, self._node, exc)
+            logger.warning(
+                "spark_torch: report step %d of node %d could not be sent to the driver: %s", step, self._node, exc
+            )
             self.persisted(step, f"it could not be sent to the driver ({type(exc).__name__}: {exc})")
 
     def persisted(self, step: int, error: str | None = None) -> None:

@@ -38,7 +38,9 @@ def best(checkpoints: list[CheckpointInfo], score: str | None, order: str = "max
     return sorted(checkpoints, key=key)
 
 
-def recorded_score(attempts: list[dict[str, Any]], attribute: str | None = None, order: str | None = None) -> tuple[str | None, str]:
+def recorded_score(
+    attempts: list[dict[str, Any]], attribute: str | None = None, order: str | None = None
+) -> tuple[str | None, str]:
     """The checkpoint score to order a past run's checkpoints by: ``attribute``/``order`` when
     given, else what its latest attempt was configured with (its ``attempts`` row); no score
     (latest first) for a run configured without one."""

@@ -95,7 +95,9 @@ def _chain_text(exc: BaseException) -> str:
     while link is not None and id(link) not in seen and len(parts) < 8:
         seen.add(id(link))
         parts.append(f"{type(link).__name__}: {_text(link)}")
-        link = link.__cause__ if link.__cause__ is not None else (None if link.__suppress_context__ else link.__context__)
+        link = (
+            link.__cause__ if link.__cause__ is not None else (None if link.__suppress_context__ else link.__context__)
+        )
     return " <- caused by ".join(parts)
 
 

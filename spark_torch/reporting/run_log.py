@@ -25,7 +25,15 @@ from spark_torch.base.states import ValueEnum
 from spark_torch.reporting.storage import RUN_LOG, RunStorage, run_ids
 
 __all__ = [
-    "Outcome", "AttemptEndRow", "CallRecord", "KEEP_UNREPORTED_RUNS", "call_row", "attempt_row", "attempt_line", "end_row", "read_calls",
+    "Outcome",
+    "AttemptEndRow",
+    "CallRecord",
+    "KEEP_UNREPORTED_RUNS",
+    "call_row",
+    "attempt_row",
+    "attempt_line",
+    "end_row",
+    "read_calls",
     "prune_unreported",
 ]
 
@@ -48,7 +56,6 @@ class Outcome(ValueEnum):
     NO_END = "no end recorded"
 
 
-
 @dataclass(frozen=True)
 class AttemptEndRow:
     """One attempt's end, as the run's log keeps it (plain values: the driver's
@@ -67,10 +74,14 @@ class AttemptEndRow:
     detail: str | None = None
 
     def __str__(self) -> str:
-        return attempt_line(self.attempt, self.world_size, self.nodes, self.reason, self.size, self.end, self.error or self.detail)
+        return attempt_line(
+            self.attempt, self.world_size, self.nodes, self.reason, self.size, self.end, self.error or self.detail
+        )
 
 
-def attempt_line(attempt: int, world_size: int, nodes: int, reason: str, size: str, end: str | None, detail: str | None) -> str:
+def attempt_line(
+    attempt: int, world_size: int, nodes: int, reason: str, size: str, end: str | None, detail: str | None
+) -> str:
     """An attempt in one line, the one spelling of ``spark-torch runs`` and ``AttemptRecord``:
     ``attempt 1: 4 rank(s) on 2 node(s), restart (why its size); how it ended: its error``."""
     text = f"attempt {attempt}: {world_size} rank(s) on {nodes} node(s), {reason}"
@@ -120,10 +131,23 @@ def call_row(entry: str, kind: str, argv: Sequence[str] = (), *, started: float)
 
 
 def attempt_row(
-    attempt: int, world_size: int, nodes: int, reason: str, end: str, error: tuple[str, str] | None, size: str, when: float
+    attempt: int,
+    world_size: int,
+    nodes: int,
+    reason: str,
+    end: str,
+    error: tuple[str, str] | None,
+    size: str,
+    when: float,
 ) -> dict[str, Any]:
     """The row of an attempt's end (``error``: its type's name and first line)."""
-    row: dict[str, Any] = {"event": "attempt", "time": when, "attempt": attempt, "world_size": world_size, "nodes": nodes}
+    row: dict[str, Any] = {
+        "event": "attempt",
+        "time": when,
+        "attempt": attempt,
+        "world_size": world_size,
+        "nodes": nodes,
+    }
     row.update(reason=reason, end=end, size=size)
     if error is not None:
         row.update(error_type=error[0], error=_clip(error[1] or error[0]))
@@ -153,10 +177,17 @@ def _attempt(row: Mapping[str, Any]) -> AttemptEndRow:
         return value if isinstance(value, str) else None
 
     return AttemptEndRow(
-        attempt=whole("attempt"), world_size=whole("world_size"), nodes=whole("nodes"), reason=text("reason") or "?",
-        end=text("end") or "?", error_type=text("error_type"), error=text("error"), size=text("size") or "",
-        time=_number(row.get("time")), detail=text("detail"),
-    )  # fmt: skip
+        attempt=whole("attempt"),
+        world_size=whole("world_size"),
+        nodes=whole("nodes"),
+        reason=text("reason") or "?",
+        end=text("end") or "?",
+        error_type=text("error_type"),
+        error=text("error"),
+        size=text("size") or "",
+        time=_number(row.get("time")),
+        detail=text("detail"),
+    )
 
 
 def read_calls(rows: Iterable[Mapping[str, Any]]) -> list[CallRecord]:
@@ -177,7 +208,12 @@ def read_calls(rows: Iterable[Mapping[str, Any]]) -> list[CallRecord]:
                 outcome = Outcome.FAILED
             error = row.get("error")
             calls[-1] = CallRecord(
-                **{**calls[-1].__dict__, "ended": when, "outcome": outcome, "error": error if isinstance(error, str) else None}
+                **{
+                    **calls[-1].__dict__,
+                    "ended": when,
+                    "outcome": outcome,
+                    "error": error if isinstance(error, str) else None,
+                }
             )
     return calls
 
@@ -195,7 +231,7 @@ def record(storage: RunStorage | None, row: Mapping[str, Any]) -> None:
 
 def prune_unreported(
     base: str, options: Mapping[str, Any], keep: int = KEEP_UNREPORTED_RUNS, spare: str | None = None
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """Remove the runs under the storage ``base`` (opened with ``options``, the run's own) that
     reported nothing (their directory holds only the run's marker and logs) and whose last call
     ended, beyond the newest ``keep`` of them; ``spare`` (the run that just ended) is never

@@ -38,7 +38,17 @@ from spark_torch.reporting.local_files import listed_runs, remove_run, run_folde
 from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
 
-__all__ = ["RunStorage", "MANIFEST", "DEFAULT_STORAGE", "RUN_LOG", "local_base", "storage_error", "options_withheld", "run_ids", "split_run_path"]
+__all__ = [
+    "RunStorage",
+    "MANIFEST",
+    "DEFAULT_STORAGE",
+    "RUN_LOG",
+    "local_base",
+    "storage_error",
+    "options_withheld",
+    "run_ids",
+    "split_run_path",
+]
 
 MANIFEST = ".spark_torch"
 METRICS = "metrics.jsonl"
@@ -64,7 +74,7 @@ def local_base(base: str) -> str:
     ``dbfs://path`` for fsspec's Databricks filesystem (which needs ``storage_options={"instance": ..., "token":
     ...}``; fsspec would take ``dbfs:/path`` for a local directory named ``dbfs:``). Other storage unchanged."""
     if base.startswith("dbfs:"):
-        path = base[len("dbfs:"):].lstrip("/")
+        path = base[len("dbfs:") :].lstrip("/")
         return os.path.join(DBFS_MOUNT, path) if os.path.isdir(DBFS_MOUNT) else f"dbfs://{path}"
     return base
 
@@ -161,7 +171,9 @@ class RunStorage:
     def create(self, token: str) -> None:
         """Make the run's directory and mark it with ``token`` (the driver, before ranks start)."""
         if self.local:
-            with run_folder(self.base, self.run_id, create=True) as run:  # private (0700) unless the storage is a team's
+            with run_folder(
+                self.base, self.run_id, create=True
+            ) as run:  # private (0700) unless the storage is a team's
                 run.write(RUN_MARKER, token)
         else:
             self.fs.makedirs(self._path(), exist_ok=True)
@@ -233,12 +245,22 @@ class RunStorage:
     # driver
     @_withholding_options
     def complete(
-        self, step: int, attempt: int, ranks: list[int], metrics: Mapping[str, Any] | None = None,
+        self,
+        step: int,
+        attempt: int,
+        ranks: list[int],
+        metrics: Mapping[str, Any] | None = None,
         loaders: Mapping[str, Any] | None = None,
     ) -> None:
         """Mark checkpoint ``step`` complete: write its manifest (last), with the step's metrics
         and the ranks' data loaders' positions (:mod:`~spark_torch.reporting.loader_positions`)."""
-        content: dict[str, Any] = {"step": step, "attempt": attempt, "time": time.time(), "ranks": ranks, "metrics": dict(metrics or {})}
+        content: dict[str, Any] = {
+            "step": step,
+            "attempt": attempt,
+            "time": time.time(),
+            "ranks": ranks,
+            "metrics": dict(metrics or {}),
+        }
         if loaders:
             content["loaders"] = dict(loaders)
         manifest = json.dumps(content, default=str)
@@ -392,7 +414,9 @@ class RunStorage:
             self.fs.pipe_file(path, old + line.encode("utf-8"))
 
     @_withholding_options
-    def record_attempt(self, attempt: int, world_size: int, nodes: int, score: str | None = None, order: str = "max") -> None:
+    def record_attempt(
+        self, attempt: int, world_size: int, nodes: int, score: str | None = None, order: str = "max"
+    ) -> None:
         """Note that an attempt started (the driver, before its ranks start), with the
         checkpoint score it ranks checkpoints by (:func:`recorded_score` reads it back)."""
         row: dict[str, Any] = {"attempt": attempt, "world_size": world_size, "nodes": nodes, "time": time.time()}

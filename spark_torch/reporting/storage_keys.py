@@ -108,14 +108,18 @@ def options_from_text(text: str, source: str) -> dict[str, Any]:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{source}: cannot read {path} ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
+            raise ValueError(
+                f"{source}: cannot read {path} ({getattr(exc, 'strerror', None) or type(exc).__name__})"
+            ) from None
         source = f"{source}: {path}"
     try:
         value = json.loads(text)
     except ValueError as exc:  # its message gives the position, never the text
-        raise ValueError(f"{source} is not valid JSON ({exc}); give a JSON object like {{\"anon\": false}} or @FILE") from None
+        raise ValueError(
+            f'{source} is not valid JSON ({exc}); give a JSON object like {{"anon": false}} or @FILE'
+        ) from None
     if not isinstance(value, dict):
-        raise ValueError(f"{source} must be a JSON object (got a JSON {type(value).__name__}), like {{\"anon\": false}}")
+        raise ValueError(f'{source} must be a JSON object (got a JSON {type(value).__name__}), like {{"anon": false}}')
     return value
 
 

@@ -34,6 +34,11 @@ def host_store(host: str, port: int, world_size: int, timeout: timedelta) -> Any
 
     sock = listening_socket(host, port)
     return TCPStore(
-        host, port, world_size, True, timeout=timeout, wait_for_workers=False,
+        host,
+        port,
+        world_size,
+        True,
+        timeout=timeout,
+        wait_for_workers=False,
         master_listen_fd=sock.detach(),  # torch owns the descriptor from here on
-    )  # fmt: skip
+    )

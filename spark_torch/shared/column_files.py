@@ -67,7 +67,9 @@ def column_kind(arrow_type: Any) -> str:
 
     if numeric(arrow_type):
         return "scalar"
-    if (t.is_list(arrow_type) or t.is_large_list(arrow_type) or t.is_fixed_size_list(arrow_type)) and numeric(arrow_type.value_type):
+    if (t.is_list(arrow_type) or t.is_large_list(arrow_type) or t.is_fixed_size_list(arrow_type)) and numeric(
+        arrow_type.value_type
+    ):
         return "array"
     if t.is_struct(arrow_type) and {arrow_type.field(i).name for i in range(arrow_type.num_fields)} == _VECTOR_FIELDS:
         return "vector"
@@ -100,7 +102,9 @@ def _bytes_parts(array: Any) -> tuple[Any, Any, Any]:
     lengths = pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     offsets_buffer, data = array.buffers()[1], array.buffers()[2]
     wide = t.is_large_string(array.type) or t.is_large_binary(array.type)
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)[array.offset : array.offset + len(array) + 1]
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)[
+        array.offset : array.offset + len(array) + 1
+    ]
     start, stop = (int(offsets[0]), int(offsets[-1])) if len(array) else (0, 0)
     items = np.frombuffer(data, dtype=np.uint8)[start:stop] if data is not None else np.zeros(0, np.uint8)
     valid = array.is_valid().to_numpy(zero_copy_only=False)
@@ -118,9 +122,13 @@ def _dtypes(kind: str, arrow_type: Any) -> dict[str, str]:
         return {"ends": ends, "items": np.dtype(arrow_type.value_type.to_pandas_dtype()).str}
     if kind == "vector":
         return {
-            "type": np.dtype(np.int8).str, "size": np.dtype(np.int32).str, "index_ends": ends,
-            "indices": np.dtype(np.int32).str, "value_ends": ends, "values": np.dtype(np.float64).str,
-        }  # fmt: skip
+            "type": np.dtype(np.int8).str,
+            "size": np.dtype(np.int32).str,
+            "index_ends": ends,
+            "indices": np.dtype(np.int32).str,
+            "value_ends": ends,
+            "values": np.dtype(np.float64).str,
+        }
     return {"ends": ends, "items": np.dtype(np.uint8).str, "valid": np.dtype(np.bool_).str}
 
 
@@ -144,10 +152,16 @@ class ColumnWriter:
         self._started = True
         for index, field in enumerate(schema):
             kind = column_kind(field.type)
-            self._columns.append({
-                "name": field.name, "kind": kind, "arrow_type": str(field.type), "dtypes": _dtypes(kind, field.type),
-                "width": None, "uniform": True,
-            })  # fmt: skip
+            self._columns.append(
+                {
+                    "name": field.name,
+                    "kind": kind,
+                    "arrow_type": str(field.type),
+                    "dtypes": _dtypes(kind, field.type),
+                    "width": None,
+                    "uniform": True,
+                }
+            )
             for part in _PARTS[kind]:
                 open_private(self._path(index, part), "wb").close()
                 if part.endswith("ends"):
@@ -252,7 +266,9 @@ class StagedColumns:
             with open(path) as fh:
                 manifest = json.load(fh)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path} does not exist: {directory} is not a folder staged by run_on_dataframe") from None
+            raise FileNotFoundError(
+                f"{path} does not exist: {directory} is not a folder staged by run_on_dataframe"
+            ) from None
         self.directory = directory
         self.rows: int = int(manifest["rows"])
         self.columns: dict[str, dict[str, Any]] = {}
@@ -318,9 +334,13 @@ class StagedColumns:
             index_offsets, indices = self._items(name, "indices", *self._ranges(name, "index_ends", rows))
             value_offsets, values = self._items(name, "values", *self._ranges(name, "value_ends", rows))
             return {
-                "type": np.asarray(self.part(name, "type")[rows]), "size": np.asarray(self.part(name, "size")[rows]),
-                "index_offsets": index_offsets, "indices": indices, "value_offsets": value_offsets, "values": values,
+                "type": np.asarray(self.part(name, "type")[rows]),
+                "size": np.asarray(self.part(name, "size")[rows]),
+                "index_offsets": index_offsets,
+                "indices": indices,
+                "value_offsets": value_offsets,
+                "values": values,
                 "width": column["width"] or 0,
-            }  # fmt: skip
+            }
         offsets, items = self._items(name, "items", *self._ranges(name, "ends", rows))
         return {"offsets": offsets, "items": items, "valid": np.asarray(self.part(name, "valid")[rows])}

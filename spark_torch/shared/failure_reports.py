@@ -106,11 +106,11 @@ def report_to_dict(report: FailureReport, share: float = 1.0, pickled: bool = Tr
     pickled exceptions out (the text still says what failed)."""
     return {
         "failures": [bounded(f, share).to_dict() for f in report.failures],
-        "problem": [report.problem[0].value, _cut(report.problem[1], MAX_MESSAGE)] if report.problem is not None else None,
+        "problem": [report.problem[0].value, _cut(report.problem[1], MAX_MESSAGE)]
+        if report.problem is not None
+        else None,
         "headline": report.headline,
-        "pickled": {
-            str(r): p for r, p in report.pickled.items() if pickled and p and len(p) <= MAX_PICKLED_EXCEPTION
-        },
+        "pickled": {str(r): p for r, p in report.pickled.items() if pickled and p and len(p) <= MAX_PICKLED_EXCEPTION},
     }
 
 
@@ -141,7 +141,9 @@ def merge_reports(reports: list[FailureReport]) -> FailureReport | None:
         for rank, blob in report.pickled.items():
             pickled.setdefault(rank, blob)
     first = next((r for r in reports if r.problem is not None), reports[0])
-    return FailureReport(failures=tuple(by_rank.values()), problem=first.problem, headline=first.headline, pickled=pickled)
+    return FailureReport(
+        failures=tuple(by_rank.values()), problem=first.problem, headline=first.headline, pickled=pickled
+    )
 
 
 def _mac(secret: bytes, blob: str) -> str:

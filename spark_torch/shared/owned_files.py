@@ -128,8 +128,10 @@ def private_folder(name: str, *, base: str | None = None) -> str:
     logger.warning(
         "spark_torch: refused the folder %s (%s: another user's, or readable or writable by others); "
         "using the private folder %s instead. Remove the refused folder (or set TMPDIR) to get it back.",
-        refused.path, refused.reason, instead,
-    )  # fmt: skip
+        refused.path,
+        refused.reason,
+        instead,
+    )
     return instead
 
 

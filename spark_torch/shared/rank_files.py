@@ -153,9 +153,12 @@ def read_rank_error(workdir: str, rank: int) -> RankError | None:
         return None
     when = data.get("time")
     return RankError(
-        exc_type=_text(data, "exc_type"), exc_message=_text(data, "exc_message"), traceback=_text(data, "traceback"),
-        pickled=_text(data, "pickled"), time=float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None,
-    )  # fmt: skip
+        exc_type=_text(data, "exc_type"),
+        exc_message=_text(data, "exc_message"),
+        traceback=_text(data, "traceback"),
+        pickled=_text(data, "pickled"),
+        time=float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None,
+    )
 
 
 def _read_own_error(path: str) -> dict[str, Any] | None:

@@ -15,7 +15,17 @@ from typing import Any
 
 from spark_torch.settings import Settings
 
-__all__ = ["LaunchPlan", "GpuFallback", "ChannelSpec", "StagedCache", "DataSpec", "StorageSpec", "RunSpec", "FILE_ARGUMENT", "file_argument"]
+__all__ = [
+    "LaunchPlan",
+    "GpuFallback",
+    "ChannelSpec",
+    "StagedCache",
+    "DataSpec",
+    "StorageSpec",
+    "RunSpec",
+    "FILE_ARGUMENT",
+    "file_argument",
+]
 
 
 @dataclass(frozen=True)

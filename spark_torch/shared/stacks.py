@@ -109,7 +109,14 @@ class RankStack:
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (what a node sends)."""
-        return {"rank": self.rank, "text": self.text, "idle": self.idle, "state": self.state.value, "age": self.age, "output": self.output}
+        return {
+            "rank": self.rank,
+            "text": self.text,
+            "idle": self.idle,
+            "state": self.state.value,
+            "age": self.age,
+            "output": self.output,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> RankStack:
@@ -220,7 +227,11 @@ def report_deadlock(stacks: Sequence[RankStack], after: float) -> tuple[list[int
 def strip_source_lines(text: str) -> str:
     """A stack text without its source lines (``stall_source_lines=False``): file, line and
     function only."""
-    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("    ") or line.strip().startswith("File "))
+    return "".join(
+        line
+        for line in text.splitlines(keepends=True)
+        if not line.startswith("    ") or line.strip().startswith("File ")
+    )
 
 
 def _chunks(text: str) -> list[str]:
@@ -309,5 +320,7 @@ def format_stacks(stacks: Sequence[RankStack]) -> str:
         call = innermost_call(text)
         head = f"{who}: in {call}" if call else who
         body = text.rstrip() or "  (no Python frame)"
-        blocks.append(f"{head}{_label(state, max(s.age for s in members), text)}\n{body}\n{_output(members)}".rstrip("\n"))
+        blocks.append(
+            f"{head}{_label(state, max(s.age for s in members), text)}\n{body}\n{_output(members)}".rstrip("\n")
+        )
     return "\n".join(blocks)

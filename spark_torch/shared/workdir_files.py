@@ -47,8 +47,13 @@ __all__ = [
 
 #: ``open()`` modes :func:`open_private` takes, and how each opens the file
 _PRIVATE_MODES = {
-    "w": os.O_TRUNC, "wb": os.O_TRUNC, "a": os.O_APPEND, "ab": os.O_APPEND, "x": os.O_EXCL, "xb": os.O_EXCL,
-}  # fmt: skip
+    "w": os.O_TRUNC,
+    "wb": os.O_TRUNC,
+    "a": os.O_APPEND,
+    "ab": os.O_APPEND,
+    "x": os.O_EXCL,
+    "xb": os.O_EXCL,
+}
 
 
 def open_private(path: str, mode: str = "w", *, encoding: str | None = None) -> IO[Any]:

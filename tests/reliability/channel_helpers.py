@@ -94,9 +94,12 @@ def through(proxy: Proxy, spec: ChannelSpec) -> ChannelSpec:
     """The spec a node gets when the driver advertises the proxy."""
     proxy.target = (spec.host, spec.port)
     return ChannelSpec(
-        host="127.0.0.1", port=proxy.port, secret=spec.secret, heartbeat=spec.heartbeat,
+        host="127.0.0.1",
+        port=proxy.port,
+        secret=spec.secret,
+        heartbeat=spec.heartbeat,
         rendezvous_timeout=spec.rendezvous_timeout,
-    )  # fmt: skip
+    )
 
 
 def sealed_frame(link: wire.Link, message: dict[str, Any]) -> bytes:
@@ -114,7 +117,9 @@ def sealed_frame(link: wire.Link, message: dict[str, Any]) -> bytes:
         sink.close()
 
 
-def serve_handshake(sock: socket.socket, secret: bytes, idle_timeout: float | None = 5.0, seconds: float = 5.0) -> wire.Link:
+def serve_handshake(
+    sock: socket.socket, secret: bytes, idle_timeout: float | None = 5.0, seconds: float = 5.0
+) -> wire.Link:
     """The driver's side of the handshake on one socket, blocking: what channel/server.py does
     for each peer without blocking (a :class:`wire.ServerChallenge`'s greeting, the peer's answer
     checked, our proof), bounded by ``seconds``."""

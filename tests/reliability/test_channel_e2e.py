@@ -71,13 +71,19 @@ def test_connections_cut_during_rendezvous_and_training(
     spark_session: Any, proxied: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None
 ) -> None:
     proxy = proxied(cut_after=400, faulty=2)  # the first two connections die early
-    assert Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 3000, 0.0) == 2.0
+    assert (
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 3000, 0.0)
+        == 2.0
+    )
     out = capsys.readouterr().out
     assert proxy.cuts == 2
     for rank in (0, 1):
         assert _lines_of(out, rank) == list(range(3000))
     proxy2 = proxied(cut_after=20_000, faulty=2)  # now mid-stream, during training
-    assert Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 3000, 0.0) == 2.0
+    assert (
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 3000, 0.0)
+        == 2.0
+    )
     out = capsys.readouterr().out
     assert proxy2.cuts == 2
     for rank in (0, 1):
@@ -85,7 +91,11 @@ def test_connections_cut_during_rendezvous_and_training(
 
 
 def test_idle_drop_during_a_silent_phase(
-    spark_session: Any, proxied: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+    spark_session: Any,
+    proxied: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    no_leftovers: None,
 ) -> None:
     """An idle timeout (1 s) shorter than the ranks' silence (4 s) and than the heartbeat (2 s):
     connections are cut and re-established; the run completes with every line. (Stall
@@ -104,7 +114,9 @@ def test_heartbeat_shorter_than_idle_timeout_keeps_connections(
 ) -> None:
     monkeypatch.setenv("SPARK_TORCH_HEARTBEAT", "0.3")
     proxy = proxied(idle_cut=1.5, faulty=100)
-    assert Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 10, 4.0) == 2.0
+    assert (
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 10, 4.0) == 2.0
+    )
     assert proxy.cuts == 0 and proxy.connections == 2
 
 
@@ -127,7 +139,9 @@ def test_unreachable_advertised_address_falls_back(
     try:
         start = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="spark_torch"):
-            out = Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(chatty_ddp, 5, 0.0)
+            out = Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(
+                chatty_ddp, 5, 0.0
+            )
         elapsed = time.monotonic() - start
     finally:
         dead.close()
@@ -170,7 +184,9 @@ def raise_forged_report(marker_file: str) -> None:
 def test_forged_report_in_exception_text_is_not_trusted(spark_session: Any, tmp_path: Path, no_leftovers: None) -> None:
     marker = tmp_path / "unpickled"
     with pytest.raises(DistributedRunError) as info:
-        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(raise_forged_report, str(marker))
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, timeout=120).run(
+            raise_forged_report, str(marker)
+        )
     assert not marker.exists(), "the driver unpickled bytes from a rank's exception text"
     message = str(info.value)
     assert message.startswith("rank ") and "ValueError: bad row" in message
@@ -203,7 +219,11 @@ def test_twenty_runs_leave_no_thread_fd_or_listener(spark_session: Any, no_lefto
     while time.monotonic() < deadline:
         names, fds, listeners = _resources()
         waiters = len([n for n in names if n.startswith("spark-torch-template-")])
-        if threading.active_count() - waiters <= threads_before and fds <= fds_before + 2 and listeners <= listeners_before:
+        if (
+            threading.active_count() - waiters <= threads_before
+            and fds <= fds_before + 2
+            and listeners <= listeners_before
+        ):
             break
         time.sleep(0.2)
     names, fds, listeners = _resources()
@@ -213,7 +233,9 @@ def test_twenty_runs_leave_no_thread_fd_or_listener(spark_session: Any, no_lefto
     assert fds <= fds_before + 2, (fds_before, fds)
     # a warm-start template started by these runs is reaped by one waiter thread while it lives
     # (bounded by its idle timeout): one per template, not per run
-    assert not [n for n in names if n.startswith("spark-torch") and not n.startswith("spark-torch-template-")], sorted(names)
+    assert not [n for n in names if n.startswith("spark-torch") and not n.startswith("spark-torch-template-")], sorted(
+        names
+    )
     started_here = {n for n in names if n.startswith("spark-torch-template-")} - earlier_waiters
     assert len(started_here) <= 1, sorted(names)
     assert os.environ.get("SPARK_TORCH_CHANNEL_HOST") is None

@@ -219,7 +219,9 @@ def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any
     from spark_torch.shared.spec import LaunchPlan, RunSpec
 
     channel = ChannelSpec(host="127.0.0.1", port=_dead_port(), secret=new_secret(), rendezvous_timeout=1.0)
-    spec = RunSpec(plan=LaunchPlan(local_mode=False, num_nodes=2, procs_per_node=1, use_gpu=False), run_id="t", channel=channel)
+    spec = RunSpec(
+        plan=LaunchPlan(local_mode=False, num_nodes=2, procs_per_node=1, use_gpu=False), run_id="t", channel=channel
+    )
     node = BarrierIO(spec, _StuckBarrier())
     try:
         start = time.monotonic()

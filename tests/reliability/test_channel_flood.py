@@ -47,10 +47,24 @@ def _attach_under_flood(rate: float, delay: float, *, trusted: bool) -> dict[str
     proxy = Proxy(answer_delay=delay, faulty=10**6)
     nodes: list[NodeChannel] = []
     flood = subprocess.Popen(
-        [sys.executable, FLOOD, str(driver.port), "--rate", str(rate), "--seconds", str(FLOOD_SECONDS),
-         "--count", str(FLOOD_COUNT), "--sources", str(SOURCES)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            FLOOD,
+            str(driver.port),
+            "--rate",
+            str(rate),
+            "--seconds",
+            str(FLOOD_SECONDS),
+            "--count",
+            str(FLOOD_COUNT),
+            "--sources",
+            str(SOURCES),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert flood.stdout is not None and flood.stdout.readline().strip() == "ready"
         flood_start = time.monotonic()
@@ -71,12 +85,20 @@ def _attach_under_flood(rate: float, delay: float, *, trusted: bool) -> dict[str
         refused, evicted, rejected = server.refused, server.evicted, server.rejected
         report = json.loads(flood.communicate(timeout=20)[0].strip().splitlines()[-1])  # closes its stdin: it stops
         return {
-            "rate": rate, "delay": delay, "trusted": trusted, "attach": attach, "connected": connected,
-            "flood_running": flood_running, "flood": report,
+            "rate": rate,
+            "delay": delay,
+            "trusted": trusted,
+            "attach": attach,
+            "connected": connected,
+            "flood_running": flood_running,
+            "flood": report,
             "flood_rate": report["sent"] / max(report["seconds"], 1e-9),
-            "before_nodes": start - flood_start, "refused": refused, "evicted": evicted, "rejected": rejected,
+            "before_nodes": start - flood_start,
+            "refused": refused,
+            "evicted": evicted,
+            "rejected": rejected,
             "connects": [node.connections for node in nodes],
-        }  # fmt: skip
+        }
     finally:
         if flood.poll() is None:
             flood.kill()

@@ -75,12 +75,15 @@ def test_a_huge_failure_report_arrives_cut_to_fit() -> None:
         wait_for("the node to attach", lambda: node.connected_ever)
         failures = tuple(
             RankFailure(
-                rank=r, host="h", exc_type="ValueError", exc_message="boom " + "m" * 20_000,
+                rank=r,
+                host="h",
+                exc_type="ValueError",
+                exc_message="boom " + "m" * 20_000,
                 traceback="Traceback (most recent call last):\n" + "t" * 100_000 + f"\nValueError: boom in rank {r}",
                 last_lines=tuple(f"{i}" + "y" * 65535 for i in range(40)),
             )
             for r in range(40)
-        )  # fmt: skip
+        )
         node.send_failure(FailureReport(failures=failures, pickled={r: "p" * 60_000 for r in range(40)}), timeout=10)
         node.close()
         assert driver.wait_for_nodes(10), "the node's end-of-stream marker did not arrive"
@@ -174,7 +177,9 @@ def test_a_bulk_sink_failure_reaches_the_node(caplog: pytest.LogCaptureFixture) 
         assert lines.texts() == ["after the failure"]
         assert sink.calls == 1
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-        assert len(errors) == 1 and "No space left on device" in errors[0].getMessage(), [r.getMessage() for r in errors]
+        assert len(errors) == 1 and "No space left on device" in errors[0].getMessage(), [
+            r.getMessage() for r in errors
+        ]
         assert not [r for r in caplog.records if r.levelno == logging.WARNING]
     finally:
         node.close()

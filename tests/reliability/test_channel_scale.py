@@ -43,7 +43,10 @@ def test_256_nodes_against_one_driver() -> None:
     nodes = [NodeChannel(driver.spec, n, NODES, threading.Event()) for n in range(NODES)]
     try:
         outcomes: dict[int, Any] = {}
-        callers = [threading.Thread(target=lambda n=n: outcomes.__setitem__(n, nodes[n].rendezvous({"port": n}))) for n in range(NODES)]
+        callers = [
+            threading.Thread(target=lambda n=n: outcomes.__setitem__(n, nodes[n].rendezvous({"port": n})))
+            for n in range(NODES)
+        ]
         for t in callers:
             t.start()
         for t in callers:

@@ -117,7 +117,9 @@ def test_a_tampered_frame_closes_the_drivers_connection(attack: str) -> None:
 
 
 @pytest.mark.parametrize("when", ["after the attach", "as the first frame"])
-def test_tampering_gets_its_own_warning_that_strangers_cannot_suppress(when: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_tampering_gets_its_own_warning_that_strangers_cannot_suppress(
+    when: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """50 strangers' rejections use up the rate-limited warning about strangers; then a forged
     frame on an authenticated connection: its own warning line still appears, naming what happened."""
     driver, _ = _driver()

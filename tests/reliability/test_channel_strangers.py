@@ -55,13 +55,18 @@ def test_idle_strangers_cannot_lock_a_node_out(caplog: pytest.LogCaptureFixture)
                     f"(last error: {node.last_error}); the driver must evict idle pending handshakes"
                 )
             outcomes: dict[int, object] = {}
-            threads = [threading.Thread(target=lambda n=n: outcomes.__setitem__(n, nodes[n].rendezvous({"port": n}))) for n in range(2)]
+            threads = [
+                threading.Thread(target=lambda n=n: outcomes.__setitem__(n, nodes[n].rendezvous({"port": n})))
+                for n in range(2)
+            ]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(20)
             elapsed = time.monotonic() - start
-            assert all(getattr(outcomes.get(n), "peers", None) for n in range(2)), f"the rendezvous did not complete: {outcomes}"
+            assert all(getattr(outcomes.get(n), "peers", None) for n in range(2)), (
+                f"the rendezvous did not complete: {outcomes}"
+            )
             assert elapsed < 10, f"attach and rendezvous took {elapsed:.1f}s"
             stop.set()
             flooder.join(10)

@@ -118,10 +118,6 @@ def test_oversized_and_non_object_frames() -> None:
         server.recv()
 
 
-
-
-
-
 def _channel_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("spark-torch-channel")]
 

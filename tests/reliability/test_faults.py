@@ -32,7 +32,9 @@ def test_driver_sigkill_takes_ranks_and_grandchildren(tmp_path: Path) -> None:
     """PR_SET_PDEATHSIG kills the ranks; the reaper kills their process groups and temp dir."""
     before = set(run_temp_dirs())
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    driver = subprocess.Popen([sys.executable, str(SCRIPTS / "local_driver.py")], stdout=subprocess.PIPE, text=True, env=env)
+    driver = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "local_driver.py")], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert driver.stdout is not None
     pids: list[int] = []
     for line in driver.stdout:
@@ -56,7 +58,9 @@ def print_many(count: int) -> int:
     return count
 
 
-def test_many_lines_all_delivered_in_order(spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+def test_many_lines_all_delivered_in_order(
+    spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None
+) -> None:
     count = 20000
     assert Distributor(num_processes=2, local_mode=False, spark=spark_session).run(print_many, count) == count
     out = capsys.readouterr().out
@@ -92,7 +96,8 @@ def test_line_endings_and_utf8_across_reads(capsys: pytest.CaptureFixture[str], 
     assert "[rank 0] crlf line\n" in out
     text = "".join(
         line.removeprefix("[rank 0] ").removesuffix(" [line continues]")
-        for line in out.splitlines() if "caf" in line or "\u2603" in line
+        for line in out.splitlines()
+        if "caf" in line or "\u2603" in line
     )
     assert text == "caf\u00e9 \u2603 " * 30_000 and "\ufffd" not in out
     assert out.endswith("[rank 0] no newline at the end\n")
@@ -103,7 +108,9 @@ def run_id_after(seconds: float) -> str:
     return os.environ["SPARK_TORCH_RUN_ID"] + ":" + os.environ["MASTER_PORT"]
 
 
-def test_two_concurrent_runs_are_isolated(spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None) -> None:
+def test_two_concurrent_runs_are_isolated(
+    spark_session: Any, capsys: pytest.CaptureFixture[str], no_leftovers: None
+) -> None:
     results: dict[str, Any] = {}
 
     def go(name: str, local: bool) -> None:
@@ -132,7 +139,9 @@ def restart_once(marker: str) -> int:
 
 
 def test_restart_distributed(spark_session: Any, no_leftovers: None) -> None:
-    assert Distributor(num_processes=2, local_mode=False, spark=spark_session, max_restarts=1).run(restart_once, "m") == 1
+    assert (
+        Distributor(num_processes=2, local_mode=False, spark=spark_session, max_restarts=1).run(restart_once, "m") == 1
+    )
 
 
 @pytest.mark.slow
@@ -142,7 +151,9 @@ def test_executor_loss(cluster_spark: Any, no_leftovers: None) -> None:
 
     def go() -> None:
         try:
-            Distributor(num_processes=2, local_mode=False, spark=cluster_spark, timeout=180).run(str(SCRIPTS / "hang.py"))
+            Distributor(num_processes=2, local_mode=False, spark=cluster_spark, timeout=180).run(
+                str(SCRIPTS / "hang.py")
+            )
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 

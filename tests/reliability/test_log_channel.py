@@ -136,7 +136,9 @@ def hello_lines(count: int) -> int:
     return count
 
 
-def test_strangers_do_not_affect_a_run(spark_session: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, no_leftovers: None) -> None:
+def test_strangers_do_not_affect_a_run(
+    spark_session: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, no_leftovers: None
+) -> None:
     """Garbage, huge frames and bad handshakes on the log port are rejected and logged."""
     seen: list[DriverChannel] = []
 

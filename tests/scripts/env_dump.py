@@ -1,4 +1,5 @@
 """Write this rank's torchrun environment to OUTDIR/rank-N.json and join a gloo all_reduce."""
+
 import json
 import os
 import sys
@@ -6,8 +7,19 @@ import sys
 import torch
 import torch.distributed as dist
 
-KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-        "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "EXTRA_VAR"]
+KEYS = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "EXTRA_VAR",
+]
 
 outdir = sys.argv[1]
 dist.init_process_group("gloo", init_method="env://")

@@ -1,4 +1,5 @@
 """Exit with the code given as argv[1] on the rank given as argv[2] (default: every rank)."""
+
 import os
 import sys
 import time

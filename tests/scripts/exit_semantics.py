@@ -1,5 +1,6 @@
 """A training script that relies on Python's normal exit: a non-daemon thread that writes a file
 after 1 s, a file written and never closed, an atexit handler, executor work never waited for."""
+
 import atexit
 import concurrent.futures
 import os

@@ -85,12 +85,22 @@ def attack(address: str, marker: str, log: list[str], tried: Path) -> None:
     wait = timedelta(seconds=WAIT)
     try:
         manager = torchft.Manager(
-            pg=pg, min_replica_size=1, load_state_dict=lambda state: None,
+            pg=pg,
+            min_replica_size=1,
+            load_state_dict=lambda state: None,
             state_dict=lambda: {"model": {"weight": torch.zeros(1)}, "payload": Payload(marker)},
-            rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=address,
-            replica_id="outsider_9", hostname="127.0.0.1", timeout=wait, quorum_timeout=wait, connect_timeout=wait,
+            rank=0,
+            world_size=1,
+            store_addr="127.0.0.1",
+            store_port=store.port,
+            lighthouse_addr=address,
+            replica_id="outsider_9",
+            hostname="127.0.0.1",
+            timeout=wait,
+            quorum_timeout=wait,
+            connect_timeout=wait,
             checkpoint_transport=PGTransport(pg, timeout=wait, device=torch.device("cpu")),
-        )  # fmt: skip
+        )
     except Exception as exc:  # noqa: BLE001 - the outcome is the record
         log.append(f"{address} refused: {type(exc).__name__}: {str(exc)[:200]}")
         tried.write_text("tried\n")

@@ -1,5 +1,6 @@
 """Hang until SIGTERM; on SIGTERM take half a second (say, to save a checkpoint), write
 DIR/rank-N.terminated and exit (a graceful shutdown)."""
+
 import os
 import signal
 import sys

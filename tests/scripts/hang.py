@@ -1,4 +1,5 @@
 """Print a line, then hang until killed (for timeout and Ctrl-C tests)."""
+
 import os
 import time
 

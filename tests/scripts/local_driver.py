@@ -1,4 +1,5 @@
 """A driver that runs spawn_grandchild.py in local mode, for tests that kill the driver."""
+
 import os
 import sys
 

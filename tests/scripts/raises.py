@@ -1,4 +1,5 @@
 """Raise a ValueError on rank 1."""
+
 import os
 
 if os.environ["RANK"] == "1":

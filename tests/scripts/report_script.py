@@ -1,6 +1,7 @@
 """A torchrun-style training script that reports metrics and a checkpoint each epoch and
 resumes from the latest checkpoint: the same file runs under torchrun (no reports then) or
 spark_torch."""
+
 import json
 import os
 import tempfile

@@ -1,5 +1,6 @@
 """Write what psutil shows of this rank's own process (its command line and name) to
 $TITLE_DIR/title-RANK.json."""
+
 import json
 import os
 

@@ -1,4 +1,5 @@
 """Start a grandchild that sleeps, print both pids, then hang."""
+
 import os
 import subprocess
 import sys

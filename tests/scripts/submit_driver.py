@@ -38,8 +38,16 @@ def all_reduce_job() -> dict[str, Any]:
         local_addr = probe.getsockname()[0]
     finally:
         probe.close()
-    keys = ("RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "GLOO_SOCKET_IFNAME", "SPARK_LOCAL_IP")
+    keys = (
+        "RANK",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GLOO_SOCKET_IFNAME",
+        "SPARK_LOCAL_IP",
+    )
     mine = {k: os.environ.get(k) for k in keys}
     mine["local_addr"] = local_addr
     print(f"all_reduce sum={t.item():g} MASTER_ADDR={mine['MASTER_ADDR']} local_addr={local_addr}", flush=True)
@@ -53,10 +61,19 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--num-processes", type=int, default=2)
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--wait-slots", type=float, default=120.0,
-                        help="wait up to this long for executors to register (0: do not wait)")
-    parser.add_argument("--then-env", action="append", default=[], metavar="KEY=VALUE",
-                        help="then run again with KEY=VALUE in the driver's environment")
+    parser.add_argument(
+        "--wait-slots",
+        type=float,
+        default=120.0,
+        help="wait up to this long for executors to register (0: do not wait)",
+    )
+    parser.add_argument(
+        "--then-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="then run again with KEY=VALUE in the driver's environment",
+    )
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
     then = dict(item.split("=", 1) for item in args.then_env)

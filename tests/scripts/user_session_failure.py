@@ -39,7 +39,13 @@ def one_run() -> None:
     flag = tempfile.mkdtemp()
     print("=== run() ===", flush=True)
     try:
-        print("RESULT", Distributor(num_processes=2, local_mode=False, spark=spark, max_restarts=1 if mode == "restart" else 0).run(train, flag, mode == "restart"), flush=True)
+        print(
+            "RESULT",
+            Distributor(num_processes=2, local_mode=False, spark=spark, max_restarts=1 if mode == "restart" else 0).run(
+                train, flag, mode == "restart"
+            ),
+            flush=True,
+        )
     except DistributedRunError:
         traceback.print_exc()
         sys.stderr.flush()

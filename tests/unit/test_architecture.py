@@ -14,15 +14,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"]
+LINT = [
+    sys.executable,
+    "-c",
+    "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+]
 
 
 def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
     return subprocess.run(
         [*LINT, "--no-cache", "--config", str(cwd / "pyproject.toml")],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_import_contracts_hold() -> None:
@@ -34,14 +42,34 @@ def test_import_contracts_hold() -> None:
 @pytest.mark.parametrize(
     ("module", "upward", "contract"),
     [
-        ("node/lifecycle.py", "import spark_torch.driver.run.barrier", "spark_torch.node.lifecycle -> spark_torch.driver.run.barrier"),
-        ("channel/node_end.py", "import spark_torch.reporting.pipes", "spark_torch.channel.node_end -> spark_torch.reporting.pipes"),
+        (
+            "node/lifecycle.py",
+            "import spark_torch.driver.run.barrier",
+            "spark_torch.node.lifecycle -> spark_torch.driver.run.barrier",
+        ),
+        (
+            "channel/node_end.py",
+            "import spark_torch.reporting.pipes",
+            "spark_torch.channel.node_end -> spark_torch.reporting.pipes",
+        ),
         ("rank/function_main.py", "import pyspark", "spark_torch.rank.function_main -> pyspark"),
         ("errors.py", "import spark_torch.shared.spec", "spark_torch.errors -> spark_torch.shared.spec"),
         # the driver's sub-layers: Spark access and the console never reach up into the run loop
-        ("driver/spark/session.py", "import spark_torch.driver.run.controller", "spark_torch.driver.spark.session -> spark_torch.driver.run.controller"),
-        ("driver/console/logs.py", "import spark_torch.driver.spark.cluster", "spark_torch.driver.console.logs -> spark_torch.driver.spark.cluster"),
-        ("driver/run/plan.py", "import spark_torch.driver.api.distributor", "spark_torch.driver.run.plan -> spark_torch.driver.api.distributor"),
+        (
+            "driver/spark/session.py",
+            "import spark_torch.driver.run.controller",
+            "spark_torch.driver.spark.session -> spark_torch.driver.run.controller",
+        ),
+        (
+            "driver/console/logs.py",
+            "import spark_torch.driver.spark.cluster",
+            "spark_torch.driver.console.logs -> spark_torch.driver.spark.cluster",
+        ),
+        (
+            "driver/run/plan.py",
+            "import spark_torch.driver.api.distributor",
+            "spark_torch.driver.run.plan -> spark_torch.driver.api.distributor",
+        ),
     ],
 )
 def test_an_upward_import_breaks_the_contracts(tmp_path: Path, module: str, upward: str, contract: str) -> None:
@@ -84,7 +112,9 @@ from tests.unit.import_graph import cycles, import_graph, path_in  # noqa: E402
 SHARED = ("spark_torch.shared", "spark_torch.base", "spark_torch.errors", "spark_torch.settings", "spark_torch.version")
 #: the one import of the rank layer by the node layer, stated in docs/architecture.md and node/__init__.py:
 #: the warm-start template's server imports the ranks' entry modules once, so that every fork starts with them
-NODE_IMPORTS_RANK = {"spark_torch.node.template.server": {"spark_torch.rank.function_main", "spark_torch.rank.script_main"}}
+NODE_IMPORTS_RANK = {
+    "spark_torch.node.template.server": {"spark_torch.rank.function_main", "spark_torch.rank.script_main"}
+}
 
 
 def _under(module: str, prefixes: object) -> bool:
@@ -108,13 +138,18 @@ def test_a_function_level_import_back_is_a_cycle(tmp_path: Path) -> None:
         "lazy": "\n\ndef _back() -> object:\n    from spark_torch.driver.result import RunResult\n\n    return RunResult\n",
     }
     for name, added in back.items():
-        shutil.copytree(ROOT / "spark_torch", tmp_path / name / "spark_torch", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / "spark_torch", tmp_path / name / "spark_torch", ignore=shutil.ignore_patterns("__pycache__")
+        )
         target = tmp_path / name / "spark_torch" / "driver" / "group_runs.py"
         target.write_text(target.read_text() + added)
     assert cycles(import_graph(tmp_path / "typed")) == []
     graph = import_graph(tmp_path / "lazy")
     assert cycles(graph) == [["spark_torch.driver.group_runs", "spark_torch.driver.result"]]
-    assert path_in(graph, cycles(graph)[0]) == "spark_torch.driver.group_runs -> spark_torch.driver.result -> spark_torch.driver.group_runs"
+    assert (
+        path_in(graph, cycles(graph)[0])
+        == "spark_torch.driver.group_runs -> spark_torch.driver.result -> spark_torch.driver.group_runs"
+    )
 
 
 def test_every_driver_module_is_in_the_driver_contract() -> None:
@@ -126,7 +161,9 @@ def test_every_driver_module_is_in_the_driver_contract() -> None:
     (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "driver-sublayers"]
     named = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
     driver = ROOT / "spark_torch" / "driver"
-    present = {p.stem for p in driver.glob("*.py") if p.name != "__init__.py"} | {p.name for p in driver.iterdir() if (p / "__init__.py").exists()}
+    present = {p.stem for p in driver.glob("*.py") if p.name != "__init__.py"} | {
+        p.name for p in driver.iterdir() if (p / "__init__.py").exists()
+    }
     assert present - named == set(), f"driver modules in no layer of driver-sublayers: {sorted(present - named)}"
     assert named - present == set(), f"driver-sublayers names modules that do not exist: {sorted(named - present)}"
 
@@ -145,14 +182,25 @@ def _clause_names(text: str) -> set[str]:
 def _may_import(init: Path) -> tuple[set[str], set[str], str]:
     """An ``__init__.py``'s 'May import:' line: what it allows, what it forbids, the line."""
     doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-    line = " ".join(doc[doc.index("May import:"):].split())
-    line = re.sub(r"what (spark_torch(?:\.\w+)+) may import", lambda m: _may_import(ROOT / Path(*m[1].split(".")) / "__init__.py")[2], line)
+    line = " ".join(doc[doc.index("May import:") :].split())
+    line = re.sub(
+        r"what (spark_torch(?:\.\w+)+) may import",
+        lambda m: _may_import(ROOT / Path(*m[1].split(".")) / "__init__.py")[2],
+        line,
+    )
     allowed, _, forbidden = line.partition("never")
     banned = _clause_names(forbidden) | set(re.findall(r"\b(pyspark|torch)\b", forbidden))
     return _clause_names(allowed), banned, line
 
 
-@pytest.mark.parametrize("init", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "spark_torch").rglob("__init__.py") if p.parent != ROOT / "spark_torch"))
+@pytest.mark.parametrize(
+    "init",
+    sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "spark_torch").rglob("__init__.py")
+        if p.parent != ROOT / "spark_torch"
+    ),
+)
 def test_each_packages_may_import_line_is_true(init: str) -> None:
     """The 'May import:' line of each package's ``__init__.py`` holds for every module under it:
     what it imports of spark_torch, outside the package, is a package the line names (or a
@@ -215,7 +263,7 @@ def test_the_layer_table_of_architecture_md_holds() -> None:
     e.g. the node never imports the rank layer but in the one place the row names (the template's
     server, the ranks' entry modules), the driver never imports rank, nobody below imports pyspark."""
     page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    lines = page[page.index("| layer | may import | never imports |"):].splitlines()[2:]
+    lines = page[page.index("| layer | may import | never imports |") :].splitlines()[2:]
     table = lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]
     graph = import_graph(ROOT)
     wrong, checked = [], 0
@@ -223,7 +271,11 @@ def test_the_layer_table_of_architecture_md_holds() -> None:
         first, allowed_cell, never_cell = (cell.strip() for cell in line.strip("|").split("|"))
         if ">" in first:
             continue  # the driver's sub-layers: the driver-sublayers contract
-        row = SHARED if first == "shared modules" else {f"spark_torch.{n}" for n in re.findall(r"`(\w+)`", first) if n != "__init__"}
+        row = (
+            SHARED
+            if first == "shared modules"
+            else {f"spark_torch.{n}" for n in re.findall(r"`(\w+)`", first) if n != "__init__"}
+        )
         allowed = _table_words(allowed_cell, set(row)) | set(row)
         never = _table_words(never_cell, set(row)) - (set() if "each other" in never_cell else set())
         if first == "shared modules":
@@ -236,10 +288,14 @@ def test_the_layer_table_of_architecture_md_holds() -> None:
             for target in targets:
                 if _under(target, home) or target in NODE_IMPORTS_RANK.get(module, ()):
                     continue
-                if _under(target, never - set(home)) or (target.startswith("spark_torch") and not _under(target, allowed)):
+                if _under(target, never - set(home)) or (
+                    target.startswith("spark_torch") and not _under(target, allowed)
+                ):
                     wrong.append(f"{first}: {module} -> {target}")
     assert checked > 100
-    assert "node/template/server.py" in next(line for line in table if line.startswith("| `node`")), "the node row names its one exception"
+    assert "node/template/server.py" in next(line for line in table if line.startswith("| `node`")), (
+        "the node row names its one exception"
+    )
     assert wrong == [], "docs/architecture.md's layer table is not what the code does:\n" + "\n".join(sorted(wrong))
 
 
@@ -248,7 +304,10 @@ def _calls(name: str) -> list[tuple[str, ast.Call]]:
     found = []
     for path in sorted((ROOT / "spark_torch").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == name:
+            if (
+                isinstance(node, ast.Call)
+                and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == name
+            ):
                 found.append((path.relative_to(ROOT).as_posix(), node))
     return found
 
@@ -268,7 +327,11 @@ def test_no_side_opens_a_storage_without_its_options(opener: str, position: int)
     assert parameters[position].name == "options" and parameters[position].default is inspect.Parameter.empty
     literal = []
     for where, call in _calls(opener):
-        given = call.args[position] if len(call.args) > position else next((k.value for k in call.keywords if k.arg == "options"), None)
+        given = (
+            call.args[position]
+            if len(call.args) > position
+            else next((k.value for k in call.keywords if k.arg == "options"), None)
+        )
         if given is None or isinstance(given, (ast.Constant, ast.Dict)):
             literal.append(f"{where}:{call.lineno}: {ast.unparse(call)}")
     assert _calls(opener), opener
@@ -287,7 +350,9 @@ def test_an_attempts_exceptions_are_made_in_failures_py() -> None:
     }
     made = {name: {where for where, _ in _calls(name)} for name in makers}
     for name, where in made.items():
-        assert where <= makers[name], f"{name} is made in {sorted(where - makers[name])}, not only in {sorted(makers[name])}"
+        assert where <= makers[name], (
+            f"{name} is made in {sorted(where - makers[name])}, not only in {sorted(makers[name])}"
+        )
     assert made["DistributedRunError"] and made["ReplicaGroupError"]
     # failures.py picks RunStalledError or DistributedRunError for a stop's cause (``kind(...)``)
     assert "kind = RunStalledError if" in (ROOT / "spark_torch" / "driver" / "run" / "failures.py").read_text()
@@ -306,4 +371,9 @@ def test_a_run_result_is_made_in_one_place_per_reason() -> None:
                 in_result = path.name == "result.py" and name == "cls" and function.name == "from_path"
                 if name == "RunResult" or in_result:
                     makers.add(f"{path.relative_to(ROOT / 'spark_torch').as_posix()}:{function.name}")
-    assert makers == {"driver/run_record.py:finish", "driver/run_record.py:final", "driver/result.py:from_path", "driver/result.py:merge_groups"}
+    assert makers == {
+        "driver/run_record.py:finish",
+        "driver/run_record.py:final",
+        "driver/result.py:from_path",
+        "driver/result.py:merge_groups",
+    }

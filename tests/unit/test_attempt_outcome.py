@@ -45,9 +45,15 @@ def _failure(rank: int = 1) -> RankFailure:
 
 
 def test_a_node_problem_is_the_users_error_with_its_message_and_no_invented_cause() -> None:
-    kinds = ((ProblemKind.LAUNCH, LaunchError), (ProblemKind.CONFIGURATION, ConfigurationError), (ProblemKind.SLOTS, InsufficientSlotsError))
+    kinds = (
+        (ProblemKind.LAUNCH, LaunchError),
+        (ProblemKind.CONFIGURATION, ConfigurationError),
+        (ProblemKind.SLOTS, InsufficientSlotsError),
+    )
     for kind, error_type in kinds:
-        error = attempt_error(AttemptOutcome.ended(RanksFailed(FailureReport(problem=(kind, "the script is missing; ship it")))))
+        error = attempt_error(
+            AttemptOutcome.ended(RanksFailed(FailureReport(problem=(kind, "the script is missing; ship it"))))
+        )
         assert type(error) is error_type and str(error) == "the script is missing; ship it" and error.__cause__ is None
 
 
@@ -111,7 +117,10 @@ def test_each_cause_has_its_end_and_its_error() -> None:
             cause,
             error,
         )
-    assert AttemptOutcome.ended(GrowRequested(GrowRequest(running=2, nodes=3, waited=5.0, step=4))).end is AttemptEnd.GROW_REQUESTED
+    assert (
+        AttemptOutcome.ended(GrowRequested(GrowRequest(running=2, nodes=3, waited=5.0, step=4))).end
+        is AttemptEnd.GROW_REQUESTED
+    )
     with pytest.raises(AssertionError):
         attempt_error(AttemptOutcome.ended(GrowRequested(GrowRequest(running=2, nodes=3, waited=5.0, step=4))))
     with pytest.raises(AssertionError):
@@ -120,9 +129,11 @@ def test_each_cause_has_its_end_and_its_error() -> None:
 
 def test_a_timeout_names_stopped_ranks_not_failures_and_pickles() -> None:
     cause = RanksStopped(
-        5.0, (StoppedRank(1, "h", ("step 7",)), StoppedRank(0, "h", ())), "ranks 0, 1 were still running and stopped",
+        5.0,
+        (StoppedRank(1, "h", ("step 7",)), StoppedRank(0, "h", ())),
+        "ranks 0, 1 were still running and stopped",
         Stacks({0: "in all_reduce"}, "rank 0: in all_reduce"),
-    )  # fmt: skip
+    )
     error = attempt_error(AttemptOutcome.ended(cause))
     assert isinstance(error, RunTimeoutError) and isinstance(error, TimeoutError)
     assert error.failures == () and [s.rank for s in error.stopped] == [0, 1]
@@ -204,14 +215,34 @@ def test_a_timeout_says_which_ranks_it_found_running() -> None:
 def test_a_timeout_names_the_ranks_each_nodes_end_says_were_running_in_either_mode() -> None:
     """One function for both modes: node 1 said rank 2 was stopped and rank 3 had finished; node 0
     never said (it could not reach the driver): its ranks count as running. Dumps and lines travel."""
-    ends = {1: NodeOutcome(GroupState.STOPPED, {2: RankState.STOPPED, 3: RankState.FINISHED}, StopReason.TIMEOUT, {2: ("/tmp/nccl_trace_rank_2",)})}
+    ends = {
+        1: NodeOutcome(
+            GroupState.STOPPED,
+            {2: RankState.STOPPED, 3: RankState.FINISHED},
+            StopReason.TIMEOUT,
+            {2: ("/tmp/nccl_trace_rank_2",)},
+        )
+    }
     node_ranks = {0: range(0, 2), 1: range(2, 4)}
-    cause = timed_out(5.0, ends, node_ranks, lambda rank: (f"line of {rank}",), Stacks(), note="the Spark job was cancelled; ")
+    cause = timed_out(
+        5.0, ends, node_ranks, lambda rank: (f"line of {rank}",), Stacks(), note="the Spark job was cancelled; "
+    )
     assert [s.rank for s in cause.ranks] == [0, 1, 2] and cause.ranks[2].dumps == ("/tmp/nccl_trace_rank_2",)
     assert cause.ranks[0].last_lines == ("line of 0",) and cause.ranks[0].host is None
     assert cause.what == "the Spark job was cancelled; ranks 0, 1, 2 were still running and stopped"
     error = attempt_error(AttemptOutcome.ended(cause))
-    assert type(error) is RunTimeoutError and "timeout=5s; the Spark job was cancelled; ranks 0, 1, 2 were" in str(error)
+    assert type(error) is RunTimeoutError and "timeout=5s; the Spark job was cancelled; ranks 0, 1, 2 were" in str(
+        error
+    )
     # local mode: its one node said; only rank 1 ran on
-    local = timed_out(2.0, {0: NodeOutcome(GroupState.STOPPED, {0: RankState.FINISHED, 1: RankState.STOPPED})}, {0: range(2)}, lambda rank: (), Stacks(), host="h")
-    assert [(s.rank, s.host) for s in local.ranks] == [(1, "h")] and local.what == "rank 1 was still running and stopped"
+    local = timed_out(
+        2.0,
+        {0: NodeOutcome(GroupState.STOPPED, {0: RankState.FINISHED, 1: RankState.STOPPED})},
+        {0: range(2)},
+        lambda rank: (),
+        Stacks(),
+        host="h",
+    )
+    assert [(s.rank, s.host) for s in local.ranks] == [
+        (1, "h")
+    ] and local.what == "rank 1 was still running and stopped"

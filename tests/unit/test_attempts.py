@@ -47,10 +47,14 @@ def test_a_grow_request_says_why_in_words() -> None:
 
 def test_a_record_prints_one_line_from_its_fields() -> None:
     record = AttemptRecord(
-        attempt=1, world_size=2, nodes=2, reason=AttemptReason.RESTART_AFTER_FAILURE,
-        size=AttemptSize(SizeReason.FEWER_SLOTS, 2, 3, 1), end=AttemptEnd.FAILED,
+        attempt=1,
+        world_size=2,
+        nodes=2,
+        reason=AttemptReason.RESTART_AFTER_FAILURE,
+        size=AttemptSize(SizeReason.FEWER_SLOTS, 2, 3, 1),
+        end=AttemptEnd.FAILED,
         error=AttemptError("DistributedRunError", "rank 0 failed: boom"),
-    )  # fmt: skip
+    )
     assert record.size_note == "2 of 3 ranks: slots for 2 of 3 nodes" and record.detail == "rank 0 failed: boom"
     assert str(record) == (
         "attempt 1: 2 rank(s) on 2 node(s), restart after a failure (2 of 3 ranks: slots for 2 of 3 nodes); "
@@ -102,9 +106,15 @@ def test_an_old_attempt_log_still_loads(tmp_path: Path) -> None:
     storage.create("token")
     rows = [
         {"attempt": 0, "world_size": 3, "nodes": 3, "time": 1700000000.0},
-        {"attempt": 1, "world_size": 2, "nodes": 2, "time": 1700000100.0, "size_note": "2 of 3 ranks: slots for 2 of 3 nodes",
-         "detail": "rank 2 failed"},
-    ]  # fmt: skip
+        {
+            "attempt": 1,
+            "world_size": 2,
+            "nodes": 2,
+            "time": 1700000100.0,
+            "size_note": "2 of 3 ranks: slots for 2 of 3 nodes",
+            "detail": "rank 2 failed",
+        },
+    ]
     (tmp_path / "old" / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (summary,) = spark_torch.list_runs(tmp_path)
     assert summary.attempts == 2 and summary.world_size == 2 and summary.attempt_log == rows

@@ -46,7 +46,11 @@ def test_configuration_page_lists_every_other_keyword() -> None:
     page = " ".join((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").split())
     sentence = page[page.index("The `Distributor` arguments themselves") :].split(") are documented")[0]
     listed = re.findall(r"`(\w+)`", sentence)
-    others = [n for n, p in inspect.signature(Distributor).parameters.items() if n not in SETTING_NAMES and p.kind is not p.VAR_KEYWORD]
+    others = [
+        n
+        for n, p in inspect.signature(Distributor).parameters.items()
+        if n not in SETTING_NAMES and p.kind is not p.VAR_KEYWORD
+    ]
     assert listed == ["Distributor", *others]
 
 
@@ -102,7 +106,9 @@ def test_torchdistributor_page_hung_runs_row_is_the_code() -> None:
     default = {s.name: s.default for s in SETTINGS}["stall_timeout"]
     assert f"no rank made progress for `stall_timeout` ({default:g} s by default)" in row
     assert '`stall_action="fail"` stops the attempt with `RunStalledError`' in row and "`RunTimeoutError`" in row
-    assert issubclass(errors.RunStalledError, errors.DistributedRunError) and issubclass(errors.RunTimeoutError, TimeoutError)
+    assert issubclass(errors.RunStalledError, errors.DistributedRunError) and issubclass(
+        errors.RunTimeoutError, TimeoutError
+    )
 
 
 def test_checkpoints_page_says_when_report_on_some_ranks_fails() -> None:
@@ -159,11 +165,20 @@ def test_examples_tables_are_the_examples_arguments() -> None:
 #: each line of troubleshooting.md's progress list -> the tests that check it (end to end in
 #: tests/test_stall.py, unit in tests/unit/test_stacks.py)
 PROGRESS_LIST_TESTS = {
-    "Collectives": ["test_ranks_whose_collectives_complete_are_never_stalled", "test_a_rank_that_only_polls_is_stalled"],
-    "Computing": ["test_ranks_that_compute_silently_are_not_stalled", "test_a_native_call_that_computes_is_not_a_stall"],
+    "Collectives": [
+        "test_ranks_whose_collectives_complete_are_never_stalled",
+        "test_a_rank_that_only_polls_is_stalled",
+    ],
+    "Computing": [
+        "test_ranks_that_compute_silently_are_not_stalled",
+        "test_a_native_call_that_computes_is_not_a_stall",
+    ],
     "I/O": ["test_progress_is_computing_or_io_not_waiting"],
     "New code": ["test_a_new_position_an_upload_and_another_threads_bytes_are_progress"],
-    "report()": ["test_a_new_position_an_upload_and_another_threads_bytes_are_progress", "test_work_outside_the_main_thread_is_progress"],
+    "report()": [
+        "test_a_new_position_an_upload_and_another_threads_bytes_are_progress",
+        "test_work_outside_the_main_thread_is_progress",
+    ],
     "Other threads it waits on": [
         "test_a_new_position_an_upload_and_another_threads_bytes_are_progress",
         "test_progress_is_computing_or_io_not_waiting",
@@ -177,7 +192,10 @@ PROGRESS_LIST_TESTS = {
 DOCTOR_LIST_TESTS = {
     "Reads": ["test_the_sampler_keeps_no_local_alive"],
     "From outside": ["test_a_stopped_rank_is_named_stopped", "test_work_outside_the_main_thread_is_progress"],
-    "Signals": ["test_looking_at_a_rank_holding_the_gil_never_interrupts_it", "test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped"],
+    "Signals": [
+        "test_looking_at_a_rank_holding_the_gil_never_interrupts_it",
+        "test_a_rank_holding_the_gil_shows_its_true_stack_when_stopped",
+    ],
     "Flight Recorder": ["test_warn_shows_both_stacks_while_stuck_and_the_run_succeeds"],
 }
 
@@ -196,7 +214,9 @@ def test_stall_lists_each_line_has_its_tests() -> None:
     page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
     defined = set()
     for path in (ROOT / "tests" / "test_stall.py", ROOT / "tests" / "unit" / "test_stacks.py"):
-        defined |= {n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.FunctionDef)}
+        defined |= {
+            n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.FunctionDef)
+        }
     for marker, table in (("progress-list", PROGRESS_LIST_TESTS), ("doctor-list", DOCTOR_LIST_TESTS)):
         assert _bold_items(page, marker) == list(table), marker
         missing = {item: [t for t in tests if t not in defined] for item, tests in table.items()}
@@ -223,22 +243,33 @@ def test_dataframe_numbers_are_the_measured_ones() -> None:
             (row,) = [line for line in page.splitlines() if line.startswith(f"| {table}, {name}")]
             cells = [c.strip() for c in row.split("|")[2:-1]]
             measured = results[table][peer]
-            assert cells[:4] == [f"{measured[k]:.1f}" for k in ("prep_s", "train_s", "total_s")] + [f"{measured['loop_rows_per_s']:,}"], row
+            assert cells[:4] == [f"{measured[k]:.1f}" for k in ("prep_s", "train_s", "total_s")] + [
+                f"{measured['loop_rows_per_s']:,}"
+            ], row
     # the 4M-row run (bench_dataframe.py --rows 4000000 --tables array --out results/dataframe_4m.json)
     four = json.loads((ROOT / "benchmarks" / "results" / "dataframe_4m.json").read_text(encoding="utf-8"))["array"]
     text = " ".join(page.split())
-    for claim in (f"reads {four['ratios']['loop_rows_per_s']:.2f}x PySpark's rows/s", f"{four['ratios']['total_speedup']:.2f}x faster than PySpark's",
-                  f"{four['ratios']['total_speedup_vs_petastorm']:.2f}x faster than Petastorm's", f"{four['ratios']['peak_rss']:.2f}x PySpark's "
-                  f"({four['spark_torch']['peak_rss_mb_per_rank']} vs {four['pyspark']['peak_rss_mb_per_rank']} MB)"):  # fmt: skip
+    for claim in (
+        f"reads {four['ratios']['loop_rows_per_s']:.2f}x PySpark's rows/s",
+        f"{four['ratios']['total_speedup']:.2f}x faster than PySpark's",
+        f"{four['ratios']['total_speedup_vs_petastorm']:.2f}x faster than Petastorm's",
+        f"{four['ratios']['peak_rss']:.2f}x PySpark's "
+        f"({four['spark_torch']['peak_rss_mb_per_rank']} vs {four['pyspark']['peak_rss_mb_per_rank']} MB)",
+    ):
         assert claim in text, claim
     for text in (page, README):
         for claim in re.findall(r"(\d+(?:\.\d+)?)x the (?:loop )?rows/s", " ".join(text.split())):
             assert claim == f"{results['array']['ratios']['loop_rows_per_s']:.2f}", claim
     (row,) = [line for line in page.splitlines() if line.startswith("| ms per batch, shuffled |")]
     sizes = loader["sizes"]
-    assert row.split("|")[2:5] == [f" {sizes[n]['ms_per_batch']['shuffled/all']:.1f} " for n in ("62500", "500000", "4000000")], row
+    assert row.split("|")[2:5] == [
+        f" {sizes[n]['ms_per_batch']['shuffled/all']:.1f} " for n in ("62500", "500000", "4000000")
+    ], row
     (row,) = [line for line in page.splitlines() if line.startswith("| replaced loader, array column |")]
-    cells = [f" {sizes[n]['ms_per_batch']['shuffled/features/arrow_table_take']:.1f} " for n in ("62500", "500000", "4000000")]
+    cells = [
+        f" {sizes[n]['ms_per_batch']['shuffled/features/arrow_table_take']:.1f} "
+        for n in ("62500", "500000", "4000000")
+    ]
     assert row.split("|")[2:5] == cells, row
 
 
@@ -262,12 +293,16 @@ def test_security_page_storage_claims_are_the_code() -> None:
     error = refusal("/runs/RUN", "is a symbolic link")
     assert isinstance(error, ConfigurationError) and command in str(error)
     assert "is refused with a `ConfigurationError` naming the path and what to do" in page
-    for cited in ("tests/unit/test_local_files.py", "tests/test_host_exposure.py", "spark_torch/reporting/local_files.py"):
+    for cited in (
+        "tests/unit/test_local_files.py",
+        "tests/test_host_exposure.py",
+        "spark_torch/reporting/local_files.py",
+    ):
         assert f"`{cited}`" in page and (ROOT / cited).is_file()
 
 
 def _met(ratio: dict[str, Any], goal: float) -> str:
-    """"yes" when the whole interval is within the goal, "no" when the ratio is not, else "ratio only"."""
+    """ "yes" when the whole interval is within the goal, "no" when the ratio is not, else "ratio only"."""
     return "yes" if ratio["high"] <= goal else "no" if ratio["ratio"] > goal else "ratio only"
 
 
@@ -276,15 +311,21 @@ def _ft_cnn_rows(results: dict[str, Any]) -> list[str]:
     import statistics
 
     kinds, goals = ("ddp", "ft", "localsgd", "diloco"), {"ft": 1.25, "localsgd": 1.0, "diloco": 1.0}
-    ms = [f"{statistics.median(results['ms'][k]):.1f} ({min(results['ms'][k]):.1f}-{max(results['ms'][k]):.1f})" for k in kinds]
+    ms = [
+        f"{statistics.median(results['ms'][k]):.1f} ({min(results['ms'][k]):.1f}-{max(results['ms'][k]):.1f})"
+        for k in kinds
+    ]
     ratios = [results["ratios"][k] for k in kinds[1:]]
     every = results["every"]
     return [
         f"| per step | plain DDP | torchft DDP | LocalSGD, sync every {every} | DiLoCo, sync every {every} |",
         "| ms, median of the runs (range) | " + " | ".join(ms) + " |",
         f"| x plain DDP (95% interval, {ratios[0]['pairs']} rounds) | 1 | "
-        + " | ".join(f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f})" for r in ratios) + " |",
-        "| goal, met | | " + " | ".join(f"<= {goals[k]}, {_met(r, goals[k])}" for k, r in zip(kinds[1:], ratios)) + " |",
+        + " | ".join(f"{r['ratio']:.2f} ({r['low']:.2f}-{r['high']:.2f})" for r in ratios)
+        + " |",
+        "| goal, met | | "
+        + " | ".join(f"<= {goals[k]}, {_met(r, goals[k])}" for k, r in zip(kinds[1:], ratios))
+        + " |",
         f"| load average (1 min), start -> end | {results['load_start'][0]:.1f} -> {results['load_end'][0]:.1f} on {results['cpus']} CPUs | | | |",
     ]
 

@@ -39,7 +39,10 @@ def test_replica_groups_must_divide_num_processes() -> None:
 
 @pytest.mark.parametrize(
     ("value", "kind", "text"),
-    [(0, ConfigurationError, "replica_groups must be >= 1, got 0"), (True, TypeError, "replica_groups must be an int >= 1")],
+    [
+        (0, ConfigurationError, "replica_groups must be >= 1, got 0"),
+        (True, TypeError, "replica_groups must be an int >= 1"),
+    ],
 )
 def test_replica_groups_is_a_positive_int(value: Any, kind: type[Exception], text: str) -> None:
     with pytest.raises(kind, match=text):
@@ -52,7 +55,10 @@ def test_replica_groups_is_a_positive_int(value: Any, kind: type[Exception], tex
         ({"num_processes": 4, "local_mode": False, "min_processes": 2}, "leave min_processes unset"),
         ({"num_processes": 4, "local_mode": False, "ranks_per_task": 4}, "a replica group is whole nodes"),
         ({"num_processes": 2, "elastic_grow": True}, "elastic_grow does not apply with replica_groups=2"),
-        ({"num_processes": 2, "env": {"REPLICA_GROUP_ID": "1"}}, "env may not set REPLICA_GROUP_ID with replica_groups=2"),
+        (
+            {"num_processes": 2, "env": {"REPLICA_GROUP_ID": "1"}},
+            "env may not set REPLICA_GROUP_ID with replica_groups=2",
+        ),
         ({"num_processes": 2, "run_id": "r" * 61}, "run_id may have at most 60"),
     ],
 )
@@ -75,7 +81,12 @@ def test_each_group_runs_its_share_under_its_own_run_id() -> None:
     config = DistributorConfig(num_processes=6, replica_groups=3, max_restarts=2, env={"A": "1"}, timeout=30.0)
     one = group_config(config, 1, "http://127.0.0.1:5000", "abc")
     assert (one.num_processes, one.replica_groups, one.max_restarts, one.run_id) == (2, 1, 0, "abc-g1")
-    assert one.env == {"A": "1", "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "3", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:5000"}
+    assert one.env == {
+        "A": "1",
+        "REPLICA_GROUP_ID": "1",
+        "NUM_REPLICA_GROUPS": "3",
+        "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:5000",
+    }
     assert one.timeout == 30.0 and one.local_mode is True and one.log_dir is None
 
 
@@ -89,7 +100,9 @@ def test_each_group_logs_apart_and_its_lines_name_it(tmp_path: Path, capsys: pyt
     sink(0, "stdout", "hello\nworld")
     sink.close()
     assert capsys.readouterr().out == "[group 1 rank 0] hello\n[group 1 rank 0] world\n"
-    assert (tmp_path / "group-1" / "rank-0.log").read_text() == "hello\nworld\n" and (tmp_path / "group-1" / "rank-1.log").exists()
+    assert (tmp_path / "group-1" / "rank-0.log").read_text() == "hello\nworld\n" and (
+        tmp_path / "group-1" / "rank-1.log"
+    ).exists()
     plain = DriverLogSink(Distributor(num_processes=1, env={"REPLICA_GROUP_ID": "mine"})._config)
     plain(0, "stdout", "x")
     assert capsys.readouterr().out == "[rank 0] x\n"
@@ -129,7 +142,11 @@ def test_the_lighthouse_listens_on_its_host_only_until_closed() -> None:
 
     with Lighthouse("127.0.0.1", LighthouseOptions(heartbeat_timeout_ms=500)) as lighthouse:
         assert lighthouse.address == f"http://127.0.0.1:{lighthouse.port}"
-        bound = {c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == lighthouse.port}
+        bound = {
+            c.laddr.ip
+            for c in psutil.net_connections("inet")
+            if c.status == "LISTEN" and c.laddr.port == lighthouse.port
+        }
         assert bound == {"127.0.0.1"}
         assert _listening(lighthouse.port)
     assert not _listening(lighthouse.port)
@@ -172,7 +189,9 @@ def test_the_lighthouse_is_hidden_behind_its_gate_until_closed() -> None:
     import psutil
 
     before = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
-    with Lighthouse("127.0.0.3", LighthouseOptions(heartbeat_timeout_ms=500), allowed=lambda: {"127.0.0.1"}) as lighthouse:
+    with Lighthouse(
+        "127.0.0.3", LighthouseOptions(heartbeat_timeout_ms=500), allowed=lambda: {"127.0.0.1"}
+    ) as lighthouse:
         hideout = lighthouse.hideout
         assert hideout is not None and lighthouse.server_port is None
         assert lighthouse.address == f"http://127.0.0.3:{lighthouse.port}"
@@ -210,8 +229,9 @@ def test_where_namespaces_are_refused_the_lighthouse_says_so_and_stays_behind_it
             assert as_nobody(_hello_from_loopback, lighthouse.address) == "closed"
     assert any(
         "could not be hidden from other users of this machine (the kernel refused" in r.getMessage()
-        and "any local user can reach it" in r.getMessage() for r in caplog.records
-    )  # fmt: skip
+        and "any local user can reach it" in r.getMessage()
+        for r in caplog.records
+    )
     assert not _listening(lighthouse.server_port) and not _listening(lighthouse.port)
 
 
@@ -261,7 +281,9 @@ def test_a_heal_unpickles_plain_data_only(tmp_path: Path, monkeypatch: pytest.Mo
     meta.non_tensor_leaves.append(_Marker(str(marker)))
     with pytest.raises(safe_heal.HealRefused) as info:
         safe_heal.loads(pickle.dumps(meta))
-    assert str(info.value).startswith("spark_torch refused to unpickle io.open in the state a peer group sent to heal this rank")
+    assert str(info.value).startswith(
+        "spark_torch refused to unpickle io.open in the state a peer group sent to heal this rank"
+    )
     assert "keep other objects out of the Manager's state_dict" in str(info.value) and not marker.exists()
     monkeypatch.setattr(pg_transport, "pickle", pg_transport.pickle)  # both put back after the test
     monkeypatch.setattr(pg_transport, "_spark_torch_safe_heal", False, raising=False)
@@ -409,7 +431,10 @@ def test_spark_torch_without_torchft() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "replica_groups > 1 needs torchft" in done.stdout and "pip install 'torchft>=0.2.0' into the Python" in done.stdout
+    assert (
+        "replica_groups > 1 needs torchft" in done.stdout
+        and "pip install 'torchft>=0.2.0' into the Python" in done.stdout
+    )
 
 
 def test_the_install_hint_names_what_pip_finds() -> None:
@@ -422,7 +447,6 @@ def test_the_install_hint_names_what_pip_finds() -> None:
     assert requirement(['torchft>=9; extra == "other"']) == REQUIREMENT
     assert install_hint().startswith("pip install 'torchft>=0.2.0' into the Python of the driver and of the executors")
     assert "spark-torch[ft]" not in install_hint()
-
 
 
 def _answering_node(messages: list[dict[str, Any]]) -> tuple[str, Any]:
@@ -476,7 +500,10 @@ def test_report_records_torchfts_step_once_with_the_group(monkeypatch: pytest.Mo
     finally:
         api.follow_steps(None)
         close()
-    assert [(m["step"], m["metrics"]) for m in messages] == [(5, {"loss": 0.5, "replica_group": 1}), (6, {"loss": 0.5, "replica_group": 1})]
+    assert [(m["step"], m["metrics"]) for m in messages] == [
+        (5, {"loss": 0.5, "replica_group": 1}),
+        (6, {"loss": 0.5, "replica_group": 1}),
+    ]
     assert reporter.step == 6
 
 
@@ -496,15 +523,22 @@ def test_last_run_is_every_groups_rows_attempts_and_checkpoints() -> None:
     from spark_torch.driver.api.replica_groups import GroupLoop, merged_result
     from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, Checkpoint, RunResult
 
-    config = DistributorConfig(num_processes=2, replica_groups=2, checkpoint_score_attribute="loss", checkpoint_score_order="min")
+    config = DistributorConfig(
+        num_processes=2, replica_groups=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"
+    )
 
-    def group_run(group: int, attempt: int, rows: list[dict[str, Any]], checkpoints: list[tuple[int, float]]) -> RunResult:
+    def group_run(
+        group: int, attempt: int, rows: list[dict[str, Any]], checkpoints: list[tuple[int, float]]
+    ) -> RunResult:
         kept = [(Checkpoint(f"/runs/r-g{group}/{s}", s, {"loss": loss}), {"loss": loss}) for s, loss in checkpoints]
         return RunResult(
-            run_id=f"r-g{group}", rows=rows, history=rows, best_checkpoints=kept,
+            run_id=f"r-g{group}",
+            rows=rows,
+            history=rows,
+            best_checkpoints=kept,
             attempts=[AttemptRecord(attempt, 1, 1, AttemptReason.START, end=AttemptEnd.SUCCEEDED)],
             checkpoint=max((c for c, _ in kept), key=lambda c: c.step, default=None),
-        )  # fmt: skip
+        )
 
     loops = [GroupLoop(g, config, 1, threading.Event(), lambda group: None) for g in (0, 1)]
     loops[0].results = [group_run(0, 0, [{"step": 1, "replica_group": 0}, {"step": 2, "replica_group": 0}], [(2, 0.3)])]

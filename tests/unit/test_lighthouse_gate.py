@@ -215,10 +215,14 @@ def test_idle_connections_cost_no_thread_each(echo: Echo) -> None:
 
 def test_an_ipv4_address_mapped_into_ipv6_reads_as_ipv4() -> None:
     assert _plain("::ffff:10.0.0.5") == "10.0.0.5"
-    assert _plain("::1") == "::1" and _plain("127.0.0.1") == "127.0.0.1" and _plain("not an address") == "not an address"
+    assert (
+        _plain("::1") == "::1" and _plain("127.0.0.1") == "127.0.0.1" and _plain("not an address") == "not an address"
+    )
 
 
-def test_strangers_are_logged_up_to_a_bound(echo: Echo, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strangers_are_logged_up_to_a_bound(
+    echo: Echo, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A scan from many addresses does not grow the gate's memory or log without end."""
     import spark_torch.ft.gate as gate_module
 

@@ -30,7 +30,13 @@ def staged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A rank of a one-rank world on 40 staged rows; its loaders forgotten afterwards."""
     table = pa.table({"id": pa.array(range(ROWS), pa.int64())})
     path, _ = write_node_data(table.to_batches(max_chunksize=7), str(tmp_path))
-    for name, value in {"SPARK_TORCH_DATA_FILE": path, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+    for name, value in {
+        "SPARK_TORCH_DATA_FILE": path,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("SPARK_TORCH_CHECKPOINT", raising=False)
     monkeypatch.delenv("SPARK_TORCH_DATA_ROWS", raising=False)
@@ -81,7 +87,9 @@ def test_a_resumed_loader_goes_on_after_the_reported_batch(
     assert again.epoch == 2 and ids(again) == epoch_order(staged, 2)
 
 
-def test_a_report_at_the_end_of_an_epoch_resumes_at_the_next(staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_report_at_the_end_of_an_epoch_resumes_at_the_next(
+    staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loader = rank_loader(BATCH)
     for _ in loader:
         pass
@@ -91,7 +99,9 @@ def test_a_report_at_the_end_of_an_epoch_resumes_at_the_next(staged: str, tmp_pa
     assert rank_loader(BATCH).epoch == 1
 
 
-def test_several_loaders_each_keep_their_own_by_creation_order(staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_several_loaders_each_keep_their_own_by_creation_order(
+    staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     train, evaluate = rank_loader(BATCH), rank_loader(8)
     it = iter(train)
     for _ in range(3):
@@ -104,7 +114,9 @@ def test_several_loaders_each_keep_their_own_by_creation_order(staged: str, tmp_
     assert ids(train) == list(range(12, ROWS)) and evaluate.epoch == 1 and ids(third) == list(range(ROWS))
 
 
-def test_epochs_per_iteration_resume_inside_the_iteration(staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_epochs_per_iteration_resume_inside_the_iteration(
+    staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """epochs=3: one iter() is 3 epochs; a report in the second goes on there, to the third's end."""
     loader = rank_loader(BATCH, shuffle=True, seed=5, epochs=3)
     it = iter(loader)
@@ -114,7 +126,9 @@ def test_epochs_per_iteration_resume_inside_the_iteration(staged: str, tmp_path:
     assert [(p["epoch"], p["batch"]) for p in sent] == [(1, 3)]
     del it
     resume_from(tmp_path, monkeypatch, {"0": sent})
-    assert ids(rank_loader(BATCH, shuffle=True, seed=5, epochs=3)) == epoch_order(staged, 1)[12:] + epoch_order(staged, 2)
+    assert ids(rank_loader(BATCH, shuffle=True, seed=5, epochs=3)) == epoch_order(staged, 1)[12:] + epoch_order(
+        staged, 2
+    )
 
 
 def test_rank_dataset_resumes_in_its_epoch(staged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,9 +158,13 @@ def test_rank_dataset_in_your_own_dataloader_with_workers_warns(staged: str) -> 
         "for _ in range(2):\n"
         "    print(sum(len(b['id']) for b in DataLoader(rank_dataset(4), batch_size=None, num_workers=2)))\n"
     )
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
     assert done.returncode == 0 and done.stdout.split() == [str(ROWS)] * 2, done.stderr
-    assert done.stderr.count("cannot record its position for a resumed run") == 2, done.stderr  # in the first worker of each iteration
+    assert done.stderr.count("cannot record its position for a resumed run") == 2, (
+        done.stderr
+    )  # in the first worker of each iteration
 
 
 def test_rows_with_other_values_but_the_same_counts_are_not_noticed(
@@ -173,14 +191,19 @@ def test_another_world_or_other_rows_restart_the_epoch_with_a_warning(
         next(it)
     (sent,) = loader_positions.current()
     changes = [
-        ({"world_size": 2}, "world_size 2 -> 1"), ({"rows": 41}, "rows 41 -> 40"), ({"batch_size": 5}, "batch_size 5 -> 4"),
+        ({"world_size": 2}, "world_size 2 -> 1"),
+        ({"rows": 41}, "rows 41 -> 40"),
+        ({"batch_size": 5}, "batch_size 5 -> 4"),
         ({"shuffle": True}, "shuffle True -> False"),
-    ]  # fmt: skip
+    ]
     for number, (change, named) in enumerate(changes):
         (tmp_path / str(number)).mkdir()
         resume_from(tmp_path / str(number), monkeypatch, {"0": [{**sent, "epoch": 3, **change}]})
-        with pytest.warns(UserWarning, match=rf"epoch 3, batch 5\) was recorded for another run's data or world \({named}\): "
-                          r"epoch 3 starts again from its first batch"):  # fmt: skip
+        with pytest.warns(
+            UserWarning,
+            match=rf"epoch 3, batch 5\) was recorded for another run's data or world \({named}\): "
+            r"epoch 3 starts again from its first batch",
+        ):
             loader = rank_loader(BATCH)
         assert loader.epoch == 3 and ids(loader) == list(range(ROWS))
 
@@ -218,7 +241,9 @@ def test_state_dict_by_hand_and_a_bad_state(staged: str) -> None:
     other.load_state_dict(state)
     assert ids(other) == epoch_order(staged, 0)[28:]
     for bad in [None, {"epoch": 1}, {"epoch": -1, "batch": 0}, {"epoch": True, "batch": 0}]:
-        with pytest.raises(ValueError, match=r"is not a data loader's position; pass what the loader's state_dict\(\) returned"):
+        with pytest.raises(
+            ValueError, match=r"is not a data loader's position; pass what the loader's state_dict\(\) returned"
+        ):
             other.load_state_dict(bad)  # type: ignore[arg-type]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -236,7 +261,9 @@ def test_report_sends_positions_and_the_manifest_keeps_every_ranks(tmp_path: Pat
     storage.create("token")
     (tmp_path / "run" / "checkpoint_000001").mkdir()
     answers: list[Any] = []
-    coordinator = ReportCoordinator(1, 0, storage, on_row=lambda row: None, answer=lambda step, error: answers.append((step, error)))
+    coordinator = ReportCoordinator(
+        1, 0, storage, on_row=lambda row: None, answer=lambda step, error: answers.append((step, error))
+    )
     forwarded: list[dict[str, Any]] = []
     node = NodeReports(0, [0, 1], forward=lambda m: (forwarded.append(m), coordinator.node_report(0, m)))
     node._arrived(0, 1, {"step": 1, "metrics": {}, "checkpoint": True, "loaders": [{"epoch": 0, "batch": 3}]})

@@ -51,8 +51,12 @@ def test_another_users_run_folder_is_refused(open_base: Path, victim: Path) -> N
     _plant_run_folder(open_base, victim)
     storage = _storage(open_base)
     started = time.monotonic()
-    for write in (lambda: storage.create("token"), lambda: storage.append_metrics({"step": 1}),
-                  lambda: storage.record_attempt(0, 1, 1), lambda: storage.complete(1, 0, [0])):  # fmt: skip
+    for write in (
+        lambda: storage.create("token"),
+        lambda: storage.append_metrics({"step": 1}),
+        lambda: storage.record_attempt(0, 1, 1),
+        lambda: storage.complete(1, 0, [0]),
+    ):
         with pytest.raises(ConfigurationError) as caught:
             write()
         message = str(caught.value)
@@ -108,7 +112,9 @@ def test_a_link_in_the_run_folder_is_refused(open_base: Path, victim: Path, tmp_
         storage.upload(str(source), 1)
     with pytest.raises(ConfigurationError, match="checkpoint_000001 is a symbolic link"):
         storage.complete(1, 0, [0])
-    with pytest.raises(ConfigurationError, match="checkpoint_000001 is a symbolic link"):  # a node, before a rank resumes from it
+    with pytest.raises(
+        ConfigurationError, match="checkpoint_000001 is a symbolic link"
+    ):  # a node, before a rank resumes from it
         storage.download(CheckpointInfo(step=1, url=storage.checkpoint_url(1)), str(tmp_path / "unused"))
     (run / "checkpoint_000002").mkdir()
     (run / "checkpoint_000002" / "w.bin").symlink_to(victim)

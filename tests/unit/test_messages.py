@@ -21,17 +21,29 @@ from spark_torch.shared.failure_reports import FailureReport
 
 #: one message of every kind, with its wire form
 SAMPLES: list[tuple[Any, dict[str, Any]]] = [
-    (m.Lines(((0, "stdout", "a\nb"), (1, m.EVENT_STREAM, "started"))), {"lines": [[0, "stdout", "a\nb"], [1, "event", "started"]]}),
+    (
+        m.Lines(((0, "stdout", "a\nb"), (1, m.EVENT_STREAM, "started"))),
+        {"lines": [[0, "stdout", "a\nb"], [1, "event", "started"]]},
+    ),
     (m.Dropped(3), {"dropped": 3}),
     (m.Eof(2), {"eof": 2}),
     (m.Hello(1, {"port": 29500, "rows": 0}), {"hello": {"port": 29500, "rows": 0, "node": 1, "protocol": m.PROTOCOL}}),
     (m.GiveUp("cannot reach 10.0.0.1:4000"), {"give_up": "cannot reach 10.0.0.1:4000"}),
     (m.GiveUp(None), {"give_up": None}),
-    (m.Report({"node": 0, "step": 1, "metrics": {"loss": 0.5}}), {"report": {"node": 0, "step": 1, "metrics": {"loss": 0.5}}}),
+    (
+        m.Report({"node": 0, "step": 1, "metrics": {"loss": 0.5}}),
+        {"report": {"node": 0, "step": 1, "metrics": {"loss": 0.5}}},
+    ),
     (
         m.Failure(FailureReport(failures=(RankFailure(rank=1, host="h", exc_type="ValueError", exc_message="boom"),))),
-        {"failure": {"failures": [RankFailure(rank=1, host="h", exc_type="ValueError", exc_message="boom").to_dict()],
-                     "problem": None, "headline": None, "pickled": {}}},
+        {
+            "failure": {
+                "failures": [RankFailure(rank=1, host="h", exc_type="ValueError", exc_message="boom").to_dict()],
+                "problem": None,
+                "headline": None,
+                "pickled": {},
+            }
+        },
     ),
     (
         m.Failure(FailureReport(problem=(ProblemKind.CONFIGURATION, "bad shards"))),
@@ -39,20 +51,30 @@ SAMPLES: list[tuple[Any, dict[str, Any]]] = [
     ),
     (
         m.Outcome(NodeOutcome(state=GroupState.FAILED, ranks={0: RankState.FAILED}, stop=StopReason.TIMEOUT)),
-        {"outcome": NodeOutcome(state=GroupState.FAILED, ranks={0: RankState.FAILED}, stop=StopReason.TIMEOUT).to_wire()},
+        {
+            "outcome": NodeOutcome(
+                state=GroupState.FAILED, ranks={0: RankState.FAILED}, stop=StopReason.TIMEOUT
+            ).to_wire()
+        },
     ),
     (m.Progress(({"rank": 0, "text": "main"},)), {"progress": [{"rank": 0, "text": "main"}]}),
     (m.Trace(3, b"\x00trace"), {"trace": {"rank": 3}, "_bytes": b"\x00trace"}),
     (m.Bulk({"offset": 0}, b"\x01\x02"), {"bulk": {"offset": 0}, "_bytes": b"\x01\x02"}),
-    (m.Rendezvous(peers=({"port": 1, "node": 0}, {"port": 2, "node": 1})), {"rendezvous": {"decision": "peers", "peers": [{"port": 1, "node": 0}, {"port": 2, "node": 1}]}}),
-    (m.Rendezvous(reason="node 1 gave up waiting"), {"rendezvous": {"decision": "fallback", "reason": "node 1 gave up waiting"}}),
+    (
+        m.Rendezvous(peers=({"port": 1, "node": 0}, {"port": 2, "node": 1})),
+        {"rendezvous": {"decision": "peers", "peers": [{"port": 1, "node": 0}, {"port": 2, "node": 1}]}},
+    ),
+    (
+        m.Rendezvous(reason="node 1 gave up waiting"),
+        {"rendezvous": {"decision": "fallback", "reason": "node 1 gave up waiting"}},
+    ),
     (m.Stop(StopReason.STALLED), {"stop": "stalled"}),
     (m.Reported(4, None), {"reported": {"step": 4, "error": None}}),
     (m.Reported(5, "disk full"), {"reported": {"step": 5, "error": "disk full"}}),
     (m.Traces(stopping=True), {"traces": "stopping"}),
     (m.Traces(), {"traces": True}),
     (m.BulkError("OSError: no space left"), {"bulk_error": "OSError: no space left"}),
-]  # fmt: skip
+]
 
 
 def _decode(message: Any, wire_form: dict[str, Any]) -> Any:
@@ -85,8 +107,12 @@ def _bytes_of(body: wire.Body) -> bytes:
     return body if isinstance(body, bytes) else body[0] + bytes(body[1])
 
 
-@pytest.mark.parametrize(("message", "wire_form"), SAMPLES, ids=lambda v: None if isinstance(v, dict) else type(v).__name__)
-def test_every_message_has_its_wire_form_and_comes_back_equal_through_a_frame(message: Any, wire_form: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("message", "wire_form"), SAMPLES, ids=lambda v: None if isinstance(v, dict) else type(v).__name__
+)
+def test_every_message_has_its_wire_form_and_comes_back_equal_through_a_frame(
+    message: Any, wire_form: dict[str, Any]
+) -> None:
     encoded = message.to_wire()
     assert _bytes_of(wire.encode(encoded)) == _bytes_of(wire.encode(wire_form)), "not the wire form the other end reads"
     received = _through_a_frame(encoded)
@@ -103,7 +129,9 @@ def test_every_message_has_its_wire_form_and_comes_back_equal_through_a_frame(me
         (m.decode_node_message, {"seq": 1, "stop": "timeout"}, "node"),  # the driver's kind, from a node
     ],
 )
-def test_an_unknown_kind_is_refused_naming_it_the_protocol_and_the_fix(decode: Any, message: dict[str, Any], sender: str) -> None:
+def test_an_unknown_kind_is_refused_naming_it_the_protocol_and_the_fix(
+    decode: Any, message: dict[str, Any], sender: str
+) -> None:
     kind = next(k for k in message if k != "seq")
     with pytest.raises(m.MessageError, match=f"an unknown message '{kind}' from the {sender}") as info:
         decode(message)
@@ -150,14 +178,18 @@ MALFORMED_DRIVER = [
 ]
 
 
-@pytest.mark.parametrize(("message", "why"), MALFORMED_NODE, ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
+@pytest.mark.parametrize(
+    ("message", "why"), MALFORMED_NODE, ids=lambda v: next(iter(v)) if isinstance(v, dict) else None
+)
 def test_a_malformed_node_message_is_refused_naming_its_kind(message: dict[str, Any], why: str) -> None:
     kind = next(k for k in message if k != "_bytes")
     with pytest.raises(m.MessageError, match=f"a malformed '{kind}' message: .*{why}"):
         m.decode_node_message({**message, "seq": 1})
 
 
-@pytest.mark.parametrize(("message", "why"), MALFORMED_DRIVER, ids=lambda v: next(iter(v)) if isinstance(v, dict) else None)
+@pytest.mark.parametrize(
+    ("message", "why"), MALFORMED_DRIVER, ids=lambda v: next(iter(v)) if isinstance(v, dict) else None
+)
 def test_a_malformed_driver_message_is_refused_naming_its_kind(message: dict[str, Any], why: str) -> None:
     kind = next(iter(message))
     with pytest.raises(m.MessageError, match=f"a malformed '{kind}' message: .*{why}"):
@@ -171,7 +203,10 @@ def test_every_kind_has_a_malformed_case_where_it_checks_a_shape() -> None:
     assert m.decode_driver_message({"stop": "a newer reason"}) == m.Stop(None)
 
 
-@pytest.mark.parametrize(("hello", "theirs"), [({"node": 2, "protocol": 99}, "channel protocol 99"), ({"node": 2}, "no channel protocol version")])
+@pytest.mark.parametrize(
+    ("hello", "theirs"),
+    [({"node": 2, "protocol": 99}, "channel protocol 99"), ({"node": 2}, "no channel protocol version")],
+)
 def test_a_hello_of_another_protocol_is_refused_naming_both_versions(hello: dict[str, Any], theirs: str) -> None:
     with pytest.raises(m.ProtocolMismatch) as info:
         m.decode_node_message({"hello": {**hello, "port": 1}, "seq": 1})
@@ -179,7 +214,9 @@ def test_a_hello_of_another_protocol_is_refused_naming_both_versions(hello: dict
         f"node 2 speaks {theirs} and this driver speaks channel protocol {m.PROTOCOL}: the node runs other "
         "spark_torch code than the driver; install the same spark_torch on the driver and the executors"
     )
-    assert isinstance(info.value, ValueError), "the server closes the connection of a node whose message is a ValueError"
+    assert isinstance(info.value, ValueError), (
+        "the server closes the connection of a node whose message is a ValueError"
+    )
 
 
 def test_a_hello_hands_every_node_its_fields_and_node_only() -> None:
@@ -191,14 +228,22 @@ def test_a_failure_report_too_large_for_a_frame_is_cut_to_fit() -> None:
     """The wire form of a node with many failed ranks fits one frame: the pickled exceptions stay
     behind first, then each rank's text is cut (head and tail kept)."""
     failures = tuple(
-        RankFailure(rank=r, host="h", exc_type="ValueError", traceback="t" * 100_000 + f"\nValueError: {r}", last_lines=("y" * 60_000,) * 20)
+        RankFailure(
+            rank=r,
+            host="h",
+            exc_type="ValueError",
+            traceback="t" * 100_000 + f"\nValueError: {r}",
+            last_lines=("y" * 60_000,) * 20,
+        )
         for r in range(40)
-    )  # fmt: skip
+    )
     wire_form = m.Failure(FailureReport(failures=failures, pickled={r: "p" * 60_000 for r in range(40)})).to_wire()
     assert wire.body_size(wire.encode({**wire_form, "seq": 2**63})) < wire.MAX_FRAME
     decoded = m.decode_node_message(wire_form)
     assert isinstance(decoded, m.Failure) and not decoded.report.pickled
-    assert [(f.traceback or "")[-13:] for f in decoded.report.failures] == [f"\nValueError: {r}"[-13:] for r in range(40)]
+    assert [(f.traceback or "")[-13:] for f in decoded.report.failures] == [
+        f"\nValueError: {r}"[-13:] for r in range(40)
+    ]
 
 
 def _cases(path: Path, function: str) -> set[str]:
@@ -208,7 +253,9 @@ def _cases(path: Path, function: str) -> set[str]:
     match = next(n for n in ast.walk(body) if isinstance(n, ast.Match))
     named = set()
     for case in match.cases:
-        pattern = case.pattern.pattern if isinstance(case.pattern, ast.MatchAs) and case.pattern.pattern else case.pattern
+        pattern = (
+            case.pattern.pattern if isinstance(case.pattern, ast.MatchAs) and case.pattern.pattern else case.pattern
+        )
         if isinstance(pattern, ast.MatchClass) and isinstance(pattern.cls, ast.Name):
             named.add(pattern.cls.id)
     return named

@@ -32,5 +32,7 @@ def test_machine_names_read_the_same() -> None:
 def test_a_numbers_sign_reads_the_same() -> None:
     """A weight near zero prints either sign from run to run (notebook 06 once failed on it); a
     hyphen inside a word or a range is not a sign."""
-    assert _normalise("group 0's final weights: [0.12, -0.03, -5e-05]") == _normalise("group 0's final weights: [0.12, 0.03, 5e-05]")
+    assert _normalise("group 0's final weights: [0.12, -0.03, -5e-05]") == _normalise(
+        "group 0's final weights: [0.12, 0.03, 5e-05]"
+    )
     assert _normalise("rank-1 steps 3-4, loss=-0.5") == "rank-# steps #-#, loss=#"

@@ -60,7 +60,9 @@ def test_make_and_ci_install_from_the_locks() -> None:
 
 def test_torch_comes_from_the_cpu_index_without_an_nvidia_driver() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert "TORCH_INDEX ?= $(if $(wildcard /proc/driver/nvidia/version),,https://download.pytorch.org/whl/cpu)" in makefile
+    assert (
+        "TORCH_INDEX ?= $(if $(wildcard /proc/driver/nvidia/version),,https://download.pytorch.org/whl/cpu)" in makefile
+    )
     assert "--extra-index-url $(TORCH_INDEX)" in makefile
 
 
@@ -75,5 +77,7 @@ def test_every_line_of_the_pyspark35_selection_names_a_test() -> None:
         assert (ROOT / path).is_file(), f"{node}: no file {path}"
         if name:
             function = name.split("[", 1)[0]
-            assert re.search(rf"^def {function}\(", (ROOT / path).read_text(), re.MULTILINE), f"{node}: no test {function} in {path}"
+            assert re.search(rf"^def {function}\(", (ROOT / path).read_text(), re.MULTILINE), (
+                f"{node}: no test {function} in {path}"
+            )
     assert ".ci/pyspark35-tests.txt" in (ROOT / ".ci" / "pyspark35.sh").read_text()

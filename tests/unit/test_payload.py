@@ -14,11 +14,7 @@ from spark_torch.driver.run.payload import dump_function_payload
 
 def _user_module(tmp_path: Path):
     source = tmp_path / "user_train.py"
-    source.write_text(
-        "def train(x):\n"
-        "    helper = lambda: 1 / x\n"
-        "    return helper()\n"
-    )
+    source.write_text("def train(x):\n    helper = lambda: 1 / x\n    return helper()\n")
     spec = importlib.util.spec_from_file_location("user_train", source)
     module = importlib.util.module_from_spec(spec)
     sys.modules["user_train"] = module

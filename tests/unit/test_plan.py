@@ -141,7 +141,9 @@ def test_ranks_per_task_cpu() -> None:
     with pytest.raises(ValueError, match="ranks_per_task applies to distributed mode"):
         DistributorConfig(num_processes=2, ranks_per_task=2)
     with pytest.raises(ValueError, match=r"ranks_per_task=1 but each task has 2 GPU"):
-        make_plan(DistributorConfig(num_processes=4, local_mode=False, ranks_per_task=1), ClusterInfo(task_gpu_amount=2))
+        make_plan(
+            DistributorConfig(num_processes=4, local_mode=False, ranks_per_task=1), ClusterInfo(task_gpu_amount=2)
+        )
 
 
 def _endpoint(cluster: ClusterInfo, env: dict[str, str]) -> Any:
@@ -155,12 +157,15 @@ def _endpoint(cluster: ClusterInfo, env: dict[str, str]) -> Any:
 def test_endpoint_resolution() -> None:
 
     classic = ClusterInfo(driver_host="10.0.0.5")
-    assert _endpoint(classic, {}) == _endpoint(classic, {}).__class__(
-        bind_host="10.0.0.5", advertise_host="10.0.0.5"
-    )
+    assert _endpoint(classic, {}) == _endpoint(classic, {}).__class__(bind_host="10.0.0.5", advertise_host="10.0.0.5")
     bound = ClusterInfo(driver_host="driver.svc", driver_bind_address="0.0.0.0")
     e = _endpoint(bound, {"SPARK_TORCH_CHANNEL_PORTS": "40000-40100", "SPARK_TORCH_RENDEZVOUS_TIMEOUT": "5"})
-    assert (e.bind_host, e.advertise_host, e.ports, e.rendezvous_timeout) == ("0.0.0.0", "driver.svc", (40000, 40100), 5.0)
+    assert (e.bind_host, e.advertise_host, e.ports, e.rendezvous_timeout) == (
+        "0.0.0.0",
+        "driver.svc",
+        (40000, 40100),
+        5.0,
+    )
     # the override applies in every mode; host:port is for NAT / port mapping
     e = _endpoint(bound, {"SPARK_TORCH_CHANNEL_HOST": "203.0.113.9:31000"})
     assert (e.bind_host, e.advertise_host, e.advertise_port) == ("0.0.0.0", "203.0.113.9", 31000)
@@ -217,15 +222,26 @@ def test_a_replica_groups_rank_gets_torchfts_logs_at_warn_unless_the_user_chose(
 def test_rank_env_scrubs_spark_secrets() -> None:
     from spark_torch.node.rank_env import RankIdentity, rank_env
 
-    base = {"_SPARK_AUTH_SECRET": "x", "PYTHON_WORKER_FACTORY_SECRET": "y", "SPARK_CONNECT_AUTHENTICATE_TOKEN": "z", "HOME": "/h"}
+    base = {
+        "_SPARK_AUTH_SECRET": "x",
+        "PYTHON_WORKER_FACTORY_SECRET": "y",
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN": "z",
+        "HOME": "/h",
+    }
     env = rank_env(base, RankIdentity(0, 0, 1, 1, 0, 1), master_addr="h", master_port=1, run_id="r")
-    assert "HOME" in env and not {"_SPARK_AUTH_SECRET", "PYTHON_WORKER_FACTORY_SECRET", "SPARK_CONNECT_AUTHENTICATE_TOKEN"} & set(env)
+    assert "HOME" in env and not {
+        "_SPARK_AUTH_SECRET",
+        "PYTHON_WORKER_FACTORY_SECRET",
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN",
+    } & set(env)
 
 
 def test_numpy_integers_are_accepted_as_counts() -> None:
     import numpy as np
 
-    config = DistributorConfig(num_processes=np.int64(4), local_mode=False, max_restarts=np.int32(1), ranks_per_task=np.int16(2))
+    config = DistributorConfig(
+        num_processes=np.int64(4), local_mode=False, max_restarts=np.int32(1), ranks_per_task=np.int16(2)
+    )
     assert (config.num_processes, config.max_restarts, config.ranks_per_task) == (4, 1, 2)
     assert all(type(v) is int for v in (config.num_processes, config.max_restarts, config.ranks_per_task))
     with pytest.raises(TypeError, match="num_processes must be an int"):
@@ -251,8 +267,24 @@ def test_gpu_and_tls_misconfiguration_is_also_a_runtime_error() -> None:
         ({"spark.master": "local"}, 1),
         ({"spark.master": "local[*]"}, None),
         ({"spark.master": "local-cluster[2,3,1024]"}, 6),
-        ({"spark.master": "spark://h:7077", "spark.executor.instances": "3", "spark.executor.cores": "4", "spark.task.cpus": "2"}, 6),
-        ({"spark.master": "yarn", "spark.executor.instances": "3", "spark.executor.cores": "4", "spark.dynamicAllocation.enabled": "true"}, None),
+        (
+            {
+                "spark.master": "spark://h:7077",
+                "spark.executor.instances": "3",
+                "spark.executor.cores": "4",
+                "spark.task.cpus": "2",
+            },
+            6,
+        ),
+        (
+            {
+                "spark.master": "yarn",
+                "spark.executor.instances": "3",
+                "spark.executor.cores": "4",
+                "spark.dynamicAllocation.enabled": "true",
+            },
+            None,
+        ),
         ({"spark.master": "k8s://h"}, None),
     ],
 )
@@ -297,14 +329,19 @@ def test_ipv6_hosts_lose_their_brackets_for_binding() -> None:
     sock.close()
 
 
-@pytest.mark.parametrize(("version", "ok"), [("3.4.1", False), ("3.3.2", False), ("3.5.0", True), ("4.1.1", True), ("4.3.0.dev0", True)])
+@pytest.mark.parametrize(
+    ("version", "ok"), [("3.4.1", False), ("3.3.2", False), ("3.5.0", True), ("4.1.1", True), ("4.3.0.dev0", True)]
+)
 def test_supported_pyspark_versions(version: str, ok: bool) -> None:
     from spark_torch.driver.spark.pyspark_shims import check_pyspark
 
     if ok:
         check_pyspark(version)
     else:
-        with pytest.raises(ConfigurationError, match=rf"needs PySpark 3.5 or 4.x .* this driver has PySpark {version}\. Upgrade pyspark"):
+        with pytest.raises(
+            ConfigurationError,
+            match=rf"needs PySpark 3.5 or 4.x .* this driver has PySpark {version}\. Upgrade pyspark",
+        ):
             check_pyspark(version)
 
 
@@ -396,6 +433,8 @@ def test_doctor_and_run_agree_on_the_checks_they_share(cluster: ClusterInfo, cap
 def test_rpc_encryption_off_on_a_cluster_is_a_warning_in_doctor() -> None:
     from spark_torch.cli.doctor import shared_rows
 
-    rpc = next(row for row in shared_rows(ClusterInfo(master="spark://h:7077")) if row.name.startswith("RPC encryption"))
+    rpc = next(
+        row for row in shared_rows(ClusterInfo(master="spark://h:7077")) if row.name.startswith("RPC encryption")
+    )
     assert (rpc.value, rpc.ok, rpc.warn) == ("off", True, True)
     assert rpc.fix == "set spark.authenticate=true and spark.network.crypto.enabled=true"

@@ -12,7 +12,10 @@ def test_success_finishes() -> None:
     assert RestartPolicy(3).decide(AttemptEnd.SUCCEEDED, 0).action is Action.FINISH
 
 
-@pytest.mark.parametrize("end, reason", [(AttemptEnd.FAILED, AttemptReason.RESTART_AFTER_FAILURE), (AttemptEnd.STALLED, AttemptReason.RESTART_AFTER_STALL)])
+@pytest.mark.parametrize(
+    "end, reason",
+    [(AttemptEnd.FAILED, AttemptReason.RESTART_AFTER_FAILURE), (AttemptEnd.STALLED, AttemptReason.RESTART_AFTER_STALL)],
+)
 def test_failures_and_stalls_restart_while_restarts_are_left(end: AttemptEnd, reason: AttemptReason) -> None:
     policy = RestartPolicy(2)
     assert policy.decide(end, 0).reason is reason and policy.decide(end, 0).counts

@@ -14,7 +14,9 @@ from spark_torch.node.staging import write_node_data
 from spark_torch.rank.data import RankDataset, rank_positions
 from spark_torch.shared.column_files import ColumnWriter, NullValuesError, StagedColumns, column_kind
 
-VECTOR = pa.struct([("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))])
+VECTOR = pa.struct(
+    [("type", pa.int8()), ("size", pa.int32()), ("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float64()))]
+)
 
 
 def write(tmp_path: Path, rows: int, batch: int = 7) -> str:
@@ -41,7 +43,9 @@ def test_batches_follow_rank_positions_padded_and_cut(tmp_path: Path) -> None:
     path = write(tmp_path, 11)
     for drop_last in (False, True):
         for rank in range(2):
-            ds = RankDataset(path, batch_size=4, local_rank=rank, local_world_size=2, rows_per_node=[11, 15], drop_last=drop_last)
+            ds = RankDataset(
+                path, batch_size=4, local_rank=rank, local_world_size=2, rows_per_node=[11, 15], drop_last=drop_last
+            )
             expected = rank_positions(11, rank, 2, [11, 15], drop_last)
             got = ids(ds)
             assert got == (expected[: len(expected) - len(expected) % 4] if drop_last else expected)
@@ -74,19 +78,23 @@ def test_drop_last_and_shapes(tmp_path: Path) -> None:
 
 def every_type_table(rows: int) -> pa.Table:
     vectors = [
-        {"type": 1, "size": None, "indices": None, "values": [float(i), 2.0, 3.0]} if i % 2
+        {"type": 1, "size": None, "indices": None, "values": [float(i), 2.0, 3.0]}
+        if i % 2
         else {"type": 0, "size": 4, "indices": [0, 3], "values": [float(i), 6.0]}
         for i in range(rows)
-    ]  # fmt: skip
-    return pa.table({
-        "id": pa.array(range(rows), pa.int64()), "flag": pa.array([i % 3 == 0 for i in range(rows)]),
-        "x": pa.array([i / 10 for i in range(rows)], pa.float64()),
-        "fixed": pa.array([[i, -i] for i in range(rows)], pa.list_(pa.int32(), 2)),
-        "ragged": pa.array([[float(i)] * (i % 3) for i in range(rows)], pa.list_(pa.float64())),
-        "vec": pa.array(vectors, VECTOR),
-        "name": pa.array([None if i == 4 else f"row{i}é" for i in range(rows)], pa.string()),
-        "blob": pa.array([bytes([i % 256]) * (i % 4) for i in range(rows)], pa.large_binary()),
-    })  # fmt: skip
+    ]
+    return pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "flag": pa.array([i % 3 == 0 for i in range(rows)]),
+            "x": pa.array([i / 10 for i in range(rows)], pa.float64()),
+            "fixed": pa.array([[i, -i] for i in range(rows)], pa.list_(pa.int32(), 2)),
+            "ragged": pa.array([[float(i)] * (i % 3) for i in range(rows)], pa.list_(pa.float64())),
+            "vec": pa.array(vectors, VECTOR),
+            "name": pa.array([None if i == 4 else f"row{i}é" for i in range(rows)], pa.string()),
+            "blob": pa.array([bytes([i % 256]) * (i % 4) for i in range(rows)], pa.large_binary()),
+        }
+    )
 
 
 def test_every_type_round_trips_in_any_order(tmp_path: Path) -> None:
@@ -94,7 +102,9 @@ def test_every_type_round_trips_in_any_order(tmp_path: Path) -> None:
     # a sliced batch (offset into its buffers) must be staged from its own rows only
     batches = [table.slice(0, 9).to_batches()[0], table.slice(9, 13).to_batches()[0], table.slice(22).to_batches()[0]]
     path, _ = write_node_data(batches, str(tmp_path))
-    ds = RankDataset(path, batch_size=30, shuffle=True, seed=1, local_rank=0, local_world_size=1, dtype={"vec": torch.float64})
+    ds = RankDataset(
+        path, batch_size=30, shuffle=True, seed=1, local_rank=0, local_world_size=1, dtype={"vec": torch.float64}
+    )
     (batch,) = list(ds)
     order = batch["id"].tolist()
     assert sorted(order) == list(range(30)) and order != list(range(30))
@@ -117,10 +127,18 @@ def test_dtype_default_one_and_per_column(tmp_path: Path) -> None:
 
     default = first(None)
     assert (default["vec"].dtype, default["ragged"][1].dtype, default["x"].dtype, default["fixed"].dtype) == (
-        torch.float32, torch.float32, torch.float64, torch.int32)
+        torch.float32,
+        torch.float32,
+        torch.float64,
+        torch.int32,
+    )
     one = first(torch.float64)
     assert (one["vec"].dtype, one["ragged"][1].dtype, one["x"].dtype, one["id"].dtype) == (
-        torch.float64, torch.float64, torch.float64, torch.int64)
+        torch.float64,
+        torch.float64,
+        torch.float64,
+        torch.int64,
+    )
     per = first({"x": torch.float32, "id": torch.float32})
     assert (per["x"].dtype, per["id"].dtype, per["vec"].dtype) == (torch.float32, torch.float32, torch.float32)
     with pytest.raises(ValueError, match=r"dtype names columns \['nope'\] that the batches do not have"):
@@ -136,8 +154,14 @@ def test_nulls_refused_while_staging_naming_the_column(tmp_path: Path, column: s
     table = every_type_table(5)
     values = table.column(column).to_pylist()
     values[3] = None
-    table = table.set_column(table.schema.get_field_index(column), table.schema.field(column), pa.array(values, table.schema.field(column).type))
-    with pytest.raises(NullValuesError, match=rf"column '{column}' \(.*\) has 1 null value\(s\).*df.na.drop\(subset=\['{column}'\]\)"):
+    table = table.set_column(
+        table.schema.get_field_index(column),
+        table.schema.field(column),
+        pa.array(values, table.schema.field(column).type),
+    )
+    with pytest.raises(
+        NullValuesError, match=rf"column '{column}' \(.*\) has 1 null value\(s\).*df.na.drop\(subset=\['{column}'\]\)"
+    ):
         write_node_data(table.to_batches(), str(tmp_path))
     with pytest.raises(FileNotFoundError, match="is not a folder staged by run_on_dataframe"):
         StagedColumns(str(tmp_path / "data"))  # no manifest: nothing half-written looks staged

@@ -44,7 +44,11 @@ def test_the_store_listens_on_master_addr_only(rank_env: pytest.MonkeyPatch) -> 
     client = TCPStore("127.0.0.1", port, 2, False)
     client.set("k", "v")
     assert store._hosted[0].get("k") == b"v"
-    listening = [c.laddr.ip for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    listening = [
+        c.laddr.ip
+        for c in psutil.Process().net_connections("inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
     assert listening == ["127.0.0.1"], listening  # torch's own server would listen on "::" or "0.0.0.0"
 
 

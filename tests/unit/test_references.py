@@ -19,7 +19,9 @@ REFERENCE = re.compile(r"(?<![\w/.-])spark_torch(?:\.[A-Za-z_]\w*)+")
 NOT_NAMES = {"spark_torch.zip", "spark_torch.egg", "spark_torch.log"}
 #: MLflow parameter and tag names that the tracker logs ("spark_torch.world_size"): string
 #: literals of driver/console/tracker.py, not Python names
-MLFLOW_NAMES = set(re.findall(r'"(spark_torch\.\w+)"', (PACKAGE / "driver" / "console" / "tracker.py").read_text(encoding="utf-8")))
+MLFLOW_NAMES = set(
+    re.findall(r'"(spark_torch\.\w+)"', (PACKAGE / "driver" / "console" / "tracker.py").read_text(encoding="utf-8"))
+)
 
 
 def _texts() -> list[tuple[str, str]]:
@@ -57,6 +59,8 @@ def test_every_reference_resolves() -> None:
             if not _resolves(name):
                 stale.append(f"{where}: {name}")
     assert not stale, "references to names that do not exist:\n" + "\n".join(sorted(set(stale)))
+
+
 def _modules() -> list[str]:
     names = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -96,7 +100,12 @@ _SEARCHED = ("spark_torch", "tests", "benchmarks", "examples", "notebooks", "doc
 
 
 def _doc_pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tests" / "README.md", ROOT / "benchmarks" / "README.md"]
+    return [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "tests" / "README.md",
+        ROOT / "benchmarks" / "README.md",
+    ]
 
 
 def _path_exists(cited: str) -> bool:
@@ -104,9 +113,7 @@ def _path_exists(cited: str) -> bool:
         return True
     # a bare or partial path ("local.py", "template/server.py") names a file somewhere in the tree
     tail = cited.rstrip("/")
-    return any(
-        p.as_posix().endswith("/" + tail) for top in _SEARCHED for p in (ROOT / top).rglob(Path(tail).name)
-    )
+    return any(p.as_posix().endswith("/" + tail) for top in _SEARCHED for p in (ROOT / top).rglob(Path(tail).name))
 
 
 def test_every_cited_file_path_exists() -> None:

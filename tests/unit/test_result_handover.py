@@ -37,7 +37,9 @@ def test_the_drivers_directory_gets_the_result(tmp_path: Path) -> None:
     assert Path(WorkdirFiles(str(directory)).handed_over_result()).read_bytes() == b"pickled result"
 
 
-@pytest.mark.parametrize("case", ["no token file", "another token", "no token in the spec", "open to others", "a symlink"])
+@pytest.mark.parametrize(
+    "case", ["no token file", "another token", "no token in the spec", "open to others", "a symlink"]
+)
 def test_any_other_directory_at_that_path_is_never_written(tmp_path: Path, case: str) -> None:
     directory, token = _driver_dir(tmp_path)
     target = directory

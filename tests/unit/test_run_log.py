@@ -25,7 +25,13 @@ def test_a_call_its_attempts_and_its_end_read_back() -> None:
         {"event": "a newer kind", "time": 201.0},
     ]
     first, second = read_calls(rows)
-    assert (first.entry, first.kind, first.outcome, first.duration, first.error) == ("train.py --lr 0.1", "script", Outcome.SUCCEEDED, 4.5, None)
+    assert (first.entry, first.kind, first.outcome, first.duration, first.error) == (
+        "train.py --lr 0.1",
+        "script",
+        Outcome.SUCCEEDED,
+        4.5,
+        None,
+    )
     assert [str(a) for a in first.attempts] == [
         "attempt 0: 2 rank(s) on 1 node(s), start; failed: rank 1 on h failed",
         "attempt 1: 2 rank(s) on 1 node(s), restart after a failure; succeeded",
@@ -53,7 +59,11 @@ def test_an_end_names_the_error_by_its_first_line() -> None:
     ],
 )
 def test_a_calls_outcome(error: BaseException | None, last: AttemptEnd | None, outcome: Outcome) -> None:
-    attempts = [AttemptRecord(attempt=0, world_size=1, nodes=1, reason=AttemptReason.START, end=last)] if last is not None else []
+    attempts = (
+        [AttemptRecord(attempt=0, world_size=1, nodes=1, reason=AttemptReason.START, end=last)]
+        if last is not None
+        else []
+    )
     assert run_outcome(error, attempts) is outcome
 
 
@@ -77,7 +87,9 @@ def test_retention_keeps_the_newest_runs_that_reported_nothing(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["quiet0", "quiet4", "quiet5", "reported", "running"]
 
 
-def test_retention_reads_no_metrics_and_keeps_checkpointed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_retention_reads_no_metrics_and_keeps_checkpointed_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every run() of the default storage prunes it: a run that reported is told by one listing,
     its metrics (which grow with its steps) never read; a run with only a checkpoint is kept too."""
     for index in range(3):
@@ -93,7 +105,10 @@ def test_retention_reads_no_metrics_and_keeps_checkpointed_runs(tmp_path: Path, 
 def test_a_results_repr_is_short_whatever_its_value() -> None:
     state = {f"layer{i}.weight": list(range(100)) for i in range(40)}
     text = repr(RunResult(run_id="abc", value=state, outcome=Outcome.SUCCEEDED, path="/runs/abc"))
-    assert text == "RunResult(run_id='abc', outcome='succeeded', value=<dict, 40 items>, steps=0, restarts=0, path='/runs/abc')"
+    assert (
+        text
+        == "RunResult(run_id='abc', outcome='succeeded', value=<dict, 40 items>, steps=0, restarts=0, path='/runs/abc')"
+    )
     assert "value=<str, 5 characters>" in repr(RunResult(run_id="a", value="hello"))
     assert "value=<int>" in repr(RunResult(run_id="a", value=7))
     failed = repr(RunResult(run_id="a", error=ValueError("x" * 500 + "\nsecond")))

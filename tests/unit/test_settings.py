@@ -28,7 +28,10 @@ def test_every_setting_is_a_keyword_a_config_field_and_a_resolved_value() -> Non
     resolved = {f.name for f in dataclasses.fields(Settings)}
     for setting in SETTINGS:
         assert setting.name not in keywords and setting.name in fields and setting.name in resolved, setting.name
-        assert getattr(Distributor(**{setting.name: setting.default})._config, setting.name) is not None or setting.default is None
+        assert (
+            getattr(Distributor(**{setting.name: setting.default})._config, setting.name) is not None
+            or setting.default is None
+        )
         assert setting.env.startswith("SPARK_TORCH_") and setting.conf.startswith("spark.torch."), setting
     assert resolved == {s.name for s in SETTINGS}
     assert len({s.env for s in SETTINGS}) == len({s.conf for s in SETTINGS}) == len(SETTINGS)
@@ -36,7 +39,11 @@ def test_every_setting_is_a_keyword_a_config_field_and_a_resolved_value() -> Non
 
 def test_precedence_keyword_then_environment_then_conf_then_default() -> None:
     env = {"SPARK_TORCH_RENDEZVOUS_TIMEOUT": "5", "SPARK_TORCH_CHANNEL_PORTS": "41000-41010"}
-    conf = {"spark.torch.rendezvous.timeout": "7", "spark.torch.channel.heartbeat": "0.5", "spark.torch.warmStart.enabled": "false"}
+    conf = {
+        "spark.torch.rendezvous.timeout": "7",
+        "spark.torch.channel.heartbeat": "0.5",
+        "spark.torch.warmStart.enabled": "false",
+    }
     given = DistributorConfig(rendezvous_timeout=3).given_settings()
     got = resolve(given, env, conf)
     assert got.rendezvous_timeout == 3.0  # the keyword
@@ -55,13 +62,33 @@ def test_precedence_keyword_then_environment_then_conf_then_default() -> None:
         ("keyword", {"warm_start": "maybe"}, "warm_start='maybe' must be true or false"),
         ("env", {"SPARK_TORCH_EXECUTOR_WAIT": "-1"}, "SPARK_TORCH_EXECUTOR_WAIT='-1' must be a number of seconds >= 0"),
         ("env", {"SPARK_TORCH_HEARTBEAT": ""}, "SPARK_TORCH_HEARTBEAT='' must be a number of seconds > 0"),
-        ("conf", {"spark.torch.channel.host": "h:1-2"}, "spark.torch.channel.host='h:1-2': give one port after the host"),
+        (
+            "conf",
+            {"spark.torch.channel.host": "h:1-2"},
+            "spark.torch.channel.host='h:1-2': give one port after the host",
+        ),
         ("conf", {"spark.torch.result.transfer": "x"}, "spark.torch.result.transfer='x' is not valid"),
         # select() takes no timeout this large: the template stopped (issue 27)
-        ("keyword", {"warm_start_idle": float("inf")}, "warm_start_idle='inf' must be a number of seconds > 0 and <= 86400 (24 h)"),
-        ("keyword", {"warm_start_idle": 1e9}, "warm_start_idle='1000000000.0' must be a number of seconds > 0 and <= 86400"),
-        ("env", {"SPARK_TORCH_WARM_START_IDLE": "nan"}, "SPARK_TORCH_WARM_START_IDLE='nan' must be a number of seconds > 0"),
-        ("conf", {"spark.torch.warmStart.idleTimeout": "86401"}, "spark.torch.warmStart.idleTimeout='86401' must be a number"),
+        (
+            "keyword",
+            {"warm_start_idle": float("inf")},
+            "warm_start_idle='inf' must be a number of seconds > 0 and <= 86400 (24 h)",
+        ),
+        (
+            "keyword",
+            {"warm_start_idle": 1e9},
+            "warm_start_idle='1000000000.0' must be a number of seconds > 0 and <= 86400",
+        ),
+        (
+            "env",
+            {"SPARK_TORCH_WARM_START_IDLE": "nan"},
+            "SPARK_TORCH_WARM_START_IDLE='nan' must be a number of seconds > 0",
+        ),
+        (
+            "conf",
+            {"spark.torch.warmStart.idleTimeout": "86401"},
+            "spark.torch.warmStart.idleTimeout='86401' must be a number",
+        ),
     ],
 )
 def test_bad_values_name_where_they_came_from(where: str, value: dict[str, Any], message: str) -> None:
@@ -114,11 +141,18 @@ def test_env_names_are_typed_once() -> None:
     "old, new, given, expected",
     [
         ("SPARK_TORCH_LOG_HOST", "SPARK_TORCH_CHANNEL_HOST", "10.0.0.5:7000", ("channel_host", ("10.0.0.5", 7000))),
-        ("SPARK_TORCH_LOG_BIND", "SPARK_TORCH_CHANNEL_BIND_ADDRESS", "127.0.0.1", ("channel_bind_address", "127.0.0.1")),
+        (
+            "SPARK_TORCH_LOG_BIND",
+            "SPARK_TORCH_CHANNEL_BIND_ADDRESS",
+            "127.0.0.1",
+            ("channel_bind_address", "127.0.0.1"),
+        ),
         ("SPARK_TORCH_HEARTBEAT_SECONDS", "SPARK_TORCH_HEARTBEAT", "0.5", ("heartbeat", 0.5)),
     ],
 )
-def test_variables_are_named_after_their_keyword_old_names_still_read(old: str, new: str, given: str, expected: tuple[str, Any]) -> None:
+def test_variables_are_named_after_their_keyword_old_names_still_read(
+    old: str, new: str, given: str, expected: tuple[str, Any]
+) -> None:
     name, value = expected
     assert next(s for s in settings.SETTINGS if s.name == name).env == new
     with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; set {new}"):
@@ -143,21 +177,34 @@ def test_an_unknown_keyword_names_the_settings_there_are() -> None:
 
 @pytest.mark.parametrize(
     ("keyword", "closest"),
-    [("num_proceses", "num_processes"), ("use_gpus", "use_gpu"), ("localmode", "local_mode"), ("max_restart", "max_restarts"),
-     ("stall_timout", "stall_timeout")],
-)  # fmt: skip
+    [
+        ("num_proceses", "num_processes"),
+        ("use_gpus", "use_gpu"),
+        ("localmode", "local_mode"),
+        ("max_restart", "max_restarts"),
+        ("stall_timout", "stall_timeout"),
+    ],
+)
 def test_a_misspelt_parameter_or_setting_says_which_was_meant_and_names_them_all(keyword: str, closest: str) -> None:
     with pytest.raises(TypeError) as caught:
         Distributor(**{keyword: 3})
     message = str(caught.value)
-    assert message.startswith(f"Distributor() got unexpected keyword argument(s) {keyword!r} (did you mean {closest!r}?); "), message
-    assert "its main parameters are num_processes, local_mode, use_gpu, its other parameters spark, env, timeout," in message
+    assert message.startswith(
+        f"Distributor() got unexpected keyword argument(s) {keyword!r} (did you mean {closest!r}?); "
+    ), message
+    assert (
+        "its main parameters are num_processes, local_mode, use_gpu, its other parameters spark, env, timeout,"
+        in message
+    )
     assert "checkpoint_score_attribute" in message and "elastic_grow" in message
     assert f"and its settings {', '.join(s.name for s in settings.SETTINGS)} (docs/configuration.md)" in message
 
 
 def test_an_unknown_keyword_with_no_close_name_gets_no_guess() -> None:
-    with pytest.raises(TypeError, match=r"^Distributor\(\) got unexpected keyword argument\(s\) 'frobnicate'; its main parameters are num_processes"):
+    with pytest.raises(
+        TypeError,
+        match=r"^Distributor\(\) got unexpected keyword argument\(s\) 'frobnicate'; its main parameters are num_processes",
+    ):
         Distributor(frobnicate=1)
 
 

@@ -45,7 +45,9 @@ def test_ranks_with_the_same_stack_are_grouped_largest_first() -> None:
 
 
 def test_a_rank_not_answering_and_a_starting_rank_are_labelled() -> None:
-    text = format_stacks([RankStack(0, REDUCE, 9.0, StackState.NOT_ANSWERING, age=12.0), RankStack(1, "", 0.0, StackState.STARTING)])
+    text = format_stacks(
+        [RankStack(0, REDUCE, 9.0, StackState.NOT_ANSWERING, age=12.0), RankStack(1, "", 0.0, StackState.STARTING)]
+    )
     assert "rank 0: in train (not answering for 12s" in text and "rank 1 (starting: not sampled yet)" in text
     assert "its last sampled stack, or faulthandler's when the run is being stopped" in text
 
@@ -117,7 +119,7 @@ IN_LOADER = (
     f'  File "{TORCH}utils/data/dataloader.py", line 1283, in _try_get_data\n    data = self._data_queue.get(timeout=timeout)\n'
     '  File "/usr/lib/python3.11/multiprocessing/queues.py", line 113, in get\n    if not self._poll(timeout):\n'
     '  File "/usr/lib/python3.11/selectors.py", line 415, in select\n    fd_event_list = self._selector.poll(timeout)\n'
-    '  Process 7 (forked by this rank: a DataLoader worker?):\n'
+    "  Process 7 (forked by this rank: a DataLoader worker?):\n"
     '  File "/job/train.py", line 3, in __getitem__\n    lock.acquire()\n'
 )
 
@@ -162,7 +164,10 @@ def test_warn_shows_the_stacks_once_then_one_line_unless_a_stack_changed(caplog:
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 4, messages
     assert "rank 1: in load_batch" in messages[0]
-    assert messages[1:3] == ["spark_torch: still stalled after 21s; ranks unchanged", "spark_torch: still stalled after 31s; ranks unchanged"]
+    assert messages[1:3] == [
+        "spark_torch: still stalled after 21s; ranks unchanged",
+        "spark_torch: still stalled after 31s; ranks unchanged",
+    ]
     assert "ranks 0-1: in train" in messages[3]  # rank 1's stack changed: shown again
 
 
@@ -211,7 +216,10 @@ def test_a_faulthandler_stack_gets_its_source_lines(tmp_path: Any) -> None:
     source = tmp_path / "train.py"
     source.write_text("import x\n\n    hold_the_gil()  \n")
     text = f'  File "{source}", line 3, in train\n  File "/nowhere.py", line 1, in gone\n'
-    assert with_source_lines(text) == f'  File "{source}", line 3, in train\n    hold_the_gil()\n  File "/nowhere.py", line 1, in gone\n'
+    assert (
+        with_source_lines(text)
+        == f'  File "{source}", line 3, in train\n    hold_the_gil()\n  File "/nowhere.py", line 1, in gone\n'
+    )
 
 
 def _compute(seconds: float) -> None:
@@ -328,9 +336,15 @@ def other_threads_signals() -> None:
 
 
 def test_long_stacks_are_cut_on_frame_boundaries() -> None:
-    frames = "".join(f'  File "train.py", line {i}, in deep\n    token = "secret-{i}"  # a source line\n' for i in range(300))
+    frames = "".join(
+        f'  File "train.py", line {i}, in deep\n    token = "secret-{i}"  # a source line\n' for i in range(300)
+    )
     tail = cut_tail(frames, 2_000)
-    assert len(tail) <= 2_000 and tail.startswith('  ...\n  File "train.py", line ') and tail.endswith('"secret-299"  # a source line\n')
+    assert (
+        len(tail) <= 2_000
+        and tail.startswith('  ...\n  File "train.py", line ')
+        and tail.endswith('"secret-299"  # a source line\n')
+    )
     assert all(line.startswith(("  ...", '  File "', '    token = "secret-')) for line in tail.splitlines()), tail
     head = cut_head(frames, 2_000)
     assert len(head) <= 2_000 and head.startswith('  File "train.py", line 0,') and head.endswith("# a source line\n")

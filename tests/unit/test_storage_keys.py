@@ -76,19 +76,30 @@ def test_a_checkpoint_holds_no_storage_option(stored: str) -> None:
     checkpoint = Checkpoint(path=stored, step=2, storage_options=OPTIONS)
     leaked = sorted(form for form, data in _shown(checkpoint).items() if SECRET.encode() in data)
     assert leaked == []
-    assert "storage_options" not in vars(checkpoint) and checkpoint.storage_options is None  # the InitVar's default: not kept
+    assert (
+        "storage_options" not in vars(checkpoint) and checkpoint.storage_options is None
+    )  # the InitVar's default: not kept
 
 
 def test_copies_open_with_the_live_options(stored: str, tmp_path: Path) -> None:
     checkpoint = Checkpoint(path=stored, step=2, storage_options=OPTIONS)
-    for i, same in enumerate([copy.copy(checkpoint), copy.deepcopy(checkpoint), pickle.loads(pickle.dumps(checkpoint)),
-                              cloudpickle.loads(cloudpickle.dumps(checkpoint)), Checkpoint(**dataclasses.asdict(checkpoint))]):  # fmt: skip
+    for i, same in enumerate(
+        [
+            copy.copy(checkpoint),
+            copy.deepcopy(checkpoint),
+            pickle.loads(pickle.dumps(checkpoint)),
+            cloudpickle.loads(cloudpickle.dumps(checkpoint)),
+            Checkpoint(**dataclasses.asdict(checkpoint)),
+        ]
+    ):
         assert (Path(same.to_directory(tmp_path / str(i))) / "state.txt").read_text() == "step 2"
     with checkpoint.as_directory() as directory:
         assert (Path(directory) / "state.txt").read_text() == "step 2"
 
 
-def test_once_the_original_is_gone_the_options_are_asked_for(stored: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_once_the_original_is_gone_the_options_are_asked_for(
+    stored: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dump = pickle.dumps(Checkpoint(path=stored, step=2, storage_options=OPTIONS))
     gc.collect()
     orphan = pickle.loads(dump)
@@ -101,7 +112,9 @@ def test_once_the_original_is_gone_the_options_are_asked_for(stored: str, tmp_pa
         assert "(storage_options={'client_kwargs': ..., 'secret': ...})" in text
         assert envnames.STORAGE_OPTIONS in text and "RunResult.from_path(..., storage_options=...)" in text
         assert SECRET not in text
-    assert "checkpoint.to_directory(storage_options=" in str(pytest.raises(ConfigurationError, orphan.to_directory).value)
+    assert "checkpoint.to_directory(storage_options=" in str(
+        pytest.raises(ConfigurationError, orphan.to_directory).value
+    )
     assert set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) == before  # no temporary directory left
     # given again: as an argument, or in the environment (JSON or @FILE)
     assert (Path(orphan.to_directory(tmp_path / "a", storage_options=OPTIONS)) / "state.txt").exists()
@@ -118,10 +131,14 @@ def test_wrong_options_fail_in_the_backend_with_no_option_quoted(stored: str) ->
     orphan = Checkpoint(path=stored, step=2)
     with pytest.raises(PermissionError, match="wrong or no secret"):
         orphan.to_directory(storage_options={"secret": "not-" + SECRET})  # no key: the backend is asked
-    assert "not-" + SECRET not in repr(pytest.raises(PermissionError, orphan.to_directory, storage_options={"secret": "not-" + SECRET}).value)
+    assert "not-" + SECRET not in repr(
+        pytest.raises(PermissionError, orphan.to_directory, storage_options={"secret": "not-" + SECRET}).value
+    )
 
 
-def test_fsspecs_own_configuration_counts_as_given(stored: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsspecs_own_configuration_counts_as_given(
+    stored: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fsspec.config import conf
 
     dump = pickle.dumps(Checkpoint(path=stored, step=2, storage_options=OPTIONS))
@@ -133,10 +150,17 @@ def test_fsspecs_own_configuration_counts_as_given(stored: str, tmp_path: Path, 
 def test_a_key_pickles_as_its_token_and_finds_the_live_one() -> None:
     checkpoint = Checkpoint(path="lockedmem://b/c", storage_options=OPTIONS)
     key = checkpoint.storage_key
-    assert isinstance(key, StorageKey) and key.options() == OPTIONS and repr(key) == "StorageKey(names=['client_kwargs', 'secret'])"
+    assert (
+        isinstance(key, StorageKey)
+        and key.options() == OPTIONS
+        and repr(key) == "StorageKey(names=['client_kwargs', 'secret'])"
+    )
     assert pickle.loads(pickle.dumps(key)) is key and copy.deepcopy(key) is key
     assert restored_key("0" * 32, ("secret",)).options() is None
-    assert Checkpoint(path="lockedmem://b/c").storage_key is None and Checkpoint(path="x", storage_options={}).storage_key is None
+    assert (
+        Checkpoint(path="lockedmem://b/c").storage_key is None
+        and Checkpoint(path="x", storage_options={}).storage_key is None
+    )
     assert dataclasses.replace(checkpoint, step=3).storage_key is key
 
 
@@ -157,7 +181,11 @@ def test_local_checkpoints_need_no_options(tmp_path: Path) -> None:
         (f'{{"secret": "{SECRET}"', "SRC is not valid JSON"),
         ("@/no/such/file", "SRC: cannot read /no/such/file"),
     ],
-    ids=["a-list", "not-json", "no-file"],  # fixed ids: the secret is random, and xdist's workers must collect the same tests
+    ids=[
+        "a-list",
+        "not-json",
+        "no-file",
+    ],  # fixed ids: the secret is random, and xdist's workers must collect the same tests
 )
 def test_options_text_errors_never_quote_it(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)) as info:

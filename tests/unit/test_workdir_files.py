@@ -109,7 +109,9 @@ def test_rank_files_write_where_the_contract_says(tmp_path: Path) -> None:
     assert rank_files.read_rank_error(str(tmp_path), 1) is None  # rank 1 wrote no error
     # a rank that wrote none of its own: what torch's @record wrote, read the same way
     extra = {"py_callstack": "Traceback ...\nValueError: boom\n"}
-    Path(files.elastic_error(1)).write_text(json.dumps({"message": {"message": "ValueError: boom", "extraInfo": extra}}))
+    Path(files.elastic_error(1)).write_text(
+        json.dumps({"message": {"message": "ValueError: boom", "extraInfo": extra}})
+    )
     recorded = rank_files.read_rank_error(str(tmp_path), 1)
     assert recorded == rank_files.RankError(exc_type="ValueError", exc_message="boom", traceback=extra["py_callstack"])
     assert stat.S_IMODE(os.stat(files.error(2)).st_mode) == 0o600
@@ -229,6 +231,10 @@ def test_make_private_narrows_a_downloaded_tree(tmp_path: Path, umask_0: None) -
     os.chmod(outside, 0o644)
     (root / "link").symlink_to(outside)
     make_private(str(root))
-    modes = {p.relative_to(root).as_posix(): oct(stat.S_IMODE(p.lstat().st_mode)) for p in [root, *root.rglob("*")] if not p.is_symlink()}
+    modes = {
+        p.relative_to(root).as_posix(): oct(stat.S_IMODE(p.lstat().st_mode))
+        for p in [root, *root.rglob("*")]
+        if not p.is_symlink()
+    }
     assert modes == {".": "0o700", "sub": "0o700", "sub/w.pt": "0o600", "top.json": "0o600"}
     assert stat.S_IMODE(outside.stat().st_mode) == 0o644  # a link is not followed

@@ -58,7 +58,9 @@ class DeepspeedTorchDistributor(TorchDistributor):
         deepspeedConfig: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: N803
     ) -> None:
         if deepspeedConfig is not None and not isinstance(deepspeedConfig, (str, os.PathLike, Mapping)):
-            raise TypeError(f"deepspeedConfig must be a dict, the path of a JSON file, or None; got {deepspeedConfig!r}")
+            raise TypeError(
+                f"deepspeedConfig must be a dict, the path of a JSON file, or None; got {deepspeedConfig!r}"
+            )
         if isinstance(deepspeedConfig, Mapping):
             try:
                 json.dumps(dict(deepspeedConfig))

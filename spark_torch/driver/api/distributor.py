@@ -31,6 +31,7 @@ __all__ = ["Distributor", "run_entrypoint", "without_internal_frames"]
 
 logger = logging.getLogger(__name__)
 
+
 def _not_users() -> tuple[str, ...]:
     """The folders whose frames are not the user's: spark_torch's own, the standard library's and
     the installed packages' (fsspec, cloudpickle, pyspark...): nothing the user can change."""
@@ -86,7 +87,12 @@ def _settings(given: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(given) - set(names))
     if unknown:
         parameters = _parameters()
-        hints = [f"{u!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(u, parameters + names, 1)) else repr(u) for u in unknown]
+        hints = [
+            f"{u!r} (did you mean {close[0]!r}?)"
+            if (close := difflib.get_close_matches(u, parameters + names, 1))
+            else repr(u)
+            for u in unknown
+        ]
         raise TypeError(
             f"Distributor() got unexpected keyword argument(s) {', '.join(hints)}; its main parameters are "
             f"{', '.join(parameters[:3])}, its other parameters {', '.join(parameters[3:])}, and its settings "
@@ -267,7 +273,9 @@ class Distributor:
         """How a run would be laid out on the current Spark session (raises on bad settings)."""
         spark = self._session()
         cluster = read_cluster(spark) if spark is not None else ClusterInfo()
-        return make_plan(self._config, cluster, host=host_facts(self._config.local_mode, self._config.use_gpu, cluster, os.environ))
+        return make_plan(
+            self._config, cluster, host=host_facts(self._config.local_mode, self._config.use_gpu, cluster, os.environ)
+        )
 
     def run(self, main: Any, *args: Any, **kwargs: Any) -> Any:
         """Run ``main`` on every rank and return rank 0's result.
@@ -298,7 +306,13 @@ class Distributor:
             raise
 
     def run_on_dataframe(
-        self, main: Any, df: Any, *args: Any, columns: Sequence[str] | None = None, reuse_staged: bool = False, **kwargs: Any
+        self,
+        main: Any,
+        df: Any,
+        *args: Any,
+        columns: Sequence[str] | None = None,
+        reuse_staged: bool = False,
+        **kwargs: Any,
     ) -> Any:
         """Like :meth:`run`, with ``df``'s rows spread evenly over the ranks.
 

@@ -94,7 +94,9 @@ def read_summary(storage: RunStorage, score: str | None = None, order: str | Non
     ranked = best(complete, score, order)
     last = dict(history[-1]) if history else {}
     calls = read_calls(storage.read_log(RUN_LOG))
-    started = calls[0].started if calls else log[0].get("time") if log else (history[0].get("time") if history else None)
+    started = (
+        calls[0].started if calls else log[0].get("time") if log else (history[0].get("time") if history else None)
+    )
     last_call = calls[-1] if calls else None
     world_size = log[-1].get("world_size") if log else last.get("world_size")
     key = remember(storage.options)  # the checkpoints hold the key, not the options (the pickling rule)
@@ -135,9 +137,12 @@ def list_runs(
     stored = run_ids(base, storage_options)
     known = set(stored)
     summaries = [
-        _with_group(read_summary(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order), known)
+        _with_group(
+            read_summary(RunStorage(base, run_id, storage_options), checkpoint_score_attribute, checkpoint_score_order),
+            known,
+        )
         for run_id in stored
-    ]  # fmt: skip
+    ]
     # a replica-group run's groups stay together, group 0 first, where the whole run started
     started: dict[str, float] = {}
     for s in summaries:
@@ -212,17 +217,32 @@ def _ranking(summary: RunSummary, short: bool = False) -> str:
 def runs_table(summaries: list[RunSummary]) -> str:
     """The table ``spark-torch runs`` prints: one line per run."""
     header = (
-        "RUN ID", "STARTED", "DURATION", "OUTCOME", "ENTRY", "ATTEMPTS", "WORLD", "STEPS", "LAST METRICS",
+        "RUN ID",
+        "STARTED",
+        "DURATION",
+        "OUTCOME",
+        "ENTRY",
+        "ATTEMPTS",
+        "WORLD",
+        "STEPS",
+        "LAST METRICS",
         "CHECKPOINT (BEST BY SCORE, ELSE LATEST)",
-    )  # fmt: skip
+    )
     rows = [
         (
-            f"{s.run_id} (replica group {s.replica_group})" if s.replica_run is not None else s.run_id, _when(s.started), _duration(s.duration), _outcome_text(s.outcome, s.error, limit=60),
-            _cut(s.entry or "-", 40), _unknown(s.attempts), _unknown(s.world_size), str(s.steps), _metrics_text(s.metrics, limit=3),
+            f"{s.run_id} (replica group {s.replica_group})" if s.replica_run is not None else s.run_id,
+            _when(s.started),
+            _duration(s.duration),
+            _outcome_text(s.outcome, s.error, limit=60),
+            _cut(s.entry or "-", 40),
+            _unknown(s.attempts),
+            _unknown(s.world_size),
+            str(s.steps),
+            _metrics_text(s.metrics, limit=3),
             f"{s.best_checkpoint.path} ({_ranking(s, short=True)})" if s.best_checkpoint else "-",
         )
         for s in summaries
-    ]  # fmt: skip
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in [header, *rows]
@@ -268,7 +288,11 @@ def summary_json(summary: RunSummary) -> dict[str, Any]:
     data = asdict(summary)
     for key in ("checkpoint", "best_checkpoint"):
         checkpoint = getattr(summary, key)
-        data[key] = None if checkpoint is None else {"path": checkpoint.path, "step": checkpoint.step, "metrics": checkpoint.metrics}
+        data[key] = (
+            None
+            if checkpoint is None
+            else {"path": checkpoint.path, "step": checkpoint.step, "metrics": checkpoint.metrics}
+        )
     plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
     return plain
 
@@ -282,9 +306,13 @@ def load_run(
     checkpoint_score_order: str | None = None,
 ) -> RunResult:
     """Deprecated: use :meth:`RunResult.from_path` (the same arguments)."""
-    warnings.warn("spark_torch.load_run() is deprecated; use spark_torch.RunResult.from_path()", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "spark_torch.load_run() is deprecated; use spark_torch.RunResult.from_path()", DeprecationWarning, stacklevel=2
+    )
     if not run_id:
-        raise ValueError("load_run() needs the run_id (see distributor.last_run.run_id, or the directory names under storage_path)")
+        raise ValueError(
+            "load_run() needs the run_id (see distributor.last_run.run_id, or the directory names under storage_path)"
+        )
     return RunResult.from_path(
         storage_path,
         run_id,

@@ -117,10 +117,13 @@ class GroupLoop:
         ended = last.started + last.duration if last.started is not None and last.duration is not None else None
         attempts = [a for each in self.results for a in each.attempts]
         return replace(
-            last, rows=[row for each in self.results for row in each.rows], attempts=attempts,
-            restarts=restarts_of(attempts), started=started,
+            last,
+            rows=[row for each in self.results for row in each.rows],
+            attempts=attempts,
+            restarts=restarts_of(attempts),
+            started=started,
             duration=ended - started if ended is not None and started is not None else last.duration,
-        )  # fmt: skip
+        )
 
     def run(self, spark: Any, entry: Entrypoint) -> None:
         """The loop; never raises (the outcome is in ``value``/``error``)."""
@@ -151,7 +154,10 @@ class GroupLoop:
                     return
                 logger.warning(
                     "spark_torch: replica group %d failed (%s); restarting it alone (%d of %s), the other groups go on",
-                    self.group, str(exc).splitlines()[0], self.restarts + 1, "unlimited" if self.budget == -1 else self.budget,
+                    self.group,
+                    str(exc).splitlines()[0],
+                    self.restarts + 1,
+                    "unlimited" if self.budget == -1 else self.budget,
                 )
                 continue
             self._keep(record)
@@ -173,7 +179,9 @@ class GroupLoop:
             f"replica group {self.group} failed {times} time{'s' if times > 1 else ''}, more than its max_restarts={self.budget} "
             f"allows (the other groups were stopped); its last failure: {first}. Raise max_restarts or fix the cause"
         )
-        grouped = ReplicaGroupError(self.group, error.failures, headline, error.stacks, error.stacks_text, error.stopped)
+        grouped = ReplicaGroupError(
+            self.group, error.failures, headline, error.stacks, error.stacks_text, error.stopped
+        )
         grouped.__cause__ = error.__cause__
         return grouped
 
@@ -185,13 +193,17 @@ def _interrupt(loops: list[GroupLoop], threads: list[threading.Thread]) -> None:
     its loop's ``done`` (a ``Thread.join`` that Ctrl-C interrupted may report a live thread dead)."""
     for loop, thread in zip(loops, threads):
         if thread.ident is not None and not loop.done.is_set():
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt)
+            )
     deadline = time.monotonic() + 2 * DRIVER_STOP_WAIT_SECONDS
     for loop in loops:
         loop.done.wait(max(0.0, deadline - time.monotonic()))
     late = [f"replica group {loop.group}" for loop in loops if not loop.done.is_set()]
     if late:
-        logger.warning("spark_torch: after Ctrl-C, %s had not stopped within %.0f s", ", ".join(late), 2 * DRIVER_STOP_WAIT_SECONDS)
+        logger.warning(
+            "spark_torch: after Ctrl-C, %s had not stopped within %.0f s", ", ".join(late), 2 * DRIVER_STOP_WAIT_SECONDS
+        )
 
 
 def _lighthouse_address(config: DistributorConfig, spark: Any) -> tuple[str, str]:
@@ -205,8 +217,12 @@ def _lighthouse_address(config: DistributorConfig, spark: Any) -> tuple[str, str
 
 
 def run_groups(
-    config: DistributorConfig, entry: Entrypoint, data: DataInput | None, spark: Any, keep_last: Callable[[RunResult], None]
-) -> Any:  # fmt: skip
+    config: DistributorConfig,
+    entry: Entrypoint,
+    data: DataInput | None,
+    spark: Any,
+    keep_last: Callable[[RunResult], None],
+) -> Any:
     """Run ``entry`` as ``config.replica_groups`` groups (see the module's docstring) with
     ``spark`` (the session, or None: local mode needs none); group 0's value. ``keep_last`` gets
     the whole run's result (:func:`merged_result`) before this returns or raises."""
@@ -218,12 +234,15 @@ def run_groups(
     host, advertise = _lighthouse_address(config, spark)
     # distributed: only the cluster's addresses reach the lighthouse (it authenticates nobody);
     # a Spark Connect client cannot list the executors, so there it has no gate
-    allowed = None if config.local_mode or spark is None or is_connect_session(spark) else (lambda: executor_hosts(spark))
+    allowed = (
+        None if config.local_mode or spark is None or is_connect_session(spark) else (lambda: executor_hosts(spark))
+    )
     if allowed is None and not config.local_mode and spark is not None:
         logger.warning(
             "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
-            "(%s) is open to any other machine that reaches it (docs/security.md)", host,
-        )  # fmt: skip
+            "(%s) is open to any other machine that reaches it (docs/security.md)",
+            host,
+        )
     run_id = config.run_id or new_run_id()
     started = time.time()
     deadline = time.monotonic() + config.timeout if config.timeout else None
@@ -240,17 +259,25 @@ def run_groups(
             stop.set()
             cancellation.cancel(
                 KeyboardInterrupt() if group is None else RunCancelled(f"stopped: replica group {group} failed the run")
-            )  # fmt: skip
+            )
             lighthouse.close()
 
         loops = [
             GroupLoop(
-                g, group_config(config, g, lighthouse.address, run_id), config.max_restarts, stop, fail_the_run, deadline, cancellation
+                g,
+                group_config(config, g, lighthouse.address, run_id),
+                config.max_restarts,
+                stop,
+                fail_the_run,
+                deadline,
+                cancellation,
             )
             for g in range(config.replica_groups)
         ]
         threads = [
-            threading.Thread(target=loop.run, args=(spark, entry), name=f"spark-torch-replica-group-{loop.group}", daemon=True)
+            threading.Thread(
+                target=loop.run, args=(spark, entry), name=f"spark-torch-replica-group-{loop.group}", daemon=True
+            )
             for loop in loops
         ]
         # through the gate, which admits this user's connections from this machine
@@ -287,14 +314,21 @@ def _warn_without_manager(groups: list[int], count: int) -> None:
         "the %d groups trained as independent copies that did not sync. Create the Manager with "
         "spark_torch.ft.manager(...) and wrap the model and the optimizer with torchft's DistributedDataParallel "
         "and Optimizer (docs/fault-tolerance.md), or run without replica_groups",
-        "s" if len(groups) > 1 else "", named, "them" if len(groups) > 1 else "it", count,
-    )  # fmt: skip
+        "s" if len(groups) > 1 else "",
+        named,
+        "them" if len(groups) > 1 else "it",
+        count,
+    )
 
 
 def merged_result(
-    run_id: str, loops: list[GroupLoop], config: DistributorConfig, failed: GroupLoop | None, started: float,
+    run_id: str,
+    loops: list[GroupLoop],
+    config: DistributorConfig,
+    failed: GroupLoop | None,
+    started: float,
     interrupt: KeyboardInterrupt | None = None,
-) -> RunResult:  # fmt: skip
+) -> RunResult:
     """The run as users see it (``last_run``): each group's own run (:meth:`GroupLoop.group_result`)
     merged by :func:`~spark_torch.driver.result.merge_groups`, the rule a past run is merged by
     too, with what only this call knows: group 0's value, the error (the failed group's, or
@@ -302,9 +336,14 @@ def merged_result(
     the call started and ended. ``run_id`` is the run's (pass it again to resume)."""
     parts = {loop.group: loop.group_result() for loop in loops if loop.results}
     return merge_groups(
-        run_id, parts, config.checkpoint_score_attribute, config.checkpoint_score_order,
+        run_id,
+        parts,
+        config.checkpoint_score_attribute,
+        config.checkpoint_score_order,
         shown=failed.group if failed is not None and failed.results else min(parts, default=None),
-        value=loops[0].value, error=failed.error if failed is not None else interrupt,
+        value=loops[0].value,
+        error=failed.error if failed is not None else interrupt,
         outcome=Outcome.INTERRUPTED if interrupt is not None and failed is None else None,
-        started=started, ended=time.time(),
-    )  # fmt: skip
+        started=started,
+        ended=time.time(),
+    )

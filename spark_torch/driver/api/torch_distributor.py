@@ -70,7 +70,9 @@ class TorchDistributor:
             raise ValueError(f"num_processes has to be a positive integer, got {num_processes!r}")
         if _ssl_conf not in (IGNORE_SSL_KEY, DEEPSPEED_IGNORE_SSL_KEY):
             logger.warning(
-                "spark_torch: _ssl_conf=%r is accepted but only %s and %s are read", _ssl_conf, IGNORE_SSL_KEY,
+                "spark_torch: _ssl_conf=%r is accepted but only %s and %s are read",
+                _ssl_conf,
+                IGNORE_SSL_KEY,
                 DEEPSPEED_IGNORE_SSL_KEY,
             )
         #: PySpark's attributes: a logger named after the class, whether the session is a Spark
@@ -85,7 +87,9 @@ class TorchDistributor:
         self.spark: Any = active_session() if local_mode else get_or_create_session()
         self.is_remote = self.spark is not None and is_connect_session(self.spark)
         self.is_spark_local_master = self.spark is not None and is_local_master(master_of(self.spark))
-        self._distributor: Distributor = Distributor(self.num_processes, local_mode, use_gpu, spark=self.spark, env=_env)
+        self._distributor: Distributor = Distributor(
+            self.num_processes, local_mode, use_gpu, spark=self.spark, env=_env
+        )
         try:
             plan = self._distributor.plan()  # GPU and encryption settings are checked here, as PySpark does
         except ClusterConfigurationError:
@@ -94,8 +98,10 @@ class TorchDistributor:
                 raise
             # PySpark's behaviour: fewer driver GPUs than processes in local mode is a warning
             logger.warning(
-                "spark_torch: num_processes=%d is more than the driver's %d GPU(s); num_processes was "
-                "reset to %d", self.num_processes, available, available,
+                "spark_torch: num_processes=%d is more than the driver's %d GPU(s); num_processes was reset to %d",
+                self.num_processes,
+                available,
+                available,
             )
             self.num_processes = available
             self._distributor = Distributor(available, local_mode, use_gpu, spark=self.spark, env=_env)

@@ -148,7 +148,9 @@ def _mlflow_for(config: DistributorConfig, plan: LaunchPlan, run_id: str) -> _Ml
         import mlflow
     except ImportError:
         if config.mlflow:
-            raise ConfigurationError("mlflow=True but MLflow is not installed: pip install mlflow (or mlflow-skinny)") from None
+            raise ConfigurationError(
+                "mlflow=True but MLflow is not installed: pip install mlflow (or mlflow-skinny)"
+            ) from None
         return None
     if config.mlflow is None and mlflow.active_run() is None:
         return None
@@ -158,7 +160,9 @@ def _mlflow_for(config: DistributorConfig, plan: LaunchPlan, run_id: str) -> _Ml
 class ReportTracker:
     """Receives the persisted rows of one run() (from coordinator threads)."""
 
-    def __init__(self, record: RunRecord, sink: DriverLogSink, config: DistributorConfig, plan: LaunchPlan, run_id: str) -> None:
+    def __init__(
+        self, record: RunRecord, sink: DriverLogSink, config: DistributorConfig, plan: LaunchPlan, run_id: str
+    ) -> None:
         self._record = record
         self._sink = sink
         self._mlflow = _mlflow_for(config, plan, run_id)

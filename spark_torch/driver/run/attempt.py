@@ -59,9 +59,14 @@ class Attempt:
         Flight Recorder traces (True: the ranks are about to be stopped)."""
         settings = self.spec.settings
         return StallWatch(
-            self.spec.world_size, settings.stall_timeout, settings.stall_action,
-            stop=stop, on_status=self.on_stall, trace_dir=self.trace_dir, request_traces=request_traces,
-        )  # fmt: skip
+            self.spec.world_size,
+            settings.stall_timeout,
+            settings.stall_action,
+            stop=stop,
+            on_status=self.on_stall,
+            trace_dir=self.trace_dir,
+            request_traces=request_traces,
+        )
 
     def report_coordinator(
         self, answer: Callable[[int, str | None], None], after_checkpoint: Callable[[int], None] | None = None

@@ -126,7 +126,9 @@ def _run_stage(
             result_dir = cleanup.enter_context(NodeWorkdir(spec.run_id, 0, role="driver"))
             streamed = result_transfer.StreamedResult(WorkdirFiles(result_dir.path).streamed_result())
             cleanup.callback(streamed.close)
-            spec = replace(spec, result_dir=result_dir.path, result_token=result_transfer.prepare_result_dir(result_dir.path))
+            spec = replace(
+                spec, result_dir=result_dir.path, result_token=result_transfer.prepare_result_dir(result_dir.path)
+            )
         stage = _BarrierStage(spark, spec, attempt, data, streamed)
         cleanup.callback(stage.close)
         problem = stage.open(endpoint)
@@ -145,7 +147,12 @@ class _BarrierStage:
     local mode). :meth:`close` releases what :meth:`open` made."""
 
     def __init__(
-        self, spark: Any, spec: RunSpec, attempt: Attempt, data: DataInput | None, streamed: result_transfer.StreamedResult | None
+        self,
+        spark: Any,
+        spec: RunSpec,
+        attempt: Attempt,
+        data: DataInput | None,
+        streamed: result_transfer.StreamedResult | None,
     ) -> None:
         self.spark, self.spec, self.attempt, self.data, self.streamed = spark, spec, attempt, data, streamed
         self.plan = spec.plan
@@ -168,21 +175,33 @@ class _BarrierStage:
         """Open the run's channel with what it hands on (report() steps, rank 0's streamed
         result, the ranks' progress); a problem when its address cannot be bound."""
         attempt, plan = self.attempt, self.plan
-        self.stall = attempt.stall_watch(stop=lambda reason: self.wake.set(), request_traces=lambda stopping: self._channel().request_traces(stopping))
+        self.stall = attempt.stall_watch(
+            stop=lambda reason: self.wake.set(),
+            request_traces=lambda stopping: self._channel().request_traces(stopping),
+        )
         membership = attempt.membership
         if membership is not None and plan.num_nodes < membership.max_nodes:
-            self.grow = GrowWatch(self.spark, plan.num_nodes, membership, lambda reason: self._channel().stop_nodes(reason))
+            self.grow = GrowWatch(
+                self.spark, plan.num_nodes, membership, lambda reason: self._channel().stop_nodes(reason)
+            )
         self.coordinator = attempt.report_coordinator(
             answer=lambda step, error: self._channel().answer_reports(step, error),
             after_checkpoint=self.grow.checkpointed if self.grow is not None else None,
         )
         try:
             self.channel = _open_channel(
-                attempt, endpoint, executor_hosts(self.spark),
-                reports=self.coordinator, bulk_sink=self.streamed, on_progress=self.stall.update, on_trace=self.stall.trace,
-            )  # fmt: skip
+                attempt,
+                endpoint,
+                executor_hosts(self.spark),
+                reports=self.coordinator,
+                bulk_sink=self.streamed,
+                on_progress=self.stall.update,
+                on_trace=self.stall.trace,
+            )
         except OSError as exc:
-            return DriverProblem(ProblemKind.CONFIGURATION, _bind_problem(endpoint, exc), cause=exc)  # close() ends the rest
+            return DriverProblem(
+                ProblemKind.CONFIGURATION, _bind_problem(endpoint, exc), cause=exc
+            )  # close() ends the rest
         self.spec = replace(self.spec, channel=self.channel.spec)
         return None
 
@@ -243,7 +262,9 @@ class _BarrierStage:
                 raise
             if job.done:
                 return None
-            if cancelled.is_set() and cancellation is not None and cancellation.error is not None:  # from another thread
+            if (
+                cancelled.is_set() and cancellation is not None and cancellation.error is not None
+            ):  # from another thread
                 self._cancel(StopReason.CANCELLED)
                 return Interrupted(cancellation.error)
             if stall.failed.is_set():
@@ -253,7 +274,9 @@ class _BarrierStage:
             self._cancel(StopReason.TIMEOUT)
             per_node = plan.procs_per_node
             node_ranks = {node: range(node * per_node, (node + 1) * per_node) for node in range(plan.num_nodes)}
-            return TimeUp(attempt.run_timeout, node_ranks, attempt.tail, stall.stacks(), note="the Spark job was cancelled; ")
+            return TimeUp(
+                attempt.run_timeout, node_ranks, attempt.tail, stall.stacks(), note="the Spark job was cancelled; "
+            )
         finally:
             self._close_stall()
 
@@ -293,7 +316,9 @@ class _BarrierStage:
             return result_transfer.assemble(stage, spec.result_dir, self.streamed)
 
         returned = set(stage.outcomes) if stage is not None else set()
-        evidence = AttemptEvidence(plan.num_nodes, outcomes, verdict, failure, result, dataframe=self.data is not None, returned=returned)
+        evidence = AttemptEvidence(
+            plan.num_nodes, outcomes, verdict, failure, result, dataframe=self.data is not None, returned=returned
+        )
         return classify(evidence)
 
     def close(self) -> None:

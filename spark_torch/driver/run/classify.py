@@ -80,7 +80,9 @@ class AttemptEvidence:
 def _completed(evidence: AttemptEvidence) -> int:
     """How many nodes finished and returned."""
     returned = evidence.returned
-    return sum(outcome.finished and (returned is None or node in returned) for node, outcome in evidence.outcomes.items())
+    return sum(
+        outcome.finished and (returned is None or node in returned) for node, outcome in evidence.outcomes.items()
+    )
 
 
 def _problem(outcomes: Mapping[int, NodeOutcome]) -> FailureReport | None:
@@ -113,7 +115,15 @@ def classify(evidence: AttemptEvidence) -> AttemptOutcome:
             return AttemptOutcome.ended(DriverProblem(ProblemKind.LAUNCH, str(exc), cause=exc.__cause__))
     if isinstance(verdict, TimeUp):
         ranks = {node: verdict.node_ranks[node] for node in verdict.node_ranks}
-        cause = timed_out(verdict.run_timeout, evidence.outcomes, ranks, verdict.last_lines, verdict.stacks, verdict.host, verdict.note)
+        cause = timed_out(
+            verdict.run_timeout,
+            evidence.outcomes,
+            ranks,
+            verdict.last_lines,
+            verdict.stacks,
+            verdict.host,
+            verdict.note,
+        )
         return AttemptOutcome.ended(cause)
     if verdict is not None:
         return AttemptOutcome.ended(verdict)
@@ -122,9 +132,12 @@ def classify(evidence: AttemptEvidence) -> AttemptOutcome:
         return AttemptOutcome.ended(RanksFailed(problem))
     finished = _completed(evidence)
     if evidence.dataframe and not evidence.outcomes:
-        return AttemptOutcome.ended(DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on"))
+        return AttemptOutcome.ended(
+            DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on")
+        )
     return AttemptOutcome.ended(
         DriverProblem(
-            ProblemKind.LAUNCH, f"only {finished} of {evidence.nodes} Spark barrier tasks reported back; check the executor logs"
+            ProblemKind.LAUNCH,
+            f"only {finished} of {evidence.nodes} Spark barrier tasks reported back; check the executor logs",
         )
     )

@@ -73,7 +73,9 @@ def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
     if plan.use_gpu and host.gpus_found and config.use_gpu is None:
         logger.info(
             "spark_torch: local mode on %d GPU(s) of this machine found by %s (%s); pass use_gpu=False to train on CPU",
-            len(plan.local_gpus), host.gpus_found_by, ",".join(plan.local_gpus),
+            len(plan.local_gpus),
+            host.gpus_found_by,
+            ",".join(plan.local_gpus),
         )
     if plan.gpu_fallback is not None:
         logger.warning("%s", plan.gpu_fallback)
@@ -85,9 +87,16 @@ def _plan(config: DistributorConfig, cluster: ClusterInfo) -> LaunchPlan:
 
 
 def _run_spec(
-    config: DistributorConfig, plan: LaunchPlan, entry: Entrypoint, payload: bytes | None, data: DataInput | None,
-    run_id: str, storage: RunStorage | None, token: str, settings: Settings,
-) -> RunSpec:  # fmt: skip
+    config: DistributorConfig,
+    plan: LaunchPlan,
+    entry: Entrypoint,
+    payload: bytes | None,
+    data: DataInput | None,
+    run_id: str,
+    storage: RunStorage | None,
+    token: str,
+    settings: Settings,
+) -> RunSpec:
     """The run as every node sees it (one immutable spec; each attempt replaces its size)."""
     script = entry if isinstance(entry, ScriptEntrypoint) else None
     return RunSpec(
@@ -103,7 +112,9 @@ def _run_spec(
         driver_python=platform.python_version(),
         driver_package=package_identity(),
         data=DataSpec(columns=data.columns, explicit=data.explicit) if data is not None else None,
-        storage=StorageSpec(base=storage.base, token=token, options=storage.options, required=config.storage_path is not None)
+        storage=StorageSpec(
+            base=storage.base, token=token, options=storage.options, required=config.storage_path is not None
+        )
         if storage is not None
         else None,
         settings=settings,
@@ -125,9 +136,15 @@ def _membership(config: DistributorConfig, plan: LaunchPlan, settings: Settings)
 
 
 def execute(
-    config: DistributorConfig, spark: Any, entry: Entrypoint, data: DataInput | None, record: RunRecord,
-    cancellation: Cancellation | None = None, *, restart: bool = False,
-) -> Any:  # fmt: skip
+    config: DistributorConfig,
+    spark: Any,
+    entry: Entrypoint,
+    data: DataInput | None,
+    record: RunRecord,
+    cancellation: Cancellation | None = None,
+    *,
+    restart: bool = False,
+) -> Any:
     """Run ``entry`` (see :meth:`Distributor.run`), recording it in ``record``; once it ended,
     however, ``record.result`` is the call's :class:`~spark_torch.driver.result.RunResult`.
     ``cancellation`` stops its attempts from another thread (replica groups). ``restart``: this
@@ -148,7 +165,9 @@ def execute(
         sink.close()
         raise
     record.started, script = time.time(), entry if isinstance(entry, ScriptEntrypoint) else None
-    call = call_row(entry.description, "script" if script else "function", script.argv if script else (), started=record.started)
+    call = call_row(
+        entry.description, "script" if script else "function", script.argv if script else (), started=record.started
+    )
     record.entry = call["entry"]
     if not restart:  # a restart's attempts and end belong to the call it continues
         log_call(storage, call)  # what this call runs, for `spark-torch runs` (its end is recorded below)
@@ -157,11 +176,22 @@ def execute(
     tracker = ReportTracker(record, sink, config, plan, record.run_id)
     membership = _membership(config, plan, settings)
     controller = RunController(
-        spark=spark, base=base, plan=plan, config=config, endpoint=endpoint, data=data, record=record,
-        sink=sink, tracker=tracker, storage=storage, membership=membership, deadline=deadline,
-        policy=RestartPolicy(config.max_restarts), cancellation=cancellation,
+        spark=spark,
+        base=base,
+        plan=plan,
+        config=config,
+        endpoint=endpoint,
+        data=data,
+        record=record,
+        sink=sink,
+        tracker=tracker,
+        storage=storage,
+        membership=membership,
+        deadline=deadline,
+        policy=RestartPolicy(config.max_restarts),
+        cancellation=cancellation,
         first_reason=AttemptReason.RESTART_AFTER_FAILURE if restart else AttemptReason.START,
-    )  # fmt: skip
+    )
     value: Any = None
     error: BaseException | None = None
     try:
@@ -179,7 +209,10 @@ def execute(
         try:
             stored = read_stored(storage, record.rows, config.checkpoint_score_attribute, config.checkpoint_score_order)
         except Exception as exc:  # noqa: BLE001 - the run's own outcome or error matters more
-            logger.warning("spark_torch: the run's history and checkpoints could not be read back: %s", storage_error(str(storage and storage.url), exc))
+            logger.warning(
+                "spark_torch: the run's history and checkpoints could not be read back: %s",
+                storage_error(str(storage and storage.url), exc),
+            )
             stored = StoredRun(path=storage.url if storage is not None else None, history=list(record.rows))
         result = record.finish(value=value, error=error, outcome=outcome, ended=ended, stored=stored)
         tracker.close(result.checkpoint, result.error)
@@ -211,6 +244,7 @@ def run_outcome(error: BaseException | None, attempts: Sequence[AttemptRecord]) 
         return Outcome.STALLED
     return Outcome.FAILED
 
+
 def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage | None:
     """The run's storage, created and marked now; without an explicit ``storage_path`` a
     default that cannot be created only disables checkpoints (with a warning). Whatever an fsspec
@@ -224,16 +258,22 @@ def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage |
         raise  # a run folder refused (a link, another user's): says which and what to do, default storage too
     except Exception as exc:  # noqa: BLE001 - every backend raises its own kinds (TypeError, botocore's...)
         if config.storage_path is not None:
-            raise ConfigurationError(f"storage_path={config.storage_path!r}: cannot create the run's directory; {storage_error(storage.url, exc)}") from exc
+            raise ConfigurationError(
+                f"storage_path={config.storage_path!r}: cannot create the run's directory; {storage_error(storage.url, exc)}"
+            ) from exc
         logger.warning(
             "spark_torch: checkpoints are disabled: the default storage %s cannot be created (%s); "
-            "pass storage_path= to use report(checkpoint=...)", storage.url, exc,
+            "pass storage_path= to use report(checkpoint=...)",
+            storage.url,
+            exc,
         )
         return None
     return storage
 
 
-def _run_attempt(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None) -> AttemptOutcome:
+def _run_attempt(
+    spark: Any, attempt: Attempt, endpoint: ChannelEndpoint | None, data: DataInput | None
+) -> AttemptOutcome:
     """One attempt; both modes return every way it ends as a typed outcome (an interrupt that
     comes before the attempt's own wait, while it ships or stages, too)."""
     cancellation = attempt.cancellation
@@ -287,7 +327,11 @@ class RunController:
         while True:
             record, attempt, problem = self._next_attempt(len(self.record.attempts), reason, show)
             # a check before the attempt that found it impossible ends it as the attempt would have
-            ended = AttemptOutcome.ended(problem) if problem is not None else _run_attempt(self.spark, attempt, self.endpoint, self.data)
+            ended = (
+                AttemptOutcome.ended(problem)
+                if problem is not None
+                else _run_attempt(self.spark, attempt, self.endpoint, self.data)
+            )
             record.end = ended.end
             if ended.staging is not None:
                 self.record.staging = ended.staging
@@ -308,7 +352,11 @@ class RunController:
                 stacks = getattr(error, "stacks_text", None)  # a stall's or a timeout's: said here, once
                 logger.warning(
                     "spark_torch: run %s %s (%s); restarting the gang (%d of %s)%s",
-                    self.record.run_id, ended.end, record.detail, failures, policy.budget(),
+                    self.record.run_id,
+                    ended.end,
+                    record.detail,
+                    failures,
+                    policy.budget(),
                     f"\nWhere each rank was:\n{stacks}" if stacks else "",
                 )
             reason = decision.reason
@@ -336,15 +384,22 @@ class RunController:
             except (InsufficientSlotsError, LaunchError) as exc:
                 kind = ProblemKind.SLOTS if isinstance(exc, InsufficientSlotsError) else ProblemKind.LAUNCH
                 problem = DriverProblem(kind, str(exc), cause=exc.__cause__)
-        record = AttemptRecord(attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size)
+        record = AttemptRecord(
+            attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size
+        )
         self.record.attempts.append(record)
-        status = self.sink.begin_attempt(sized.world_size, show and problem is None)  # none for an attempt that cannot start
+        status = self.sink.begin_attempt(
+            sized.world_size, show and problem is None
+        )  # none for an attempt that cannot start
         config = self.config
         attempt = Attempt(
             spec=replace(
-                self.base, plan=sized, restart_count=restart_count, resume_step=resume,
+                self.base,
+                plan=sized,
+                restart_count=restart_count,
+                resume_step=resume,
                 resume_url=latest.url if latest else None,
-            ),  # fmt: skip
+            ),
             timeout=None if self.deadline is None else max(0.001, self.deadline - time.monotonic()),
             run_timeout=config.timeout,
             on_lines=self.sink,
@@ -365,7 +420,11 @@ class RunController:
 def _needed(config: DistributorConfig) -> dict[str, str]:
     """The modules a run needs on the executors beyond a node's, each with its install hint: a
     replica group's ranks import torchft (a rank's ImportError would spend the group's restarts)."""
-    return {FT_MODULE: f"replica_groups needs {FT_MODULE}: {install_hint()}"} if replica_group_of(config) is not None else {}
+    return (
+        {FT_MODULE: f"replica_groups needs {FT_MODULE}: {install_hint()}"}
+        if replica_group_of(config) is not None
+        else {}
+    )
 
 
 def _newest_checkpoint(storage: RunStorage, peer_runs: tuple[str, ...]) -> CheckpointInfo | None:
@@ -377,7 +436,9 @@ def _newest_checkpoint(storage: RunStorage, peer_runs: tuple[str, ...]) -> Check
         try:
             found.append(RunStorage(storage.base, peer, storage.options).latest())
         except Exception as exc:  # noqa: BLE001 - this run's own checkpoint still serves
-            logger.warning("spark_torch: the checkpoints of %s could not be read: %s", peer, storage_error(storage.base, exc))
+            logger.warning(
+                "spark_torch: the checkpoints of %s could not be read: %s", peer, storage_error(storage.base, exc)
+            )
     complete = [checkpoint for checkpoint in found if checkpoint is not None]
     return max(complete, key=lambda checkpoint: checkpoint.step) if complete else None  # max keeps the first of equals
 
@@ -386,7 +447,16 @@ def _record_end(storage: RunStorage | None, attempt: AttemptRecord) -> None:
     """Add the attempt's end to the run's log (``spark-torch runs show``)."""
     error = (attempt.error.type_name, attempt.error.first_line) if attempt.error is not None else None
     end = str(attempt.end) if attempt.end is not None else "?"
-    row = attempt_row(attempt.attempt, attempt.world_size, attempt.nodes, str(attempt.reason), end, error, attempt.size_note, time.time())
+    row = attempt_row(
+        attempt.attempt,
+        attempt.world_size,
+        attempt.nodes,
+        str(attempt.reason),
+        end,
+        error,
+        attempt.size_note,
+        time.time(),
+    )
     log_call(storage, {**row, "detail": str(attempt.grow)} if attempt.grow is not None else row)
 
 

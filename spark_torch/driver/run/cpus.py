@@ -55,5 +55,7 @@ def available_cpus() -> int:
         count = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         count = os.cpu_count() or 1
-    quota = quota_cpus(_read(_V2_MAX)) if os.path.exists(_V2_MAX) else quota_cpus(None, _read(_V1_QUOTA), _read(_V1_PERIOD))
+    quota = (
+        quota_cpus(_read(_V2_MAX)) if os.path.exists(_V2_MAX) else quota_cpus(None, _read(_V1_QUOTA), _read(_V1_PERIOD))
+    )
     return max(1, min(count, quota) if quota else count)

@@ -61,7 +61,9 @@ def check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mappi
         signature.bind(*args, **kwargs)
     except TypeError as exc:
         params = [p.name for p in signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        keywords = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        keywords = [
+            p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
         hints = [
             f"{name!r} (did you mean {close[0]!r}?)"
             for name in kwargs
@@ -69,7 +71,8 @@ def check_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mappi
         ]
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
         bare = signature.replace(  # the parameters as the user wrote them, without their annotations
-            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()], return_annotation=signature.empty
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
         )
         reason = f"unexpected keyword argument {', '.join(hints)}" if hints else str(exc)
         raise ArgumentError(
@@ -93,12 +96,8 @@ def make_entrypoint(main: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if not os.path.exists(path):
             raise FileNotFoundError(f"training script not found: {path}")
         if os.path.isdir(path):
-            raise IsADirectoryError(
-                f"training script {path} is a directory; pass the path of a .py file inside it"
-            )
+            raise IsADirectoryError(f"training script {path} is a directory; pass the path of a .py file inside it")
         if not os.access(path, os.R_OK):
             raise PermissionError(f"training script {path} is not readable")
         return ScriptEntrypoint(path, tuple(str(a) for a in args))
-    raise TypeError(
-        f"main must be a function or the path of a training script, got {type(main).__name__}: {main!r}"
-    )
+    raise TypeError(f"main must be a function or the path of a training script, got {type(main).__name__}: {main!r}")

@@ -42,7 +42,16 @@ from spark_torch.errors import (
 from spark_torch.shared.failure_reports import MARKER, FailureReport, decode_report, merge_reports
 from spark_torch.shared.rank_files import rebuild_exception
 
-__all__ = ["attempt_error", "unreadable_result_error", "error_from_report", "problem_error", "spark_failure_cause", "classify_spark_text", "SparkJobError", "without_reports"]
+__all__ = [
+    "attempt_error",
+    "unreadable_result_error",
+    "error_from_report",
+    "problem_error",
+    "spark_failure_cause",
+    "classify_spark_text",
+    "SparkJobError",
+    "without_reports",
+]
 
 #: a node runner that could not even start: an import failed in Spark's Python worker
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -106,7 +115,9 @@ def error_from_report(report: FailureReport) -> BaseException:
     return error
 
 
-def spark_failure_cause(exc: BaseException, secret: bytes, channel_reports: Sequence[FailureReport]) -> RanksFailed | SparkJobFailed:
+def spark_failure_cause(
+    exc: BaseException, secret: bytes, channel_reports: Sequence[FailureReport]
+) -> RanksFailed | SparkJobFailed:
     """Why a barrier job failed, as data: the nodes' authenticated reports (those sent over the
     channel, and the one inside Spark's exception text), else what Spark's text says.
 
@@ -131,7 +142,7 @@ def classify_spark_text(text: str) -> tuple[SparkFailureKind, str]:
         return SparkFailureKind.TOO_FEW_SLOTS, ""
     lost = next((line for line in text.splitlines() if "ExecutorLostFailure" in line), None)
     if lost is not None:
-        return SparkFailureKind.EXECUTOR_LOST, lost[lost.index("ExecutorLostFailure"):][:500]
+        return SparkFailureKind.EXECUTOR_LOST, lost[lost.index("ExecutorLostFailure") :][:500]
     if "maxResultSize" in text:
         return SparkFailureKind.RESULT_TOO_LARGE, ""
     return SparkFailureKind.OTHER, next((line for line in text.splitlines() if line.strip()), text)[:2000]
@@ -195,9 +206,12 @@ def attempt_error(outcome: AttemptOutcome) -> BaseException:
         return problem
     if isinstance(cause, RanksStopped):
         return RunTimeoutError(
-            [], headline=f"the run exceeded timeout={cause.run_timeout:g}s; {cause.what}",
-            stacks=cause.stacks.by_rank, stacks_text=cause.stacks.text, stopped=cause.ranks,
-        )  # fmt: skip
+            [],
+            headline=f"the run exceeded timeout={cause.run_timeout:g}s; {cause.what}",
+            stacks=cause.stacks.by_rank,
+            stacks_text=cause.stacks.text,
+            stopped=cause.ranks,
+        )
     if isinstance(cause, StallVerdict):
         kind = RunStalledError if cause.reason is StopReason.STALLED else DistributedRunError
         return kind([], headline=cause.headline, stacks=cause.stacks.by_rank, stacks_text=cause.stacks.text)

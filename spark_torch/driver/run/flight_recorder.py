@@ -203,8 +203,9 @@ class FlightRecorder:
             self._announce = bool(self._asked)  # not all of them yet: the summary follows when they are
         where = self.where.path if self._problem is None else f"nowhere: {self._problem}"
         if lines:
-            return f"\ntorch's Flight Recorder, the collectives in flight on each rank (JSON per rank in {where}):\n" + "\n".join(
-                f"  {line}" for line in lines
+            return (
+                f"\ntorch's Flight Recorder, the collectives in flight on each rank (JSON per rank in {where}):\n"
+                + "\n".join(f"  {line}" for line in lines)
             )
         return f"\nThe ranks' Flight Recorder traces (torch's record of their collectives) go to {where}"
 

@@ -106,7 +106,9 @@ class LocalIO:
         group = hosted.group if hosted is not None else None
         lines = {status.rank: status.last_lines for status in group.ranks} if group is not None else {}
         every_rank = {0: range(self.attempt.spec.plan.world_size)}
-        return TimeUp(self.attempt.run_timeout, every_rank, lambda rank: lines.get(rank, ()), self.stall.stacks(), host=self.host)
+        return TimeUp(
+            self.attempt.run_timeout, every_rank, lambda rank: lines.get(rank, ()), self.stall.stacks(), host=self.host
+        )
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         """Nothing to tell: the driver is right here."""
@@ -150,7 +152,11 @@ def _run_here(attempt: Attempt, data: DataInput | None) -> tuple[AttemptOutcome,
         cancellation = attempt.cancellation
         hosted: NodeResult | None = None
         try:
-            with cancellation.watch(lambda: io.stop_ranks(StopReason.CANCELLED)) if cancellation is not None else nullcontext():
+            with (
+                cancellation.watch(lambda: io.stop_ranks(StopReason.CANCELLED))
+                if cancellation is not None
+                else nullcontext()
+            ):
                 hosted = run_node(spec, io, workdir, batches)
             outcome = hosted.outcome()
         except KeyboardInterrupt as interrupt:
@@ -169,10 +175,12 @@ def _run_here(attempt: Attempt, data: DataInput | None) -> tuple[AttemptOutcome,
         result_file = group.result_file if group is not None else None
         ended = classify(
             AttemptEvidence(
-                nodes=1, outcomes={0: outcome}, verdict=io.verdict(hosted),
+                nodes=1,
+                outcomes={0: outcome},
+                verdict=io.verdict(hosted),
                 failure=RanksFailed(hosted.failure_report()) if failed and hosted is not None else None,
                 # readable after the workdir is removed
                 result=lambda: map_file(result_file) if result_file is not None else None,
             )
-        )  # fmt: skip
+        )
         return ended, outcome.shard

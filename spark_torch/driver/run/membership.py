@@ -81,8 +81,12 @@ class Membership:
         size = self.size(slots, SizeReason.FEWER_SLOTS)
         logger.warning(
             "spark_torch: starting with %d of %d ranks (min_processes=%d): the cluster has slots for %d of %d nodes",
-            size.ranks, size.max_ranks, self.min_nodes * self.procs_per_node, slots, self.max_nodes,
-        )  # fmt: skip
+            size.ranks,
+            size.max_ranks,
+            self.min_nodes * self.procs_per_node,
+            slots,
+            self.max_nodes,
+        )
         return size
 
 

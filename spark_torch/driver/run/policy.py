@@ -55,7 +55,11 @@ class RestartPolicy:
             return Decision(Action.RESTART, AttemptReason.GROW)
         if end in (AttemptEnd.FAILED, AttemptEnd.STALLED):
             if self.unlimited or failures_so_far < self.max_restarts:
-                reason = AttemptReason.RESTART_AFTER_STALL if end is AttemptEnd.STALLED else AttemptReason.RESTART_AFTER_FAILURE
+                reason = (
+                    AttemptReason.RESTART_AFTER_STALL
+                    if end is AttemptEnd.STALLED
+                    else AttemptReason.RESTART_AFTER_FAILURE
+                )
                 return Decision(Action.RESTART, reason, counts=True)
             return Decision(Action.RAISE)
         return Decision(Action.RAISE)  # timed out, interrupted, launch failed, misconfigured

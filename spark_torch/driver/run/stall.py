@@ -201,7 +201,8 @@ class StallWatch:
         # with restarts left, by the controller's "restarting" warning)
         logger.warning(
             "spark_torch: no rank made progress for %.0fs (stall_timeout=%gs); stall_action='fail': stopping the run",
-            idle, self.timeout,
+            idle,
+            self.timeout,
         )
         self._verdict = StallVerdict(
             StopReason.STALLED,
@@ -248,7 +249,9 @@ class StallWatch:
         )
         logger.warning("spark_torch: %s; stopping the run", headline)
         self._verdict = StallVerdict(
-            StopReason.REPORT_DEADLOCK, headline=headline, stacks=Stacks({s.rank: s.text for s in stacks}, format_stacks(stacks))
+            StopReason.REPORT_DEADLOCK,
+            headline=headline,
+            stacks=Stacks({s.rank: s.text for s in stacks}, format_stacks(stacks)),
         )
         self.failed.set()
         self.freeze()
@@ -305,7 +308,9 @@ class StallWatch:
         """The one line that ends a stall (if there is one), and the status line without it."""
         if self._stalled_since is None:
             return
-        logger.warning("spark_torch: the run moves again after %.0fs without progress", time.monotonic() - self._stalled_since)
+        logger.warning(
+            "spark_torch: the run moves again after %.0fs without progress", time.monotonic() - self._stalled_since
+        )
         self._stalled_since = None
         if self._on_status is not None:
             self._on_status(None)

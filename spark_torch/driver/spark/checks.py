@@ -43,18 +43,22 @@ def tls_check(cluster: ClusterInfo) -> ClusterCheck:
         return ClusterCheck(name, "off")
     if not cluster.ignore_ssl:
         return ClusterCheck(
-            name, "on", Verdict.FAIL,
+            name,
+            "on",
+            Verdict.FAIL,
             "this Spark cluster requires encryption (spark.ssl.enabled), but torch's gloo/NCCL traffic between ranks "
             f"is not encrypted. If the network between executors is trusted, set {IGNORE_SSL_KEY}=true in the Spark "
             "conf to run anyway",
             f"torch traffic is not encrypted; set {IGNORE_SSL_KEY}=true to run anyway",
-        )  # fmt: skip
+        )
     return ClusterCheck(
-        name, f"on ({IGNORE_SSL_KEY}=true)", Verdict.WARN,
+        name,
+        f"on ({IGNORE_SSL_KEY}=true)",
+        Verdict.WARN,
         "spark_torch: Spark encrypts its own traffic (spark.ssl.enabled); spark_torch's channel (logs, reports, "
         "results) is encrypted too, but torch's gloo/NCCL traffic between ranks is NOT encrypted",
         "keep the ranks on a trusted network",
-    )  # fmt: skip
+    )
 
 
 def _rpc_check(cluster: ClusterInfo) -> ClusterCheck:
@@ -67,11 +71,13 @@ def _rpc_check(cluster: ClusterInfo) -> ClusterCheck:
         if cluster.ssl_enabled:  # the TLS row says it
             return ClusterCheck(name, value)
         return ClusterCheck(
-            name, value, Verdict.WARN,
+            name,
+            value,
+            Verdict.WARN,
             "spark_torch: Spark encrypts its own traffic (spark.network.crypto.enabled); spark_torch's channel (logs, "
             "reports, results) is encrypted too, but torch's gloo/NCCL traffic between ranks is NOT encrypted",
             "keep the ranks on a trusted network",
-        )  # fmt: skip
+        )
     warning = unencrypted_rpc_warning(cluster)
     if warning is None:
         why = "spark.ssl.rpc.enabled is on" if cluster.rpc_ssl_enabled else "a local master: tasks stay on this machine"

@@ -20,8 +20,17 @@ from spark_torch.errors import ConfigurationError
 from spark_torch.settings import SETTINGS
 
 __all__ = [
-    "ClusterInfo", "read_cluster", "IGNORE_SSL_KEY", "DEEPSPEED_IGNORE_SSL_KEY", "is_connect_session", "available_slots",
-    "slots_from_conf", "session_conf", "unencrypted_rpc_warning", "executor_hosts", "is_local_master",
+    "ClusterInfo",
+    "read_cluster",
+    "IGNORE_SSL_KEY",
+    "DEEPSPEED_IGNORE_SSL_KEY",
+    "is_connect_session",
+    "available_slots",
+    "slots_from_conf",
+    "session_conf",
+    "unencrypted_rpc_warning",
+    "executor_hosts",
+    "is_local_master",
 ]
 
 logger = logging.getLogger(__name__)
@@ -60,10 +69,10 @@ class ClusterInfo:
     executor_threads: str | None = None
 
 
-
 def is_local_master(master: str) -> bool:
     """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``: every task runs in the driver."""
     return master == "local" or master.startswith("local[")
+
 
 def session_conf(spark: Any, key: str, default: str | None = None) -> str | None:
     """The session's setting ``key`` as text (``default`` when unset or unreadable)."""
@@ -124,7 +133,8 @@ def read_cluster(spark: Any) -> ClusterInfo:
         ssl_enabled=_is_true(session_conf(spark, "spark.ssl.enabled")),
         crypto_enabled=_is_true(session_conf(spark, "spark.network.crypto.enabled")),
         rpc_ssl_enabled=_is_true(session_conf(spark, "spark.ssl.rpc.enabled")),
-        ignore_ssl=_is_true(session_conf(spark, IGNORE_SSL_KEY)) or _is_true(session_conf(spark, DEEPSPEED_IGNORE_SSL_KEY)),
+        ignore_ssl=_is_true(session_conf(spark, IGNORE_SSL_KEY))
+        or _is_true(session_conf(spark, DEEPSPEED_IGNORE_SSL_KEY)),
         is_connect=connect,
         driver_bind_address=None if connect else session_conf(spark, "spark.driver.bindAddress"),
         connect_host=connect_host,
@@ -186,7 +196,11 @@ def available_slots(spark: Any) -> int | None:
 
 def master_of(spark: Any) -> str:
     """The session's master URL (``spark.master`` of a Connect client's conf)."""
-    return str(session_conf(spark, "spark.master", "") or "") if is_connect_session(spark) else str(spark.sparkContext.master)
+    return (
+        str(session_conf(spark, "spark.master", "") or "")
+        if is_connect_session(spark)
+        else str(spark.sparkContext.master)
+    )
 
 
 #: on a local master every node runs on this machine and may connect over loopback

@@ -17,7 +17,9 @@ __all__ = ["DataInput", "check_columns"]
 def _kind(data_type: Any) -> str | None:
     from pyspark.sql import types as T
 
-    if isinstance(data_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.BooleanType)):
+    if isinstance(
+        data_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.BooleanType)
+    ):
         return "scalar"
     if isinstance(data_type, T.ArrayType) and _kind(data_type.elementType) == "scalar":
         return "array"

@@ -193,9 +193,12 @@ def _started(configured: str | None, ignored: str | None = None) -> str:
 
 
 def describe_problem(
-    found: Sequence[ExecutorPython], configured: str | None, driver_python: str = sys.executable, ignored: str | None = None,
+    found: Sequence[ExecutorPython],
+    configured: str | None,
+    driver_python: str = sys.executable,
+    ignored: str | None = None,
     hints: Mapping[str, str] | None = None,
-) -> str | None:  # fmt: skip
+) -> str | None:
     """One line naming each executor interpreter that lacks something, and the fix (``hints``: a
     missing module's own, first); None if all is well."""
     groups: dict[tuple[str, str, tuple[tuple[str, str], ...]], set[str]] = {}
@@ -211,8 +214,9 @@ def describe_problem(
         parts.append(f"{executable} (Python {version}, on {where}) cannot import {names}")
     lacking = {m for (_, _, missing) in groups for m, _ in missing}
     own = "".join(f"{hint}. " for module, hint in sorted((hints or {}).items()) if module in lacking)
-    return f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured, ignored)}. {own}" + _fix(
-        "that has them", driver_python
+    return (
+        f"the executors' Python cannot run spark_torch: {'; '.join(parts)}{_started(configured, ignored)}. {own}"
+        + _fix("that has them", driver_python)
     )
 
 

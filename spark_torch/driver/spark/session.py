@@ -10,9 +10,14 @@ import threading
 from typing import Any
 
 __all__ = [
-    "active_session", "get_or_create_session", "executor_python", "master_endpoints", "check_master_reachable",
-    "embedded_conf", "JVM_START_NOISE",
-]  # fmt: skip
+    "active_session",
+    "get_or_create_session",
+    "executor_python",
+    "master_endpoints",
+    "check_master_reachable",
+    "embedded_conf",
+    "JVM_START_NOISE",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -297,9 +302,11 @@ def _launch_quiet_gateway(spark_conf: Any) -> Any:
     gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": PIPE})  # type: ignore[no-untyped-call]
     if gateway.proc is not None and gateway.proc.stderr is not None:
         threading.Thread(
-            target=_forward_stderr, args=(gateway.proc.stderr, 2),  # where the JVM would have written
-            name="spark_torch-jvm-stderr", daemon=True,
-        ).start()  # fmt: skip
+            target=_forward_stderr,
+            args=(gateway.proc.stderr, 2),  # where the JVM would have written
+            name="spark_torch-jvm-stderr",
+            daemon=True,
+        ).start()
     return gateway
 
 

@@ -74,9 +74,12 @@ def build_zip(directory: str) -> str | None:
                 # hash-based pyc does not depend on the source's time, which the zip does not keep.
                 compiled = os.path.join(tmp, "module.pyc")
                 py_compile.compile(
-                    source, cfile=compiled, dfile=arcname, doraise=True,
+                    source,
+                    cfile=compiled,
+                    dfile=arcname,
+                    doraise=True,
                     invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-                )  # fmt: skip
+                )
                 with open(compiled, "rb") as handle:
                     _add(zf, arcname + "c", handle.read())
         _add(zf, f"spark_torch/{SHIPPED_FILE}", json.dumps({"identity": identity}).encode())

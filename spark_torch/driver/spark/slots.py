@@ -27,8 +27,7 @@ __all__ = ["check_slots", "wait_for_slots", "settled_slots", "can_wait", "RANKS_
 POLL_SECONDS = 0.25
 #: the fix that keeps every rank on CPU: fewer, fuller tasks
 RANKS_PER_TASK_FIX = (
-    "on CPU run several ranks in each task (ranks_per_task=K, a divisor of num_processes: "
-    "num_processes/K slots)"
+    "on CPU run several ranks in each task (ranks_per_task=K, a divisor of num_processes: num_processes/K slots)"
 )
 
 

@@ -53,7 +53,13 @@ def plan_digest(df: Any) -> str:
             "it too. Drop reuse_staged (each run stages its rows again)"
         )
     plan = df._jdf.queryExecution().optimizedPlan()
-    parts = [FORMAT, package_identity(), plan.canonicalized().toString(), str(df.semanticHash()), *sorted(df.inputFiles())]
+    parts = [
+        FORMAT,
+        package_identity(),
+        plan.canonicalized().toString(),
+        str(df.semanticHash()),
+        *sorted(df.inputFiles()),
+    ]
     leaves = plan.collectLeaves()
     for index in range(leaves.size()):
         leaf = leaves.apply(index)
@@ -111,7 +117,9 @@ class KeptRows:
     root: str | None
 
     @classmethod
-    def for_attempt(cls, spark: Any, digest: str, columns: tuple[str, ...], explicit: bool, plan: LaunchPlan) -> KeptRows:
+    def for_attempt(
+        cls, spark: Any, digest: str, columns: tuple[str, ...], explicit: bool, plan: LaunchPlan
+    ) -> KeptRows:
         """The attempt's key: the DataFrame's digest, the columns, tuples or dicts, the layout."""
         _forget_stopped()
         layout = [digest, list(columns), explicit, plan.local_mode, plan.num_nodes, plan.procs_per_node]
@@ -131,7 +139,9 @@ class KeptRows:
         """Stage a new generation from the DataFrame."""
         return StagedCache(key=self.key, generation=new_generation(), reuse=False, root=self.root)
 
-    def settle(self, cache: StagedCache, shards: dict[int, ShardUse], nodes: int, missed_before: bool) -> Staging | None:
+    def settle(
+        self, cache: StagedCache, shards: dict[int, ShardUse], nodes: int, missed_before: bool
+    ) -> Staging | None:
         """How this attempt got its rows (None: its nodes did not all get them), remembering a
         generation every node kept (or forgetting one some node missed)."""
         if len(shards) < nodes or any(use.source is ShardSource.MISSED for use in shards.values()):
@@ -151,7 +161,9 @@ class KeptRows:
 
     def missed(self, cache: StagedCache) -> StagedCache:
         """The kept generation did not cover every node: forget it, and stage a new one."""
-        logger.info("spark_torch: the kept DataFrame rows are not on every node; staging them again (key %s)", self.key[:12])
+        logger.info(
+            "spark_torch: the kept DataFrame rows are not on every node; staging them again (key %s)", self.key[:12]
+        )
         with _lock:
             _kept.get(_app_id(self.spark), {}).pop(self.key, None)
         return replace(self.restage(), root=cache.root)

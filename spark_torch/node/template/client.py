@@ -79,6 +79,7 @@ MAX_SOCKET_PATH = 107
 #: a socket's name in the folder: 20 hex digits of its key and ``.sock``
 SOCKET_NAME_CHARS = 25
 
+
 class WarmProcess:
     """A rank forked by the template, seen like a ``subprocess.Popen`` (pid, poll, wait)."""
 
@@ -164,11 +165,18 @@ def template_socket(python: str, env: Mapping[str, str], owner: psutil.Process) 
     except metadata.PackageNotFoundError:
         torch_version = ""
     hard = {name: limits[1] for name, limits in runner_limits().items()}
-    identity = "\0".join((
-        python, torch_version, str(owner.pid), repr(owner.create_time()),
-        json.dumps(sorted(startup_env(env).items())), json.dumps(sorted(hard.items())),
-        json.dumps(sorted(runner_priority().items())), json.dumps(runner_ignored_signals()),
-    ))
+    identity = "\0".join(
+        (
+            python,
+            torch_version,
+            str(owner.pid),
+            repr(owner.create_time()),
+            json.dumps(sorted(startup_env(env).items())),
+            json.dumps(sorted(hard.items())),
+            json.dumps(sorted(runner_priority().items())),
+            json.dumps(runner_ignored_signals()),
+        )
+    )
     return os.path.join(_socket_dir(), hashlib.sha256(identity.encode()).hexdigest()[: SOCKET_NAME_CHARS - 5] + ".sock")
 
 
@@ -225,7 +233,9 @@ def _creation_lock(directory: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _start_template(python: str, env: dict[str, str], path: str, owner: int, idle: float | None) -> subprocess.Popen[bytes]:
+def _start_template(
+    python: str, env: dict[str, str], path: str, owner: int, idle: float | None
+) -> subprocess.Popen[bytes]:
     """Start a template listening at ``path`` for ``owner``'s lifetime; wait until it is ready."""
     process = subprocess.Popen(
         [python, "-m", TEMPLATE_MODULE, path, str(owner), "none" if idle is None else repr(float(idle))],
@@ -260,13 +270,22 @@ def _reap(process: subprocess.Popen[bytes]) -> None:
 
 
 def _spawn(
-    conn: socket.socket, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int],
+    conn: socket.socket,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    fds: Sequence[int],
     idle: float | None,
 ) -> WarmProcess:
     try:
         request = {
-            "argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(),
-            "umask": runner_umask(), "rlimits": runner_limits(), "affinity": runner_affinity(), "idle": idle,
+            "argv": list(argv),
+            "env": dict(env),
+            "cwd": cwd or os.getcwd(),
+            "umask": runner_umask(),
+            "rlimits": runner_limits(),
+            "affinity": runner_affinity(),
+            "idle": idle,
         }
         conn.settimeout(ANSWER_SECONDS)
         socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
@@ -327,8 +346,13 @@ def _template_connection(python: str, env: Mapping[str, str], idle: float | None
 
 
 def warm_spawn(
-    python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, fds: Sequence[int],
-    *, idle: float | None = None,
+    python: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    fds: Sequence[int],
+    *,
+    idle: float | None = None,
 ) -> WarmProcess | None:
     """Fork a rank from the template of this process's owner (the driver, or the executor) for
     ``env``'s interpreter-start settings, starting it on first use (to end after ``idle``

@@ -71,8 +71,21 @@ MARK_SLOT_VALUE = "-" * 256
 #: import) and the OpenMP/MKL runtimes' (read when torch loads them). Templates are keyed by
 #: these variables of the rank's environment and started with them.
 STARTUP_PREFIXES = (
-    "PYTHON", "LD_", "MALLOC_", "GLIBC_TUNABLES", "TCMALLOC_", "JEMALLOC_", "LC_", "LANG", "TZ",
-    "TORCH_", "PYTORCH_", "OMP_", "KMP_", "GOMP_", "MKL_",
+    "PYTHON",
+    "LD_",
+    "MALLOC_",
+    "GLIBC_TUNABLES",
+    "TCMALLOC_",
+    "JEMALLOC_",
+    "LC_",
+    "LANG",
+    "TZ",
+    "TORCH_",
+    "PYTORCH_",
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
 )
 #: ... and these whole names: ``HOME`` places the user site directory (``site.USER_SITE``,
 #: on ``sys.path`` outside a virtual environment), which ``site`` sets when the interpreter starts
@@ -91,7 +104,8 @@ def startup_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` that an interpreter reads at start-up (:data:`STARTUP_PREFIXES`,
     :data:`STARTUP_NAMES`)."""
     return {
-        k: v for k, v in env.items()
+        k: v
+        for k, v in env.items()
         if (k in STARTUP_NAMES or k.startswith(STARTUP_PREFIXES) and not k.startswith(STARTUP_EXEMPT))
         and k not in SCRUBBED
     }

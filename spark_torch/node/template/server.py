@@ -119,8 +119,10 @@ class _Template:
                 except Exception as exc:
                     if self.listener is None:
                         raise  # failed again: give up
-                    log(f"stopped taking ranks after a failure of its loop ({type(exc).__name__}: {exc}); "
-                         "the next rank starts a new template")  # fmt: skip
+                    log(
+                        f"stopped taking ranks after a failure of its loop ({type(exc).__name__}: {exc}); "
+                        "the next rank starts a new template"
+                    )
                     self._stop_listening()
         finally:
             self._shutdown()
@@ -192,7 +194,10 @@ class _Template:
             with contextlib.suppress(Exception):
                 self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
         if (
-            self.idle_until is not None and self.listener is not None and not self.ranks and not self.clients
+            self.idle_until is not None
+            and self.listener is not None
+            and not self.ranks
+            and not self.clients
             and now >= self.idle_until
         ):
             self._stop_listening()
