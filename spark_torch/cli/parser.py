@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help="a run whose ranks made no progress for S seconds is stalled: log every rank's stack (default 120; 0: off)",
+        help="a run whose ranks made no progress for S seconds is stalled: log every rank's stack "
+        "(default 120; 0: off)",
     )
     run.add_argument(
         "--stall-action",

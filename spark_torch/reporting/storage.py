@@ -16,7 +16,8 @@ Layout of one run::
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
 half-written "latest" checkpoint. On a local (or mounted) filesystem the ranks' files and the
 manifest are fsynced before report() returns, and the run's folder and files are private
-(:mod:`~spark_torch.reporting.local_files`); an object store has them once its write returns. Used by ranks (upload), node runners (download) and the driver
+(:mod:`~spark_torch.reporting.local_files`); an object store has them once its write returns. Used by ranks (upload),
+node runners (download) and the driver
 (manifests, metrics, pruning); imports neither torch nor pyspark. One class over one layout,
 kept whole so that every path of the layout is written in one place; which checkpoints are
 best is :mod:`spark_torch.reporting.ranking`.
