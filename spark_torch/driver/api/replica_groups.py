@@ -1,7 +1,8 @@
 """``replica_groups=G``: per-step fault tolerance with torchft, a layer above today's run.
 
 The driver hosts the run's torchft lighthouse (:class:`~spark_torch.ft.lighthouse.Lighthouse`, on
-loopback in local mode, on the channel's address in distributed mode) and runs each replica group
+loopback in local mode, on the channel's address in distributed mode, where the ranks reach it
+through their node's relay, which proves a secret of this call: :mod:`spark_torch.ft.node_relay`) and runs each replica group
 as its own gang: one thread per group, each an attempt loop (:class:`GroupLoop`) of ordinary runs
 (``execute``: in distributed mode a barrier job per group, of whole nodes) of
 ``num_processes / G`` ranks named ``RUN_ID-gN``, with its own ``max_restarts`` budget. A group whose rank fails restarts
