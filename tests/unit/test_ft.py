@@ -188,15 +188,22 @@ def test_the_lighthouse_is_hidden_behind_its_gate_until_closed() -> None:
     pytest.importorskip("torchft")
     import psutil
 
-    before = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
+    def ours() -> set[tuple[str, int]]:
+        """This process's listeners and its children's (other xdist workers' come and go meanwhile)."""
+        me = psutil.Process()
+        pids = {me.pid} | {child.pid for child in me.children(recursive=True)}
+        return {
+            (c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.pid in pids
+        }
+
+    before = ours()
     with Lighthouse(
         "127.0.0.3", LighthouseOptions(heartbeat_timeout_ms=500), allowed=lambda: {"127.0.0.1"}
     ) as lighthouse:
         hideout = lighthouse.hideout
         assert hideout is not None and lighthouse.server_port is None
         assert lighthouse.address == f"http://127.0.0.3:{lighthouse.port}"
-        listening = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
-        assert listening - before == {("127.0.0.3", lighthouse.port)}  # the gate only: torchft's is in the namespace
+        assert ours() - before == {("127.0.0.3", lighthouse.port)}  # the gate only: torchft's is in the namespace
         assert os.stat(hideout.folder).st_mode & 0o777 == 0o700 and os.path.exists(hideout.path)
         child = psutil.Process(hideout._process.pid)  # type: ignore[union-attr]
         assert os.readlink(f"/proc/{child.pid}/ns/net") != os.readlink("/proc/self/ns/net")
