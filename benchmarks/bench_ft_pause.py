@@ -49,7 +49,8 @@ TORCHFT = LighthouseOptions(min_replicas=1, join_timeout_ms=100, quorum_tick_ms=
 
 def train(steps: int, work: str, kill_at: int) -> int:
     """Rank side: train until ``steps`` steps were committed by both groups together; log each
-    commit's time to ``work/g{GROUP}.commits``; group 1's first process SIGKILLs itself at
+    commit's time to ``work/g{GROUP}.commits`` (rank 0 of the group; another rank R to
+    ``work/g{GROUP}r{R}.commits``); the first process of group 1's last rank SIGKILLs itself at
     joint step ``kill_at``, after writing the time to ``work/killed``."""
     import signal
 
@@ -59,6 +60,8 @@ def train(steps: int, work: str, kill_at: int) -> int:
     from spark_torch import ft
 
     group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+    rank, last = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]) - 1
+    name = f"g{group}" if rank == 0 else f"g{group}r{rank}"
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -74,11 +77,11 @@ def train(steps: int, work: str, kill_at: int) -> int:
         load_state_dict=load,
     )
     ddp = DistributedDataParallel(mgr, model)
-    with open(os.path.join(work, f"g{group}.ready"), "a") as fh:
+    with open(os.path.join(work, f"{name}.ready"), "a") as fh:
         fh.write(f"{os.getpid()} {time.time()!r}\n")
     x, y = torch.randn(32, 64), torch.randn(32, 1)
     killed = os.path.join(work, "killed")
-    with open(os.path.join(work, f"g{group}.commits"), "a", buffering=1) as log:
+    with open(os.path.join(work, f"{name}.commits"), "a", buffering=1) as log:
         while True:
             mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
             opt.zero_grad()
@@ -86,7 +89,7 @@ def train(steps: int, work: str, kill_at: int) -> int:
             if all_in and int(together) >= steps:
                 break
             loss = (ddp(x) - y).pow(2).mean()
-            if group == 1 and all_in and int(together) == kill_at and not os.path.exists(killed):
+            if group == 1 and rank == last and all_in and int(together) == kill_at and not os.path.exists(killed):
                 with open(killed, "w") as fh:
                     fh.write(repr(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -99,10 +102,10 @@ def train(steps: int, work: str, kill_at: int) -> int:
     return int(together)
 
 
-def one_kill(options: LighthouseOptions | None, spark: Any, storage: str) -> dict[str, float]:
+def one_kill(options: LighthouseOptions | None, spark: Any, storage: str, ranks: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as work:
         Distributor(
-            num_processes=2,
+            num_processes=2 * ranks,
             replica_groups=2,
             max_restarts=1,
             lighthouse_options=options,
@@ -112,12 +115,13 @@ def one_kill(options: LighthouseOptions | None, spark: Any, storage: str) -> dic
             local_mode=spark is None,
             spark=spark,
             warm_start=spark is None,
+            ranks_per_task=None if spark is None else ranks,
         ).run(train, STEPS, work, KILL_AT)
         with open(os.path.join(work, "killed")) as fh:
             kill = float(fh.read())
         survivor = [float(line.split()[1]) for line in open(os.path.join(work, "g0.commits"))]
         rows = [line.split() for line in open(os.path.join(work, "g1.commits"))]
-        ready = [line.split() for line in open(os.path.join(work, "g1.ready"))]
+        ready = [line.split() for line in open(os.path.join(work, "g1.ready"))]  # rank 0's
         alone = sum(1 for line in open(os.path.join(work, "g0.commits")) if line.split()[2] == "1")
     gaps = [b - a for a, b in zip(survivor, survivor[1:])]
     return {
@@ -134,6 +138,8 @@ def one_kill(options: LighthouseOptions | None, spark: Any, storage: str) -> dic
 
 def _session() -> Any:
     from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors need torch and torchft too
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -153,25 +159,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=4, help="kills per mode and configuration")
     parser.add_argument("--modes", default="local,local[2]")
+    parser.add_argument("--ranks", type=int, default=1, help="ranks per group; the killed one is group 1's last")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "ft_pause.json"))
     args = parser.parse_args()
     os.environ.setdefault("RUST_LOG", "error")
-    out: dict[str, Any] = {"load_start": os.getloadavg()[0], "cpus": os.cpu_count(), "kill_at": KILL_AT, "runs": {}}
+    out: dict[str, Any] = {
+        "load_start": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+        "kill_at": KILL_AT,
+        "ranks": args.ranks,
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as storage:
         for mode in args.modes.split(","):
             spark = _session() if mode != "local" else None
             runs: dict[str, list[dict[str, float]]] = {"default": [], "torchft": []}
             for _ in range(args.kills):
-                runs["default"].append(one_kill(None, spark, storage))
-                runs["torchft"].append(one_kill(TORCHFT, spark, storage))
+                runs["default"].append(one_kill(None, spark, storage, args.ranks))
+                runs["torchft"].append(one_kill(TORCHFT, spark, storage, args.ranks))
             out["runs"][mode] = runs
             if spark is not None:
                 spark.stop()
-    out["load_end"] = os.getloadavg()[0]
-    out["time"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(out, fh, indent=1)
+            out["load_end"] = os.getloadavg()[0]
+            out["time"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.makedirs(os.path.dirname(args.out), exist_ok=True)
+            with open(args.out, "w") as fh:  # after each mode: a run cut short keeps what it measured
+                json.dump(out, fh, indent=1)
     print("| mode | lighthouse | pause s, median (range) | stall s | back s | median step ms |")
     print("|---|---|---:|---:|---:|---:|")
     for mode, runs in out["runs"].items():
