@@ -1,7 +1,9 @@
 """A slow but healthy replica group is never dropped from a quorum at spark_torch's lighthouse
 defaults (a short heartbeat timeout, so that a dead group is dropped within a step's time:
 benchmarks/bench_ft_pause.py measures that), even with more busy processes than cores: real
-torchft ranks on gloo, the lighthouse on the driver, loopback."""
+torchft ranks on gloo, the lighthouse on the driver, loopback. Not yet reliable on a loaded
+machine: with the load average at 15-18 on 2 cores it failed in 2 of 5 runs (the fast group
+dropped for one step while it waited in the quorum): docs/fault-tolerance.md."""
 
 from __future__ import annotations
 
