@@ -14,7 +14,7 @@ from spark_torch.ft.hideout import Hideout, NoHideout
 from spark_torch.ft.install import install_hint
 from spark_torch.ft.wiring import bind_address
 
-__all__ = ["Lighthouse", "LighthouseOptions"]
+__all__ = ["Lighthouse", "LighthouseOptions", "HEARTBEAT_TIMEOUT_MS", "QUORUM_TICK_MS"]
 
 logger = logging.getLogger(__name__)
 
@@ -22,16 +22,25 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
+#: a group silent this long is no longer counted as alive (torchft's default: 5000)
+HEARTBEAT_TIMEOUT_MS = 300
+#: how often the lighthouse looks for a quorum while one is awaited (torchft's default: 100)
+QUORUM_TICK_MS = 20
+
+
 @dataclass(frozen=True)
 class LighthouseOptions:
     """torchft's quorum rules: at least ``min_replicas`` groups form a quorum; a group that stops
-    heartbeating for ``heartbeat_timeout_ms`` is dropped from it; ``join_timeout_ms`` and
-    ``quorum_tick_ms`` as torchft's lighthouse has them. None: torchft's own default."""
+    heartbeating for ``heartbeat_timeout_ms`` is dropped from it (spark_torch's default
+    :data:`HEARTBEAT_TIMEOUT_MS`: a surviving group waits that long for a dead one, not
+    torchft's 5 s; each rank 0's torchft Manager heartbeats every 100 ms); the lighthouse
+    looks for a quorum every ``quorum_tick_ms`` (default :data:`QUORUM_TICK_MS`);
+    ``join_timeout_ms`` as torchft's lighthouse has it. None: torchft's own default."""
 
     min_replicas: int = 1
     join_timeout_ms: int | None = None
-    quorum_tick_ms: int | None = None
-    heartbeat_timeout_ms: int | None = None
+    quorum_tick_ms: int | None = QUORUM_TICK_MS
+    heartbeat_timeout_ms: int | None = HEARTBEAT_TIMEOUT_MS
 
 
 class Lighthouse:
