@@ -285,7 +285,8 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
         TypeError: a metric that is not a single value.
         ValueError: a metric name or string that is not valid Unicode; metrics over
             :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (:data:`RECORDED_KEYS`:
-            step, time, attempt, world_size, replica_group).
+            step, time, attempt, world_size, replica_group; and ``skipped_batches``, which a
+            DataFrame run with replica groups records: :func:`count_skipped`).
     """
     global _reporter
     clean = _clean(metrics)
