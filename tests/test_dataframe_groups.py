@@ -26,8 +26,9 @@ pytest.importorskip("torchft")
 ROWS, GROUPS, RANKS, BATCH = 240, 2, 2, 10
 #: batches per epoch of every rank: each rank a block of ROWS / (GROUPS * RANKS) rows
 PER_EPOCH = ROWS // (GROUPS * RANKS) // BATCH
-#: the kill: at the 8th step both groups take together, past the first epoch
-KILL_STEP = 8
+#: the kill: at the 13th step both groups take together, and the run ends after 26 such steps: each
+#: life of group 1 then trains at least one whole epoch (11 steps in a row hold one, wherever they start)
+KILL_STEP, TOGETHER = 13, 26
 
 
 def _options() -> object:
@@ -129,7 +130,7 @@ def test_replica_groups_train_their_own_rows_through_a_kill_in_local_mode(
 ) -> None:
     df = spark_session.range(ROWS)
     distributor = _distributor()
-    distributor.run_on_dataframe(df_group_programs.train_rows, df, 16, str(tmp_path), 1, KILL_STEP, 1, BATCH)
+    distributor.run_on_dataframe(df_group_programs.train_rows, df, TOGETHER, str(tmp_path), 1, KILL_STEP, 1, BATCH)
     skipped = _check_rows(tmp_path, distributor.last_run, in_order=True)
     _check_kill(tmp_path, distributor.last_run, skipped)
 
@@ -140,7 +141,9 @@ def test_replica_groups_train_their_own_rows_through_a_kill_in_distributed_mode(
     """On ``local[2]``: each group a barrier job of one node with two ranks, shuffled rows."""
     df = spark_session.range(ROWS).repartition(3)
     distributor = _distributor(local_mode=False, spark=spark_session, ranks_per_task=RANKS)
-    distributor.run_on_dataframe(df_group_programs.train_rows, df, 16, str(tmp_path), 1, KILL_STEP, 1, BATCH, True)
+    distributor.run_on_dataframe(
+        df_group_programs.train_rows, df, TOGETHER, str(tmp_path), 1, KILL_STEP, 1, BATCH, True
+    )
     skipped = _check_rows(tmp_path, distributor.last_run, in_order=False)
     _check_kill(tmp_path, distributor.last_run, skipped)
 

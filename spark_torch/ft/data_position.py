@@ -67,7 +67,7 @@ class _Client:
 
 class Ledger:
     """Per group, how many committed steps its rank of this rank's index (``group_rank``) did not
-    train (``skipped``), the same in those ranks of every group; and how many quorums this rank saw
+    train (``skipped``), the same in those ranks of every group; and how many quorums this rank started
     (a loader checks that a quorum came between two of its batches)."""
 
     def __init__(self, group: int, groups: int, manager: Any = None) -> None:
@@ -84,12 +84,16 @@ class Ledger:
         self._reported = 0  # this group's count when it last took part
         self._missed = False  # a peer's ledger (a heal) counted steps this group was not in
 
+    def started(self) -> None:
+        """This rank's Manager starts a quorum (``start_quorum()``, before its thread computes it)."""
+        with self._lock:
+            self.quorums += 1
+
     def saw_quorum(self, groups: list[int]) -> None:
         """A quorum this rank's Manager got (from its thread that computes the quorum): its groups
         in torchft's order."""
         with self._lock:
             self._last_quorum = list(groups)
-            self.quorums += 1
 
     def took_part(self, step: int, participants: int, rank: int, first_sync: bool) -> set[int]:
         """The groups whose rank ``rank`` trained committed step ``step`` (the last quorum's, with
@@ -175,7 +179,7 @@ def current() -> Ledger | None:
 
 def attach(manager: Any, environ: Mapping[str, str] = os.environ) -> Ledger | None:
     """Keep a :class:`Ledger` with ``manager`` in a rank of a DataFrame run with replica groups
-    (else nothing: None). Wraps the instance's client and ``should_commit`` and adds the ledger
+    (else nothing: None). Wraps the instance's client, ``start_quorum`` and ``should_commit`` and adds the ledger
     to the state a group heals from."""
     global _current
     group, groups = environ.get(REPLICA_GROUP_ID, ""), environ.get(NUM_REPLICA_GROUPS, "")
@@ -201,6 +205,13 @@ def attach(manager: Any, environ: Mapping[str, str] = os.environ) -> Ledger | No
         return committed
 
     manager.should_commit = counted
+    start_quorum = manager.start_quorum
+
+    def started(*args: Any, **kwargs: Any) -> Any:
+        ledger.started()  # counted at once: a batch drawn right after it is not the step's second
+        return start_quorum(*args, **kwargs)
+
+    manager.start_quorum = started
     manager.register_state_dict_fn(STATE_KEY, ledger.load_state_dict, ledger.state_dict)
     count_skipped(ledger.mine)  # report()'s rows: skipped_batches
     _current = ledger

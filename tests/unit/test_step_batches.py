@@ -55,6 +55,7 @@ def group1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Le
 def _step(ledger: Ledger, manager: _Manager, batches: Iterator[Any], commit: bool = True) -> list[int]:
     """One torchft step: a batch, a quorum, a commit (or a dropped step)."""
     batch = next(batches)
+    ledger.started()
     ledger.saw_quorum([0, 1])
     if commit:
         manager.step += 1
@@ -164,3 +165,54 @@ def test_report_refuses_skipped_batches_as_a_metric_name() -> None:
 
     with pytest.raises(ValueError, match=r"'skipped_batches' is recorded by spark_torch; name your metric differently"):
         report({"skipped_batches": 1})
+
+
+class _TorchftManager:
+    """What attach() wraps of torchft's Manager, for two groups: group 0 commits alone, then both."""
+
+    def __init__(self) -> None:
+        self.step, self.groups, self.registered = 0, ["spark_torch_group_0:u"], {}
+        self._client = self
+        self._group_rank, self._init_sync, self._use_async_quorum = 0, True, True
+
+    def _quorum(self, **_: Any) -> Any:
+        return type("Quorum", (), {"replica_ids": list(self.groups)})()
+
+    def start_quorum(self) -> None:
+        self._client._quorum(step=self.step)
+
+    def should_commit(self) -> bool:
+        self.step += 1
+        return True
+
+    def current_step(self) -> int:
+        return self.step
+
+    def num_participants(self) -> int:
+        return len(self.groups)
+
+    def is_participating(self) -> bool:
+        return True
+
+    def register_state_dict_fn(self, key: str, load: Any, save: Any) -> None:
+        self.registered[key] = (load, save)
+
+
+def test_attach_counts_through_the_managers_own_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_torch.data import skipped_batches
+    from spark_torch.reporting import api
+
+    env = {"REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "2"}
+    assert data_position.attach(_TorchftManager(), env) is None  # not a DataFrame run: nothing
+    monkeypatch.setattr(data_position, "_current", None)
+    monkeypatch.setattr(api, "_skipped_source", None)
+    manager = _TorchftManager()
+    ledger = data_position.attach(manager, {**env, "SPARK_TORCH_DATA_FILE": "/x"})
+    assert ledger is not None and data_position.STATE_KEY in manager.registered
+    for groups in (["spark_torch_group_0:u"], ["spark_torch_group_0:u", "spark_torch_group_1:v"]):
+        manager.groups = groups
+        manager.start_quorum()
+        assert manager.should_commit()
+    assert ledger.quorums == 2 and ledger.skipped == [0, 1] and skipped_batches() == 0
+    assert api._skipped() == {"skipped_batches": 0}
+    assert manager.registered[data_position.STATE_KEY][1]() == {"skipped": [0, 1], "members": [0, 1], "next": 2}
