@@ -463,22 +463,54 @@ def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.Mo
     assert len(hosted) == 1 and not _listening(hosted[0].port)
 
 
-def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no_leftovers: None) -> None:
+def _torchft_hello(address: str) -> str:
+    """What torchft's own client got from the lighthouse at ``address``: "joined" or its error."""
+    from datetime import timedelta
+
+    from torchft.coordination import LighthouseClient
+
+    try:
+        LighthouseClient(address, timedelta(seconds=5)).heartbeat("outsider_9:0")
+    except Exception as exc:  # noqa: BLE001 - the outcome is the answer
+        return f"{type(exc).__name__}: {exc}"
+    return "joined"
+
+
+def test_distributed_mode_runs_a_barrier_job_per_group(
+    spark_session: object, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+) -> None:
     """On ``local[2]``: each group is its own barrier job (two at once) and takes a torchft step,
-    the lighthouse is reached on the channel's address through a gate that lets only the
-    cluster's addresses in, and stops with the run. Cold ranks
+    its ranks reaching the lighthouse through their node's relay (on the node's loopback), which
+    reaches the driver's gate on the channel's address over a connection that proved the run's
+    secret; a torchft client that talks to that gate itself (from the driver's machine, as the
+    driver's user) is closed, not heard. All of it stops with the run. Cold ranks
     (``warm_start=False``): the group's rank 0 hosts the group's store itself, on the executor's
     address only, like torchft's Manager server and gloo."""
+    import spark_torch.driver.api.replica_groups as replica_groups
+    from spark_torch.ft.lighthouse import Lighthouse
+
+    hosted: list[tuple[Lighthouse, str]] = []
+
+    class Recorded(Lighthouse):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            hosted.append((self, _torchft_hello(self.address)))
+
+    monkeypatch.setattr(replica_groups, "Lighthouse", Recorded)
     address, listening, hellos = Distributor(
         num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, warm_start=False, log_ranks=[]
     ).run(ft_programs.listeners_after_a_step)
     assert listening == ["127.0.0.1"]
-    # the gate in front of the lighthouse: this user's connections from the machine get torchft's
-    # answer, from any of its addresses (another user's are closed: the outsider tests)
+    # the node's relay: this user's connections from the machine get torchft's answer, from any
+    # of its addresses (another user's are closed: the outsider tests)
     assert hellos == {"127.0.0.1": "answered", "127.0.0.2": "answered"}
     url = urlparse(address)
     assert url.hostname == "127.0.0.1" and url.port is not None
     assert not _listening(url.port)
+    ((lighthouse, bare),) = hosted
+    gate = urlparse(lighthouse.address)
+    assert gate.port not in (url.port, None) and lighthouse.port not in (url.port, gate.port)
+    assert bare != "joined" and not _listening(gate.port), bare
 
 
 def test_another_user_cannot_join_the_quorum_in_distributed_mode(

@@ -39,7 +39,10 @@ class Lighthouse:
     its own network namespace, :class:`~spark_torch.ft.hideout.Hideout`), reached by the ranks at
     ``advertise`` (default ``host``) through an :class:`~spark_torch.ft.gate.AddressGate` on ``host``
     that lets in this user's connections from this machine and, from other machines, the
-    addresses ``allowed`` returns (the cluster's; None: any). Where the kernel refuses the
+    addresses ``allowed`` returns (the cluster's; None: any). With ``secret`` (distributed mode),
+    that gate on ``host`` admits only connections that prove it (the nodes' relays:
+    :mod:`spark_torch.ft.node_relay`), and the gate for this user's connections of this machine
+    (:attr:`host`, :attr:`port`: the driver's own look at the lighthouse) is on loopback. Where the kernel refuses the
     namespace, torchft's server runs in this process on loopback, behind the same gate, and a
     WARNING says that another user of this machine can reach it. Stopped by :meth:`close`
     (idempotent) or on leaving a ``with`` block, whatever the end: nothing listens after it."""
@@ -50,17 +53,20 @@ class Lighthouse:
         options: LighthouseOptions | None = None,
         advertise: str | None = None,
         allowed: Callable[[], set[str]] | None = None,
+        secret: bytes | None = None,
     ) -> None:
         try:
             from torchft.coordination import LighthouseServer
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(f"replica_groups > 1 needs torchft ({exc}): {install_hint()}") from exc
         opts = options or LighthouseOptions()
-        self.host = host
+        self.host = host if secret is None else LOOPBACK
         self.advertise = advertise or host
         self._lock = threading.Lock()  # a failing group's thread and the driver may both close it
         self._server: Any | None = None
         self._gate: AddressGate | None = None
+        #: the gate the nodes' relays reach, with ``secret`` (else None)
+        self._relay_gate: AddressGate | None = None
         #: the hidden lighthouse's process (None: it runs in this process, on loopback)
         self.hideout: Hideout | None = None
         #: where torchft's server listens on loopback when it could not be hidden (else None)
@@ -88,12 +94,16 @@ class Lighthouse:
                 # torchft advertises the machine's hostname; the ranks get the gate's address
                 self.server_port = int(self._server.address().rsplit(":", 1)[1])
                 backend = (LOOPBACK, self.server_port)
-            self._gate = AddressGate(host, backend, allowed)
+            self._gate = AddressGate(self.host, backend, allowed if secret is None else (lambda: set()))
+            if secret is not None:
+                self._relay_gate = AddressGate(host, backend, allowed, secret=secret)
         except BaseException:
             self.close()
             raise
-        #: the port the ranks reach (the gate's)
+        #: the port of the gate for this user's connections of this machine (the ranks' in local mode)
         self.port = self._gate.port
+        #: the port the ranks reach (through their node's relay with ``secret``)
+        self.ranks_port = self._relay_gate.port if self._relay_gate is not None else self.port
 
     @property
     def gate(self) -> AddressGate | None:
@@ -102,17 +112,18 @@ class Lighthouse:
 
     @property
     def address(self) -> str:
-        """What the ranks get as ``TORCHFT_LIGHTHOUSE``."""
-        return f"http://{bind_address(self.advertise, self.port)}"
+        """What the ranks get as ``TORCHFT_LIGHTHOUSE`` (with ``secret``: what their nodes' relays reach)."""
+        return f"http://{bind_address(self.advertise, self.ranks_port)}"
 
     def close(self) -> None:
         """Stop listening (idempotent)."""
         with self._lock:
             server, self._server = self._server, None
-            gate, self._gate = self._gate, None
+            gates, self._gate, self._relay_gate = (self._gate, self._relay_gate), None, None
             hideout, self.hideout = self.hideout, None
-        if gate is not None:
-            gate.close()
+        for gate in gates:
+            if gate is not None:
+                gate.close()
         if server is not None:
             server.shutdown()
         if hideout is not None:

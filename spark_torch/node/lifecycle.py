@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from spark_torch.base import envnames
 from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, ShardUse, StopReason, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
+from spark_torch.ft import node_relay
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
@@ -300,6 +301,7 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
     cwd = _usable_dir(run.cwd)
     reservation, store = _master_port(run, io, cwd)
     reports = None
+    relay: node_relay.NodeRelay | None = None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
         hello = {
@@ -318,6 +320,8 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
         if shard is not None and placement is None:  # kept shards do not cover every node: restage
             return NodeResult(group=None, shard=shard.missed())
         node_env = _node_env(run, io, workdir, placement)
+        relay = node_relay.start_for(run.extra_env, run.lighthouse_secret)  # replica groups: the ranks' way to torchft
+        node_env.update(relay.variables() if relay is not None else {})
         visible = _visible_devices(run, io)
         first = io.node_rank * run.plan.procs_per_node
         reports = io.report_pipes(range(first, first + run.plan.procs_per_node))
@@ -350,6 +354,8 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
             io.node_failed(result.failure_report())
         return result
     finally:
+        if relay is not None:
+            relay.close()
         if reports is not None:
             reports.close()
         if store is not None:

@@ -319,9 +319,11 @@ class Distributor:
         Inside ``main``, :func:`spark_torch.data.rank_loader` (or ``rank_dataset``) iterates
         this rank's rows as batches of tensors: dicts by column name, or tuples in ``columns``
         order when ``columns`` is given. Rows go to nodes round-robin and to a node's ranks in
-        contiguous blocks (deterministic for a given DataFrame), and every rank iterates the same number of rows per epoch (so DDP's
+        contiguous blocks (deterministic for a given DataFrame), and every rank iterates the same number of rows per
+        epoch (so DDP's
         all-reduces stay in step): with ``drop_last=False`` ranks with fewer rows repeat some
-        of theirs, with ``drop_last=True`` ranks with more leave some out (docs/dataframe.md). In distributed mode every node
+        of theirs, with ``drop_last=True`` ranks with more leave some out (docs/dataframe.md). In distributed mode
+        every node
         receives its rows through the barrier stage itself (Arrow, no pandas); in local mode
         the driver reads the DataFrame. An empty DataFrame, or fewer rows than ranks, fails
         before training starts; so does a column type that cannot become a tensor.
