@@ -171,3 +171,19 @@ def test_groups_that_do_not_divide_the_processes_are_refused(spark_session: Any,
     with pytest.raises(ValueError) as info:
         Distributor(num_processes=3, replica_groups=2).run_on_dataframe(df_group_programs.train_rows, df, 1, "/x")
     assert "replica_groups" in str(info.value)
+
+
+def test_groups_of_two_nodes_split_the_same_rows_in_distributed_mode(
+    local4_spark: Any, tmp_path: Path, no_leftovers: None
+) -> None:
+    """On ``local[4]``: each group a barrier job of two nodes (one rank each). Each group's job
+    repartitions the DataFrame over its own two nodes: both get the same rows per node, so the four
+    ranks' blocks are still disjoint and cover the rows (no kill)."""
+    df = local4_spark.range(0, ROWS, 1, 2)  # two input partitions of 120 rows: 120 rows a node (even shares)
+    distributor = _distributor(local_mode=False, spark=local4_spark, ranks_per_task=1)
+    distributor.run_on_dataframe(df_group_programs.train_rows, df, TOGETHER, str(tmp_path), None, None, 0, BATCH, True)
+    _check_rows(tmp_path, distributor.last_run, in_order=False)
+    assert [(a.replica_group, a.end) for a in distributor.last_run.attempts] == [  # type: ignore[union-attr]
+        (0, AttemptEnd.SUCCEEDED),
+        (1, AttemptEnd.SUCCEEDED),
+    ]
