@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -738,16 +737,3 @@ def test_executors_without_torchft_fail_the_run_before_any_restart(
     assert AttemptEnd.LAUNCH_FAILED in {a.end for a in last.attempts} and AttemptEnd.FAILED not in {
         a.end for a in last.attempts
     }
-
-
-def test_run_on_dataframe_refuses_replica_groups(spark_session: Any, no_leftovers: None) -> None:
-    """Sharding a DataFrame per group is not built: refused before anything starts, saying what to do."""
-    from spark_torch import ConfigurationError
-
-    df = spark_session.range(8)
-    started = time.monotonic()
-    with pytest.raises(ConfigurationError) as info:
-        Distributor(num_processes=2, replica_groups=2, log_ranks=[]).run_on_dataframe(ft_programs.hang, df)
-    assert str(info.value).startswith("run_on_dataframe does not take replica_groups yet: shard the data per group")
-    assert "REPLICA_GROUP_ID, NUM_REPLICA_GROUPS" in str(info.value) and "use run()" in str(info.value)
-    assert time.monotonic() - started < 30

@@ -241,7 +241,8 @@ def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, placement: Placeme
     the checkpoint it resumes from. Raises :class:`NodeProblem` for shards or a missing script."""
     node_env: dict[str, str] = {}
     if run.data is not None and placement is not None:
-        problem = check_shards(placement.rows_per_node, run.plan.procs_per_node)
+        groups = int(run.extra_env.get(envnames.NUM_REPLICA_GROUPS) or 1)  # every group stages all rows
+        problem = check_shards(placement.rows_per_node, run.plan.procs_per_node, groups)
         if problem:
             raise NodeProblem(problem, kind=ProblemKind.CONFIGURATION)
         node_env.update(

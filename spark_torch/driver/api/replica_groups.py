@@ -101,6 +101,8 @@ class GroupLoop:
     deadline: float | None = None
     #: stops this group's running attempt when another group fails the run (or on Ctrl-C)
     cancellation: Cancellation | None = None
+    #: run_on_dataframe's DataFrame: every group stages all of it, each trains its own rows (spark_torch.rank.data)
+    data: DataInput | None = None
     #: one RunResult per attempt of this group, in order
     results: list[RunResult] = field(default_factory=list)
     value: Any = None
@@ -148,7 +150,7 @@ class GroupLoop:
                 config = replace(config, timeout=max(0.001, self.deadline - time.monotonic()))
             record = RunRecord(run_id=str(config.run_id))
             try:
-                value = execute(config, spark, entry, None, record, self.cancellation, restart=bool(self.results))
+                value = execute(config, spark, entry, self.data, record, self.cancellation, restart=bool(self.results))
             except BaseException as exc:  # noqa: BLE001 - decided below, per kind
                 self._keep(record)
                 if self.stop.is_set():  # another group failed the run: this one only stops
@@ -232,10 +234,10 @@ def run_groups(
     """Run ``entry`` as ``config.replica_groups`` groups (see the module's docstring) with
     ``spark`` (the session, or None: local mode needs none); group 0's value. ``keep_last`` gets
     the whole run's result (:func:`merged_result`) before this returns or raises."""
-    if data is not None:
+    if data is not None and data.digest is not None:
         raise ConfigurationError(
-            "run_on_dataframe does not take replica_groups yet: shard the data per group yourself "
-            "(REPLICA_GROUP_ID, NUM_REPLICA_GROUPS) and use run() (docs/fault-tolerance.md)"
+            "run_on_dataframe with replica_groups does not take reuse_staged=True yet: each group stages the "
+            "DataFrame itself; pass reuse_staged=False (docs/dataframe.md, Replica groups)"
         )
     host, advertise = _lighthouse_address(config, spark)
     distributed = not config.local_mode and spark is not None
@@ -272,6 +274,7 @@ def run_groups(
                 fail_the_run,
                 deadline,
                 cancellation,
+                data,
             )
             for g in range(config.replica_groups)
         ]
