@@ -172,7 +172,7 @@ class Distributor:
             returns group 0's rank-0 value (docs/fault-tolerance.md). 1: today's single gang.
         lighthouse_options: the lighthouse's quorum rules with ``replica_groups``
             (``spark_torch.ft.lighthouse.LighthouseOptions``; default: ``LighthouseOptions()``,
-            which drops a silent group after 0.3 s, torchft's default being 5 s).
+            which drops a silent group after 1 s, torchft's default being 5 s).
         **settings: any setting of the table in docs/configuration.md by its keyword
             (``stall_timeout=300``, ``warm_start=False``, ``channel_host="10.0.0.5"``, ...);
             each can also come from an environment variable or a Spark conf key. An unknown
