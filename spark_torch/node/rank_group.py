@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from spark_torch.base import envnames
 from spark_torch.base.grace import INTERRUPT_GRACE_SECONDS, RANK_GRACE_SECONDS
-from spark_torch.base.states import GroupState, NodeOutcome, RankState, StopReason, StopSignal
+from spark_torch.base.states import GroupState, RankState, StopReason, StopSignal
 from spark_torch.errors import RankFailure
 from spark_torch.node.processes import (
     RankProcess,
@@ -34,6 +34,7 @@ from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.shared import rank_files
 from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.node_outcome import NodeOutcome
 from spark_torch.shared.rank_files import RankError
 from spark_torch.shared.spec import FILE_ARGUMENT, RunSpec
 from spark_torch.shared.workdir_files import StorageFile, WorkdirFiles, open_private
@@ -111,9 +112,15 @@ class GroupResult:
     stop_reason: StopReason | None = None
 
     def outcome(self) -> NodeOutcome:
-        """What the node tells the driver about how its ranks ended."""
-        dumps = {status.rank: status.dumps for status in self.ranks if status.dumps}
-        return NodeOutcome(self.state, {status.rank: status.state for status in self.ranks}, self.stop_reason, dumps)
+        """What the node tells the driver about how its ranks ended (the failed ranks included)."""
+        return NodeOutcome(
+            self.state,
+            {status.rank: status.state for status in self.ranks},
+            self.stop_reason,
+            {status.rank: status.dumps for status in self.ranks if status.dumps},
+            failures=self.failures,
+            pickled={rank: blob for rank, blob in self.pickled.items() if blob},
+        )
 
     @property
     def failures(self) -> tuple[RankFailure, ...]:

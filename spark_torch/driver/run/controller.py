@@ -9,7 +9,6 @@ import os
 import platform
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,13 +19,13 @@ from spark_torch.driver.console.status import interactive
 from spark_torch.driver.console.tracker import ReportTracker
 from spark_torch.driver.result import AttemptEnd, AttemptError, AttemptReason, AttemptRecord, StoredRun, read_stored
 from spark_torch.driver.run.attempt import Attempt
-from spark_torch.driver.run.cancel import Cancellation, RunCancelled
+from spark_torch.driver.run.cancel import Cancellation
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
 from spark_torch.driver.run.failures import attempt_error, unreadable_result_error
 from spark_torch.driver.run.flight_recorder import trace_dir
 from spark_torch.driver.run.membership import Membership
-from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRequested, Interrupted
+from spark_torch.driver.run.outcome import AttemptOutcome, GrowRequested, Interrupted, StartProblem
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.run.policy import Action, RestartPolicy
@@ -40,8 +39,6 @@ from spark_torch.errors import (
     ConfigurationError,
     InsufficientSlotsError,
     LaunchError,
-    RunStalledError,
-    RunTimeoutError,
 )
 from spark_torch.ft.install import MODULE as FT_MODULE
 from spark_torch.ft.install import install_hint
@@ -204,7 +201,7 @@ def execute(
         raise
     finally:
         ended = time.time()
-        outcome = run_outcome(error, record.attempts)
+        outcome = run_outcome(error, controller.last)
         log_call(storage, end_row(outcome, error, ended))
         try:
             stored = read_stored(storage, record.rows, config.checkpoint_score_attribute, config.checkpoint_score_order)
@@ -229,20 +226,25 @@ def _prune(storage: RunStorage) -> None:
         logger.warning("spark_torch: could not remove old runs that reported nothing from %s: %s", storage.base, exc)
 
 
-def run_outcome(error: BaseException | None, attempts: Sequence[AttemptRecord]) -> Outcome:
-    """How the call ended: from its error, and its last attempt's end (a stop names its cause)."""
-    last = attempts[-1].end if attempts else None
+#: the call's end of an attempt's end that raised (any other is a failure)
+_CALL_ENDS = {
+    AttemptEnd.TIMED_OUT: Outcome.TIMED_OUT,
+    AttemptEnd.STALLED: Outcome.STALLED,
+    AttemptEnd.INTERRUPTED: Outcome.INTERRUPTED,
+}
+
+
+def run_outcome(error: BaseException | None, last: AttemptOutcome | None) -> Outcome:
+    """How the call ended: from the outcome of its last attempt when that attempt's end is what
+    the call raised; an error raised outside an attempt's end (before the first attempt, between
+    two, or rank 0's value that does not unpickle) is a failure, or an interrupt (Ctrl-C)."""
     if error is None:
         return Outcome.SUCCEEDED
-    if isinstance(error, RunCancelled):  # stopped because another replica group failed the run
-        return Outcome.FAILED
-    if isinstance(error, KeyboardInterrupt) or last is AttemptEnd.INTERRUPTED:
-        return Outcome.INTERRUPTED
-    if isinstance(error, RunTimeoutError) or last is AttemptEnd.TIMED_OUT:
-        return Outcome.TIMED_OUT
-    if isinstance(error, RunStalledError) or last is AttemptEnd.STALLED:
-        return Outcome.STALLED
-    return Outcome.FAILED
+    if last is None or last.end is AttemptEnd.SUCCEEDED:
+        return Outcome.INTERRUPTED if isinstance(error, KeyboardInterrupt) else Outcome.FAILED
+    if isinstance(last.cause, Interrupted) and not isinstance(last.cause.interrupt, KeyboardInterrupt):
+        return Outcome.FAILED  # stopped because another replica group failed the run
+    return _CALL_ENDS.get(last.end, Outcome.FAILED)
 
 
 def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage | None:
@@ -317,6 +319,8 @@ class RunController:
     cancellation: Cancellation | None = None
     #: why the first attempt starts (a replica group restarted alone: after a failure)
     first_reason: AttemptReason = AttemptReason.START
+    #: how the attempt that ended last ended (None while one is being set up or runs)
+    last: AttemptOutcome | None = None
 
     def run(self) -> ResultBytes | None:
         """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
@@ -325,6 +329,7 @@ class RunController:
         show = interactive() if self.config.progress is None else self.config.progress
         reason, failures = self.first_reason, 0
         while True:
+            self.last = None
             record, attempt, problem = self._next_attempt(len(self.record.attempts), reason, show)
             # a check before the attempt that found it impossible ends it as the attempt would have
             ended = (
@@ -332,7 +337,7 @@ class RunController:
                 if problem is not None
                 else _run_attempt(self.spark, attempt, self.endpoint, self.data)
             )
-            record.end = ended.end
+            record.end, self.last = ended.end, ended
             if ended.staging is not None:
                 self.record.staging = ended.staging
             # the edge: the attempt's typed end becomes the user's exception here, and only here
@@ -363,7 +368,7 @@ class RunController:
 
     def _next_attempt(
         self, restart_count: int, reason: AttemptReason, show: bool
-    ) -> tuple[AttemptRecord, Attempt, DriverProblem | None]:
+    ) -> tuple[AttemptRecord, Attempt, StartProblem | None]:
         """The record and the attempt after ``restart_count`` restarts within this call, and the
         problem that makes it impossible when the checks before it found one (too few slots,
         executors whose Python cannot run a node): the attempt then ends with it, unstarted."""
@@ -383,7 +388,7 @@ class RunController:
                 sized = replace(self.plan, num_nodes=size.nodes)
             except (InsufficientSlotsError, LaunchError) as exc:
                 kind = ProblemKind.SLOTS if isinstance(exc, InsufficientSlotsError) else ProblemKind.LAUNCH
-                problem = DriverProblem(kind, str(exc), cause=exc.__cause__)
+                problem = StartProblem.of(kind, str(exc), cause=exc.__cause__)
         record = AttemptRecord(
             attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size
         )
