@@ -22,9 +22,10 @@ from spark_torch.base import envnames
 from spark_torch.base.states import Problem, ProblemKind, ShardUse, StopReason, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
 from spark_torch.node.gpus import node_gpus, through_visible
+from spark_torch.node.group_result import GroupResult
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
-from spark_torch.node.rank_group import GroupResult, NodeSpec, run_ranks
+from spark_torch.node.rank_group import NodeSpec, run_ranks
 from spark_torch.node.shard_reuse import NodeShard, Placement, node_shard
 from spark_torch.node.staging import check_shards, data_env
 from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host

@@ -36,7 +36,7 @@ from spark_torch.errors import (
     RunTimeoutError,
     StoppedRank,
 )
-from spark_torch.node.rank_group import GroupResult, RankStatus
+from spark_torch.node.group_result import GroupResult, RankStatus
 from spark_torch.shared.node_outcome import NodeOutcome
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from spark_torch.base.states import StopReason
 from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
+from spark_torch.driver.run.call_storage import run_outcome
 from spark_torch.driver.run.cancel import RunCancelled
-from spark_torch.driver.run.controller import run_outcome
 from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped, StallVerdict
 from spark_torch.errors import DistributedRunError, RunStalledError, RunTimeoutError
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, read_calls
