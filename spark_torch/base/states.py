@@ -6,7 +6,7 @@ ranks' failures, which are :mod:`spark_torch.errors`' types).
 
 A leaf module (no imports from the rest of the package): the node runner, the channel and the
 driver all speak these. Each is a ``str`` enum whose value is what travels (over the channel, in
-a failure report) and what the console prints, so a value read from the wire is checked by
+a node's end) and what the console prints, so a value read from the wire is checked by
 constructing the enum (``RankState("failed")``; an unknown value raises ``ValueError``).
 """
 

@@ -183,7 +183,7 @@ class BarrierIO:
 
     @property
     def secret(self) -> bytes:
-        """The run's secret (empty without a channel): what the node's reports and rows are sealed with."""
+        """The run's secret (empty without a channel): what the node's end is sealed with."""
         return self.spec.channel.secret if self.spec.channel is not None else b""
 
     def send_outcome(self, outcome: NodeOutcome) -> None:
