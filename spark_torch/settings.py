@@ -131,7 +131,8 @@ def _stall_action(text: str, source: str) -> str:
     value = text.strip().lower()
     if value not in STALL_ACTIONS:
         raise ConfigurationError(
-            f"{source}={text!r} is not valid; use 'warn' (the default: say where each rank is) or 'fail' (also stop the run)"
+            f"{source}={text!r} is not valid; use 'warn' (the default: say where each rank is) or 'fail' "
+            "(also stop the run)"
         )
     return value
 

@@ -21,6 +21,8 @@ from typing import Any
 import psutil
 import pytest
 
+from .session_tmp import make_session_tmp, sweep_ended_sessions
+
 # Must be set before any SparkContext starts: executors run this interpreter, on loopback.
 # A session marker and a private TMPDIR are inherited by every JVM, Python worker and rank this
 # test session starts, so leftover checks never confuse them with another test session's.
@@ -31,7 +33,9 @@ os.environ["SPARK_TORCH_TEST_SESSION"] = SESSION_MARK
 # pytest-xdist workers inherit the controller's TMPDIR: each makes its own beside it, not inside it
 # (a nested one lengthens the warm-start templates' socket paths past AF_UNIX's 108 bytes)
 _TMP_BASE = os.environ.setdefault("SPARK_TORCH_TEST_TMP_BASE", tempfile.gettempdir())
-_SESSION_TMP = tempfile.mkdtemp(prefix="spark-torch-tests-", dir=_TMP_BASE)
+# (tests/session_tmp.py: the folders of test processes that have ended are removed here)
+sweep_ended_sessions(_TMP_BASE)
+_SESSION_TMP = make_session_tmp(_TMP_BASE)
 os.environ["TMPDIR"] = _SESSION_TMP
 # Spark's local dirs (where executors' Python workers, and so the node runners, keep scratch files)
 os.environ["SPARK_LOCAL_DIRS"] = _SESSION_TMP

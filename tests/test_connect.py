@@ -184,8 +184,9 @@ def test_connect_replica_groups_take_a_torchft_step(
     connect_spark: Any, caplog: pytest.LogCaptureFixture, no_leftovers: None
 ) -> None:
     """Replica groups from a Spark Connect client: the client cannot list the executors, so the
-    lighthouse's gate lets any other machine in (said once; this machine's other users are still
-    closed out), and both groups' barrier jobs take a step."""
+    lighthouse's gate hears any other machine, but admits only connections that prove the run's
+    secret (the nodes' relays): nothing to warn about, and both groups' barrier jobs take a step
+    through their nodes' relays."""
     pytest.importorskip("torchft")
     from tests import ft_programs
 
@@ -194,10 +195,7 @@ def test_connect_replica_groups_take_a_torchft_step(
             num_processes=2, local_mode=False, replica_groups=2, spark=connect_spark, log_ranks=[]
         ).run(ft_programs.listeners_after_a_step)
     assert address.startswith("http://127.0.0.1:") and hellos["127.0.0.1"] == "answered"
-    assert [r.getMessage() for r in caplog.records if "cannot list the executors' addresses" in r.getMessage()] == [
-        "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
-        "(127.0.0.1) is open to any other machine that reaches it (docs/security.md)"
-    ]
+    assert not [r.getMessage() for r in caplog.records if "lighthouse" in r.getMessage()]
 
 
 def test_connect_executors_python_is_checked(connect_spark: Any) -> None:

@@ -191,7 +191,9 @@ def test_bad_reuse_staged_is_refused_before_anything_starts(spark_session: Any) 
     df = spark_session.range(10)
     with pytest.raises(ConfigurationError, match=r"reuse_staged must be True or False, got 'yes'"):
         Distributor(num_processes=2, local_mode=True).run_on_dataframe(ids_trained, df, reuse_staged="yes")  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match=r"run_on_dataframe does not take replica_groups yet"):
+    with pytest.raises(
+        ConfigurationError, match=r"run_on_dataframe with replica_groups does not take reuse_staged=True yet"
+    ):
         Distributor(num_processes=2, local_mode=True, replica_groups=2).run_on_dataframe(
             ids_trained, df, reuse_staged=True
         )

@@ -89,21 +89,27 @@ def older_python(tmp_path_factory: Any) -> str:
 
 
 @pytest.mark.slow
-def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_python: str) -> None:
+def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_python: str, tmp_path: Path) -> None:
     """A local-cluster whose executors run a bare venv: one line naming it, its version, what it
-    lacks and the fix; the JVM prints no trace (the probe returns facts, it does not fail)."""
-    stdout, stderr, seconds = run_driver("local-cluster[2,1,1024]", bare_python)
+    lacks and the fix; the JVM prints no trace (the probe returns facts, it does not fail). The
+    executors' Python takes longer to start than the probe's deadline (here 8 s against 2 s: a
+    packed venv unpacking, a loaded machine): a probe whose tasks run is still waited for, so the
+    check is made, not skipped (the run then failed later, importing cryptography)."""
+    slow = tmp_path / "slow-python"
+    slow.write_text(f'#!/bin/sh\nsleep 8\nexec {bare_python} "$@"\n')
+    slow.chmod(0o755)
+    stdout, stderr, _ = run_driver("local-cluster[2,1,1024]", str(slow), PREFLIGHT_PROBE_SECONDS="2")
     line = error_line(stdout)
     assert line.startswith(
         f"ERROR LaunchError: the executors' Python cannot run spark_torch: {bare_python} "
         f"(Python {platform.python_version()}, on "
     ), line
     assert "cannot import cloudpickle, cryptography, psutil, pyarrow, torch " in line
-    assert f"(PYSPARK_PYTHON was {bare_python!r} when the SparkContext started)" in line
+    assert f"(PYSPARK_PYTHON was {str(slow)!r} when the SparkContext started)" in line
+    assert "starting the run unchecked" not in stderr
     assert "Point PYSPARK_PYTHON at a Python that has them" in line and "spark.archives=" in line
     assert "\nATTEMPTS launch failed\n" in stdout  # the check ended the run's one attempt, recorded
     assert_no_trace(stderr)
-    assert seconds < 180
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -28,8 +27,9 @@ from tests import ft_programs
 
 pytest.importorskip("torchft")
 
-#: a lost group leaves the quorum after 1 s without heartbeats; a late or restarted group joins within 0.5 s
-FAST = {"min_replicas": 1, "join_timeout_ms": 500, "quorum_tick_ms": 20, "heartbeat_timeout_ms": 1_000}
+#: a lost group leaves the quorum as spark_torch's defaults say (0.3 s without heartbeats); a late or
+#: restarted group joins within 0.5 s
+FAST = {"min_replicas": 1, "join_timeout_ms": 500}
 
 
 def _options() -> object:
@@ -464,22 +464,54 @@ def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.Mo
     assert len(hosted) == 1 and not _listening(hosted[0].port)
 
 
-def test_distributed_mode_runs_a_barrier_job_per_group(spark_session: object, no_leftovers: None) -> None:
+def _torchft_hello(address: str) -> str:
+    """What torchft's own client got from the lighthouse at ``address``: "joined" or its error."""
+    from datetime import timedelta
+
+    from torchft.coordination import LighthouseClient
+
+    try:
+        LighthouseClient(address, timedelta(seconds=5)).heartbeat("outsider_9:0")
+    except Exception as exc:  # noqa: BLE001 - the outcome is the answer
+        return f"{type(exc).__name__}: {exc}"
+    return "joined"
+
+
+def test_distributed_mode_runs_a_barrier_job_per_group(
+    spark_session: object, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+) -> None:
     """On ``local[2]``: each group is its own barrier job (two at once) and takes a torchft step,
-    the lighthouse is reached on the channel's address through a gate that lets only the
-    cluster's addresses in, and stops with the run. Cold ranks
+    its ranks reaching the lighthouse through their node's relay (on the node's loopback), which
+    reaches the driver's gate on the channel's address over a connection that proved the run's
+    secret; a torchft client that talks to that gate itself (from the driver's machine, as the
+    driver's user) is closed, not heard. All of it stops with the run. Cold ranks
     (``warm_start=False``): the group's rank 0 hosts the group's store itself, on the executor's
     address only, like torchft's Manager server and gloo."""
+    import spark_torch.driver.api.replica_groups as replica_groups
+    from spark_torch.ft.lighthouse import Lighthouse
+
+    hosted: list[tuple[Lighthouse, str]] = []
+
+    class Recorded(Lighthouse):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            hosted.append((self, _torchft_hello(self.address)))
+
+    monkeypatch.setattr(replica_groups, "Lighthouse", Recorded)
     address, listening, hellos = Distributor(
         num_processes=2, local_mode=False, replica_groups=2, spark=spark_session, warm_start=False, log_ranks=[]
     ).run(ft_programs.listeners_after_a_step)
     assert listening == ["127.0.0.1"]
-    # the gate in front of the lighthouse: this user's connections from the machine get torchft's
-    # answer, from any of its addresses (another user's are closed: the outsider tests)
+    # the node's relay: this user's connections from the machine get torchft's answer, from any
+    # of its addresses (another user's are closed: the outsider tests)
     assert hellos == {"127.0.0.1": "answered", "127.0.0.2": "answered"}
     url = urlparse(address)
     assert url.hostname == "127.0.0.1" and url.port is not None
     assert not _listening(url.port)
+    ((lighthouse, bare),) = hosted
+    gate = urlparse(lighthouse.address)
+    assert gate.port not in (url.port, None) and lighthouse.port not in (url.port, gate.port)
+    assert bare != "joined" and not _listening(gate.port), bare
 
 
 def test_another_user_cannot_join_the_quorum_in_distributed_mode(
@@ -705,16 +737,3 @@ def test_executors_without_torchft_fail_the_run_before_any_restart(
     assert AttemptEnd.LAUNCH_FAILED in {a.end for a in last.attempts} and AttemptEnd.FAILED not in {
         a.end for a in last.attempts
     }
-
-
-def test_run_on_dataframe_refuses_replica_groups(spark_session: Any, no_leftovers: None) -> None:
-    """Sharding a DataFrame per group is not built: refused before anything starts, saying what to do."""
-    from spark_torch import ConfigurationError
-
-    df = spark_session.range(8)
-    started = time.monotonic()
-    with pytest.raises(ConfigurationError) as info:
-        Distributor(num_processes=2, replica_groups=2, log_ranks=[]).run_on_dataframe(ft_programs.hang, df)
-    assert str(info.value).startswith("run_on_dataframe does not take replica_groups yet: shard the data per group")
-    assert "REPLICA_GROUP_ID, NUM_REPLICA_GROUPS" in str(info.value) and "use run()" in str(info.value)
-    assert time.monotonic() - started < 30

@@ -427,7 +427,7 @@ def test_dbfs_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leftover
     """dbfs:/ is the /dbfs mount where Databricks has it; elsewhere fsspec's Databricks
     filesystem, which needs credentials: one ConfigurationError naming the URL and the fix
     (it was a raw TypeError, or a local directory named "dbfs:")."""
-    import spark_torch.reporting.storage as storage
+    import spark_torch.reporting.storage_urls as storage
 
     mount = tmp_path / "dbfs"
     mount.mkdir()

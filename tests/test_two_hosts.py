@@ -10,6 +10,8 @@ Needs root and a working ``ip netns`` (CAP_NET_ADMIN, CAP_SYS_ADMIN); skipped ot
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import shutil
 import subprocess
@@ -216,3 +218,56 @@ def test_two_hosts_gloo_then_a_channel_unreachable_from_one_host_falls_back(
     # the node that did reach the driver still streamed its rank's lines
     assert sum(line.startswith("[rank ") and "all_reduce sum=3" in line for line in out.splitlines()) == 1
     assert elapsed < 200, elapsed
+
+
+def test_two_hosts_replica_groups_reach_the_lighthouse_only_through_their_nodes_relays(
+    two_host_spark: TwoHosts, tmp_path: Path, no_leftovers: None
+) -> None:
+    """Replica groups with one group's rank on each "host": group 1's rank is SIGKILLed mid-step,
+    its group restarts alone and heals from group 0, and the run ends ok, every torchft connection
+    going through a node's relay (on that host's loopback) and, proven with the run's secret, to
+    the driver's gate. On each host, before it trains: uid 65534 is closed by the node's relay
+    (this user's hello is answered), and torchft's own client talking to the driver's gate without
+    the handshake (from the other host too: an address of the cluster) is closed, never heard."""
+    pytest.importorskip("torchft")
+    hosts = two_host_spark
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = submit(
+        [
+            "--master",
+            hosts.url,
+            "--conf",
+            f"spark.driver.host={hosts.addresses[0]}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.executor.memory=512m",
+            str(SCRIPTS / "submit_ft_driver.py"),
+            str(work),
+            "--env",
+            f"GLOO_SOCKET_IFNAME={IFNAME}",
+        ],
+        host=hosts.addresses[0],
+        prefix=hosts.prefix(0),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert proc.returncode == 0 and "WEIGHTS [" in proc.stdout, proc.stdout[-8000:]
+    probes = [json.loads((work / f"probe-g{group}.json").read_text()) for group in (0, 1)]
+    print("probes:", probes)
+    assert sorted(p["host"] for p in probes) == sorted(hosts.addresses), probes  # one group on each host
+    gate = (work / "gate").read_text().strip()
+    assert gate.startswith(f"http://{hosts.addresses[0]}:"), gate
+    for probe in probes:
+        assert probe["relay"].startswith("http://127.0.0.1:") and probe["relay"] != gate, probe
+        assert probe["mine"] == "answered" and probe["nobody"] == "closed", probe
+        assert probe["gate"] != "joined" and "error" in probe["gate"].lower(), probe
+    # group 1 was killed once and healed; both groups end with the weights run() returned
+    weights = ast.literal_eval(proc.stdout.split("WEIGHTS ", 1)[1].splitlines()[0])
+    assert (work / "killed1").exists()
+    for group in (0, 1):
+        assert ast.literal_eval((work / f"g{group}.weights").read_text()) == weights
+    pids = {line.split()[0] for line in (work / "g1.steps").read_text().splitlines()}
+    assert len(pids) == 2, pids
+    assert "refused a connection to the run's torchft lighthouse" in proc.stdout, proc.stdout[-8000:]

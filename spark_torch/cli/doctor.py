@@ -5,7 +5,8 @@ to the executors (:mod:`spark_torch.driver.spark.shipping`, unless ``ship_packag
 the executors' Python is probed by :func:`spark_torch.driver.spark.preflight.check_executors`
 (the same message and fix as a run); then the versions there, GPUs, TLS and RPC encryption
 (from the table of checks a run makes too, :mod:`spark_torch.driver.spark.checks`: what a run
-warns about is ``warn``, what it refuses ``FAIL``) and a real 2-rank gloo ``all_reduce``. Every row is printed: a check that cannot run says why. Exit 0 when a run
+warns about is ``warn``, what it refuses ``FAIL``) and a real 2-rank gloo ``all_reduce``. Every row is printed: a
+check that cannot run says why. Exit 0 when a run
 would work."""
 
 from __future__ import annotations

@@ -90,6 +90,9 @@ class DistributorConfig:
     #: a replica group's run in local mode (set by the group layer, not by users): the ranks of
     #: every group, which share the driver's cores (None: ``num_processes``)
     host_ranks: int | None = None
+    #: a replica group's run in distributed mode (set by the group layer, not by users): what the
+    #: nodes' relays prove to the lighthouse's gate (spark_torch.ft.node_relay); never printed
+    lighthouse_secret: bytes = field(default=b"", repr=False)
     # the settings of spark_torch.settings.SETTINGS given as keywords (None: environment, Spark conf, default)
     channel_host: Any = None
     channel_bind_address: Any = None

@@ -3,9 +3,10 @@
 This package owns what is torchft-specific and below the driver: the replica-group variables of a
 rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
 (:mod:`spark_torch.ft.lighthouse`: hidden in a network namespace of its own,
-:mod:`spark_torch.ft.hideout`, behind a gate that lets in only this user's connections from the
-driver's machine and the cluster's addresses, :mod:`spark_torch.ft.gate`, :mod:`spark_torch.ft.peers`,
-both passing bytes through one thread, :mod:`spark_torch.ft.relay`), the torchft ``Manager`` wired
+:mod:`spark_torch.ft.hideout`, behind gates that let in only this user's connections from the
+driver's machine and, in distributed mode, connections that prove the run's secret,
+:mod:`spark_torch.ft.gate`, :mod:`spark_torch.ft.peers`, made by each node's relay,
+:mod:`spark_torch.ft.node_relay`, all passing bytes through one thread, :mod:`spark_torch.ft.relay`), the torchft ``Manager`` wired
 to the run inside a rank (:func:`manager`, :mod:`spark_torch.ft.rank`; also one the user's code
 makes itself, :mod:`spark_torch.ft.wiring`; its heals unpickle plain data only,
 :mod:`spark_torch.ft.safe_heal`) and the fix to torchft's DDP communication hook

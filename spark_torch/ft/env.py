@@ -7,7 +7,8 @@ Every rank of a run with ``replica_groups=G`` sees, besides the usual contract *
 ``REPLICA_GROUP_ID``       this rank's replica group, ``0 .. NUM_REPLICA_GROUPS-1``
 ``NUM_REPLICA_GROUPS``     the number of replica groups (``replica_groups``)
 ``TORCHFT_LIGHTHOUSE``     the address of the run's torchft lighthouse (``http://HOST:PORT``),
-                           hosted by the driver
+                           hosted by the driver; in distributed mode the node replaces it by
+                           its relay's (:mod:`spark_torch.ft.node_relay`)
 =========================  =====================================================================
 """
 

@@ -14,7 +14,7 @@ from spark_torch.ft.hideout import Hideout, NoHideout
 from spark_torch.ft.install import install_hint
 from spark_torch.ft.wiring import bind_address
 
-__all__ = ["Lighthouse", "LighthouseOptions"]
+__all__ = ["Lighthouse", "LighthouseOptions", "HEARTBEAT_TIMEOUT_MS", "QUORUM_TICK_MS"]
 
 logger = logging.getLogger(__name__)
 
@@ -22,16 +22,27 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
+#: a group silent this long is no longer counted as alive (torchft's default: 5000). 300 ms cut the
+#: survivors' pause to 0.3 s but dropped a slow healthy group in 2 of 5 runs at load 15-18 on 2
+#: cores (heartbeats relayed late); 1 s is the shortest that held there (docs/fault-tolerance.md)
+HEARTBEAT_TIMEOUT_MS = 1000
+#: how often the lighthouse looks for a quorum while one is awaited (torchft's default: 100)
+QUORUM_TICK_MS = 20
+
+
 @dataclass(frozen=True)
 class LighthouseOptions:
     """torchft's quorum rules: at least ``min_replicas`` groups form a quorum; a group that stops
-    heartbeating for ``heartbeat_timeout_ms`` is dropped from it; ``join_timeout_ms`` and
-    ``quorum_tick_ms`` as torchft's lighthouse has them. None: torchft's own default."""
+    heartbeating for ``heartbeat_timeout_ms`` is dropped from it (spark_torch's default
+    :data:`HEARTBEAT_TIMEOUT_MS`: a surviving group waits that long for a dead one, not
+    torchft's 5 s; each rank 0's torchft Manager heartbeats every 100 ms); the lighthouse
+    looks for a quorum every ``quorum_tick_ms`` (default :data:`QUORUM_TICK_MS`);
+    ``join_timeout_ms`` as torchft's lighthouse has it. None: torchft's own default."""
 
     min_replicas: int = 1
     join_timeout_ms: int | None = None
-    quorum_tick_ms: int | None = None
-    heartbeat_timeout_ms: int | None = None
+    quorum_tick_ms: int | None = QUORUM_TICK_MS
+    heartbeat_timeout_ms: int | None = HEARTBEAT_TIMEOUT_MS
 
 
 class Lighthouse:
@@ -39,7 +50,10 @@ class Lighthouse:
     its own network namespace, :class:`~spark_torch.ft.hideout.Hideout`), reached by the ranks at
     ``advertise`` (default ``host``) through an :class:`~spark_torch.ft.gate.AddressGate` on ``host``
     that lets in this user's connections from this machine and, from other machines, the
-    addresses ``allowed`` returns (the cluster's; None: any). Where the kernel refuses the
+    addresses ``allowed`` returns (the cluster's; None: any). With ``secret`` (distributed mode),
+    that gate on ``host`` admits only connections that prove it (the nodes' relays:
+    :mod:`spark_torch.ft.node_relay`), and the gate for this user's connections of this machine
+    (:attr:`host`, :attr:`port`: the driver's own look at the lighthouse) is on loopback. Where the kernel refuses the
     namespace, torchft's server runs in this process on loopback, behind the same gate, and a
     WARNING says that another user of this machine can reach it. Stopped by :meth:`close`
     (idempotent) or on leaving a ``with`` block, whatever the end: nothing listens after it."""
@@ -50,17 +64,20 @@ class Lighthouse:
         options: LighthouseOptions | None = None,
         advertise: str | None = None,
         allowed: Callable[[], set[str]] | None = None,
+        secret: bytes | None = None,
     ) -> None:
         try:
             from torchft.coordination import LighthouseServer
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(f"replica_groups > 1 needs torchft ({exc}): {install_hint()}") from exc
         opts = options or LighthouseOptions()
-        self.host = host
+        self.host = host if secret is None else LOOPBACK
         self.advertise = advertise or host
         self._lock = threading.Lock()  # a failing group's thread and the driver may both close it
         self._server: Any | None = None
         self._gate: AddressGate | None = None
+        #: the gate the nodes' relays reach, with ``secret`` (else None)
+        self._relay_gate: AddressGate | None = None
         #: the hidden lighthouse's process (None: it runs in this process, on loopback)
         self.hideout: Hideout | None = None
         #: where torchft's server listens on loopback when it could not be hidden (else None)
@@ -88,12 +105,16 @@ class Lighthouse:
                 # torchft advertises the machine's hostname; the ranks get the gate's address
                 self.server_port = int(self._server.address().rsplit(":", 1)[1])
                 backend = (LOOPBACK, self.server_port)
-            self._gate = AddressGate(host, backend, allowed)
+            self._gate = AddressGate(self.host, backend, allowed if secret is None else (lambda: set()))
+            if secret is not None:
+                self._relay_gate = AddressGate(host, backend, allowed, secret=secret)
         except BaseException:
             self.close()
             raise
-        #: the port the ranks reach (the gate's)
+        #: the port of the gate for this user's connections of this machine (the ranks' in local mode)
         self.port = self._gate.port
+        #: the port the ranks reach (through their node's relay with ``secret``)
+        self.ranks_port = self._relay_gate.port if self._relay_gate is not None else self.port
 
     @property
     def gate(self) -> AddressGate | None:
@@ -102,17 +123,18 @@ class Lighthouse:
 
     @property
     def address(self) -> str:
-        """What the ranks get as ``TORCHFT_LIGHTHOUSE``."""
-        return f"http://{bind_address(self.advertise, self.port)}"
+        """What the ranks get as ``TORCHFT_LIGHTHOUSE`` (with ``secret``: what their nodes' relays reach)."""
+        return f"http://{bind_address(self.advertise, self.ranks_port)}"
 
     def close(self) -> None:
         """Stop listening (idempotent)."""
         with self._lock:
             server, self._server = self._server, None
-            gate, self._gate = self._gate, None
+            gates, self._gate, self._relay_gate = (self._gate, self._relay_gate), None, None
             hideout, self.hideout = self.hideout, None
-        if gate is not None:
-            gate.close()
+        for gate in gates:
+            if gate is not None:
+                gate.close()
         if server is not None:
             server.shutdown()
         if hideout is not None:

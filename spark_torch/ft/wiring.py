@@ -10,7 +10,8 @@ what :func:`spark_torch.ft.manager` gives (:func:`wire`): the fix to torchft's D
 binds every interface) and advertised there, healing over its process group (torchft's
 ``PGTransport``; torchft's default is an HTTP server on every interface) that unpickles plain data
 only (:mod:`spark_torch.ft.safe_heal`), the group's replica id
-when none is given, and :func:`spark_torch.report`'s step following the Manager's. What the caller
+when none is given, :func:`spark_torch.report`'s step following the Manager's, and in a DataFrame run
+the count of the steps each group missed (:mod:`spark_torch.ft.data_position`). What the caller
 passes wins. Nothing is imported before the user's code imports torchft: the hook costs a rank
 without torchft nothing.
 """
@@ -121,6 +122,9 @@ def wire(module: ModuleType, environ: Mapping[str, str] = os.environ) -> None:
         else:
             original(self, **options)
         follow_steps(self.current_step)  # report() records torchft's committed step: no step twice
+        from spark_torch.ft import data_position
+
+        data_position.attach(self, environ)  # a DataFrame run: which group trained each step
 
     setattr(__init__, _MARK, True)
     __init__.__doc__, __init__.__wrapped__ = original.__doc__, original  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from spark_torch.base import envnames
 from spark_torch.base.states import Problem, ProblemKind, ShardUse, StopReason, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
+from spark_torch.ft import node_relay
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.group_result import GroupResult
 from spark_torch.node.processes import reserve_port
@@ -230,7 +231,8 @@ def _node_env(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, placement: Placeme
     the checkpoint it resumes from. Raises :class:`NodeProblem` for shards or a missing script."""
     node_env: dict[str, str] = {}
     if run.data is not None and placement is not None:
-        problem = check_shards(placement.rows_per_node, run.plan.procs_per_node)
+        groups = int(run.extra_env.get(envnames.NUM_REPLICA_GROUPS) or 1)  # every group stages all rows
+        problem = check_shards(placement.rows_per_node, run.plan.procs_per_node, groups)
         if problem:
             raise NodeProblem(problem, kind=ProblemKind.CONFIGURATION)
         node_env.update(
@@ -289,6 +291,7 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
     cwd = _usable_dir(run.cwd)
     reservation, store = _master_port(run, io, cwd)
     reports = None
+    relay: node_relay.NodeRelay | None = None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
         hello = {
@@ -307,6 +310,8 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
         if shard is not None and placement is None:  # kept shards do not cover every node: restage
             return NodeResult(group=None, shard=shard.missed())
         node_env = _node_env(run, io, workdir, placement)
+        relay = node_relay.start_for(run.extra_env, run.lighthouse_secret)  # replica groups: the ranks' way to torchft
+        node_env.update(relay.variables() if relay is not None else {})
         visible = _visible_devices(run, io)
         first = io.node_rank * run.plan.procs_per_node
         reports = io.report_pipes(range(first, first + run.plan.procs_per_node))
@@ -334,6 +339,8 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
         )
         return NodeResult(group=group, shard=placement.use if placement is not None else None)
     finally:
+        if relay is not None:
+            relay.close()
         if reports is not None:
             reports.close()
         if store is not None:

@@ -155,7 +155,8 @@ class RankView:
     def descendants_working(self, stack_file: str, interval: float) -> bool:
         """The processes the rank started (a child, a pool, a DataLoader worker that loads)
         used a tenth of ``interval`` (the node's round) in CPU seconds, or one of them read
-        anything, since the last call (a new one: since it started). A forked child's own sampler thread (named in its stack
+        anything, since the last call (a new one: since it started). A forked child's own sampler thread (named in
+        its stack
         file) is left out: it reads ``/proc`` and writes its file every interval."""
         samplers = _child_samplers(stack_file)
         now: dict[int, tuple[float, int]] = {}

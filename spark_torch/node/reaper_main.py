@@ -8,7 +8,8 @@ one line per rank it starts, ``PGID CREATE_TIME`` (the
 rank's process group and its leader's creation time), and ``done`` once it has cleaned up
 itself. If stdin reaches EOF without ``done`` (the runner died), the reaper stops every rank's
 process tree, and every process whose environment holds all KEY=VALUE items (the node's
-marker, with this attempt's random token: orphans that left the rank's process group), with SIGTERM, a grace period, SIGKILL,
+marker, with this attempt's random token: orphans that left the rank's process group), with SIGTERM, a grace period,
+SIGKILL,
 never signalling a recycled pid (see :mod:`spark_torch.node.process_tree`); then it removes WORKDIR
 and exits. It reads only its parent's pipe
 and never imports torch or pyspark.

@@ -44,14 +44,22 @@ def data_env(path: str, columns: Sequence[str], explicit: bool, *, rows_per_node
     return env
 
 
-def check_shards(rows_per_node: Sequence[int], procs_per_node: int) -> str | None:
-    """Why some rank would get no rows (a message), or None when every rank has data."""
+def check_shards(rows_per_node: Sequence[int], procs_per_node: int, groups: int = 1) -> str | None:
+    """Why some rank would get no rows (a message), or None when every rank has data. With
+    ``groups`` replica groups each node's rows are split over every group's ranks on it."""
     total = sum(rows_per_node)
     world = procs_per_node * len(rows_per_node)
     if total == 0:
         return "the DataFrame is empty; there is nothing to train on"
+    slots = procs_per_node * groups
     for node, rows in enumerate(rows_per_node):
-        if rows < procs_per_node:
+        if rows < slots:
+            if groups > 1:
+                return (
+                    f"the DataFrame has {total} row(s) for {groups} replica groups of {world} rank(s), and node "
+                    f"{node} got {rows} for its {procs_per_node} rank(s) of each group: every rank of every group "
+                    "needs at least one row of its own. Use fewer replica groups or processes, or more data"
+                )
             return (
                 f"the DataFrame has {total} row(s) for {world} ranks and node {node} got {rows} for its "
                 f"{procs_per_node} rank(s): every rank needs at least one row. Use fewer processes or more data"

@@ -19,7 +19,10 @@ over nodes unevenly (by up to the number of input partitions), so from every nod
   last ones in file order, before any shuffle), and the last incomplete batch is dropped too.
 
 A run resumed from a ``report()`` checkpoint goes on after the batch the checkpoint was
-reported at, every row once per epoch (:mod:`spark_torch.rank.positions`).
+reported at, every row once per epoch (:mod:`spark_torch.rank.positions`). With replica groups
+(``NUM_REPLICA_GROUPS``) each node's rows are split over every group's ranks (group ``g``'s local
+rank ``r`` owns block ``g * LOCAL_WORLD_SIZE + r``): each group trains its own rows, and a loader
+hands out the batch of torchft's committed step (:mod:`spark_torch.rank.step_batches`).
 
 Column types (:mod:`spark_torch.rank.columns`): integer/float/bool scalars -> 1-D tensors;
 arrays of numbers -> 2-D tensors (fixed length) or lists of 1-D tensors (ragged); Spark ML
@@ -40,13 +43,14 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from spark_torch.base import envnames
+from spark_torch.rank import step_batches
 from spark_torch.rank.columns import column_dtypes, column_kind, float_columns, to_tensor
 from spark_torch.rank.positions import LoaderPosition, Tracker, fingerprint, register
+from spark_torch.rank.tracked_dataset import make_iterable_dataset
 from spark_torch.shared.column_files import StagedColumns
 
 __all__ = [
@@ -154,6 +158,9 @@ class RankDataset:
         if rows_per_node is None and os.environ.get(envnames.DATA_ROWS):
             rows_per_node = [int(r) for r in json.loads(os.environ[envnames.DATA_ROWS])]
         self.rows_per_node = list(rows_per_node) if rows_per_node is not None else None
+        groups = int(os.environ.get(envnames.NUM_REPLICA_GROUPS) or 1)  # every group's ranks split the rows
+        group = int(os.environ.get(envnames.REPLICA_GROUP_ID) or 0) if groups > 1 else 0
+        self.slot, self.slots = group * self.local_world_size + self.local_rank, groups * self.local_world_size
         staged = StagedColumns(path)
         names = list(columns) if columns is not None else staged.names
         missing = [c for c in names if c not in staged.columns]
@@ -163,8 +170,9 @@ class RankDataset:
         self.as_tuple = as_tuple
         self.kinds: dict[str, str] = {name: staged.columns[name]["kind"] for name in names}
         self.dtypes = column_dtypes(self.kinds, float_columns(staged.columns, names), dtype)
-        self._sharding = _Sharding(staged.rows, self.local_rank, self.local_world_size, self.rows_per_node, drop_last)
+        self._sharding = _Sharding(staged.rows, self.slot, self.slots, self.rows_per_node, drop_last)
         self._staged: StagedColumns | None = None  # opened in the process that iterates (workers)
+        self._ordered: tuple[int, Any] = (-1, None)  # batch_at's epoch and its order
         #: batches the next iteration leaves out at its start (a resumed position: :mod:`spark_torch.rank.positions`)
         self.skip = 0
 
@@ -227,74 +235,31 @@ class RankDataset:
             js = order[start:end] if order is not None else np.arange(start, end)
             yield self._batch(self._sharding.positions(js))
 
+    def batch_at(self, epoch: int, index: int) -> Any:
+        """Batch ``index`` of epoch ``epoch``, as an iteration yields it (a replica group's loader
+        takes the committed step's: :mod:`spark_torch.rank.step_batches`)."""
+        import numpy as np
+
+        if self._ordered[0] != epoch:
+            self._ordered = (epoch, self._order(epoch))
+        count, order = self._sharding.count, self._ordered[1]
+        start, stop = index * self.batch_size, count - (count % self.batch_size if self.drop_last else 0)
+        end = min(start + self.batch_size, stop)
+        return self._batch(self._sharding.positions(order[start:end] if order is not None else np.arange(start, end)))
+
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this dataset depends on (:func:`spark_torch.rank.positions.fingerprint`)."""
         return fingerprint(
             world_size=int(os.environ.get(envnames.WORLD_SIZE, "1")),
             rank=int(os.environ.get(envnames.RANK, "0")),
             rows=self.rows_per_node or [self._sharding.node_rows],
-            local_world_size=self.local_world_size,
+            local_world_size=self.slots,
             batches=len(self),
             batch_size=self.batch_size,
             shuffle=bool(self.shuffle),
             seed=self.seed,
             drop_last=bool(self.drop_last),
         )
-
-
-def _make_iterable_dataset(dataset: RankDataset, tracker: Tracker | None) -> Any:
-    from torch.utils.data import IterableDataset, get_worker_info
-
-    class _Iterable(IterableDataset):  # type: ignore[type-arg]
-        """``rank_dataset()``: iterated in the rank's process, it counts its batches (``tracker``)."""
-
-        def __init__(self, inner: RankDataset, tracker: Tracker | None) -> None:
-            self.inner = inner
-            self.tracker = tracker  # None: a rank_loader's dataset (the loader counts)
-
-        def __iter__(self) -> Iterator[Any]:
-            if self.tracker is None:
-                return iter(self.inner)
-            info = get_worker_info()
-            if info is not None:
-                if info.id == 0:  # a worker is a new process each iteration: it cannot know it warned before
-                    warnings.warn(_UNTRACKED, UserWarning, stacklevel=2)
-                return iter(self.inner)
-            self.inner.skip = self.tracker.open(self.inner.epoch, self.inner.epochs)
-            try:
-                return self.tracker.count(iter(self.inner))
-            finally:
-                self.inner.skip = 0
-
-        def __len__(self) -> int:
-            return len(self.inner)
-
-        def state_dict(self) -> dict[str, Any]:
-            """Where this dataset is (see :func:`rank_loader`'s ``state_dict``)."""
-            return _tracker(self).position.state_dict()
-
-        def load_state_dict(self, state: dict[str, Any]) -> None:
-            """Go on from ``state`` (see :func:`rank_loader`'s ``load_state_dict``); also sets the epoch."""
-            tracker = _tracker(self)
-            tracker.end_open()
-            tracker.position.load_state_dict(state)
-            self.inner.set_epoch(tracker.position.epoch)
-
-    return _Iterable(dataset, tracker)
-
-
-def _tracker(dataset: Any) -> Tracker:
-    if dataset.tracker is None:
-        raise RuntimeError(
-            "this dataset belongs to a rank_loader(): use the loader's state_dict() and load_state_dict()"
-        )
-    return dataset.tracker  # type: ignore[no-any-return]
-
-
-_UNTRACKED = (
-    "spark_torch: a rank_dataset() iterated in your own DataLoader's worker processes cannot record its position for "
-    "a resumed run (a run resumed from a checkpoint starts its epoch again); use rank_loader(num_workers=...) instead"
-)
 
 
 def _data_file() -> str:
@@ -325,15 +290,17 @@ def rank_dataset(
     drop_last: bool = False,
     epochs: int = 1,
     dtype: Any = None,
+    by_step: bool | None = None,
 ) -> Any:
     """This rank's rows as a ``torch.utils.data.IterableDataset`` that yields whole batches.
 
     Batches are dicts of column name -> tensor (or list), or tuples in ``columns`` order when
     columns were given here or to ``run_on_dataframe``. ``dtype``: see :func:`rank_loader`.
     Iterated in the rank's process, a resumed run's dataset goes on as :func:`rank_loader` does
-    (its epoch: the checkpoint's); in your own DataLoader's worker processes it cannot.
+    (its epoch: the checkpoint's), and in a replica group follows torchft's step (``by_step``: see
+    :func:`rank_loader`); in your own DataLoader's worker processes it can do neither.
     """
-    return _rank_dataset(batch_size, columns, shuffle, seed, drop_last, epochs, dtype, tracked=True)
+    return _rank_dataset(batch_size, columns, shuffle, seed, drop_last, epochs, dtype, tracked=True, by_step=by_step)
 
 
 def _rank_dataset(
@@ -345,6 +312,7 @@ def _rank_dataset(
     epochs: int,
     dtype: Any,
     tracked: bool,
+    by_step: bool | None = None,
 ) -> Any:
     cols, as_tuple = _default_columns(columns)
     inner = RankDataset(
@@ -359,10 +327,10 @@ def _rank_dataset(
         dtype=dtype,
     )
     if not tracked:
-        return _make_iterable_dataset(inner, None)
+        return make_iterable_dataset(inner, None)
     tracker = Tracker(register(LoaderPosition(inner.position_key())))
     inner.set_epoch(tracker.position.epoch)  # a resumed one: its epoch
-    return _make_iterable_dataset(inner, tracker)
+    return make_iterable_dataset(inner, tracker, by_step)
 
 
 def rank_loader(
@@ -375,6 +343,7 @@ def rank_loader(
     num_workers: int = 0,
     epochs: int = 1,
     dtype: Any = None,
+    by_step: bool | None = None,
 ) -> Any:
     """A ``DataLoader`` over this rank's rows; each ``iter()`` is the next epoch (``loader.epoch``:
     the epoch of its next batch).
@@ -392,20 +361,31 @@ def rank_loader(
     float64, long -> int64, boolean -> bool). One torch dtype (``dtype=torch.float64``)
     applies to every floating-point column and every vector; a dict
     (``dtype={"label": torch.float32}``) sets the columns it names, numeric ones only.
+
+    In ``run_on_dataframe(..., replica_groups=G)``, once the rank made its torchft Manager, each
+    ``next()`` hands out the batch of torchft's committed step (one batch per step;
+    :mod:`spark_torch.rank.step_batches`); ``by_step=False`` counts batches as in any run (an
+    evaluation loader), ``True`` requires the Manager.
     """
     from torch.utils.data import DataLoader
 
+    step_batches.check_workers(num_workers, by_step, bool(os.environ.get(envnames.REPLICA_GROUP_ID)))
     dataset = _rank_dataset(batch_size, columns, shuffle, seed, drop_last, epochs, dtype, tracked=False)
     tracker = Tracker(register(LoaderPosition(dataset.inner.position_key())))
+    steps = step_batches.StepBatches(dataset.inner, tracker.position)
 
     class _EpochLoader(DataLoader):  # type: ignore[type-arg]
         @property
         def epoch(self) -> int:
-            """The epoch of the next batch (a resumed loader's: where its checkpoint was)."""
-            return tracker.position.epoch
+            """The epoch of the next batch (a resumed loader's: where its checkpoint was; a replica group's: the step's)."""
+            ledger = step_batches.ledger_for(by_step)
+            return steps.epoch(ledger) if ledger is not None else tracker.position.epoch
 
         def __iter__(self) -> Any:
             tracker.end_open()
+            ledger = step_batches.ledger_for(by_step)
+            if ledger is not None:  # a replica group: the committed step's batch
+                return steps.iterate(ledger, epochs)
             first = tracker.position.epoch // epochs * epochs
             inner = self.dataset.inner  # type: ignore[attr-defined]
             inner.set_epoch(first)

@@ -18,7 +18,8 @@
 ``prepare_model`` and ``prepare_data_loader`` join the process group themselves when the
 world has more than one rank; call ``init_process_group()`` first when you use
 ``torch.distributed`` before them. Plain ``torch.distributed`` works as well (every rank has
-torchrun's environment); these are conveniences over it, nothing more. The rank's device is ``cuda:LOCAL_RANK`` when CUDA is
+torchrun's environment); these are conveniences over it, nothing more. The rank's device is ``cuda:LOCAL_RANK`` when
+CUDA is
 available and this rank has a GPU (``LOCAL_RANK`` < the GPUs it sees), else the CPU. torch is
 imported inside the functions: importing this module costs nothing.
 """
@@ -86,7 +87,8 @@ def context_from(env: Mapping[str, str]) -> RankContext:
     if missing or not node:
         absent = ", ".join(missing + ([] if node else [f"{envnames.NODE_RANK} (or {envnames.GROUP_RANK})"]))
         raise RuntimeError(
-            f"spark_torch.get_context() works inside ranks started by spark_torch (Distributor.run or spark-torch run), "
+            "spark_torch.get_context() works inside ranks started by spark_torch (Distributor.run or "
+            "spark-torch run), "
             f"whose environment has torchrun's variables; this process lacks {absent}"
         )
     values = [env[name] for name in _CONTEXT_VARS] + [node]
@@ -94,7 +96,8 @@ def context_from(env: Mapping[str, str]) -> RankContext:
         rank, world, local, local_world, node_rank = (int(v) for v in values)
     except ValueError:
         raise RuntimeError(
-            f"spark_torch.get_context(): torchrun's variables are not integers here ({dict(zip((*_CONTEXT_VARS, 'node'), values))})"
+            "spark_torch.get_context(): torchrun's variables are not integers here "
+            f"({dict(zip((*_CONTEXT_VARS, 'node'), values))})"
         ) from None
     return RankContext(rank, world, local, local_world, node_rank)
 

@@ -100,7 +100,8 @@ class Progress:
         self._clock = _thread_clock(ident)
         self._io_path = f"/proc/self/task/{native_id}/io"
         self._stat_path = f"/proc/self/task/{native_id}/stat"
-        #: CPU seconds since the last progress that count as computing, however slowly
+        #: CPU seconds since the last progress (its own, and those of the threads it waits on) that
+        #: count as computing, however slowly
         self._busy = interval
         self._cpu_since = 0.0
         self._at = time.monotonic()
@@ -174,7 +175,9 @@ class Progress:
         moved_bytes, bytes_before = self._process_bytes(), self._others_bytes
         self._others_bytes = moved_bytes
         if waits_on_a_thread and not in_collective(frames):
-            busy = busy or others - before - used >= max(0.001, (now - self._at) / 10)
+            helped = max(0.0, others - before - used)  # the threads it waits on computing for it
+            self._cpu_since += helped  # however slowly (a loaded machine), as its own CPU time counts
+            busy = busy or helped >= max(0.001, (now - self._at) / 10)
             if moved_bytes is not None and bytes_before is not None and io is not None and self._io is not None:
                 main_bytes = io[0] + io[1] - self._io[0] - self._io[1]
                 busy = busy or moved_bytes - bytes_before - main_bytes >= OTHERS_IO_BYTES

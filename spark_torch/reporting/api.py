@@ -52,6 +52,8 @@ __all__ = [
     "RECORDED_KEYS",
     "NOT_EVERY_RANK",
     "GROUP_KEY",
+    "SKIPPED_KEY",
+    "count_skipped",
 ]
 
 #: the key of the replica group a row came from (runs with ``replica_groups``)
@@ -60,6 +62,9 @@ GROUP_KEY = "replica_group"
 #: what spark_torch records with every step's metrics (not names a rank may report); the last,
 #: ``replica_group``, only in runs with replica groups
 RECORDED_KEYS = ("step", "time", "attempt", "world_size", GROUP_KEY)
+#: the committed steps a replica group missed, in the rows of a DataFrame run with replica groups
+#: (:mod:`spark_torch.ft.data_position`); refused as a metric name in every run, as the ones above
+SKIPPED_KEY = "skipped_batches"
 
 #: how the driver's answer begins when a rank ended without calling report() for a step
 NOT_EVERY_RANK = "report() is a collective every rank must call"
@@ -128,7 +133,7 @@ def _clean(metrics: Any) -> dict[str, Any]:
         if not isinstance(key, str):
             raise TypeError(f"report(): metric names are strings, got {key!r}")
         _text(f"metric name {key!r}", key)
-        if key in RECORDED_KEYS:
+        if key in RECORDED_KEYS or key == SKIPPED_KEY:
             raise ValueError(f"report(): {key!r} is recorded by spark_torch; name your metric differently")
         clean[key] = _number(key, value)
     size = len(json.dumps(clean))
@@ -190,7 +195,7 @@ class _Reporter:
                     self.storage().upload(directory, step)
             message: dict[str, Any] = {
                 "step": step,
-                "metrics": {**metrics, **self.tags} if self.rank == 0 else None,
+                "metrics": {**metrics, **self.tags, **_skipped()} if self.rank == 0 else None,
                 "checkpoint": checkpoint is not None,
             }
             if positions:
@@ -236,6 +241,8 @@ _reporter: _Reporter | None = None
 _reporter_lock = threading.Lock()
 #: where report() takes its step from instead of counting its calls (torchft's committed step)
 _step_source: Callable[[], int] | None = None
+#: the committed steps this rank's replica group missed, for its rows (:func:`count_skipped`)
+_skipped_source: Callable[[], int] | None = None
 
 
 def follow_steps(source: Callable[[], int] | None) -> None:
@@ -245,6 +252,18 @@ def follow_steps(source: Callable[[], int] | None) -> None:
     or a replica group restarted and healed from a peer, repeats none. ``None``: count again."""
     global _step_source
     _step_source = source
+
+
+def count_skipped(source: Callable[[], int] | None) -> None:
+    """From now on rank 0's rows carry ``skipped_batches``: ``source()``, the committed steps this
+    rank's replica group missed (:mod:`spark_torch.ft.data_position`). ``None``: no longer."""
+    global _skipped_source
+    _skipped_source = source
+
+
+def _skipped() -> dict[str, int]:
+    source = _skipped_source
+    return {SKIPPED_KEY: int(source())} if source is not None else {}
 
 
 def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None = None) -> None:
@@ -266,7 +285,8 @@ def report(metrics: dict[str, Any], *, checkpoint: str | os.PathLike[str] | None
         TypeError: a metric that is not a single value.
         ValueError: a metric name or string that is not valid Unicode; metrics over
             :data:`MAX_METRICS_BYTES`; a name spark_torch records itself (:data:`RECORDED_KEYS`:
-            step, time, attempt, world_size, replica_group).
+            step, time, attempt, world_size, replica_group; and ``skipped_batches``, which a
+            DataFrame run with replica groups records: :func:`count_skipped`).
     """
     global _reporter
     clean = _clean(metrics)

@@ -3,7 +3,8 @@
 The coordinator of an attempt also notes in the run's storage that the attempt started.
 
 Persisting step N: mark its checkpoint complete (the manifest, written after every rank's
-files, with every rank's data loaders' positions), prune old checkpoints (``keep_checkpoints``), append rank 0's metrics row to the run's
+files, with every rank's data loaders' positions), prune old checkpoints (``keep_checkpoints``), append rank 0's
+metrics row to the run's
 metrics log, hand the row to the live view and MLflow, then answer every node. A failure to
 persist is answered as an error (``report()`` raises on every rank), not swallowed.
 
@@ -132,9 +133,10 @@ class ReportCoordinator:
                 (
                     step,
                     (
-                        f"{NOT_EVERY_RANK}, the same number of times: rank(s) {ranks} ended without calling it for step {step} "
-                        f"(after step {min(self._ended[r] for r in missing)}). Call report() on every rank (pass checkpoint= only "
-                        "on the ranks that have files to save), not under `if rank == 0:`"
+                        f"{NOT_EVERY_RANK}, the same number of times: rank(s) {ranks} ended without calling it "
+                        f"for step {step} (after step {min(self._ended[r] for r in missing)}). Call report() on "
+                        "every rank (pass checkpoint= only on the ranks that have files to save), not under "
+                        "`if rank == 0:`"
                     ),
                 )
             )

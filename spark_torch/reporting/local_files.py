@@ -94,11 +94,15 @@ class Owners:
         if self.group is None:
             return f"belongs to another user (uid {info.st_uid})"
         if not _member(info.st_uid, self.group):
-            return f"belongs to a user (uid {info.st_uid}) who is not a member of the team folder's group (gid {self.group})"
+            return (
+                f"belongs to a user (uid {info.st_uid}) who is not a member of the team folder's group "
+                f"(gid {self.group})"
+            )
         if info.st_gid != self.group:
             return f"belongs to another user (uid {info.st_uid}) and not to the team folder's group (gid {self.group})"
         if info.st_mode & 0o002:
-            return f"belongs to another user (uid {info.st_uid}) and every user may write to it (mode {oct(stat.S_IMODE(info.st_mode))})"
+            mode = oct(stat.S_IMODE(info.st_mode))
+            return f"belongs to another user (uid {info.st_uid}) and every user may write to it (mode {mode})"
         return None
 
     def check(self, fd: int, path: str, kind: str) -> os.stat_result:

@@ -3,7 +3,8 @@
 Each rank gets a private pair of pipes (``SPARK_TORCH_REPORT_FDS``): it writes one JSON line
 per ``report()`` and blocks until the node writes the answer. Once every rank of the node has
 reported step N, the node forwards one message for the node (rank 0's metrics, which ranks
-passed a checkpoint, the ranks' data loaders' positions: :mod:`~spark_torch.reporting.loader_positions`) to the driver's coordinator; when the driver has persisted step N on
+passed a checkpoint, the ranks' data loaders' positions: :mod:`~spark_torch.reporting.loader_positions`) to the
+driver's coordinator; when the driver has persisted step N on
 every node, :meth:`NodeReports.persisted` answers every rank. Lines from a rank are only ever
 parsed as JSON text.
 

@@ -16,7 +16,8 @@ Layout of one run::
 A checkpoint counts only once its manifest exists, so a crash while ranks upload never leaves a
 half-written "latest" checkpoint. On a local (or mounted) filesystem the ranks' files and the
 manifest are fsynced before report() returns, and the run's folder and files are private
-(:mod:`~spark_torch.reporting.local_files`); an object store has them once its write returns. Used by ranks (upload), node runners (download) and the driver
+(:mod:`~spark_torch.reporting.local_files`); an object store has them once its write returns. Used by ranks (upload),
+node runners (download) and the driver
 (manifests, metrics, pruning); imports neither torch nor pyspark. One class over one layout,
 kept whole so that every path of the layout is written in one place; which checkpoints are
 best is :mod:`spark_torch.reporting.ranking`.
@@ -37,6 +38,7 @@ from typing import Any
 from spark_torch.reporting.local_files import listed_runs, remove_run, run_folder
 from spark_torch.reporting.ranking import CheckpointInfo, best
 from spark_torch.reporting.redaction import options_withheld
+from spark_torch.reporting.storage_urls import is_local_url, local_base, split_run_path, storage_error
 
 __all__ = [
     "RunStorage",
@@ -61,34 +63,6 @@ DEFAULT_STORAGE = os.path.join("~", "spark_torch_runs")
 _CHECKPOINT = re.compile(r"^checkpoint_(\d{6,})$")
 
 
-#: Databricks mounts DBFS here on the driver and every executor
-DBFS_MOUNT = "/dbfs"
-
-
-def _is_local(url: str) -> bool:
-    return "://" not in url and not url.startswith("dbfs:")
-
-
-def local_base(base: str) -> str:
-    """``dbfs:/path`` as ``/dbfs/path`` where Databricks mounts DBFS (the mount needs nothing); elsewhere as
-    ``dbfs://path`` for fsspec's Databricks filesystem (which needs ``storage_options={"instance": ..., "token":
-    ...}``; fsspec would take ``dbfs:/path`` for a local directory named ``dbfs:``). Other storage unchanged."""
-    if base.startswith("dbfs:"):
-        path = base[len("dbfs:") :].lstrip("/")
-        return os.path.join(DBFS_MOUNT, path) if os.path.isdir(DBFS_MOUNT) else f"dbfs://{path}"
-    return base
-
-
-def storage_error(url: str, exc: BaseException) -> str:
-    """One sentence about a storage failure, whatever fsspec backend raised it."""
-    return (
-        f"the run's storage {url} cannot be used ({type(exc).__name__}: {exc}); check the path or URL, that its "
-        "filesystem package is installed (s3fs for s3://, gcsfs for gs://, adlfs for abfss://) and the "
-        "credentials it needs (storage_options=, e.g. {'key': ..., 'secret': ...} or {'client_kwargs': "
-        "{'endpoint_url': ...}} for S3; {'instance': ..., 'token': ...} for dbfs:// off Databricks)"
-    )
-
-
 def _withholding_options(method: Callable[..., Any]) -> Callable[..., Any]:
     """A :class:`RunStorage` method under :func:`options_withheld`."""
 
@@ -100,22 +74,13 @@ def _withholding_options(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def split_run_path(path: str) -> tuple[str, str]:
-    """A run's own directory (``STORAGE/RUN_ID``, a path or URL) as ``(STORAGE, RUN_ID)``."""
-    if _is_local(path):
-        trimmed = os.path.normpath(os.path.abspath(os.path.expanduser(path)))
-        return os.path.dirname(trimmed), os.path.basename(trimmed)
-    base, _, run_id = path.rstrip("/").rpartition("/")
-    return base, run_id
-
-
 def run_ids(base: str, options: Mapping[str, Any] | None) -> list[str]:
     """The runs under the storage ``base`` (directories holding a run marker), by name; none
     when ``base`` does not exist."""
     base = local_base(base)
     options = dict(options or {})
     with options_withheld(options):
-        if _is_local(base):
+        if is_local_url(base):
             return listed_runs(os.path.expanduser(base), RUN_MARKER)  # links and other users' not listed
         from fsspec.core import url_to_fs
 
@@ -137,11 +102,11 @@ class RunStorage:
 
     def __init__(self, base: str, run_id: str, options: Mapping[str, Any] | None) -> None:
         base = local_base(base)
-        self.base = os.path.abspath(os.path.expanduser(base)) if _is_local(base) else base.rstrip("/")
+        self.base = os.path.abspath(os.path.expanduser(base)) if is_local_url(base) else base.rstrip("/")
         self.run_id = run_id
         #: fsspec's keyword arguments for the filesystem (credentials, endpoint...)
         self.options = dict(options or {})
-        self.local = _is_local(self.base)
+        self.local = is_local_url(self.base)
         self.url = os.path.join(self.base, run_id) if self.local else f"{self.base}/{run_id}"
         self._fs: Any = None
         self._root = self.url

@@ -1,6 +1,7 @@
 """torch's ``TCPStore`` server on one address only: the node's store host
 (:mod:`spark_torch.node.store_host_main`) and rank 0 when the node did not host it
-(:mod:`spark_torch.rank.store`; a replica group's rank 0 too) host the rendezvous store this way. torch's own server listens on every interface and has no
+(:mod:`spark_torch.rank.store`; a replica group's rank 0 too) host the rendezvous store this way. torch's own server
+listens on every interface and has no
 authentication; here the socket is bound to ``host`` first and handed to torch
 (``master_listen_fd``). torch is imported on first use.
 """

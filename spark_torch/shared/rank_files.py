@@ -4,7 +4,8 @@ Where each file is (and who writes and reads it) is :class:`spark_torch.shared.w
 this module is their formats and how they are written. The payload (``(fn, args, kwargs)``,
 cloudpickled once on the driver by :mod:`spark_torch.driver.run.payload`) is a file the node
 runner writes into its 0700 scratch directory; a rank writes its return value (rank 0) or its
-exception there, atomically (temp file + rename, mode 0600). Bytes are only ever unpickled when they came from a file this run wrote,
+exception there, atomically (temp file + rename, mode 0600). Bytes are only ever unpickled when they came from a file
+this run wrote,
 from frames authenticated with the run's secret, or through Spark's own task/result channel.
 """
 

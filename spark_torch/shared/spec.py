@@ -194,6 +194,9 @@ class RunSpec:
     storage: StorageSpec | None = None
     resume_step: int = 0
     resume_url: str | None = None
+    #: replica groups in distributed mode: what the node's relay to the lighthouse proves to the
+    #: driver's gate (``spark_torch.ft.node_relay``; empty: no relay); never printed
+    lighthouse_secret: bytes = field(default=b"", repr=False)
 
     @property
     def world_size(self) -> int:

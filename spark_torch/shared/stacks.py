@@ -283,7 +283,10 @@ def _label(state: StackState, age: float, text: str = "") -> str:
     if state is StackState.NOT_ANSWERING and not text.strip():
         return f" (has not answered since it started {age:.0f}s ago: a native call may hold the GIL)"
     if state is StackState.NOT_ANSWERING:
-        return f" (not answering for {age:.0f}s: a native call holds the GIL; its last sampled stack, or faulthandler's when the run is being stopped)"
+        return (
+            f" (not answering for {age:.0f}s: a native call holds the GIL; its last sampled stack, or "
+            "faulthandler's when the run is being stopped)"
+        )
     return ""
 
 

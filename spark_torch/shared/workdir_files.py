@@ -135,7 +135,8 @@ class WorkdirFiles:
 
     def elastic_error(self, rank: int) -> str:
         """A rank's ``TORCHELASTIC_ERROR_FILE``: torch's ``@record`` writes it (like under
-        torchrun), node reads (:func:`spark_torch.shared.rank_files.read_rank_error`, when the rank wrote no error of its own)."""
+        torchrun), node reads (:func:`spark_torch.shared.rank_files.read_rank_error`, when the rank wrote no error of
+        its own)."""
         return os.path.join(self.path, f"rank-{rank}.torchelastic-error.json")
 
     def stack(self, rank: int) -> str:
@@ -242,7 +243,8 @@ class StorageFile:
 
     @classmethod
     def read(cls, path: str) -> StorageFile:
-        """Read and check the file at ``path`` (rank side); a :class:`~spark_torch.errors.LaunchError` when it cannot."""
+        """Read and check the file at ``path`` (rank side); a :class:`~spark_torch.errors.LaunchError` when it
+        cannot."""
         try:
             with open(path, "rb") as fh:
                 data = fh.read()

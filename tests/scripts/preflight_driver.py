@@ -17,6 +17,11 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from spark_torch import Distributor  # noqa: E402
 
+if os.environ.get("PREFLIGHT_PROBE_SECONDS"):  # the probe's deadline for a job whose tasks never start
+    import spark_torch.driver.spark.preflight as preflight
+
+    preflight.PROBE_SECONDS = float(os.environ["PREFLIGHT_PROBE_SECONDS"])
+
 for python in pythons:
     if len(pythons) > 1:
         print(f"=== {python} ===", flush=True)

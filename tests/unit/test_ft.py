@@ -188,17 +188,27 @@ def test_the_lighthouse_is_hidden_behind_its_gate_until_closed() -> None:
     pytest.importorskip("torchft")
     import psutil
 
-    before = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
+    def listeners(*processes: psutil.Process) -> set[tuple[str, int]]:
+        # this test's processes only: other tests and sessions open listeners of their own meanwhile
+        return {
+            (c.laddr.ip, c.laddr.port)
+            for process in processes
+            for c in process.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+
+    me = psutil.Process()
+    before = listeners(me)
     with Lighthouse(
         "127.0.0.3", LighthouseOptions(heartbeat_timeout_ms=500), allowed=lambda: {"127.0.0.1"}
     ) as lighthouse:
         hideout = lighthouse.hideout
         assert hideout is not None and lighthouse.server_port is None
         assert lighthouse.address == f"http://127.0.0.3:{lighthouse.port}"
-        listening = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == "LISTEN"}
-        assert listening - before == {("127.0.0.3", lighthouse.port)}  # the gate only: torchft's is in the namespace
-        assert os.stat(hideout.folder).st_mode & 0o777 == 0o700 and os.path.exists(hideout.path)
         child = psutil.Process(hideout._process.pid)  # type: ignore[union-attr]
+        # the gate only: torchft's listener is in the child's namespace, none of this machine's
+        assert listeners(me, *me.children(recursive=True)) - before == {("127.0.0.3", lighthouse.port)}
+        assert os.stat(hideout.folder).st_mode & 0o777 == 0o700 and os.path.exists(hideout.path)
         assert os.readlink(f"/proc/{child.pid}/ns/net") != os.readlink("/proc/self/ns/net")
         assert hello_from("127.0.0.1", lighthouse.address) == "answered"
         assert hello_from("127.0.0.2", lighthouse.address) == "answered"  # this user, another address of the machine

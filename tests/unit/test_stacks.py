@@ -254,7 +254,9 @@ def test_progress_is_computing_or_io_not_waiting() -> None:
     # is not what the watch is asked about (seen once on a loaded machine: the first "wait" moved)
     orders.put("wait")
     done.get(timeout=30)
-    progress = Progress(thread.ident or 0, thread.native_id or 0, interval=0.2)
+    # each computing step uses 0.1 s of CPU: past the 0.05 s that count as computing however slowly,
+    # so a loaded machine (load 27 on 2 CPUs: under 10% of a CPU for the thread) cannot hide it
+    progress = Progress(thread.ident or 0, thread.native_id or 0, interval=0.05)
     here = [("/job/train.py", 1, "train")]
     in_reduce = [("/t/torch/distributed/distributed_c10d.py", 3252, "all_reduce")]
 
@@ -273,6 +275,7 @@ def test_progress_is_computing_or_io_not_waiting() -> None:
             helper = threading.Thread(target=_compute, args=(0.1,))
             helper.start()
             helper.join()
+            time.sleep(1.1)  # slowly: 0.1 s of CPU in over 1 s (as on a loaded machine) still counts
             assert progress.moved(tuple(here), 10, here, waits_on_a_thread=waits) is waits
     finally:
         orders.put("end")

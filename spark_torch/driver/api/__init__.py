@@ -1,4 +1,5 @@
-"""The public API of the driver: Distributor, PySpark's TorchDistributor and DeepspeedTorchDistributor constructors, past runs.
+"""The public API of the driver: Distributor, PySpark's TorchDistributor and DeepspeedTorchDistributor constructors,
+past runs.
 
 May import: the driver's other sub-layers (spark_torch.driver.run, spark_torch.driver.spark,
 spark_torch.driver.console, spark_torch.driver.run_record, spark_torch.driver.result,

@@ -171,7 +171,8 @@ class Distributor:
             from its peers (``spark_torch.ft.manager()`` inside the function). ``run()``
             returns group 0's rank-0 value (docs/fault-tolerance.md). 1: today's single gang.
         lighthouse_options: the lighthouse's quorum rules with ``replica_groups``
-            (``spark_torch.ft.lighthouse.LighthouseOptions``; default: torchft's).
+            (``spark_torch.ft.lighthouse.LighthouseOptions``; default: ``LighthouseOptions()``,
+            which drops a silent group after 1 s, torchft's default being 5 s).
         **settings: any setting of the table in docs/configuration.md by its keyword
             (``stall_timeout=300``, ``warm_start=False``, ``channel_host="10.0.0.5"``, ...);
             each can also come from an environment variable or a Spark conf key. An unknown
@@ -319,9 +320,11 @@ class Distributor:
         Inside ``main``, :func:`spark_torch.data.rank_loader` (or ``rank_dataset``) iterates
         this rank's rows as batches of tensors: dicts by column name, or tuples in ``columns``
         order when ``columns`` is given. Rows go to nodes round-robin and to a node's ranks in
-        contiguous blocks (deterministic for a given DataFrame), and every rank iterates the same number of rows per epoch (so DDP's
+        contiguous blocks (deterministic for a given DataFrame), and every rank iterates the same number of rows per
+        epoch (so DDP's
         all-reduces stay in step): with ``drop_last=False`` ranks with fewer rows repeat some
-        of theirs, with ``drop_last=True`` ranks with more leave some out (docs/dataframe.md). In distributed mode every node
+        of theirs, with ``drop_last=True`` ranks with more leave some out (docs/dataframe.md). In distributed mode
+        every node
         receives its rows through the barrier stage itself (Arrow, no pandas); in local mode
         the driver reads the DataFrame. An empty DataFrame, or fewer rows than ranks, fails
         before training starts; so does a column type that cannot become a tensor.

@@ -251,6 +251,9 @@ def runs_table(summaries: list[RunSummary]) -> str:
 
 def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
     """What ``spark-torch runs show`` prints: the summary, every attempt, the kept checkpoints."""
+    best = "-"
+    if summary.best_checkpoint:
+        best = f"{summary.best_checkpoint.path} ({_ranking(summary, short=True)})"
     lines = [
         f"run {summary.run_id}",
         f"  path             {summary.path}",
@@ -262,7 +265,7 @@ def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
         f"  world size       {_unknown(summary.world_size)} (latest attempt)",
         f"  steps            {summary.steps}",
         f"  last metrics     {_metrics_text(summary.metrics)}",
-        f"  best checkpoint  {f'{summary.best_checkpoint.path} ({_ranking(summary, short=True)})' if summary.best_checkpoint else '-'}",
+        f"  best checkpoint  {best}",
     ]
     if summary.calls:
         lines.append("calls (each run() call, oldest first, and its attempts: 0 is the run's first start):")
@@ -275,7 +278,8 @@ def run_details(summary: RunSummary, checkpoints: list[Checkpoint]) -> str:
         lines.append("attempts (0: the run's first start, counting on across restarts and resumed run() calls):")
         for row in summary.attempt_log:
             lines.append(
-                f"  {_when(row.get('time'))}  attempt {row.get('attempt')}: {row.get('world_size')} rank(s) on {row.get('nodes')} node(s)"
+                f"  {_when(row.get('time'))}  attempt {row.get('attempt')}: {row.get('world_size')} rank(s) "
+                f"on {row.get('nodes')} node(s)"
             )
     lines.append(f"checkpoints ({len(checkpoints)}, {_ranking(summary)}):" if checkpoints else "checkpoints: none")
     for checkpoint in checkpoints:

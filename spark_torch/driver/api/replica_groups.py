@@ -1,7 +1,8 @@
 """``replica_groups=G``: per-step fault tolerance with torchft, a layer above today's run.
 
 The driver hosts the run's torchft lighthouse (:class:`~spark_torch.ft.lighthouse.Lighthouse`, on
-loopback in local mode, on the channel's address in distributed mode) and runs each replica group
+loopback in local mode, on the channel's address in distributed mode, where the ranks reach it
+through their node's relay, which proves a secret of this call: :mod:`spark_torch.ft.node_relay`) and runs each replica group
 as its own gang: one thread per group, each an attempt loop (:class:`GroupLoop`) of ordinary runs
 (``execute``: in distributed mode a barrier job per group, of whole nodes) of
 ``num_processes / G`` ranks named ``RUN_ID-gN``, with its own ``max_restarts`` budget. A group whose rank fails restarts
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
+from spark_torch.channel.driver_end import new_secret
 from spark_torch.driver.api.manager_watch import ManagerWatch
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.group_runs import group_run_id
@@ -56,8 +58,11 @@ logger = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
 
 
-def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id: str) -> DistributorConfig:
-    """The options of one group's runs: its share of the ranks, the group's variables, its own
+def group_config(
+    config: DistributorConfig, group: int, lighthouse: str, run_id: str, secret: bytes = b""
+) -> DistributorConfig:
+    """The options of one group's runs: its share of the ranks, the group's variables, the
+    lighthouse's ``secret`` for its nodes' relays (distributed mode), its own
     run id, no restarts of its own (:class:`GroupLoop` restarts it), its own ``log_dir/group-N``
     (each group has a rank 0: one ``rank-0.log`` per group, and its Flight Recorder traces), and
     the other groups' runs as its peers (an attempt resumes from the newest checkpoint of any group)."""
@@ -73,6 +78,7 @@ def group_config(config: DistributorConfig, group: int, lighthouse: str, run_id:
         peer_runs=tuple(group_run_id(run_id, peer) for peer in range(config.replica_groups) if peer != group),
         log_dir=os.path.join(config.log_dir, f"group-{group}") if config.log_dir is not None else None,
         host_ranks=config.num_processes,  # local mode: every group's ranks share the driver's cores
+        lighthouse_secret=secret,
     )
 
 
@@ -95,6 +101,8 @@ class GroupLoop:
     deadline: float | None = None
     #: stops this group's running attempt when another group fails the run (or on Ctrl-C)
     cancellation: Cancellation | None = None
+    #: run_on_dataframe's DataFrame: every group stages all of it, each trains its own rows (spark_torch.rank.data)
+    data: DataInput | None = None
     #: one RunResult per attempt of this group, in order
     results: list[RunResult] = field(default_factory=list)
     value: Any = None
@@ -142,7 +150,7 @@ class GroupLoop:
                 config = replace(config, timeout=max(0.001, self.deadline - time.monotonic()))
             record = RunRecord(run_id=str(config.run_id))
             try:
-                value = execute(config, spark, entry, None, record, self.cancellation, restart=bool(self.results))
+                value = execute(config, spark, entry, self.data, record, self.cancellation, restart=bool(self.results))
             except BaseException as exc:  # noqa: BLE001 - decided below, per kind
                 self._keep(record)
                 if self.stop.is_set():  # another group failed the run: this one only stops
@@ -226,29 +234,24 @@ def run_groups(
     """Run ``entry`` as ``config.replica_groups`` groups (see the module's docstring) with
     ``spark`` (the session, or None: local mode needs none); group 0's value. ``keep_last`` gets
     the whole run's result (:func:`merged_result`) before this returns or raises."""
-    if data is not None:
+    if data is not None and data.digest is not None:
         raise ConfigurationError(
-            "run_on_dataframe does not take replica_groups yet: shard the data per group yourself "
-            "(REPLICA_GROUP_ID, NUM_REPLICA_GROUPS) and use run() (docs/fault-tolerance.md)"
+            "run_on_dataframe with replica_groups does not take reuse_staged=True yet: each group stages the "
+            "DataFrame itself; pass reuse_staged=False (docs/dataframe.md, Replica groups)"
         )
     host, advertise = _lighthouse_address(config, spark)
-    # distributed: only the cluster's addresses reach the lighthouse (it authenticates nobody);
-    # a Spark Connect client cannot list the executors, so there it has no gate
-    allowed = (
-        None if config.local_mode or spark is None or is_connect_session(spark) else (lambda: executor_hosts(spark))
-    )
-    if allowed is None and not config.local_mode and spark is not None:
-        logger.warning(
-            "spark_torch: under Spark Connect the driver cannot list the executors' addresses: torchft's lighthouse "
-            "(%s) is open to any other machine that reaches it (docs/security.md)",
-            host,
-        )
+    distributed = not config.local_mode and spark is not None
+    # distributed: the ranks reach the lighthouse through their node's relay (spark_torch.ft.node_relay),
+    # which proves this secret to its gate, heard only from the cluster's addresses (a Spark Connect
+    # client cannot list the executors: there from any address, the handshake still required)
+    secret = new_secret() if distributed else None
+    allowed = None if not distributed or is_connect_session(spark) else (lambda: executor_hosts(spark))
     run_id = config.run_id or new_run_id()
     started = time.time()
     deadline = time.monotonic() + config.timeout if config.timeout else None
     stop, lock, cancellation = threading.Event(), threading.Lock(), Cancellation()
     first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
-    with Lighthouse(host, config.lighthouse_options, advertise=advertise, allowed=allowed) as lighthouse:
+    with Lighthouse(host, config.lighthouse_options, advertise=advertise, allowed=allowed, secret=secret) as lighthouse:
 
         def fail_the_run(group: int | None) -> None:
             with lock:
@@ -265,12 +268,13 @@ def run_groups(
         loops = [
             GroupLoop(
                 g,
-                group_config(config, g, lighthouse.address, run_id),
+                group_config(config, g, lighthouse.address, run_id, secret or b""),
                 config.max_restarts,
                 stop,
                 fail_the_run,
                 deadline,
                 cancellation,
+                data,
             )
             for g in range(config.replica_groups)
         ]

@@ -11,7 +11,8 @@ Same constructor (``num_processes=1, local_mode=True, use_gpu=True``, the privat
 accepted), the public attributes of PySpark 4's class (``num_processes``, ``local_mode``,
 ``use_gpu``, ``num_tasks``, ``spark``, ``ssl_conf``, ``logger``, ``is_remote``,
 ``is_spark_local_master``, ``input_params``, all set by the constructor), same
-``run(main, *args, **kwargs)``, and the same exception types for the same misconfigurations (``RuntimeError`` for GPU and encryption settings, ``ValueError``
+``run(main, *args, **kwargs)``, and the same exception types for the same misconfigurations (``RuntimeError`` for GPU
+and encryption settings, ``ValueError``
 for a bad ``num_processes``). Everything else is spark_torch's: live logs, rank 0's result,
 errors naming the failing rank. :class:`~spark_torch.Distributor` stays the recommended class
 (``use_gpu=None`` detects GPUs; more options); note that ``use_gpu`` defaults to ``True`` here,

@@ -1,6 +1,7 @@
 """Driver side: where the persisted ``report()`` rows of one ``run()`` go.
 
-Every row goes to the call's record (``RunResult.rows`` in the end), to the live status line (the latest metrics), to a live
+Every row goes to the call's record (``RunResult.rows`` in the end), to the live status line (the latest metrics), to
+a live
 chart in Jupyter (the numeric metrics against ``step``, redrawn at most once a second, left in
 the cell as a static image at the end; matplotlib, skipped without it), and to MLflow when
 asked (one MLflow run per ``run()``, restarts included).

@@ -120,6 +120,7 @@ def _run_spec(
         if storage is not None
         else None,
         settings=settings,
+        lighthouse_secret=config.lighthouse_secret,
     )
 
 

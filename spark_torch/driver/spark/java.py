@@ -67,11 +67,13 @@ def check_java(pyspark_version: str, environ: Mapping[str, str] | None = None) -
     java, where = find_java(environ)
     if java is None:
         raise LaunchError(
-            f"PySpark {pyspark_version} needs Java {needed} or newer, but there is none (JAVA_HOME is not set and no java is on PATH); {install}"
+            f"PySpark {pyspark_version} needs Java {needed} or newer, but there is none (JAVA_HOME is not set and "
+            f"no java is on PATH); {install}"
         )
     if not os.path.isfile(java):
         raise LaunchError(
-            f"PySpark {pyspark_version} needs Java {needed} or newer, but there is none ({where}, and {java} does not exist); {install}"
+            f"PySpark {pyspark_version} needs Java {needed} or newer, but there is none ({where}, and {java} "
+            f"does not exist); {install}"
         )
     try:
         done = subprocess.run(
@@ -79,7 +81,8 @@ def check_java(pyspark_version: str, environ: Mapping[str, str] | None = None) -
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise LaunchError(
-            f"PySpark {pyspark_version} needs Java {needed} or newer, but {java} ({where}) does not run: {exc}; {install}"
+            f"PySpark {pyspark_version} needs Java {needed} or newer, but {java} ({where}) does not run: {exc}; "
+            f"{install}"
         ) from None
     found = java_major(done.stderr + done.stdout)
     if found is None:

@@ -27,6 +27,7 @@ import logging
 import re
 import sys
 import threading
+import time
 import types
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -46,8 +47,12 @@ logger = logging.getLogger(__name__)
 IMPORTED = ("psutil", "cloudpickle", "cryptography.hazmat.primitives.ciphers.aead")
 #: only looked up (importing torch takes ~2 s, which every run would pay on a fresh worker)
 FOUND = ("pyarrow", "torch")
-#: how long the probe may take before the run goes on without it (a cluster still scaling up)
+#: how long the probe's job may wait for executors (none of its tasks running: a cluster still
+#: scaling up) before the run goes on without the check...
 PROBE_SECONDS = 60.0
+#: ...while a job still being planned, or whose tasks run (the executors' Python workers starting:
+#: a packed venv unpacking, a loaded machine), is waited for up to this long in all
+PROBE_RUNNING_SECONDS = 600.0
 
 _lock = threading.Lock()
 #: (SparkContext or session, executor set) keys whose executors passed
@@ -143,10 +148,18 @@ def _ask(
             return list(df.collect())
 
     job = BackgroundCall(collect, name=tag).start()
-    if not job.wait(PROBE_SECONDS):
-        cancel_tagged_job(spark, tag)
-        job.wait(5.0)
-        return None
+    started = time.monotonic()
+    waiting_since: float | None = None  # since when its submitted job has had no task running
+    while not job.wait(min(1.0, PROBE_SECONDS)):
+        now = time.monotonic()
+        waits = _waits_for_executors(spark, tag)
+        waiting_since = (waiting_since or now) if waits else None
+        if now - started >= PROBE_RUNNING_SECONDS or (
+            waiting_since is not None and now - waiting_since >= PROBE_SECONDS
+        ):
+            cancel_tagged_job(spark, tag)
+            job.wait(5.0)
+            return None
     if job.error is not None:
         return job.error
     found_rows = [json.loads(row["facts"]) for row in job.value or ()]
@@ -154,6 +167,26 @@ def _ask(
         ExecutorPython(f["executable"], f["version"], f["host"], tuple((m, why) for m, why in f["missing"]))
         for f in found_rows
     ]
+
+
+def _waits_for_executors(spark: Any, tag: str) -> bool:
+    """Whether the job tagged ``tag`` waits for executors: submitted, and none of its tasks runs
+    (classic Spark's status tracker; a Connect session cannot tell: True)."""
+    if is_connect_session(spark):
+        return True
+    try:
+        tracker = spark.sparkContext.statusTracker()
+        jobs = [tracker.getJobInfo(job_id) for job_id in tracker.getJobIdsForGroup(tag)]
+        if not jobs:
+            return False  # not submitted yet: the driver is still planning it
+        for job in jobs:
+            for stage_id in job.stageIds if job is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None and stage.numActiveTasks > 0:
+                    return False
+    except Exception:  # noqa: BLE001 - a tracker that cannot answer: the plain deadline
+        return True
+    return True
 
 
 def _fix(need: str, driver_python: str) -> str:
@@ -264,7 +297,10 @@ def check_executors(spark: Any, nodes: int, ship_package: bool, needed: Mapping[
     answer = _ask(spark, max(1, nodes), imported, found)
     if answer is None:
         logger.warning(
-            "spark_torch: the executors did not answer within %gs; starting the run unchecked", PROBE_SECONDS
+            "spark_torch: the check of the executors' Python waited %gs for executors to run it (or %gs in all); "
+            "starting the run unchecked",
+            PROBE_SECONDS,
+            PROBE_RUNNING_SECONDS,
         )
         return
     if isinstance(answer, BaseException):

@@ -10,7 +10,8 @@ starts it under a file lock, the others connect to it (a burst of connections qu
 deadline). A template ends with its owner, or after the run's ``warm_start_idle`` seconds
 with no rank running; this process reaps the templates it started.
 
-What a rank would read when its interpreter starts (:data:`~spark_torch.node.template.protocol.STARTUP_PREFIXES`) cannot change
+What a rank would read when its interpreter starts (:data:`~spark_torch.node.template.protocol.STARTUP_PREFIXES`)
+cannot change
 after a fork, so the template is keyed by those settings of the rank's environment and started
 with them; the node runner's resource limits and umask go with each request and are applied in
 the child. A setting no template can honour makes that rank start cold.

@@ -4,6 +4,11 @@ settings of a rank's environment a fork cannot change (so templates are keyed by
 Used by both ends: :mod:`spark_torch.node.template.client` (the runner, the client) and
 :mod:`spark_torch.node.template.server` (the template, the server). Standard library and
 spark_torch's leaf modules only.
+
+The protocol: one JSON message per packet on a ``SOCK_SEQPACKET`` connection. The request is
+``{"argv", "env", "cwd", "umask", "rlimits", "idle"}`` with its descriptors
+(``socket.send_fds``); the answers are ``{"pid": N}`` or ``{"error": TEXT}`` (no rank: start it
+cold), and later ``{"exit": CODE}`` (negative: killed by that signal).
 """
 
 from __future__ import annotations

@@ -36,15 +36,10 @@ and serves the ranks running until they end; a second one ends the template, its
 socket. The template itself never runs user code, never initializes CUDA and never starts a
 thread, so every run's ranks are forks of the same pristine process: nothing leaks from run to run.
 
-Elsewhere: the request's checks and keying rules (:mod:`~spark_torch.node.template.protocol`),
+Elsewhere: the protocol, its checks and keying rules (:mod:`~spark_torch.node.template.protocol`),
 the child's side (``child``), what it keeps per child and connection (``state``), what a keeper
 SIGKILLed before it stopped its rank's tree hands on to the template, a child subreaper
 (``adopted``). Here: the event loop (connections, requests, forks, exits, idle end), read whole.
-
-Protocol (one JSON message per packet on a ``SOCK_SEQPACKET`` connection): the request
-``{"argv", "env", "cwd", "umask", "rlimits", "idle"}`` with its descriptors
-(``socket.send_fds``); the answers ``{"pid": N}`` or ``{"error": TEXT}`` (no rank: start it
-cold), and later ``{"exit": CODE}`` (negative: killed by that signal).
 """
 
 from __future__ import annotations

@@ -1,0 +1,159 @@
+"""A spark-submit driver: replica groups across hosts, each rank probing the lighthouse's defences.
+
+    spark-submit --master MASTER [--conf ...] tests/scripts/submit_ft_driver.py WORK [--env KEY=VALUE ...]
+
+Runs ``Distributor(num_processes=2, replica_groups=2, local_mode=False, max_restarts=1)`` with
+tests/ft_programs.py's ``train`` (pickled by value: the executors need not see tests/), group 1's
+rank SIGKILLing itself at its second step. The driver writes the address of the lighthouse's gate
+(what the nodes' relays reach) to ``WORK/gate`` before the groups start. The first process of
+each group, before it trains, probes from its own host and writes ``WORK/probe-g{GROUP}.json``:
+what its node's relay (its ``TORCHFT_LIGHTHOUSE``) did with a connection of uid 65534 (another
+user of that host), and what torchft's own client got from the driver's gate when it talks to it
+without the handshake. Prints ``WEIGHTS <list>`` and exits 0 once the run ended ok.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+NOBODY = 65534
+#: tests/ft_programs.py's train, set by main() (pickled by value with the job)
+TRAIN: Any = None
+
+
+def _as_nobody(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a forked child that became uid/gid 65534 (its value, through a pipe)."""
+    import pickle
+    import select
+
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read_end)
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            outcome = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - carried to the parent
+            outcome = f"{type(exc).__name__}: {exc}"
+        os.write(write_end, pickle.dumps(outcome))
+        os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 30)
+        data = os.read(read_end, 65536) if ready else b""
+    finally:
+        os.close(read_end)
+        if not data:
+            os.kill(child, 9)
+        os.waitpid(child, 0)
+    return pickle.loads(data) if data else "no answer within 30 s"
+
+
+def _hello(url: str) -> str:
+    """What the listener at ``url`` did with an HTTP/2 client's first bytes: answered or closed."""
+    import socket
+    from urllib.parse import urlparse
+
+    where = urlparse(url)
+    with socket.create_connection((where.hostname, where.port), timeout=10) as client:
+        client.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        try:
+            return "answered" if client.recv(100) else "closed"
+        except ConnectionResetError:
+            return "closed"
+
+
+def _torchft_hello(url: str) -> str:
+    from datetime import timedelta
+
+    from torchft.coordination import LighthouseClient
+
+    try:
+        LighthouseClient(url, timedelta(seconds=5)).heartbeat("outsider_9:0")
+    except Exception as exc:  # noqa: BLE001 - the outcome is the answer
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return "joined"
+
+
+def job(work: str) -> list[float]:
+    """Probe (first process of each group), then train (tests/ft_programs.py)."""
+    import socket
+
+    group = os.environ["REPLICA_GROUP_ID"]
+    probe = Path(work) / f"probe-g{group}.json"
+    if not probe.exists():
+        relay = os.environ["TORCHFT_LIGHTHOUSE"]
+        gate = (Path(work) / "gate").read_text().strip()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:  # which address this host has
+            udp.connect((os.environ["MASTER_ADDR"], 9))
+            host = udp.getsockname()[0]
+        found = {
+            "host": host,
+            "relay": relay,
+            "mine": _hello(relay),
+            "nobody": _as_nobody(_hello, relay),
+            "gate": _torchft_hello(gate),
+        }
+        probe.write_text(json.dumps(found))
+    return TRAIN(5, work, 1, 2)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("work")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    env = dict(item.split("=", 1) for item in args.env)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+    import cloudpickle
+    from pyspark.sql import SparkSession
+
+    import spark_torch.driver.api.replica_groups as replica_groups
+    from spark_torch import Distributor
+    from spark_torch.driver.spark.cluster import available_slots
+    from spark_torch.ft.lighthouse import Lighthouse, LighthouseOptions
+    from tests import ft_programs
+
+    global TRAIN
+    cloudpickle.register_pickle_by_value(ft_programs)
+    TRAIN = ft_programs.train
+    work = Path(args.work)
+
+    class Recorded(Lighthouse):
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            (work / "gate").write_text(self.address)
+
+    replica_groups.Lighthouse = Recorded  # type: ignore[misc]
+    spark = SparkSession.builder.appName("spark-torch-submit-ft-driver").getOrCreate()
+    try:
+        deadline = time.monotonic() + 120
+        while (available_slots(spark) or 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.25)
+        options = LighthouseOptions(min_replicas=1, join_timeout_ms=500, quorum_tick_ms=20, heartbeat_timeout_ms=1_000)
+        weights = Distributor(
+            num_processes=2,
+            local_mode=False,
+            replica_groups=2,
+            max_restarts=1,
+            lighthouse_options=options,
+            timeout=200,
+            env=env or None,
+        ).run(job, str(work))
+    finally:
+        spark.stop()
+    print(f"WEIGHTS {weights!r}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
