@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from spark_torch.base.states import ProblemKind
-from spark_torch.driver.run.failures import SparkJobError, attempt_error, spark_failure_cause
-from spark_torch.driver.run.outcome import AttemptOutcome
+from spark_torch.base.states import Problem, ProblemKind
+from spark_torch.driver.run.classify import AttemptEvidence, classify
+from spark_torch.driver.run.failures import SparkJobError, attempt_error
 from spark_torch.driver.spark import quiet
 from spark_torch.errors import DistributedRunError, LaunchError
-from spark_torch.shared.failure_reports import MARKER, FailureReport, encode_report
+from spark_torch.shared.node_outcome import NodeOutcome
+from spark_torch.shared.sealed import MARKER, find_sealed, seal
 
 from .conftest import CLUSTER_MASTER, SCRIPTS
 
@@ -318,15 +319,17 @@ def _spark_text(report: str) -> str:
 
 
 def _error(spark_error: BaseException, secret: bytes) -> BaseException:
-    """The user's error for a barrier job that failed with ``spark_error`` (no channel reports)."""
-    return attempt_error(AttemptOutcome.ended(spark_failure_cause(spark_error, secret, [])))
+    """The user's error for a barrier job that failed with ``spark_error`` (nothing over the
+    channel): the node's end sealed in Spark's text, as the barrier stage gathers it."""
+    ends = find_sealed(str(spark_error), secret)
+    return attempt_error(classify(AttemptEvidence(nodes=1, outcomes=ends, spark_error=spark_error)))
 
 
 def test_the_spark_exception_the_user_sees_carries_no_report() -> None:
-    """A node's report decides the error; Spark's exception is chained as SparkJobError, its text
-    without the encoded reports (whole or cut) and without JVM frames."""
+    """A node's sealed end decides the error; Spark's exception is chained as SparkJobError, its
+    text without the sealed ends (whole or cut) and without JVM frames."""
     secret = b"s" * 32
-    report = encode_report(FailureReport(problem=(ProblemKind.LAUNCH, "the node could not start its ranks")), secret)
+    report = seal(0, NodeOutcome(problem=Problem(ProblemKind.LAUNCH, "the node could not start its ranks")), secret)
     error = _error(RuntimeError(_spark_text(report)), secret)
     assert isinstance(error, LaunchError) and str(error) == "the node could not start its ranks"
     cause = error.__cause__

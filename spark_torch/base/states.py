@@ -1,10 +1,12 @@
 """The states an attempt's parts pass through, as types: a rank's state, a node's rank group's,
-why a node's ranks were stopped, what kind of problem kept a node from starting them, and how a
-node's part ended (:class:`NodeOutcome`, the one value that crosses the node-to-driver seam).
+why a node's ranks were stopped, and what kept an attempt's ranks from starting (:class:`Problem`:
+its kind and its message, the one type for it). How a node's part ended, the one value that crosses
+the node-to-driver seam, is :class:`~spark_torch.shared.node_outcome.NodeOutcome` (it carries the
+ranks' failures, which are :mod:`spark_torch.errors`' types).
 
 A leaf module (no imports from the rest of the package): the node runner, the channel and the
 driver all speak these. Each is a ``str`` enum whose value is what travels (over the channel, in
-a failure report) and what the console prints, so a value read from the wire is checked by
+a node's end) and what the console prints, so a value read from the wire is checked by
 constructing the enum (``RankState("failed")``; an unknown value raises ``ValueError``).
 """
 
@@ -12,9 +14,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 __all__ = [
     "ValueEnum",
@@ -25,7 +25,8 @@ __all__ = [
     "StopSignal",
     "ShardSource",
     "ShardUse",
-    "NodeOutcome",
+    "Problem",
+    "MAX_PROBLEM",
 ]
 
 
@@ -143,77 +144,25 @@ class ShardUse:
     source: ShardSource
 
 
-#: bounds on the dump paths a node's end carries per rank (a path longer than this is cut)
-MAX_DUMPS, MAX_DUMP_PATH = 8, 4096
-#: bound on a node problem's message as it travels
+#: bound on a problem's message as it travels
 MAX_PROBLEM = 8 * 1024
 
 
 @dataclass(frozen=True)
-class NodeOutcome:
-    """How one node's part of an attempt ended: the one value a node gives the driver, in both
-    modes (returned in-process in local mode; over the channel and in the task's rows in
-    distributed mode), parsed by :meth:`from_wire` alone.
+class Problem:
+    """What kept an attempt's ranks from starting, found by a node or by the driver's checks: the
+    kind of error the user gets and what to tell them (the one ``(kind, message)`` type)."""
 
-    ``state`` is the rank group's (None: no rank started, because the node was stopped before or
-    had a ``problem``), ``ranks`` each rank's last state, ``stop`` the stop reason the node acted
-    on (None: not stopped, or a reason this version does not know), ``dumps`` per rank the files
-    torch wrote about it on the node (the NCCL watchdog's), ``problem`` what kept the node from
-    starting its ranks: the kind of error and its message."""
+    kind: ProblemKind
+    message: str
 
-    state: GroupState | None = None
-    ranks: Mapping[int, RankState] = field(default_factory=dict)
-    stop: StopReason | None = None
-    dumps: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
-    problem: tuple[ProblemKind, str] | None = None
-    #: ``run_on_dataframe``: where the node's rows came from
-    shard: ShardUse | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether every rank of the node finished."""
-        return self.state is GroupState.SUCCEEDED
-
-    def to_wire(self) -> dict[str, Any]:
-        """The message body (JSON-able)."""
-        return {
-            "state": None if self.state is None else self.state.value,
-            "ranks": {str(rank): state.value for rank, state in self.ranks.items()},
-            "stop": None if self.stop is None else self.stop.value,
-            "dumps": {str(rank): list(paths) for rank, paths in self.dumps.items()},
-            "problem": None if self.problem is None else [self.problem[0].value, self.problem[1][:MAX_PROBLEM]],
-            "shard": None if self.shard is None else [self.shard.shard, self.shard.rows, self.shard.source.value],
-        }
+    def to_wire(self) -> list[str]:
+        """``[kind, message]`` (the message within :data:`MAX_PROBLEM`)."""
+        return [self.kind.value, self.message[:MAX_PROBLEM]]
 
     @classmethod
-    def from_wire(cls, value: object) -> NodeOutcome:
-        """Parse a message body; raises ``ValueError`` for anything but what :meth:`to_wire` makes
-        (a stop reason this version does not know reads as None)."""
-        if not isinstance(value, dict) or not isinstance(value.get("ranks"), dict):
-            raise ValueError("a node's outcome needs an object with its ranks' states")
-        state = value.get("state")
-        ranks = {int(rank): RankState(rank_state) for rank, rank_state in value["ranks"].items()}
-        stop = value.get("stop")
-        dumps = {} if value.get("dumps") is None else value["dumps"]
-        if not isinstance(dumps, dict) or not all(
-            isinstance(paths, list) and all(isinstance(p, str) for p in paths) for paths in dumps.values()
-        ):
-            raise ValueError("a node's dumps need an object of lists of paths by rank")
-        problem = value.get("problem")
-        if problem is not None and (
-            not isinstance(problem, list) or len(problem) != 2 or not isinstance(problem[1], str)
-        ):
-            raise ValueError("a node's problem must be [kind, message]")
-        shard = value.get("shard")
-        if shard is not None and (
-            not isinstance(shard, list) or len(shard) != 3 or not all(type(n) is int and n >= 0 for n in shard[:2])
-        ):
-            raise ValueError("a node's shard must be [shard, rows, source]")
-        return cls(
-            state=None if state is None else GroupState(state),
-            ranks=ranks,
-            stop=None if stop is None else StopReason.parse(stop),
-            dumps={int(rank): tuple(p[:MAX_DUMP_PATH] for p in paths[:MAX_DUMPS]) for rank, paths in dumps.items()},
-            problem=None if problem is None else (ProblemKind(problem[0]), problem[1][:MAX_PROBLEM]),
-            shard=None if shard is None else ShardUse(shard[0], shard[1], ShardSource(shard[2])),
-        )
+    def from_wire(cls, value: object) -> Problem:
+        """Inverse of :meth:`to_wire`; raises ``ValueError`` for anything else."""
+        if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str):
+            raise ValueError("a problem must be [kind, message]")
+        return cls(ProblemKind(value[0]), value[1][:MAX_PROBLEM])

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from spark_torch.base.states import NodeOutcome, StopReason
+from spark_torch.base.states import StopReason
 from spark_torch.channel.log_stream import LineReceiver
 from spark_torch.channel.messages import (
     Bulk,
@@ -21,10 +21,10 @@ from spark_torch.channel.messages import (
     DriverMessage,
     Dropped,
     Eof,
-    Failure,
     GiveUp,
     Hello,
     Lines,
+    MessageError,
     Outcome,
     Progress,
     Report,
@@ -39,8 +39,9 @@ from spark_torch.channel.protocols import BulkSink, StepSink
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousCoordinator, fallback_warning
 from spark_torch.channel.server import ChannelServer
 from spark_torch.channel.transport import RateLimitedLog
-from spark_torch.shared.failure_reports import FailureReport, merge_reports
 from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.node_outcome import NodeOutcome
+from spark_torch.shared.sealed import SealError, unseal
 from spark_torch.shared.spec import ChannelSpec
 
 __all__ = ["DriverChannel", "new_secret"]
@@ -83,9 +84,7 @@ class DriverChannel:
         self._nodes = nodes
         #: report() of the ranks
         self.reports = reports
-        #: failure reports the nodes sent over the channel (authenticated), by node
-        self.failures: dict[int, FailureReport] = {}
-        #: how each node's ranks ended, as the node said before its last line (by node)
+        #: how each node's part ended, as the node said (a failed rank at once, then the node's end)
         self.outcomes: dict[int, NodeOutcome] = {}
         #: where the nodes' bulk data goes (rank 0's result)
         self.bulk_sink = bulk_sink
@@ -183,13 +182,11 @@ class DriverChannel:
                     self._server.send(node, decision.to_wire())
             case Bulk() as bulk:
                 self._bulk(node, bulk)
-            case Failure(report=report):
-                with self._lock:  # a node's later report (with the ranks' last lines) completes its first
-                    earlier = self.failures.get(node)
-                    self.failures[node] = report if earlier is None else merge_reports([report, earlier]) or report
-            case Outcome(outcome=outcome):
-                with self._lock:
-                    self.outcomes[node] = outcome
+            case Outcome(sealed=sealed):
+                outcome = self._unseal(node, sealed)
+                with self._lock:  # a node's end (with the ranks' last lines) completes a failure it sent at once
+                    earlier = self.outcomes.get(node)
+                    self.outcomes[node] = outcome if earlier is None else outcome.after(earlier)
             case Report(report=report_data):
                 if self.reports is None:
                     raise ValueError("a report, but this run has no report coordinator")
@@ -208,6 +205,16 @@ class DriverChannel:
                     self._lock.notify_all()
             case unexpected:
                 unreachable(unexpected)
+
+    def _unseal(self, node: int, sealed: str) -> NodeOutcome:
+        """A node's sealed end, opened as its task's rows are; raises MessageError."""
+        try:
+            sealed_node, outcome = unseal(sealed, self.spec.secret)
+        except SealError as exc:
+            raise MessageError(str(exc)) from None
+        if sealed_node != node:
+            raise MessageError(f"node {node} sent node {sealed_node}'s end")
+        return outcome
 
     def _bulk(self, node: int, bulk: Bulk) -> None:
         """One piece of a node's bulk data to the sink; a failure is the node's to hear about."""

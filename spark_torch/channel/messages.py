@@ -9,8 +9,8 @@ a payload of the wrong shape. A node's :class:`Hello` carries :data:`PROTOCOL`; 
 another version is refused with :class:`ProtocolMismatch`, naming both.
 
 node -> driver: :class:`Lines` (rank output and rank state changes), :class:`Dropped`,
-:class:`Eof`, :class:`Hello`, :class:`GiveUp`, :class:`Report`, :class:`Failure`,
-:class:`Outcome`, :class:`Progress`, :class:`Trace`, :class:`Bulk`.
+:class:`Eof`, :class:`Hello`, :class:`GiveUp`, :class:`Report`, :class:`Outcome`,
+:class:`Progress`, :class:`Trace`, :class:`Bulk`.
 driver -> node: :class:`Rendezvous`, :class:`Stop`, :class:`Reported`, :class:`Traces`,
 :class:`BulkError`.
 The transport's own frames (``attach``, ``ack``, ``ping``, ``pong``) are
@@ -19,14 +19,13 @@ The transport's own frames (``attach``, ``ack``, ``ping``, ``pong``) are
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn, TypeAlias, cast
 
-from spark_torch.base.states import NodeOutcome, RankState, StopReason
-from spark_torch.channel.wire import MAX_FRAME, sendable
-from spark_torch.shared.failure_reports import FailureReport, report_from_dict, report_to_dict
+from spark_torch.base.states import RankState, StopReason
+from spark_torch.channel.wire import MAX_FRAME
+from spark_torch.shared.sealed import MARKER
 
 __all__ = [
     "PROTOCOL",
@@ -39,8 +38,8 @@ __all__ = [
     "Hello",
     "GiveUp",
     "Report",
-    "Failure",
     "Outcome",
+    "OUTCOME_ROOM",
     "Progress",
     "Trace",
     "Bulk",
@@ -59,7 +58,7 @@ __all__ = [
 ]
 
 #: the version of this vocabulary: a node's hello says it, the driver refuses another
-PROTOCOL = 1
+PROTOCOL = 2
 #: pseudo stream of rank state changes (``started``/``finished``/``failed``) among the lines
 EVENT_STREAM = "event"
 #: keys the transport adds next to a message's kind
@@ -213,60 +212,30 @@ class Report:
         return cls(payload)
 
 
-@dataclass(frozen=True)
-class Failure:
-    """The node's failed ranks (or its problem). Its wire form fits one frame: first the pickled
-    exceptions stay behind (the text says what failed), then every rank's text gets a smaller
-    share of the bounds (:func:`~spark_torch.shared.failure_reports.bounded`: head and tail)."""
-
-    KIND: ClassVar[str] = "failure"
-    report: FailureReport
-
-    def to_wire(self) -> dict[str, Any]:
-        data: dict[str, Any] = _repaired(report_to_dict(self.report))
-        share = 1.0
-        while not _fits(data) and share >= 1 / 1024:
-            data = _repaired(report_to_dict(self.report, share, pickled=False))
-            share /= 4
-        return {self.KIND: data}  # past the smallest share the sender's encode raises FrameTooLarge
-
-    @classmethod
-    def from_wire(cls, payload: Any, data: Any) -> Failure:
-        return cls(report_from_dict(payload))
-
-
-def _repaired(data: Any) -> Any:
-    """Every string of ``data`` as the channel can carry it (see :func:`~spark_torch.channel.wire.sendable`)."""
-    if isinstance(data, str):
-        return sendable(data)[0]
-    if isinstance(data, dict):
-        return {key: _repaired(value) for key, value in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_repaired(value) for value in data]
-    return data
-
-
-def _fits(data: dict[str, Any]) -> bool:
-    # with room for the transport's sequence number next to the report
-    return (
-        len(json.dumps({"failure": data, "seq": 2**63}, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-        < MAX_FRAME
-    )
+#: the most characters of a sealed outcome one message carries (a frame, less the transport's keys)
+OUTCOME_ROOM = MAX_FRAME - 256
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How the node's part ended (sent before its last line)."""
+    """How the node's part ended: its :class:`~spark_torch.shared.node_outcome.NodeOutcome`
+    sealed with the run's secret (:func:`~spark_torch.shared.sealed.seal`, as in its task's rows
+    and exception: the driver opens it with :func:`~spark_torch.shared.sealed.unseal`). Sent at
+    once when a rank fails (that failure only), and before the node's last line."""
 
     KIND: ClassVar[str] = "outcome"
-    outcome: NodeOutcome
+    sealed: str
 
     def to_wire(self) -> dict[str, Any]:
-        return {self.KIND: self.outcome.to_wire()}
+        return {self.KIND: self.sealed}
 
     @classmethod
     def from_wire(cls, payload: Any, data: Any) -> Outcome:
-        return cls(NodeOutcome.from_wire(payload))
+        _require(
+            isinstance(payload, str) and payload.startswith(MARKER) and len(payload) <= OUTCOME_ROOM,
+            "an outcome must be a sealed node end",
+        )
+        return cls(payload)
 
 
 @dataclass(frozen=True)
@@ -423,7 +392,7 @@ class BulkError:
 
 
 #: what a node says
-NodeMessage: TypeAlias = Lines | Dropped | Eof | Hello | GiveUp | Report | Failure | Outcome | Progress | Trace | Bulk
+NodeMessage: TypeAlias = Lines | Dropped | Eof | Hello | GiveUp | Report | Outcome | Progress | Trace | Bulk
 #: what the driver says
 DriverMessage: TypeAlias = Rendezvous | Stop | Reported | Traces | BulkError
 NODE_MESSAGES: tuple[type[NodeMessage], ...] = (
@@ -433,7 +402,6 @@ NODE_MESSAGES: tuple[type[NodeMessage], ...] = (
     Hello,
     GiveUp,
     Report,
-    Failure,
     Outcome,
     Progress,
     Trace,
@@ -461,7 +429,7 @@ def _decode(message: Mapping[str, Any], kinds: Mapping[str, Callable[[Any, Any],
         raise
     except MessageError as exc:
         raise MessageError(f"a malformed {kind!r} message: {exc}") from None
-    except (ValueError, TypeError, KeyError) as exc:  # a payload's own parser (a failure report, an outcome)
+    except (ValueError, TypeError, KeyError) as exc:  # a payload's own parser (a rank state, a stop reason)
         raise MessageError(f"a malformed {kind!r} message: {type(exc).__name__}: {exc}") from None
 
 

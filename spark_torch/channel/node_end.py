@@ -1,5 +1,5 @@
 """A node's end of one run's channel: rank output out, the rendezvous, the driver's stop and
-answers, failure reports and bulk data (rank 0's result)."""
+answers, the node's sealed end (its failures with it) and bulk data (rank 0's result)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from spark_torch.base.states import NodeOutcome, RankState, StopSignal
+from spark_torch.base.states import RankState, StopSignal
 from spark_torch.channel.client import ChannelClient
 from spark_torch.channel.log_stream import LineQueue
 from spark_torch.channel.messages import (
+    OUTCOME_ROOM,
     Bulk,
     BulkError,
-    Failure,
     GiveUp,
     Hello,
     MessageError,
@@ -32,7 +32,8 @@ from spark_torch.channel.protocols import StepAnswers
 from spark_torch.channel.rendezvous import GIVE_UP_SECONDS, RendezvousResult, result_of
 from spark_torch.channel.transport import RateLimitedLog
 from spark_torch.channel.wire import BINARY_HEADER_ROOM, MAX_FRAME
-from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.node_outcome import NodeOutcome
+from spark_torch.shared.sealed import seal
 from spark_torch.shared.spec import ChannelSpec
 
 __all__ = ["NodeChannel"]
@@ -132,21 +133,18 @@ class NodeChannel:
             return
         self._client.send(Report(report).to_wire())
 
-    def send_failure(self, report: FailureReport, timeout: float | None = 2.0) -> None:
-        """Tell the driver about this node's failed ranks (authenticated); waits up to ``timeout``
-        for the driver to have it (None: do not wait)."""
+    def send_outcome(self, outcome: NodeOutcome, wait: float | None = None) -> None:
+        """How this node's part ended (its group's state, each rank's, the failed ranks, the stop
+        reason it acted on, the problem that kept it from starting its ranks), sealed as in its
+        task's rows (within one frame: :func:`~spark_torch.shared.sealed.seal`'s ``limit``); sent
+        before the channel closes, so the driver has it when the node's last line came. A rank's
+        failure goes at once too (the driver then names the earliest, whichever task Spark saw
+        failing first). ``wait``: seconds to wait for the driver to have it."""
         if self._detached or not self.connected_ever:
             return
-        self._client.send(Failure(report).to_wire())
-        if timeout is not None:
-            self._client.drain(timeout)
-
-    def send_outcome(self, outcome: NodeOutcome) -> None:
-        """How this node's part ended (its group's state, each rank's, the stop reason it acted on,
-        the problem that kept it from starting its ranks), for the driver; sent before the
-        channel closes, so the driver has it when the node's last line came."""
-        if not self._detached and self.connected_ever:
-            self._client.send(Outcome(outcome).to_wire())
+        self._client.send(Outcome(seal(self._node, outcome, self._spec.secret, OUTCOME_ROOM)).to_wire())
+        if wait is not None:
+            self._client.drain(wait)
 
     def send_progress(self, stacks: list[dict[str, Any]]) -> None:
         """This node's ranks' progress and stacks (stall detection), for the driver."""

@@ -19,21 +19,22 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from spark_torch.base import envnames
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, ShardUse, StopReason, StopSignal
+from spark_torch.base.states import Problem, ProblemKind, ShardUse, StopReason, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
 from spark_torch.ft import node_relay
 from spark_torch.node.gpus import node_gpus, through_visible
+from spark_torch.node.group_result import GroupResult
 from spark_torch.node.processes import reserve_port
 from spark_torch.node.progress import ProgressWatch
-from spark_torch.node.rank_group import GroupResult, NodeSpec, run_ranks
+from spark_torch.node.rank_group import NodeSpec, run_ranks
 from spark_torch.node.shard_reuse import NodeShard, Placement, node_shard
 from spark_torch.node.staging import check_shards, data_env
 from spark_torch.node.store_host import StoreHost, hosts_store, start_store_host
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
 from spark_torch.shared.column_files import NullValuesError
-from spark_torch.shared.failure_reports import FailureReport
 from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.node_outcome import NodeOutcome
 from spark_torch.shared.spec import RunSpec
 from spark_torch.shared.workdir_files import WorkdirFiles, make_private
 from spark_torch.version import package_identity
@@ -51,13 +52,17 @@ __all__ = [
 
 
 class NodeProblem(Exception):
-    """This node cannot run its ranks (found before any started); ``kind`` is the error the
-    user gets. Raised inside the node runner only: it leaves as a failure report."""
+    """This node cannot run its ranks (found before any started): its :class:`Problem` (the
+    kind of error the user gets and the message). Raised inside the node runner only: it leaves
+    as the node's outcome (:meth:`outcome`)."""
 
     def __init__(self, message: str, kind: ProblemKind = ProblemKind.LAUNCH) -> None:
         super().__init__(message)
-        self.message = message
-        self.kind = kind
+        self.problem = Problem(kind, message)
+
+    def outcome(self) -> NodeOutcome:
+        """The node's end: no rank started, because of this problem."""
+        return NodeOutcome(problem=self.problem)
 
 
 class NodeIO(Protocol):
@@ -88,9 +93,6 @@ class NodeIO(Protocol):
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         """A rank failed: tell the driver at once (the rest of the gang is failing now too)."""
 
-    def node_failed(self, report: FailureReport) -> None:
-        """The node's ranks failed (after cleanup, with their last lines)."""
-
     def progress(self, stacks: list[dict[str, Any]]) -> None:
         """A snapshot of the ranks' progress and stacks (:class:`~spark_torch.shared.stacks.RankStack` dicts)."""
 
@@ -112,22 +114,10 @@ class NodeResult:
     shard: ShardUse | None = None
 
     def outcome(self) -> NodeOutcome:
-        """How the node's part ended, as the driver gets it."""
+        """How the node's part ended, as the driver gets it (the failed ranks included)."""
         if self.group is not None:
             return replace(self.group.outcome(), shard=self.shard)
         return NodeOutcome(stop=self.stopped, shard=self.shard)
-
-    def failure_report(self) -> FailureReport:
-        """The failed ranks as one report."""
-        if self.group is None:
-            return FailureReport(failures=())
-        return FailureReport(failures=self.group.failures, pickled={r: p for r, p in self.group.pickled.items() if p})
-
-    @staticmethod
-    def problem_report(problem: NodeProblem) -> FailureReport:
-        """A problem of this node before its ranks ran, as the report the driver reads: its kind
-        and message (no rank failed)."""
-        return FailureReport(problem=(problem.kind, problem.message))
 
 
 def host_of(task_address: str) -> str:
@@ -347,12 +337,7 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
             on_trace=io.trace,
             watching=io.watching,
         )
-        result = NodeResult(group=group, shard=placement.use if placement is not None else None)
-        if group.state is GroupState.FAILED:
-            # every failed node tells the driver, which then puts the earliest failure first,
-            # whichever task Spark saw failing first
-            io.node_failed(result.failure_report())
-        return result
+        return NodeResult(group=group, shard=placement.use if placement is not None else None)
     finally:
         if relay is not None:
             relay.close()

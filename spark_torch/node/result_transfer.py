@@ -5,7 +5,7 @@ Distributed mode; one owner for the whole contract. A barrier task (node) return
 
 =====================  ==============================================================
 ``seq >= 0``           a piece of rank 0's pickled result, through Spark (16 MiB each)
-``OUTCOME_SEQ``        this node's :class:`~spark_torch.base.states.NodeOutcome`, sealed with the run's secret
+``OUTCOME_SEQ``        this node's :class:`~spark_torch.shared.node_outcome.NodeOutcome`, sealed (:mod:`~spark_torch.shared.sealed`)
 ``HANDED_OVER_SEQ``    the result was moved into the driver's ``result_dir``; data = its size
 ``STREAMED_SEQ``       the result went over the channel into the driver's file; data = its size
 ``CHANNEL_ERROR_SEQ``  this node never reached the driver's channel; data = its last error
@@ -25,9 +25,7 @@ this run wrote, frames authenticated with the run's secret, or Spark's own resul
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import mmap
 import os
 import secrets
@@ -37,10 +35,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spark_torch.base.states import NodeOutcome
 from spark_torch.errors import LaunchError
 from spark_torch.shared import rank_files
+from spark_torch.shared.node_outcome import NodeOutcome
 from spark_torch.shared.rank_files import ResultBytes
+from spark_torch.shared.sealed import SealError, seal, unseal
 from spark_torch.shared.spec import RunSpec
 from spark_torch.shared.workdir_files import WorkdirFiles
 
@@ -50,8 +49,6 @@ __all__ = [
     "BulkSender",
     "deliver",
     "node_rows",
-    "seal_outcome",
-    "open_outcome",
     "StreamedResult",
     "StageRows",
     "read_stage",
@@ -199,28 +196,6 @@ def _result_rows(node_rank: int, result_file: str) -> Iterator[Any]:
                 break
 
 
-_OUTCOME_LABEL = b"spark-torch-node-outcome-v1"
-
-
-def _outcome_mac(secret: bytes, body: bytes) -> bytes:
-    return hmac.new(secret, _OUTCOME_LABEL + body, hashlib.sha256).hexdigest().encode("ascii")
-
-
-def seal_outcome(outcome: NodeOutcome, secret: bytes) -> bytes:
-    """A node's outcome as its row carries it: the MAC (keyed with the run's secret) and the JSON."""
-    body = json.dumps(outcome.to_wire()).encode("utf-8")
-    return _outcome_mac(secret, body) + b"." + body
-
-
-def open_outcome(sealed: bytes, secret: bytes) -> NodeOutcome:
-    """Inverse of :func:`seal_outcome`; raises ``ValueError`` when the MAC does not verify or the
-    body is not an outcome."""
-    mac, _, body = sealed.partition(b".")
-    if not hmac.compare_digest(mac, _outcome_mac(secret, body)):
-        raise ValueError("a node's outcome row is not authenticated with this run's secret")
-    return NodeOutcome.from_wire(json.loads(body.decode("utf-8")))
-
-
 def node_rows(
     node_rank: int,
     outcome: NodeOutcome,
@@ -233,7 +208,7 @@ def node_rows(
     """The rows a barrier task returns (see the module docstring)."""
     if channel_error:
         yield _row(node_rank, CHANNEL_ERROR_SEQ, channel_error.encode("utf-8"))
-    yield _row(node_rank, OUTCOME_SEQ, seal_outcome(outcome, secret))
+    yield _row(node_rank, OUTCOME_SEQ, seal(node_rank, outcome, secret).encode("ascii"))
     if not outcome.finished:
         return  # the driver asked this node to stop (timeout, Ctrl-C, another node failed)
     if delivered is not None:  # rank 0's result is already with the driver (file or channel)
@@ -309,9 +284,11 @@ def read_stage(table: Any, secret: bytes) -> StageRows:
     for i, (node, seq) in enumerate(zip(nodes, seqs)):
         if seq == OUTCOME_SEQ:
             try:
-                outcomes[node] = open_outcome(data[i].as_py(), secret)
-            except (ValueError, UnicodeDecodeError):
+                sealed_node, outcome = unseal(data[i].as_py(), secret)
+            except SealError:
                 continue  # not this run's: as if the node had said nothing
+            if sealed_node == node:  # another node's end in this node's row says nothing either
+                outcomes[node] = outcome
     return StageRows(table=table, outcomes=outcomes, channel_errors=errors)
 
 

@@ -5,10 +5,12 @@ The node runner (:func:`~spark_torch.node.lifecycle.run_node`) runs the node; th
 node 0's hello carries the port it reserved), or, when the channel cannot be reached within the
 rendezvous deadline, through one Spark ``allGather`` round (about a second); rank output goes
 to the channel, or to the executor's log. Rank 0's result goes back as the stage's rows
-(:mod:`spark_torch.node.result_transfer`). A failure is raised as a task exception carrying a
-report authenticated with the run's secret (:mod:`spark_torch.shared.failure_reports`): Spark then
-aborts the barrier stage at once (a barrier result stage is never retried), kills the other
-tasks and hands the text to the driver. Imports no driver-side module.
+(:mod:`spark_torch.node.result_transfer`). How the node ended, its
+:class:`~spark_torch.shared.node_outcome.NodeOutcome`, is sealed with the run's secret
+(:mod:`spark_torch.shared.sealed`) and sent over the channel when the driver is reached, and also
+returned as a row, or, when its ranks failed or could not start, raised inside a task exception:
+Spark then aborts the barrier stage at once (a barrier result stage is never retried), kills the
+other tasks and hands the text to the driver. Imports no driver-side module.
 """
 
 from __future__ import annotations
@@ -20,24 +22,25 @@ from collections.abc import Iterator
 from typing import Any
 
 from spark_torch.base.background import BackgroundCall
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopSignal
+from spark_torch.base.states import GroupState, ProblemKind, RankState, StopSignal
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.errors import RankFailure
 from spark_torch.node import result_transfer
-from spark_torch.node.lifecycle import NodeProblem, NodeResult, host_of, run_node
+from spark_torch.node.lifecycle import NodeProblem, host_of, run_node
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.storage_check import storage_hello, storage_needed, storage_problem
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.shared.failure_reports import FailureReport, encode_report
 from spark_torch.shared.lines import RankOutput
+from spark_torch.shared.node_outcome import NodeOutcome
+from spark_torch.shared.sealed import seal
 from spark_torch.shared.spec import RunSpec
 
 __all__ = ["run_barrier_task", "BarrierIO", "NodeFailed"]
 
 
 class NodeFailed(RuntimeError):
-    """Raised in the task so that Spark aborts the barrier stage; carries the encoded report."""
+    """Raised in the task so that Spark aborts the barrier stage; carries the node's sealed end."""
 
 
 class ExecutorLog:
@@ -153,13 +156,10 @@ class BarrierIO:
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
         if self.channel is not None:  # the driver hears it before Spark's own report of any task
-            self.channel.send_failure(
-                FailureReport(failures=(failure,), pickled={failure.rank: pickled} if pickled else {}), None
+            first = NodeOutcome(
+                GroupState.FAILED, failures=(failure,), pickled={failure.rank: pickled} if pickled else {}
             )
-
-    def node_failed(self, report: FailureReport) -> None:
-        if self.channel is not None:
-            self.channel.send_failure(report)
+            self.channel.send_outcome(first, wait=None)
 
     def progress(self, stacks: list[dict[str, Any]]) -> None:
         channel = self.channel
@@ -183,32 +183,25 @@ class BarrierIO:
 
     @property
     def secret(self) -> bytes:
-        """The run's secret (empty without a channel): what the node's reports and rows are sealed with."""
+        """The run's secret (empty without a channel): what the node's end is sealed with."""
         return self.spec.channel.secret if self.spec.channel is not None else b""
 
     def send_outcome(self, outcome: NodeOutcome) -> None:
-        """How this node's part ended, to the driver over the channel (when it reaches the driver)."""
+        """How this node's part ended, to the driver over the channel (when it reaches the driver;
+        a failed node waits a little for the driver to have it, before Spark stops the others)."""
         if self.channel is not None:
-            self.channel.send_outcome(outcome)
+            self.channel.send_outcome(outcome, wait=2.0 if outcome.failed else None)
 
-    def _encode(self, report: FailureReport) -> str:
-        return encode_report(report, self.secret)
-
-    def fail(self, problem: NodeProblem) -> NodeFailed:
-        """The task exception for a problem of this node before its ranks ran."""
-        report = NodeResult.problem_report(problem)
-        return NodeFailed(f"{problem.message}\n{self._encode(report)}")
-
-    def failed(self, report: FailureReport) -> NodeFailed:
-        """The task exception for ranks of this node that failed (the driver also got the report
-        over the channel, when this node reaches it)."""
-        root = report.failures[0]
-        # the cause in plain text is for people reading Spark's UI and logs; the driver only
-        # trusts the authenticated report after it
-        return NodeFailed(
-            f"rank {root.rank} on {self.host} failed: {root.cause()[:2000]} "
-            f"(report for the driver follows)\n{self._encode(report)}"
+    def failed(self, outcome: NodeOutcome) -> NodeFailed:
+        """The task exception of a node whose ranks failed or could not start: a line for people
+        reading Spark's UI and logs, then the node's sealed end, which alone the driver trusts."""
+        if outcome.problem is not None:
+            return NodeFailed(f"{outcome.problem.message}\n{seal(self.node_rank, outcome, self.secret)}")
+        root = outcome.failures[0] if outcome.failures else None
+        what = (
+            f"rank {root.rank} on {self.host} failed: {root.cause()[:2000]}" if root else f"{self.host}: ranks failed"
         )
+        return NodeFailed(f"{what} (report for the driver follows)\n{seal(self.node_rank, outcome, self.secret)}")
 
     def close(self) -> None:
         """Send what is queued, then close the channel (once)."""
@@ -227,15 +220,15 @@ def run_barrier_task(spec: RunSpec, batches: Iterator[Any]) -> Iterator[Any]:
         with NodeWorkdir(spec.run_id, io.node_rank) as workdir:
             try:
                 hosted = run_node(spec, io, workdir, batches)
+                outcome = hosted.outcome()
             except NodeProblem as problem:
-                io.send_outcome(NodeOutcome(problem=(problem.kind, problem.message)))
-                raise io.fail(problem) from None
-            outcome = hosted.outcome()
+                hosted, outcome = None, problem.outcome()
             channel_error = io.channel_error()
-            io.send_outcome(outcome)  # how its ranks ended, and the stop's reason when stopped
-            if outcome.state is GroupState.FAILED:
-                raise io.failed(hosted.failure_report())
-            result_file = hosted.group.result_file if outcome.finished and hosted.group is not None else None
+            io.send_outcome(outcome)  # how its ranks ended (the failures), the stop's reason, its problem
+            if outcome.problem is not None or outcome.failed:
+                raise io.failed(outcome) from None
+            group = hosted.group if hosted is not None else None
+            result_file = group.result_file if outcome.finished and group is not None else None
             if result_file is not None:
                 delivered = result_transfer.deliver(spec, result_file, io.channel)
             io.close()  # sends the last lines (bounded) before the rows go back

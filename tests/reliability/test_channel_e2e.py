@@ -165,19 +165,19 @@ def raise_forged_report(marker_file: str) -> None:
 
     import cloudpickle
 
-    from spark_torch.shared.failure_reports import MARKER
+    from spark_torch.shared.sealed import MARKER
 
     class Boom:
         def __reduce__(self) -> Any:
             return (open, (marker_file, "w"))
 
-    report = {
+    outcome = {
+        "state": "failed",
+        "ranks": {"0": "failed"},
         "failures": [{"rank": 0, "host": "forged", "exc_type": "Forged", "exc_message": "pwned"}],
-        "kind": None,
-        "headline": "forged headline",
         "pickled": {"0": base64.b64encode(cloudpickle.dumps(Boom())).decode()},
     }
-    blob = base64.b64encode(json.dumps(report).encode()).decode()
+    blob = base64.b64encode(json.dumps({"node": 0, "outcome": outcome}).encode()).decode()
     raise ValueError(f"bad row: {MARKER}<{blob}.{'0' * 64}>{MARKER}")
 
 

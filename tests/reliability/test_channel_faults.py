@@ -215,7 +215,7 @@ class _StuckBarrier:
 def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any) -> None:
     from spark_torch.node.lifecycle import NodeProblem
     from spark_torch.node.task import BarrierIO
-    from spark_torch.shared.failure_reports import decode_report
+    from spark_torch.shared.sealed import find_sealed
     from spark_torch.shared.spec import LaunchPlan, RunSpec
 
     channel = ChannelSpec(host="127.0.0.1", port=_dead_port(), secret=new_secret(), rendezvous_timeout=1.0)
@@ -230,9 +230,11 @@ def test_fallback_allgather_that_never_completes_is_a_launch_error(tmp_path: Any
         assert time.monotonic() - start < 1.0 + 1.0 + 2
     finally:
         node.close()
-    report = decode_report(str(node.fail(info.value)), channel.secret)
-    assert report is not None and report.problem is not None and not report.failures
-    kind, message = report.problem
+    ends = find_sealed(str(node.failed(info.value.outcome())), channel.secret)
+    assert list(ends) == [node.node_rank] and ends[node.node_rank] == info.value.outcome()
+    problem = ends[node.node_rank].problem
+    assert problem is not None and not ends[node.node_rank].failures
+    kind, message = problem.kind, problem.message
     assert kind is ProblemKind.LAUNCH
     assert f"127.0.0.1:{channel.port}" in message and "allGather fallback did not complete within 1s" in message
     assert "Connection refused" in message and "SPARK_TORCH_CHANNEL_HOST" in message

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from spark_torch.base.states import StopReason, StopSignal
+from spark_torch.base.states import GroupState, StopReason, StopSignal
 from spark_torch.channel import wire
 from spark_torch.channel.log_stream import QUEUE_BYTES
+from spark_torch.channel.messages import PROTOCOL
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.server import ChannelServer
 from spark_torch.errors import RankFailure
-from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.node_outcome import NodeOutcome
 
 from .channel_helpers import Reports, wait_for
 from .channel_helpers import driver_channel as _driver
@@ -63,7 +64,7 @@ def test_an_oversized_message_raises_at_the_sender() -> None:
         driver.close()
 
 
-def test_a_huge_failure_report_arrives_cut_to_fit() -> None:
+def test_a_huge_node_end_arrives_cut_to_fit() -> None:
     """40 failed ranks, each with 40 x 64 KiB of last lines, a long traceback and a pickled
     exception (several MiB): the report still reaches the driver, every rank's cause intact (the
     head and the final line of its traceback, the newest output line), the cut said, and the
@@ -84,10 +85,11 @@ def test_a_huge_failure_report_arrives_cut_to_fit() -> None:
             )
             for r in range(40)
         )
-        node.send_failure(FailureReport(failures=failures, pickled={r: "p" * 60_000 for r in range(40)}), timeout=10)
+        outcome = NodeOutcome(GroupState.FAILED, failures=failures, pickled={r: "p" * 60_000 for r in range(40)})
+        node.send_outcome(outcome, wait=10)
         node.close()
         assert driver.wait_for_nodes(10), "the node's end-of-stream marker did not arrive"
-        report = driver.failures[0]
+        report = driver.node_outcomes()[0]
         assert sorted(f.rank for f in report.failures) == list(range(40))
         for f in report.failures:
             assert (f.exc_type, (f.exc_message or "")[:4]) == ("ValueError", "boom")
@@ -306,8 +308,8 @@ def test_a_driver_message_the_node_cannot_read_is_logged_and_ignored(caplog: pyt
         assert stop.reason is StopReason.TIMEOUT and node.connections == 1
         assert (
             "node 0 ignored a message of the driver: an unknown message 'frobnicate' from the driver (this side speaks "
-            "channel protocol 1): the driver runs other spark_torch code; install the same spark_torch on the driver "
-            "and the executors"
+            f"channel protocol {PROTOCOL}): the driver runs other spark_torch code; install the same spark_torch on "
+            "the driver and the executors"
         ) in caplog.text
     finally:
         node.close()

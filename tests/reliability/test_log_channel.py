@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from spark_torch import Distributor
-from spark_torch.base.states import GroupState, NodeOutcome, RankState, StopReason, StopSignal
+from spark_torch.base.states import GroupState, RankState, StopReason, StopSignal
 from spark_torch.channel.driver_end import DriverChannel
 from spark_torch.channel.log_stream import QUEUE_LINES
 from spark_torch.channel.node_end import NodeChannel
 from spark_torch.channel.wire import MAX_FRAME
+from spark_torch.shared.node_outcome import NodeOutcome
 from spark_torch.shared.spec import ChannelSpec
 
 from .channel_helpers import driver_channel as _driver

@@ -9,12 +9,11 @@ import time
 import pytest
 
 from spark_torch.base.background import BackgroundCall
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopReason
+from spark_torch.base.states import GroupState, Problem, ProblemKind, RankState, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, classify_spark_text
 from spark_torch.driver.run.outcome import (
     AttemptOutcome,
-    DriverProblem,
     GrowRequested,
     Interrupted,
     RanksFailed,
@@ -23,6 +22,7 @@ from spark_torch.driver.run.outcome import (
     SparkJobFailed,
     Stacks,
     StallVerdict,
+    StartProblem,
     still_running,
     timed_out,
 )
@@ -36,8 +36,8 @@ from spark_torch.errors import (
     RunTimeoutError,
     StoppedRank,
 )
-from spark_torch.node.rank_group import GroupResult, RankStatus
-from spark_torch.shared.failure_reports import FailureReport, report_from_dict, report_to_dict
+from spark_torch.node.group_result import GroupResult, RankStatus
+from spark_torch.shared.node_outcome import NodeOutcome
 
 
 def _failure(rank: int = 1) -> RankFailure:
@@ -51,22 +51,16 @@ def test_a_node_problem_is_the_users_error_with_its_message_and_no_invented_caus
         (ProblemKind.SLOTS, InsufficientSlotsError),
     )
     for kind, error_type in kinds:
-        error = attempt_error(
-            AttemptOutcome.ended(RanksFailed(FailureReport(problem=(kind, "the script is missing; ship it"))))
-        )
+        error = attempt_error(AttemptOutcome.ended(StartProblem(Problem(kind, "the script is missing; ship it"))))
         assert type(error) is error_type and str(error) == "the script is missing; ship it" and error.__cause__ is None
 
 
 def test_each_cause_has_its_end_and_its_error() -> None:
     cases: list[tuple[object, AttemptEnd, type[BaseException]]] = [
-        (RanksFailed(FailureReport(failures=(_failure(),))), AttemptEnd.FAILED, DistributedRunError),
+        (RanksFailed((_failure(),)), AttemptEnd.FAILED, DistributedRunError),
+        (StartProblem(Problem(ProblemKind.LAUNCH, "no script")), AttemptEnd.LAUNCH_FAILED, LaunchError),
         (
-            RanksFailed(FailureReport(problem=(ProblemKind.LAUNCH, "no script"))),
-            AttemptEnd.LAUNCH_FAILED,
-            LaunchError,
-        ),
-        (
-            RanksFailed(FailureReport(problem=(ProblemKind.CONFIGURATION, "bad shards"))),
+            StartProblem(Problem(ProblemKind.CONFIGURATION, "bad shards")),
             AttemptEnd.MISCONFIGURED,
             ConfigurationError,
         ),
@@ -92,14 +86,14 @@ def test_each_cause_has_its_end_and_its_error() -> None:
         ),
         (SparkJobFailed(SparkFailureKind.OTHER, "boom", RuntimeError("x")), AttemptEnd.LAUNCH_FAILED, LaunchError),
         (
-            DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty"),
+            StartProblem.of(ProblemKind.CONFIGURATION, "the DataFrame is empty"),
             AttemptEnd.MISCONFIGURED,
             ConfigurationError,
         ),
-        (DriverProblem(ProblemKind.LAUNCH, "only 1 of 2 tasks"), AttemptEnd.LAUNCH_FAILED, LaunchError),
+        (StartProblem.of(ProblemKind.LAUNCH, "only 1 of 2 tasks"), AttemptEnd.LAUNCH_FAILED, LaunchError),
         # the checks before an attempt: too few slots, executors whose Python cannot run a node
-        (DriverProblem(ProblemKind.SLOTS, "needs 4 slots, has 2"), AttemptEnd.MISCONFIGURED, InsufficientSlotsError),
-        (DriverProblem(ProblemKind.LAUNCH, "the executors' Python"), AttemptEnd.LAUNCH_FAILED, LaunchError),
+        (StartProblem.of(ProblemKind.SLOTS, "needs 4 slots, has 2"), AttemptEnd.MISCONFIGURED, InsufficientSlotsError),
+        (StartProblem.of(ProblemKind.LAUNCH, "the executors' Python"), AttemptEnd.LAUNCH_FAILED, LaunchError),
         (
             RanksStopped(2.0, (StoppedRank(0, "h", ("last",)),), "rank 0 was still running and stopped"),
             AttemptEnd.TIMED_OUT,
@@ -163,13 +157,13 @@ def test_spark_text_is_classified_and_chained_without_java() -> None:
 
 
 def test_a_node_problem_travels_as_its_kind_and_message_and_an_unknown_kind_is_malformed() -> None:
-    report = FailureReport(problem=(ProblemKind.CONFIGURATION, "bad shards"))
-    data = report_to_dict(report)
+    outcome = NodeOutcome(problem=Problem(ProblemKind.CONFIGURATION, "bad shards"))
+    data = outcome.to_wire()
     assert data["problem"] == ["ConfigurationError", "bad shards"] and data["failures"] == []
-    assert report_from_dict(data) == report and report_from_dict(data).kind is ProblemKind.CONFIGURATION
+    assert NodeOutcome.from_wire(data) == outcome and outcome.problem is not None
     for malformed in (["SomethingElse", "bad shards"], ["ConfigurationError"], "ConfigurationError: bad shards"):
         with pytest.raises(ValueError):
-            report_from_dict({**data, "problem": malformed})
+            NodeOutcome.from_wire({**data, "problem": malformed})
     assert StopReason.parse("timeout") is StopReason.TIMEOUT and StopReason.parse("nonsense") is None
     assert RankState("failed") is RankState.FAILED and str(RankState.STOPPED) == "stopped"
 

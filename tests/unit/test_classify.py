@@ -7,21 +7,23 @@ from typing import Any
 
 import pytest
 
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopReason
+from spark_torch.base.states import GroupState, Problem, ProblemKind, RankState, ShardSource, ShardUse, StopReason
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, classify
 from spark_torch.driver.run.outcome import (
-    DriverProblem,
     GrowRequested,
     Interrupted,
     RanksFailed,
     RanksStopped,
+    SparkFailureKind,
+    SparkJobFailed,
     Stacks,
     StallVerdict,
+    StartProblem,
 )
 from spark_torch.errors import LaunchError, RankFailure
 from spark_torch.node import result_transfer
-from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.node_outcome import NodeOutcome
 
 pytestmark = pytest.mark.unit
 
@@ -70,22 +72,36 @@ def test_the_users_interrupt_wins_over_a_finished_run() -> None:
     assert outcome.end is AttemptEnd.INTERRUPTED and outcome.cause is interrupt
 
 
-def test_growing_and_a_stall_are_the_drivers_verdicts() -> None:
-    grow = GrowRequested(GrowRequest(running=1, nodes=2, waited=3.0, step=4))
-    assert classify(_evidence(verdict=grow)).cause is grow
+FAILURE = RankFailure(rank=0, host="h", exc_type="ValueError")
+FAILED = NodeOutcome(GroupState.FAILED, {0: RankState.FAILED, 1: RankState.STOPPED}, failures=(FAILURE,))
+
+
+def test_growing_is_decided_here_and_a_stall_is_the_drivers_verdict() -> None:
+    request = GrowRequest(running=1, nodes=2, waited=3.0, step=4)
+    grown = classify(_evidence(outcomes={0: _stopped(0, 0)}, grow=request))
+    assert grown.cause == GrowRequested(request) and grown.end is AttemptEnd.GROW_REQUESTED
     stall = StallVerdict(StopReason.STALLED, "no rank made progress")
     assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall)).cause is stall
+    assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall, grow=request)).cause is stall
     # a rank that failed by itself is the cause, whatever the driver decided meanwhile
-    failed = RanksFailed(FailureReport(failures=(RankFailure(rank=0, host="h", exc_type="ValueError"),)))
-    assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall, failure=failed)).cause is failed
+    failed = classify(_evidence(outcomes={0: FAILED}, verdict=stall)).cause
+    assert isinstance(failed, RanksFailed) and failed.failures == (FAILURE,)
 
 
 def test_a_job_that_failed_after_every_node_finished_failed() -> None:
     """Spark refused rank 0's result (over spark.driver.maxResultSize) after both nodes said over
     the channel that their ranks finished: the job's failure, not a success without a value."""
-    failed = RanksFailed(FailureReport(problem=(ProblemKind.LAUNCH, "result larger than spark.driver.maxResultSize")))
-    outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, failure=failed, returned=set()))
-    assert outcome.cause is failed
+    error = RuntimeError("Job aborted: Total size of serialized results is bigger than spark.driver.maxResultSize")
+    outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, spark_error=error, returned=set()))
+    assert outcome.cause == SparkJobFailed(SparkFailureKind.RESULT_TOO_LARGE, "", error)
+
+
+def test_the_outcome_keeps_the_nodes_outcomes_and_their_facts() -> None:
+    kept = NodeOutcome(GroupState.SUCCEEDED, {0: RankState.FINISHED}, shard=ShardUse(1, 500, ShardSource.REUSED))
+    outcome = classify(_evidence(outcomes={0: kept, 1: FINISHED}))
+    assert outcome.nodes == {0: kept, 1: FINISHED} and outcome.shards == {0: ShardUse(1, 500, ShardSource.REUSED)}
+    failed = classify(_evidence(outcomes={0: FAILED, 1: _stopped(1, 2)}, spark_error=RuntimeError("task failed")))
+    assert failed.nodes == {0: FAILED, 1: _stopped(1, 2)} and failed.end is AttemptEnd.FAILED
 
 
 def test_finished_nodes_whose_rows_never_came_did_not_complete() -> None:
@@ -94,22 +110,29 @@ def test_finished_nodes_whose_rows_never_came_did_not_complete() -> None:
     outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, verdict=_time_up(), returned=set()))
     assert isinstance(outcome.cause, RanksStopped) and outcome.cause.ranks == ()
     one = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, returned={0}))
-    assert isinstance(one.cause, DriverProblem) and "only 1 of 2 Spark barrier tasks reported back" in one.cause.message
+    assert (
+        isinstance(one.cause, StartProblem)
+        and "only 1 of 2 Spark barrier tasks reported back" in one.cause.problem.message
+    )
 
 
 def test_a_failure_before_a_node_problem_before_missing_nodes() -> None:
-    problem = NodeOutcome(problem=(ProblemKind.CONFIGURATION, "node 1 got 0 rows for its 2 ranks"))
-    failed = RanksFailed(FailureReport(failures=(RankFailure(rank=0, host="h", exc_type="ValueError"),)))
-    assert classify(_evidence(outcomes={1: problem}, failure=failed)).cause is failed
+    rows = Problem(ProblemKind.CONFIGURATION, "node 1 got 0 rows for its 2 ranks")
+    problem = NodeOutcome(problem=rows)
+    failed = classify(_evidence(outcomes={0: FAILED, 1: problem})).cause
+    assert isinstance(failed, RanksFailed) and failed.failures == (FAILURE,)
     from_problem = classify(_evidence(outcomes={0: FINISHED, 1: problem}))
-    assert isinstance(from_problem.cause, RanksFailed) and from_problem.end is AttemptEnd.MISCONFIGURED
-    assert from_problem.cause.report.problem == (ProblemKind.CONFIGURATION, "node 1 got 0 rows for its 2 ranks")
+    assert from_problem.cause == StartProblem(rows) and from_problem.end is AttemptEnd.MISCONFIGURED
+    # a node's problem ended the job: the same cause, with Spark's error kept
+    spark_error = RuntimeError("task failed")
+    ended = classify(_evidence(outcomes={1: problem}, spark_error=spark_error))
+    assert ended.cause == StartProblem(rows, spark_error=spark_error)
     missing = classify(_evidence(outcomes={0: FINISHED}))
-    assert isinstance(missing.cause, DriverProblem) and missing.cause.kind is ProblemKind.LAUNCH
-    assert "only 1 of 2 Spark barrier tasks reported back" in missing.cause.message
+    assert isinstance(missing.cause, StartProblem) and missing.cause.problem.kind is ProblemKind.LAUNCH
+    assert "only 1 of 2 Spark barrier tasks reported back" in missing.cause.problem.message
     empty = classify(_evidence(dataframe=True))
-    assert isinstance(empty.cause, DriverProblem) and empty.cause.kind is ProblemKind.CONFIGURATION
-    assert "the DataFrame is empty" in empty.cause.message
+    assert isinstance(empty.cause, StartProblem) and empty.cause.problem.kind is ProblemKind.CONFIGURATION
+    assert "the DataFrame is empty" in empty.cause.problem.message
 
 
 def test_a_result_that_did_not_arrive_whole_is_a_launch_problem() -> None:
@@ -117,8 +140,8 @@ def test_a_result_that_did_not_arrive_whole_is_a_launch_problem() -> None:
         raise LaunchError("rank 0's result: node 0 streamed 10 bytes over the channel, the driver has 3")
 
     outcome = classify(_evidence(outcomes={0: FINISHED, 1: FINISHED}, result=broken))
-    assert isinstance(outcome.cause, DriverProblem) and outcome.end is AttemptEnd.LAUNCH_FAILED
-    assert "streamed 10 bytes" in outcome.cause.message
+    assert isinstance(outcome.cause, StartProblem) and outcome.end is AttemptEnd.LAUNCH_FAILED
+    assert "streamed 10 bytes" in outcome.cause.problem.message
 
 
 def _table(*batches: Any) -> Any:
@@ -139,6 +162,14 @@ def test_the_task_rows_carry_each_nodes_outcome_sealed_with_the_runs_secret() ->
     assert stage.channel_errors == {1: "refused"}
     # rows sealed with another secret (or altered) say nothing: as if those nodes had not reported
     assert result_transfer.read_stage(table, b"x" * 32).outcomes == {}
-    sealed = result_transfer.seal_outcome(FINISHED, SECRET)
-    with pytest.raises(ValueError, match="not authenticated"):
-        result_transfer.open_outcome(sealed.replace(b"succeeded", b"failed"), SECRET)
+    # node 1's sealed end in node 0's row says nothing either
+    swapped = _table(
+        result_transfer.node_rows(1, stopped, SECRET, channel_error=None, delivered=None, result_file=None)
+    )
+    assert result_transfer.read_stage(swapped.set_column(0, "node", _nodes(0)), SECRET).outcomes == {}
+
+
+def _nodes(node: int) -> Any:
+    import pyarrow as pa
+
+    return pa.array([node], pa.int32())

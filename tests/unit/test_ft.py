@@ -572,12 +572,12 @@ def test_a_group_resumes_from_the_newest_checkpoint_of_any_group_and_fetches_it_
     """The checkpoint a replica group's attempt resumes from is the newest of its own run's and its
     peers' (its own on a tie, none when nobody has one); on storage that is not a local path the
     node downloads a peer's checkpoint from the peer's run directory (fsspec's memory filesystem)."""
-    from spark_torch.driver.run.controller import _newest_checkpoint
+    from spark_torch.driver.run.call_storage import newest_checkpoint
     from spark_torch.reporting.storage import RunStorage
 
     base = f"memory://ft-resume-{uuid.uuid4().hex}"
     own, peer, empty = (RunStorage(base, f"run-g{n}", {}) for n in range(3))
-    assert _newest_checkpoint(own, ("run-g1", "run-g2")) is None
+    assert newest_checkpoint(own, ("run-g1", "run-g2")) is None
     for storage, steps in ((own, (1, 3)), (peer, (3, 5))):
         for step in steps:
             folder = tmp_path / f"{storage.run_id}-{step}"
@@ -585,11 +585,11 @@ def test_a_group_resumes_from_the_newest_checkpoint_of_any_group_and_fetches_it_
             (folder / "state.pt").write_text(f"{storage.run_id} step {step}")
             storage.upload(str(folder), step)
             storage.complete(step, attempt=0, ranks=[0])
-    newest = _newest_checkpoint(own, ("run-g1", "run-g2"))
+    newest = newest_checkpoint(own, ("run-g1", "run-g2"))
     assert newest is not None and newest.step == 5 and newest.url == f"{base}/run-g1/checkpoint_000005"
     local = own.download(newest, str(tmp_path / "fetched"))
     assert (Path(local) / "state.pt").read_text() == "run-g1 step 5"
     peer.remove_checkpoint(5)  # now both runs' newest is step 3: the run's own is taken
-    tie = _newest_checkpoint(own, ("run-g1", "run-g2"))
+    tie = newest_checkpoint(own, ("run-g1", "run-g2"))
     assert tie is not None and tie.step == 3 and tie.url == f"{base}/run-g0/checkpoint_000003"
     assert empty.latest() is None

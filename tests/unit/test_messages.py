@@ -13,11 +13,19 @@ from typing import Any
 import pytest
 
 from spark_torch import channel
-from spark_torch.base.states import GroupState, NodeOutcome, ProblemKind, RankState, StopReason
+from spark_torch.base.states import GroupState, RankState, StopReason
 from spark_torch.channel import messages as m
 from spark_torch.channel import wire
 from spark_torch.errors import RankFailure
-from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.node_outcome import NodeOutcome
+from spark_torch.shared.sealed import seal, unseal
+
+SECRET = b"k" * 32
+FAILED = NodeOutcome(
+    state=GroupState.FAILED,
+    ranks={0: RankState.FAILED},
+    failures=(RankFailure(rank=0, host="h", exc_type="ValueError", exc_message="boom"),),
+)
 
 #: one message of every kind, with its wire form
 SAMPLES: list[tuple[Any, dict[str, Any]]] = [
@@ -34,29 +42,7 @@ SAMPLES: list[tuple[Any, dict[str, Any]]] = [
         m.Report({"node": 0, "step": 1, "metrics": {"loss": 0.5}}),
         {"report": {"node": 0, "step": 1, "metrics": {"loss": 0.5}}},
     ),
-    (
-        m.Failure(FailureReport(failures=(RankFailure(rank=1, host="h", exc_type="ValueError", exc_message="boom"),))),
-        {
-            "failure": {
-                "failures": [RankFailure(rank=1, host="h", exc_type="ValueError", exc_message="boom").to_dict()],
-                "problem": None,
-                "headline": None,
-                "pickled": {},
-            }
-        },
-    ),
-    (
-        m.Failure(FailureReport(problem=(ProblemKind.CONFIGURATION, "bad shards"))),
-        {"failure": {"failures": [], "problem": ["ConfigurationError", "bad shards"], "headline": None, "pickled": {}}},
-    ),
-    (
-        m.Outcome(NodeOutcome(state=GroupState.FAILED, ranks={0: RankState.FAILED}, stop=StopReason.TIMEOUT)),
-        {
-            "outcome": NodeOutcome(
-                state=GroupState.FAILED, ranks={0: RankState.FAILED}, stop=StopReason.TIMEOUT
-            ).to_wire()
-        },
-    ),
+    (m.Outcome(seal(0, FAILED, SECRET)), {"outcome": seal(0, FAILED, SECRET)}),
     (m.Progress(({"rank": 0, "text": "main"},)), {"progress": [{"rank": 0, "text": "main"}]}),
     (m.Trace(3, b"\x00trace"), {"trace": {"rank": 3}, "_bytes": b"\x00trace"}),
     (m.Bulk({"offset": 0}, b"\x01\x02"), {"bulk": {"offset": 0}, "_bytes": b"\x01\x02"}),
@@ -158,9 +144,8 @@ MALFORMED_NODE = [
     ({"hello": {"port": 1}}, "a hello must be an object naming its node"),
     ({"give_up": 5}, "give_up must be a string or null"),
     ({"report": [1]}, "a report must be an object"),
-    ({"failure": "boom"}, "a failure report must be an object"),
-    ({"failure": {"problem": ["NoSuchKind", "x"]}}, "ValueError"),
-    ({"outcome": {"state": "failed"}}, "a node's outcome needs an object with its ranks' states"),
+    ({"outcome": {"state": "failed"}}, "an outcome must be a sealed node end"),
+    ({"outcome": "failed"}, "an outcome must be a sealed node end"),
     ({"progress": {"rank": 0}}, "progress must be a list"),
     ({"trace": {"rank": "0"}, "_bytes": b"x"}, "a trace must be an object naming its rank"),
     ({"trace": {"rank": 0}}, "a trace without its bytes"),
@@ -224,8 +209,8 @@ def test_a_hello_hands_every_node_its_fields_and_node_only() -> None:
     assert isinstance(hello, m.Hello) and hello.peer() == {"port": 5, "node": 1}
 
 
-def test_a_failure_report_too_large_for_a_frame_is_cut_to_fit() -> None:
-    """The wire form of a node with many failed ranks fits one frame: the pickled exceptions stay
+def test_a_node_end_too_large_for_a_frame_is_cut_to_fit() -> None:
+    """The sealed end of a node with many failed ranks fits one frame: the pickled exceptions stay
     behind first, then each rank's text is cut (head and tail kept)."""
     failures = tuple(
         RankFailure(
@@ -237,13 +222,14 @@ def test_a_failure_report_too_large_for_a_frame_is_cut_to_fit() -> None:
         )
         for r in range(40)
     )
-    wire_form = m.Failure(FailureReport(failures=failures, pickled={r: "p" * 60_000 for r in range(40)})).to_wire()
+    outcome = NodeOutcome(GroupState.FAILED, failures=failures, pickled={r: "p" * 60_000 for r in range(40)})
+    wire_form = m.Outcome(seal(3, outcome, SECRET, m.OUTCOME_ROOM)).to_wire()
     assert wire.body_size(wire.encode({**wire_form, "seq": 2**63})) < wire.MAX_FRAME
     decoded = m.decode_node_message(wire_form)
-    assert isinstance(decoded, m.Failure) and not decoded.report.pickled
-    assert [(f.traceback or "")[-13:] for f in decoded.report.failures] == [
-        f"\nValueError: {r}"[-13:] for r in range(40)
-    ]
+    assert isinstance(decoded, m.Outcome)
+    node, opened = unseal(decoded.sealed, SECRET)
+    assert node == 3 and not opened.pickled
+    assert [(f.traceback or "")[-13:] for f in opened.failures] == [f"\nValueError: {r}"[-13:] for r in range(40)]
 
 
 def _cases(path: Path, function: str) -> set[str]:

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from spark_torch.base.states import StopReason
 from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
-from spark_torch.driver.run.controller import run_outcome
+from spark_torch.driver.run.call_storage import run_outcome
+from spark_torch.driver.run.cancel import RunCancelled
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped, StallVerdict
 from spark_torch.errors import DistributedRunError, RunStalledError, RunTimeoutError
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, read_calls
 from spark_torch.reporting.storage import RUN_LOG, RunStorage
@@ -46,25 +49,35 @@ def test_an_end_names_the_error_by_its_first_line() -> None:
     assert "error" not in end_row(Outcome.SUCCEEDED, None, 1.0)
 
 
+STOPPED = AttemptOutcome.ended(RanksStopped(5.0, (), "no rank was running"))
+CANCELLED = RunCancelled("stopped: replica group 1 failed the run")
+
+
 @pytest.mark.parametrize(
     ("error", "last", "outcome"),
     [
-        (None, AttemptEnd.SUCCEEDED, Outcome.SUCCEEDED),
-        (DistributedRunError([], headline="rank 0 failed"), AttemptEnd.FAILED, Outcome.FAILED),
-        (RunTimeoutError([], headline="timeout"), AttemptEnd.TIMED_OUT, Outcome.TIMED_OUT),
-        (RunStalledError([], headline="stalled"), AttemptEnd.STALLED, Outcome.STALLED),
-        (KeyboardInterrupt(), AttemptEnd.INTERRUPTED, Outcome.INTERRUPTED),
-        (KeyboardInterrupt(), None, Outcome.INTERRUPTED),  # Ctrl-C before the first attempt
-        (DistributedRunError([], headline="stopped"), AttemptEnd.TIMED_OUT, Outcome.TIMED_OUT),
+        (None, AttemptOutcome.succeeded(None), Outcome.SUCCEEDED),
+        (DistributedRunError([], headline="rank 0 failed"), AttemptOutcome.ended(RanksFailed(())), Outcome.FAILED),
+        (RunTimeoutError([], headline="timeout"), STOPPED, Outcome.TIMED_OUT),
+        (
+            RunStalledError([], headline="stalled"),
+            AttemptOutcome.ended(StallVerdict(StopReason.STALLED, "stalled")),
+            Outcome.STALLED,
+        ),
+        (KeyboardInterrupt(), AttemptOutcome.ended(Interrupted(KeyboardInterrupt())), Outcome.INTERRUPTED),
+        (KeyboardInterrupt(), None, Outcome.INTERRUPTED),  # Ctrl-C before the first attempt (or between two)
+        (ValueError("bad option"), None, Outcome.FAILED),  # raised before any attempt
+        (CANCELLED, AttemptOutcome.ended(Interrupted(CANCELLED)), Outcome.FAILED),  # another group failed the run
+        (DistributedRunError([], headline="cannot unpickle"), AttemptOutcome.succeeded(None), Outcome.FAILED),
+        # the end is the attempt's, whatever the type of the error it became
+        (DistributedRunError([], headline="stopped"), STOPPED, Outcome.TIMED_OUT),
     ],
+    ids=[f"end-{n}" for n in range(10)],
 )
-def test_a_calls_outcome(error: BaseException | None, last: AttemptEnd | None, outcome: Outcome) -> None:
-    attempts = (
-        [AttemptRecord(attempt=0, world_size=1, nodes=1, reason=AttemptReason.START, end=last)]
-        if last is not None
-        else []
-    )
-    assert run_outcome(error, attempts) is outcome
+def test_a_calls_outcome_is_its_last_attempts(
+    error: BaseException | None, last: AttemptOutcome | None, outcome: Outcome
+) -> None:
+    assert run_outcome(error, last) is outcome
 
 
 def _run(base: Path, run_id: str, started: float, *, ended: bool = True, reported: bool = False) -> None:

@@ -12,7 +12,7 @@ import pytest
 from spark_torch import ConfigurationError, Distributor, settings
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.settings import SETTINGS, Settings, resolve
-from spark_torch.shared.failure_reports import MARKER
+from spark_torch.shared.sealed import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "spark_torch"

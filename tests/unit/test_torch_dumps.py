@@ -12,7 +12,8 @@ from pathlib import Path
 
 from spark_torch.errors import DistributedRunError, RankFailure
 from spark_torch.node.torch_dumps import DEFAULT_PREFIX, watchdog_dump
-from spark_torch.shared.failure_reports import FailureReport, bounded, decode_report, encode_report
+from spark_torch.shared.node_outcome import NodeOutcome
+from spark_torch.shared.sealed import seal, unseal
 
 
 def _dump(prefix: Path, rank: int, age: float = 0.0) -> str:
@@ -71,9 +72,9 @@ def test_the_dump_travels_and_the_error_names_it() -> None:
         rank=1, host="node-a", signal_name="SIGABRT", failed_at=1.0, dumps=("/logs/nccl_trace_rank_1",)
     )
     secret = secrets.token_bytes(32)
-    report = decode_report(encode_report(FailureReport(failures=(bounded(failure),)), secret), secret)
-    assert report is not None and report.failures[0].dumps == ("/logs/nccl_trace_rank_1",)
-    message = str(DistributedRunError(report.failures))
+    _, outcome = unseal(seal(0, NodeOutcome(failures=(failure,)), secret), secret)
+    assert outcome.failures[0].dumps == ("/logs/nccl_trace_rank_1",)
+    message = str(DistributedRunError(outcome.failures))
     assert message.splitlines()[0] == "rank 1 on node-a failed: killed by SIGABRT"
     assert "dump of rank 1 (its Flight Recorder) is on node-a: /logs/nccl_trace_rank_1" in message
     assert "torchfrtrace /logs --prefix nccl_trace_rank_ --allow-incomplete-ranks" in message

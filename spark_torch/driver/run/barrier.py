@@ -19,14 +19,13 @@ from typing import Any
 
 from spark_torch.base.background import BackgroundCall
 from spark_torch.base.grace import DRIVER_STOP_WAIT_SECONDS
-from spark_torch.base.states import ProblemKind, ShardSource, ShardUse, StopReason
+from spark_torch.base.states import ProblemKind, ShardSource, StopReason
 from spark_torch.channel.driver_end import DriverChannel, new_secret
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, Verdict, classify
 from spark_torch.driver.run.endpoints import ChannelEndpoint
-from spark_torch.driver.run.failures import spark_failure_cause
 from spark_torch.driver.run.membership import GrowWatch
-from spark_torch.driver.run.outcome import AttemptCause, AttemptOutcome, DriverProblem, GrowRequested, Interrupted
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, StartProblem
 from spark_torch.driver.run.stall import StallWatch, note_stacks
 from spark_torch.driver.spark.cluster import executor_hosts
 from spark_torch.driver.spark.dataframe import DataInput
@@ -38,6 +37,7 @@ from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.shared.rank_files import ResultBytes
+from spark_torch.shared.sealed import find_sealed
 from spark_torch.shared.spec import RunSpec
 from spark_torch.shared.workdir_files import WorkdirFiles
 
@@ -97,12 +97,13 @@ def run_distributed(
         except Exception as exc:  # noqa: BLE001 - the nodes still check that they run the driver's code
             logger.warning("spark_torch: could not ship spark_torch to the executors (%s); they use their own", exc)
     if data is None or data.digest is None or spec.data is None:
-        return _run_stage(spark, attempt, endpoint, data)[0]
+        return _run_stage(spark, attempt, endpoint, data)
     kept = KeptRows.for_attempt(spark, data.digest, data.columns, data.explicit, spec.plan)
     cache, missed, started = kept.first(), False, time.monotonic()
     while True:
         here = replace(attempt, spec=replace(spec, data=replace(spec.data, cache=cache)))
-        outcome, shards = _run_stage(spark, here, endpoint, None if cache.reuse else data)
+        outcome = _run_stage(spark, here, endpoint, None if cache.reuse else data)
+        shards = outcome.shards
         if cache.reuse and any(use.source is ShardSource.MISSED for use in shards.values()):
             cache, missed = kept.missed(cache), True
             left = attempt.timeout - (time.monotonic() - started) if attempt.timeout is not None else None
@@ -111,11 +112,9 @@ def run_distributed(
         return replace(outcome, staging=kept.settle(cache, shards, spec.plan.num_nodes, missed))
 
 
-def _run_stage(
-    spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None
-) -> tuple[AttemptOutcome, dict[int, ShardUse]]:
+def _run_stage(spark: Any, attempt: Attempt, endpoint: ChannelEndpoint, data: DataInput | None) -> AttemptOutcome:
     """One barrier stage (``data``: the DataFrame as its input; None: a placeholder row per
-    node); how it ended, and where each node's rows came from."""
+    node); how it ended (with each node's outcome: where its rows came from)."""
     spec = attempt.spec
     by_file = spec.payload is not None and spec.settings.result_transfer != "spark"
     with contextlib.ExitStack() as cleanup:
@@ -133,18 +132,18 @@ def _run_stage(
         cleanup.callback(stage.close)
         problem = stage.open(endpoint)
         if problem is not None:
-            return AttemptOutcome.ended(problem), {}
+            return AttemptOutcome.ended(problem)
         stage.start()
-        ended = stage.classify(stage.wait())
-        return ended, stage.shards
+        return classify(stage.gather_evidence(stage.wait()))
     raise AssertionError("unreachable")  # pragma: no cover - for type checkers: the block returns
 
 
 class _BarrierStage:
     """One attempt's barrier stage, in three steps: :meth:`start` the job, :meth:`wait` for it
     within the attempt's time (stopping it on a timeout, a stall or an interrupt), and
-    :meth:`classify` what came back (:func:`~spark_torch.driver.run.classify.classify`, as in
-    local mode). :meth:`close` releases what :meth:`open` made."""
+    :meth:`gather_evidence` of how it ended (stopping the nodes Spark did not stop, waiting for
+    the nodes' ends), which :func:`~spark_torch.driver.run.classify.classify` decides on, as in
+    local mode. :meth:`close` releases what :meth:`open` made."""
 
     def __init__(
         self,
@@ -164,14 +163,12 @@ class _BarrierStage:
         self.stall: StallWatch | None = None
         self.stall_open = True  # closed once the wait is over (or by close())
         self.job: BackgroundCall[Any] | None = None
-        #: per node, where its DataFrame rows came from (``reuse_staged``; read by classify())
-        self.shards: dict[int, ShardUse] = {}
 
     def _channel(self) -> DriverChannel:
         assert self.channel is not None, "the stage's channel is opened first"
         return self.channel
 
-    def open(self, endpoint: ChannelEndpoint) -> DriverProblem | None:
+    def open(self, endpoint: ChannelEndpoint) -> StartProblem | None:
         """Open the run's channel with what it hands on (report() steps, rank 0's streamed
         result, the ranks' progress); a problem when its address cannot be bound."""
         attempt, plan = self.attempt, self.plan
@@ -199,7 +196,7 @@ class _BarrierStage:
                 on_trace=self.stall.trace,
             )
         except OSError as exc:
-            return DriverProblem(
+            return StartProblem.of(
                 ProblemKind.CONFIGURATION, _bind_problem(endpoint, exc), cause=exc
             )  # close() ends the rest
         self.spec = replace(self.spec, channel=self.channel.spec)
@@ -285,41 +282,50 @@ class _BarrierStage:
         if stall is not None:
             stall.close()
 
-    def classify(self, verdict: Verdict) -> AttemptOutcome:
-        """What the ended job means (see :func:`~spark_torch.driver.run.classify.classify`): the
-        nodes' outcomes as the channel and the task rows say them, the driver's ``verdict``, the
-        nodes' failure reports or Spark's job error, and rank 0's result."""
+    def gather_evidence(self, verdict: Verdict) -> AttemptEvidence:
+        """What the ended job left, for :func:`~spark_torch.driver.run.classify.classify`: after a
+        failed job, the nodes Spark did not stop yet are stopped and waited for (their ranks'
+        grace); then every node's end as the channel, Spark's error text and the task rows say it
+        (each sealed with the run's secret), the driver's ``verdict``, the grow request, Spark's
+        error, and how to read rank 0's result."""
         channel, job, spec, plan = self._channel(), self.job, self.spec, self.plan
         assert job is not None and spec.channel is not None
         secret = spec.channel.secret
-        failure: AttemptCause | None = None
-        if verdict is None and self.grow is not None and self.grow.requested is not None:
+        grow = self.grow.requested if self.grow is not None else None
+        spark_error = None
+        if verdict is None and grow is not None:
             channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # the nodes stopped after a checkpoint: restart larger
-            verdict = GrowRequested(self.grow.requested)
         elif verdict is None and job.error is not None:
             channel.stop_nodes(StopReason.PEER_FAILED)  # the nodes Spark did not stop yet
-            channel.wait_for_nodes(timeout=DRIVER_STOP_WAIT_SECONDS)  # other failed nodes' reports, their ranks stopped
-            failure = spark_failure_cause(job.error, secret, list(channel.failures.values()))
+            channel.wait_for_nodes(timeout=DRIVER_STOP_WAIT_SECONDS)  # other failed nodes' ends, their ranks stopped
+            spark_error = job.error
         elif verdict is None:
             channel.wait_for_nodes(timeout=DRAIN_SECONDS)  # drain the last log lines
         outcomes = channel.node_outcomes()
+        if spark_error is not None:  # a failed node's end, also when it never reached the channel
+            for node, outcome in find_sealed(str(spark_error), secret).items():
+                outcomes[node] = outcome.after(outcomes[node]) if node in outcomes else outcome
         stage = result_transfer.read_stage(job.value, secret) if job.value is not None else None
         if stage is not None:
-            if verdict is None:
+            if verdict is None and grow is None:
                 channel.connect_errors(stage.channel_errors)
             outcomes.update(stage.outcomes)
-        self.shards = {node: outcome.shard for node, outcome in outcomes.items() if outcome.shard is not None}
 
         def result() -> ResultBytes | None:
             if spec.payload is None or stage is None:
                 return None
             return result_transfer.assemble(stage, spec.result_dir, self.streamed)
 
-        returned = set(stage.outcomes) if stage is not None else set()
-        evidence = AttemptEvidence(
-            plan.num_nodes, outcomes, verdict, failure, result, dataframe=self.data is not None, returned=returned
+        return AttemptEvidence(
+            plan.num_nodes,
+            outcomes,
+            verdict,
+            grow=grow if verdict is None else None,
+            spark_error=spark_error,
+            result=result,
+            dataframe=self.data is not None,
+            returned=set(stage.outcomes) if stage is not None else set(),
         )
-        return classify(evidence)
 
     def close(self) -> None:
         """Stop the grow watch (and the stall watch if no wait closed it), close the channel and

@@ -2,11 +2,12 @@
 driver did.
 
 Local and distributed mode each gather the same :class:`AttemptEvidence`: every node's
-:class:`~spark_torch.base.states.NodeOutcome` (in-process in local mode; over the channel and in
-the task's rows in distributed mode), the driver's own verdict when it stopped the attempt (the
-user's interrupt, a stall, the timeout, growing), a failure cause the mode found (the nodes'
-authenticated failure reports, Spark's job error) and how to read rank 0's result. :func:`classify`
-alone decides what that means, in one order, as an :class:`AttemptOutcome`.
+:class:`~spark_torch.shared.node_outcome.NodeOutcome` (in-process in local mode; sealed, over the
+channel, in the task's rows or in Spark's error text in distributed mode), the driver's own
+verdict when it stopped the attempt (the user's interrupt, a stall, the timeout), the grow request
+it acted on, the Spark job's own error and how to read rank 0's result. :func:`classify` alone
+decides what that means, in one order, as an :class:`AttemptOutcome` that keeps the nodes'
+outcomes.
 """
 
 from __future__ import annotations
@@ -14,20 +15,23 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from spark_torch.base.states import NodeOutcome, ProblemKind
+from spark_torch.base.states import ProblemKind
+from spark_torch.driver.result import GrowRequest
+from spark_torch.driver.run.failures import classify_spark_text, without_reports
 from spark_torch.driver.run.outcome import (
     AttemptCause,
     AttemptOutcome,
-    DriverProblem,
     GrowRequested,
     Interrupted,
     RanksFailed,
+    SparkJobFailed,
     Stacks,
     StallVerdict,
+    StartProblem,
     timed_out,
 )
 from spark_torch.errors import LaunchError
-from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.shared.node_outcome import NodeOutcome, failures_of
 from spark_torch.shared.rank_files import ResultBytes
 
 __all__ = ["TimeUp", "Verdict", "AttemptEvidence", "classify"]
@@ -50,9 +54,9 @@ class TimeUp:
     note: str = ""
 
 
-#: what the driver did to a running attempt: stopped it (interrupt, stall, timeout) or asked it to
-#: grow; None when the attempt ended by itself
-Verdict = Interrupted | StallVerdict | TimeUp | GrowRequested | None
+#: what the driver did to a running attempt: stopped it (interrupt, stall, timeout); None when the
+#: attempt ended by itself
+Verdict = Interrupted | StallVerdict | TimeUp | None
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,10 @@ class AttemptEvidence:
     #: each node's outcome, as the node said (a node that said nothing is missing)
     outcomes: Mapping[int, NodeOutcome] = field(default_factory=dict)
     verdict: Verdict = None
-    #: a failure the mode found: the nodes' authenticated reports, or Spark's job error
-    failure: AttemptCause | None = None
+    #: elastic_grow: free slots were found and the nodes stopped after a checkpoint
+    grow: GrowRequest | None = None
+    #: distributed mode: the barrier job failed by itself (a node raised, or Spark gave up)
+    spark_error: BaseException | None = None
     #: rank 0's pickled value (None for scripts), read only once every node finished; raises
     #: :class:`~spark_torch.errors.LaunchError` when it did not arrive whole
     result: Callable[[], ResultBytes | None] = lambda: None
@@ -85,37 +91,55 @@ def _completed(evidence: AttemptEvidence) -> int:
     )
 
 
-def _problem(outcomes: Mapping[int, NodeOutcome]) -> FailureReport | None:
-    """The first node problem the outcomes name, as the report the user's error is made of."""
-    for node in sorted(outcomes):
-        problem = outcomes[node].problem
-        if problem is not None:
-            return FailureReport(problem=problem)
-    return None
+def _failed(evidence: AttemptEvidence) -> AttemptCause | None:
+    """The nodes' failed ranks, or a node's problem when the job failed by itself, or what Spark's
+    text says when no node said anything; None when nothing failed."""
+    nodes = [evidence.outcomes[node] for node in sorted(evidence.outcomes)]
+    failures, pickled = failures_of(nodes)
+    spark_error = evidence.spark_error
+    if failures:
+        return RanksFailed(failures, pickled, spark_error)
+    if spark_error is None:
+        return None
+    problem = next((outcome.problem for outcome in nodes if outcome.problem is not None), None)
+    if problem is not None:
+        return StartProblem(problem, spark_error=spark_error)
+    kind, detail = classify_spark_text(without_reports(str(spark_error)))
+    return SparkJobFailed(kind, detail, spark_error=spark_error)
 
 
 def classify(evidence: AttemptEvidence) -> AttemptOutcome:
-    """How the attempt ended, in this order: the user's interrupt; growing; the failure the mode
-    found (a job that failed by itself failed, even after every node said it finished: rank 0's
+    """How the attempt ended, in this order: the user's interrupt; growing; ranks that failed, or
+    a job that failed by itself (it failed even after every node said it finished: rank 0's
     result may be what Spark refused); every node finished and returned (also while being
     stopped: a completed run is not a stopped one); the driver's stop (stall, timeout, a
     cancellation from another thread), naming only the ranks the nodes found still running; a
-    node's problem; nodes that never said how they ended."""
+    node's problem; nodes that never said how they ended. The outcome keeps the nodes' outcomes."""
+    cause = _cause(evidence)
+    nodes = dict(evidence.outcomes)
+    if cause is None:
+        try:
+            return AttemptOutcome.succeeded(evidence.result(), nodes)
+        except LaunchError as exc:  # rank 0's result did not arrive whole
+            cause = StartProblem.of(ProblemKind.LAUNCH, str(exc), cause=exc.__cause__)
+    return AttemptOutcome.ended(cause, nodes)
+
+
+def _cause(evidence: AttemptEvidence) -> AttemptCause | None:
+    """Why the attempt did not succeed (see :func:`classify`), None when it did."""
     verdict = evidence.verdict
     if isinstance(verdict, Interrupted) and isinstance(verdict.interrupt, KeyboardInterrupt):
-        return AttemptOutcome.ended(verdict)
-    if isinstance(verdict, GrowRequested):
-        return AttemptOutcome.ended(verdict)
-    if evidence.failure is not None:
-        return AttemptOutcome.ended(evidence.failure)
+        return verdict
+    if verdict is None and evidence.grow is not None:
+        return GrowRequested(evidence.grow)
+    failed = _failed(evidence)
+    if failed is not None:
+        return failed
     if _completed(evidence) >= evidence.nodes:
-        try:
-            return AttemptOutcome.succeeded(evidence.result())
-        except LaunchError as exc:  # rank 0's result did not arrive whole
-            return AttemptOutcome.ended(DriverProblem(ProblemKind.LAUNCH, str(exc), cause=exc.__cause__))
+        return None
     if isinstance(verdict, TimeUp):
         ranks = {node: verdict.node_ranks[node] for node in verdict.node_ranks}
-        cause = timed_out(
+        return timed_out(
             verdict.run_timeout,
             evidence.outcomes,
             ranks,
@@ -124,20 +148,16 @@ def classify(evidence: AttemptEvidence) -> AttemptOutcome:
             verdict.host,
             verdict.note,
         )
-        return AttemptOutcome.ended(cause)
     if verdict is not None:
-        return AttemptOutcome.ended(verdict)
-    problem = _problem(evidence.outcomes)
+        return verdict
+    problem = next(
+        (evidence.outcomes[n].problem for n in sorted(evidence.outcomes) if evidence.outcomes[n].problem), None
+    )
     if problem is not None:
-        return AttemptOutcome.ended(RanksFailed(problem))
-    finished = _completed(evidence)
+        return StartProblem(problem)
     if evidence.dataframe and not evidence.outcomes:
-        return AttemptOutcome.ended(
-            DriverProblem(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on")
-        )
-    return AttemptOutcome.ended(
-        DriverProblem(
-            ProblemKind.LAUNCH,
-            f"only {finished} of {evidence.nodes} Spark barrier tasks reported back; check the executor logs",
-        )
+        return StartProblem.of(ProblemKind.CONFIGURATION, "the DataFrame is empty; there is nothing to train on")
+    return StartProblem.of(
+        ProblemKind.LAUNCH,
+        f"only {_completed(evidence)} of {evidence.nodes} Spark barrier tasks reported back; check the executor logs",
     )

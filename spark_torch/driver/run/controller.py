@@ -9,7 +9,6 @@ import os
 import platform
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,13 +19,20 @@ from spark_torch.driver.console.status import interactive
 from spark_torch.driver.console.tracker import ReportTracker
 from spark_torch.driver.result import AttemptEnd, AttemptError, AttemptReason, AttemptRecord, StoredRun, read_stored
 from spark_torch.driver.run.attempt import Attempt
-from spark_torch.driver.run.cancel import Cancellation, RunCancelled
+from spark_torch.driver.run.call_storage import (
+    newest_checkpoint,
+    open_storage,
+    prune_default,
+    record_attempt_end,
+    run_outcome,
+)
+from spark_torch.driver.run.cancel import Cancellation
 from spark_torch.driver.run.endpoints import ChannelEndpoint, resolve_endpoint
 from spark_torch.driver.run.entrypoint import Entrypoint, FunctionEntrypoint, ScriptEntrypoint
 from spark_torch.driver.run.failures import attempt_error, unreadable_result_error
 from spark_torch.driver.run.flight_recorder import trace_dir
 from spark_torch.driver.run.membership import Membership
-from spark_torch.driver.run.outcome import AttemptOutcome, DriverProblem, GrowRequested, Interrupted
+from spark_torch.driver.run.outcome import AttemptOutcome, GrowRequested, Interrupted, StartProblem
 from spark_torch.driver.run.payload import dump_function_payload
 from spark_torch.driver.run.plan import LaunchPlan, host_facts, make_plan
 from spark_torch.driver.run.policy import Action, RestartPolicy
@@ -37,18 +43,14 @@ from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.preflight import check_executors
 from spark_torch.driver.spark.quiet import quiet_spark_logs
 from spark_torch.errors import (
-    ConfigurationError,
     InsufficientSlotsError,
     LaunchError,
-    RunStalledError,
-    RunTimeoutError,
 )
 from spark_torch.ft.install import MODULE as FT_MODULE
 from spark_torch.ft.install import install_hint
-from spark_torch.reporting.ranking import CheckpointInfo
-from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported
+from spark_torch.reporting.run_log import call_row, end_row
 from spark_torch.reporting.run_log import record as log_call
-from spark_torch.reporting.storage import DEFAULT_STORAGE, RunStorage, storage_error
+from spark_torch.reporting.storage import RunStorage, storage_error
 from spark_torch.settings import Settings
 from spark_torch.settings import resolve as resolve_settings
 from spark_torch.shared.rank_files import ResultBytes
@@ -161,7 +163,7 @@ def execute(
     token = uuid.uuid4().hex
     sink = DriverLogSink(config, plan.world_size)  # raises before anything is created for a bad log_dir
     try:
-        storage = _storage(config, record.run_id, token)
+        storage = open_storage(config, record.run_id, token)
     except BaseException:
         sink.close()
         raise
@@ -205,7 +207,7 @@ def execute(
         raise
     finally:
         ended = time.time()
-        outcome = run_outcome(error, record.attempts)
+        outcome = run_outcome(error, controller.last)
         log_call(storage, end_row(outcome, error, ended))
         try:
             stored = read_stored(storage, record.rows, config.checkpoint_score_attribute, config.checkpoint_score_order)
@@ -219,57 +221,7 @@ def execute(
         tracker.close(result.checkpoint, result.error)
         sink.close()
         if storage is not None and config.run_id is None and config.storage_path is None:
-            _prune(storage)  # the default storage keeps the newest runs that reported nothing, not all
-
-
-def _prune(storage: RunStorage) -> None:
-    """Retention of the default storage (:data:`~spark_torch.reporting.run_log.KEEP_UNREPORTED_RUNS`)."""
-    try:
-        prune_unreported(storage.base, storage.options, spare=storage.run_id)
-    except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more than old runs
-        logger.warning("spark_torch: could not remove old runs that reported nothing from %s: %s", storage.base, exc)
-
-
-def run_outcome(error: BaseException | None, attempts: Sequence[AttemptRecord]) -> Outcome:
-    """How the call ended: from its error, and its last attempt's end (a stop names its cause)."""
-    last = attempts[-1].end if attempts else None
-    if error is None:
-        return Outcome.SUCCEEDED
-    if isinstance(error, RunCancelled):  # stopped because another replica group failed the run
-        return Outcome.FAILED
-    if isinstance(error, KeyboardInterrupt) or last is AttemptEnd.INTERRUPTED:
-        return Outcome.INTERRUPTED
-    if isinstance(error, RunTimeoutError) or last is AttemptEnd.TIMED_OUT:
-        return Outcome.TIMED_OUT
-    if isinstance(error, RunStalledError) or last is AttemptEnd.STALLED:
-        return Outcome.STALLED
-    return Outcome.FAILED
-
-
-def _storage(config: DistributorConfig, run_id: str, token: str) -> RunStorage | None:
-    """The run's storage, created and marked now; without an explicit ``storage_path`` a
-    default that cannot be created only disables checkpoints (with a warning). Whatever an fsspec
-    backend raises becomes one ConfigurationError naming the URL; a local run folder that is
-    refused (a link, another user's: :mod:`~spark_torch.reporting.local_files`) is one with
-    either storage."""
-    storage = RunStorage(config.storage_path or DEFAULT_STORAGE, run_id, config.storage_options)
-    try:
-        storage.create(token)
-    except ConfigurationError:
-        raise  # a run folder refused (a link, another user's): says which and what to do, default storage too
-    except Exception as exc:  # noqa: BLE001 - every backend raises its own kinds (TypeError, botocore's...)
-        if config.storage_path is not None:
-            raise ConfigurationError(
-                f"storage_path={config.storage_path!r}: cannot create the run's directory; {storage_error(storage.url, exc)}"
-            ) from exc
-        logger.warning(
-            "spark_torch: checkpoints are disabled: the default storage %s cannot be created (%s); "
-            "pass storage_path= to use report(checkpoint=...)",
-            storage.url,
-            exc,
-        )
-        return None
-    return storage
+            prune_default(storage)  # the default storage keeps the newest runs that reported nothing, not all
 
 
 def _run_attempt(
@@ -318,6 +270,8 @@ class RunController:
     cancellation: Cancellation | None = None
     #: why the first attempt starts (a replica group restarted alone: after a failure)
     first_reason: AttemptReason = AttemptReason.START
+    #: how the attempt that ended last ended (None while one is being set up or runs)
+    last: AttemptOutcome | None = None
 
     def run(self) -> ResultBytes | None:
         """Attempts until one succeeds (rank 0's pickled value) or the policy raises its error."""
@@ -326,6 +280,7 @@ class RunController:
         show = interactive() if self.config.progress is None else self.config.progress
         reason, failures = self.first_reason, 0
         while True:
+            self.last = None
             record, attempt, problem = self._next_attempt(len(self.record.attempts), reason, show)
             # a check before the attempt that found it impossible ends it as the attempt would have
             ended = (
@@ -333,14 +288,14 @@ class RunController:
                 if problem is not None
                 else _run_attempt(self.spark, attempt, self.endpoint, self.data)
             )
-            record.end = ended.end
+            record.end, self.last = ended.end, ended
             if ended.staging is not None:
                 self.record.staging = ended.staging
             # the edge: the attempt's typed end becomes the user's exception here, and only here
             error = attempt_error(ended) if ended.end not in (AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED) else None
             record.error = AttemptError.from_exception(error) if error is not None else None
             record.grow = ended.cause.request if isinstance(ended.cause, GrowRequested) else None
-            _record_end(self.storage, record)
+            record_attempt_end(self.storage, record)
             decision = policy.decide(ended.end, failures)
             if decision.action is Action.FINISH:
                 return ended.result
@@ -364,13 +319,13 @@ class RunController:
 
     def _next_attempt(
         self, restart_count: int, reason: AttemptReason, show: bool
-    ) -> tuple[AttemptRecord, Attempt, DriverProblem | None]:
+    ) -> tuple[AttemptRecord, Attempt, StartProblem | None]:
         """The record and the attempt after ``restart_count`` restarts within this call, and the
         problem that makes it impossible when the checks before it found one (too few slots,
         executors whose Python cannot run a node): the attempt then ends with it, unstarted."""
         index = self.first_attempt + restart_count  # in the run's history
         storage = self.storage
-        latest = _newest_checkpoint(storage, self.config.peer_runs) if storage is not None else None
+        latest = newest_checkpoint(storage, self.config.peer_runs) if storage is not None else None
         resume = latest.step if latest is not None else 0
         if storage is not None:
             storage.discard_incomplete_after(resume)
@@ -384,7 +339,7 @@ class RunController:
                 sized = replace(self.plan, num_nodes=size.nodes)
             except (InsufficientSlotsError, LaunchError) as exc:
                 kind = ProblemKind.SLOTS if isinstance(exc, InsufficientSlotsError) else ProblemKind.LAUNCH
-                problem = DriverProblem(kind, str(exc), cause=exc.__cause__)
+                problem = StartProblem.of(kind, str(exc), cause=exc.__cause__)
         record = AttemptRecord(
             attempt=index, world_size=sized.world_size, nodes=sized.num_nodes, reason=reason, size=size
         )
@@ -426,39 +381,6 @@ def _needed(config: DistributorConfig) -> dict[str, str]:
         if replica_group_of(config) is not None
         else {}
     )
-
-
-def _newest_checkpoint(storage: RunStorage, peer_runs: tuple[str, ...]) -> CheckpointInfo | None:
-    """The checkpoint an attempt resumes from: the newest complete one of this run and of its
-    ``peer_runs`` (a replica group's: the other groups', in the same storage), this run's on a tie.
-    A peer whose storage cannot be read is left out (its checkpoints are its own group's to resume)."""
-    found = [storage.latest()]
-    for peer in peer_runs:
-        try:
-            found.append(RunStorage(storage.base, peer, storage.options).latest())
-        except Exception as exc:  # noqa: BLE001 - this run's own checkpoint still serves
-            logger.warning(
-                "spark_torch: the checkpoints of %s could not be read: %s", peer, storage_error(storage.base, exc)
-            )
-    complete = [checkpoint for checkpoint in found if checkpoint is not None]
-    return max(complete, key=lambda checkpoint: checkpoint.step) if complete else None  # max keeps the first of equals
-
-
-def _record_end(storage: RunStorage | None, attempt: AttemptRecord) -> None:
-    """Add the attempt's end to the run's log (``spark-torch runs show``)."""
-    error = (attempt.error.type_name, attempt.error.first_line) if attempt.error is not None else None
-    end = str(attempt.end) if attempt.end is not None else "?"
-    row = attempt_row(
-        attempt.attempt,
-        attempt.world_size,
-        attempt.nodes,
-        str(attempt.reason),
-        end,
-        error,
-        attempt.size_note,
-        time.time(),
-    )
-    log_call(storage, {**row, "detail": str(attempt.grow)} if attempt.grow is not None else row)
 
 
 def _unpickle_result(result: ResultBytes | None) -> Any:

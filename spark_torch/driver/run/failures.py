@@ -1,33 +1,30 @@
 """How an attempt's end becomes the exception the user sees: the one place, for both modes.
 
 An attempt ends as an :class:`~spark_torch.driver.run.outcome.AttemptOutcome`; when the policy
-says raise, :func:`attempt_error` builds the error from its typed cause. A node's failure
-arrives as a :class:`~spark_torch.shared.failure_reports.FailureReport` (built in process in local
-mode; received authenticated over the channel or inside Spark's task exception in distributed
-mode): :func:`error_from_report` turns it into the library's error, with the failing rank's own
-exception as ``__cause__`` when it could be rebuilt. :func:`spark_failure_cause` reads a failed
-barrier job as data: the nodes' authenticated reports, or what Spark's text says when no node
-could report (:func:`classify_spark_text`: a missing module on the executors, an executor lost,
-too few slots, a result over ``spark.driver.maxResultSize``). Spark's own exception reaches the
-user only as the ``__cause__`` of the error, as a :class:`SparkJobError`: its Python text
-without the nodes' encoded reports and without JVM frames.
+says raise, :func:`attempt_error` builds the error from its typed cause. Failed ranks arrive
+in their nodes' :class:`~spark_torch.shared.node_outcome.NodeOutcome` (in process in local mode;
+sealed with the run's secret in distributed mode): they become a :class:`DistributedRunError`
+with the failing rank's own exception as ``__cause__`` when it could be rebuilt. A failed barrier
+job from which no node said anything is read by :func:`classify_spark_text` (a missing module on
+the executors, an executor lost, too few slots, a result over ``spark.driver.maxResultSize``).
+Spark's own exception reaches the user only as the ``__cause__`` of the error, as a
+:class:`SparkJobError`: its Python text without the nodes' sealed ends and without JVM frames.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
-from spark_torch.base.states import ProblemKind, StopReason
+from spark_torch.base.states import Problem, ProblemKind, StopReason
 from spark_torch.driver.run.outcome import (
     AttemptOutcome,
-    DriverProblem,
     Interrupted,
     RanksFailed,
     RanksStopped,
     SparkFailureKind,
     SparkJobFailed,
     StallVerdict,
+    StartProblem,
 )
 from spark_torch.driver.spark.slots import RANKS_PER_TASK_FIX
 from spark_torch.errors import (
@@ -39,15 +36,13 @@ from spark_torch.errors import (
     RunTimeoutError,
     SparkTorchError,
 )
-from spark_torch.shared.failure_reports import MARKER, FailureReport, decode_report, merge_reports
 from spark_torch.shared.rank_files import rebuild_exception
+from spark_torch.shared.sealed import MARKER
 
 __all__ = [
     "attempt_error",
     "unreadable_result_error",
-    "error_from_report",
     "problem_error",
-    "spark_failure_cause",
     "classify_spark_text",
     "SparkJobError",
     "without_reports",
@@ -55,7 +50,7 @@ __all__ = [
 
 #: a node runner that could not even start: an import failed in Spark's Python worker
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
-#: a node's encoded report inside Spark's text (also a cut one: Spark shortens some reasons)
+#: a node's sealed end inside Spark's text (also a cut one: Spark shortens some reasons)
 _REPORT = re.compile(re.escape(MARKER) + r"<[A-Za-z0-9+/=.]*>?(?:" + re.escape(MARKER) + r")?")
 #: a JVM stack frame line, and where PySpark appends the JVM's stack trace
 _JVM_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$|^\s+\.\.\. \d+ more\s*$")
@@ -66,13 +61,13 @@ _SPARK_TEXT_LINES = 40
 
 class SparkJobError(RuntimeError):
     """The Spark job's own failure, as the ``__cause__`` of the error a failed run raises: the
-    text Spark gave, without the nodes' encoded reports and JVM frames (``spark_logs=True``
+    text Spark gave, without the nodes' sealed ends and JVM frames (``spark_logs=True``
     keeps Spark's full traces in its log)."""
 
 
 def without_reports(text: str) -> str:
-    """``text`` with every node's encoded failure report replaced by a short note."""
-    return _REPORT.sub("(a spark_torch failure report, decoded by the driver)", text)
+    """``text`` with every node's sealed end replaced by a short note."""
+    return _REPORT.sub("(a spark_torch node's end, read by the driver)", text)
 
 
 def _visible(exc: BaseException) -> SparkJobError:
@@ -91,46 +86,9 @@ _PROBLEM_ERRORS: dict[ProblemKind, type[SparkTorchError]] = {
 }
 
 
-def problem_error(kind: ProblemKind, message: str) -> SparkTorchError:
+def problem_error(problem: Problem) -> SparkTorchError:
     """The error for a problem that kept an attempt's ranks from starting (a node's or the driver's)."""
-    return _PROBLEM_ERRORS[kind](message)
-
-
-def error_from_report(report: FailureReport) -> BaseException:
-    """The exception for a node's (or several merged nodes') failure report.
-
-    A node that could not start its ranks reports its problem, ``(kind, message)``: LaunchError
-    or ConfigurationError with the node's message; failed ranks become a :class:`DistributedRunError` that leads with
-    the earliest failure, caused by that rank's exception (unpickled only because the report is
-    authenticated or was built in this process; else rebuilt from text when it is a builtin).
-    """
-    if report.problem is not None:
-        return problem_error(*report.problem)
-    error = DistributedRunError(list(report.failures), report.headline)
-    if error.failures:
-        root = error.failures[0]
-        cause = rebuild_exception(root, report.pickled.get(root.rank))
-        if cause is not None:
-            error.__cause__ = cause
-    return error
-
-
-def spark_failure_cause(
-    exc: BaseException, secret: bytes, channel_reports: Sequence[FailureReport]
-) -> RanksFailed | SparkJobFailed:
-    """Why a barrier job failed, as data: the nodes' authenticated reports (those sent over the
-    channel, and the one inside Spark's exception text), else what Spark's text says.
-
-    The exception text also holds whatever the failing rank printed or raised, so only a report
-    whose MAC verifies with this run's secret is used (and only then is an exception unpickled).
-    """
-    text = str(exc)
-    from_text = decode_report(text, secret)
-    report = merge_reports([*channel_reports, *([from_text] if from_text is not None else [])])
-    if report is not None:
-        return RanksFailed(report, spark_error=exc)
-    kind, detail = classify_spark_text(without_reports(text))
-    return SparkJobFailed(kind, detail, spark_error=exc)
+    return _PROBLEM_ERRORS[problem.kind](problem.message)
 
 
 def classify_spark_text(text: str) -> tuple[SparkFailureKind, str]:
@@ -184,12 +142,24 @@ def _spark_job_error(failed: SparkJobFailed) -> BaseException:
 
 
 def _ranks_failed_error(failed: RanksFailed) -> BaseException:
-    error = error_from_report(failed.report)
-    if error.__cause__ is None and failed.spark_error is not None:  # the report said it all; Spark's text adds Java
-        error.__cause__ = SparkJobError(
-            "Spark's barrier job ended because this node failed (Spark's own trace: the spark_logs setting)"
-        )
+    """A :class:`DistributedRunError` that leads with the earliest failure, caused by that rank's
+    exception (unpickled only because the outcome was authenticated or built in this process;
+    else rebuilt from text when it is a builtin)."""
+    error = DistributedRunError(list(failed.failures))
+    if error.failures:
+        root = error.failures[0]
+        cause = rebuild_exception(root, failed.pickled.get(root.rank))
+        if cause is not None:
+            error.__cause__ = cause
+    if error.__cause__ is None and failed.spark_error is not None:  # the outcome said it all; Spark's text adds Java
+        error.__cause__ = _node_failed()
     return error
+
+
+def _node_failed() -> SparkJobError:
+    return SparkJobError(
+        "Spark's barrier job ended because this node failed (Spark's own trace: the spark_logs setting)"
+    )
 
 
 def attempt_error(outcome: AttemptOutcome) -> BaseException:
@@ -200,9 +170,9 @@ def attempt_error(outcome: AttemptOutcome) -> BaseException:
         return _ranks_failed_error(cause)
     if isinstance(cause, SparkJobFailed):
         return _spark_job_error(cause)
-    if isinstance(cause, DriverProblem):
-        problem = problem_error(cause.kind, cause.message)
-        problem.__cause__ = cause.cause
+    if isinstance(cause, StartProblem):
+        problem = problem_error(cause.problem)
+        problem.__cause__ = _node_failed() if cause.spark_error is not None else cause.cause
         return problem
     if isinstance(cause, RanksStopped):
         return RunTimeoutError(

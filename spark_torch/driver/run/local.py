@@ -13,10 +13,10 @@ from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
-from spark_torch.base.states import GroupState, NodeOutcome, ShardSource, ShardUse, StopReason, StopSignal
+from spark_torch.base.states import ShardSource, StopReason, StopSignal
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, Verdict, classify
-from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed
+from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted
 from spark_torch.driver.run.stall import note_stacks
 from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
@@ -27,7 +27,6 @@ from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.workdir import NodeWorkdir
 from spark_torch.reporting.coordinator import ReportCoordinator
 from spark_torch.reporting.pipes import NodeReports
-from spark_torch.shared.failure_reports import FailureReport
 from spark_torch.shared.lines import RankOutput
 from spark_torch.shared.rank_files import map_file
 
@@ -111,10 +110,7 @@ class LocalIO:
         )
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
-        """Nothing to tell: the driver is right here."""
-
-    def node_failed(self, report: FailureReport) -> None:
-        """Nothing to tell: :func:`run_local` returns it."""
+        """Nothing to tell: the driver is right here (the node's outcome carries it)."""
 
 
 def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome:
@@ -122,24 +118,24 @@ def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome
     pickled result (function mode) or None, else the typed cause. With ``reuse_staged`` the
     rows a previous run kept are used when they are still there (else staged again)."""
     if data is None or data.digest is None:
-        return _run_here(attempt, data)[0]
+        return _run_here(attempt, data)
     spec = attempt.spec
     assert spec.data is not None
     kept = KeptRows.for_attempt(data.df.sparkSession, data.digest, data.columns, data.explicit, spec.plan)
     cache, missed = kept.first(), False
     while True:
         here = replace(attempt, spec=replace(spec, data=replace(spec.data, cache=cache)))
-        outcome, use = _run_here(here, None if cache.reuse else data)
+        outcome = _run_here(here, None if cache.reuse else data)
+        use = outcome.shards.get(0)
         if use is not None and use.source is ShardSource.MISSED and cache.reuse:
             cache, missed = kept.missed(cache), True
             continue
-        staging = kept.settle(cache, {0: use} if use is not None else {}, 1, missed)
-        return replace(outcome, staging=staging)
+        return replace(outcome, staging=kept.settle(cache, outcome.shards, 1, missed))
 
 
-def _run_here(attempt: Attempt, data: DataInput | None) -> tuple[AttemptOutcome, ShardUse | None]:
+def _run_here(attempt: Attempt, data: DataInput | None) -> AttemptOutcome:
     """One node runner here (``data``: the DataFrame to read; None: nothing to read); how the
-    attempt ended and where its rows came from."""
+    attempt ended (with the node's outcome: where its rows came from)."""
     spec = attempt.spec
     io = LocalIO(attempt)
     # local mode: the driver reads the DataFrame and the ranks split its rows
@@ -161,9 +157,9 @@ def _run_here(attempt: Attempt, data: DataInput | None) -> tuple[AttemptOutcome,
             outcome = hosted.outcome()
         except KeyboardInterrupt as interrupt:
             note_stacks(interrupt, io.stall)
-            return classify(AttemptEvidence(nodes=1, verdict=Interrupted(interrupt))), None
+            return classify(AttemptEvidence(nodes=1, verdict=Interrupted(interrupt)))
         except NodeProblem as problem:
-            outcome = NodeOutcome(problem=(problem.kind, problem.message))
+            outcome = problem.outcome()
         finally:
             if timer is not None:
                 timer.cancel()
@@ -171,16 +167,13 @@ def _run_here(attempt: Attempt, data: DataInput | None) -> tuple[AttemptOutcome,
                 io.coordinator.close()
             io.stall.close()
         group = hosted.group if hosted is not None else None
-        failed = hosted is not None and outcome.state is GroupState.FAILED
         result_file = group.result_file if group is not None else None
-        ended = classify(
+        return classify(
             AttemptEvidence(
                 nodes=1,
                 outcomes={0: outcome},
                 verdict=io.verdict(hosted),
-                failure=RanksFailed(hosted.failure_report()) if failed and hosted is not None else None,
                 # readable after the workdir is removed
                 result=lambda: map_file(result_file) if result_file is not None else None,
             )
         )
-        return ended, outcome.shard

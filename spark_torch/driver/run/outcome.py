@@ -1,9 +1,11 @@
 """How an attempt ended, as data: what both modes return and the controller decides on.
 
 Every way an attempt ends is an :class:`AttemptOutcome`: its :class:`AttemptEnd`, rank 0's
-pickled value when it succeeded, and otherwise one typed cause that carries what the user's
-error will need (the nodes' authenticated failure report, Spark's own exception, the ranks that
-were stopped and where they were, a stall's verdict, the user's interrupt). No exception is built
+pickled value when it succeeded, otherwise one typed cause that carries what the user's error
+will need (the nodes' failed ranks, a problem that kept the ranks from starting, Spark's own
+exception, the ranks that were stopped and where they were, a stall's verdict, the user's
+interrupt), and every node's :class:`~spark_torch.shared.node_outcome.NodeOutcome`, the evidence
+per-node facts are read from (:attr:`AttemptOutcome.shards`). No exception is built
 on the way: :func:`spark_torch.driver.run.failures.attempt_error` turns a cause into the
 user's exception, in one place, at the controller's edge.
 """
@@ -13,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from spark_torch.base.states import NodeOutcome, ProblemKind, RankState, StopReason, ValueEnum
+from spark_torch.base.states import Problem, ProblemKind, RankState, ShardUse, StopReason, ValueEnum
 from spark_torch.driver.result import AttemptEnd, GrowRequest
-from spark_torch.errors import StoppedRank
-from spark_torch.shared.failure_reports import FailureReport
+from spark_torch.errors import RankFailure, StoppedRank
+from spark_torch.shared.node_outcome import NodeOutcome
 from spark_torch.shared.rank_files import ResultBytes
 from spark_torch.shared.staged_shards import Staging
 
@@ -26,7 +28,7 @@ __all__ = [
     "RanksFailed",
     "SparkJobFailed",
     "SparkFailureKind",
-    "DriverProblem",
+    "StartProblem",
     "RanksStopped",
     "StallVerdict",
     "Interrupted",
@@ -53,16 +55,18 @@ class Stacks:
 
 @dataclass(frozen=True)
 class RanksFailed:
-    """Ranks failed, or a node could not start them (``report.kind``): the nodes' report,
-    authenticated with the run's secret or built in this process."""
+    """Ranks failed: every node's failed ranks, as their outcomes said (sealed with the run's
+    secret, or in this process), and their pickled exceptions."""
 
-    report: FailureReport
+    failures: tuple[RankFailure, ...]
+    #: per failed rank, its exception as a base64 pickle (trusted: the outcome was authenticated)
+    pickled: Mapping[int, str] = field(default_factory=dict)
     #: distributed mode: the Spark job's own exception (the user's error names it as its cause)
     spark_error: BaseException | None = None
 
     @property
     def end(self) -> AttemptEnd:
-        return _PROBLEM_ENDS[self.report.kind] if self.report.kind is not None else AttemptEnd.FAILED
+        return AttemptEnd.FAILED
 
 
 class SparkFailureKind(ValueEnum):
@@ -103,19 +107,26 @@ class SparkJobFailed:
 
 
 @dataclass(frozen=True)
-class DriverProblem:
-    """The driver found the attempt impossible (too few task slots or executors whose Python
-    cannot run a node, found before the attempt started; its channel's address, an empty
-    DataFrame, tasks that did not report back): the kind of error and what to tell the user."""
+class StartProblem:
+    """A problem kept the attempt's ranks from starting, found by a node (its outcome's
+    ``problem``: shards, a missing script, GPUs, no rendezvous) or by the driver (too few task
+    slots or executors whose Python cannot run a node, found before the attempt started; its
+    channel's address, an empty DataFrame, tasks that did not report back)."""
 
-    kind: ProblemKind
-    message: str
+    problem: Problem
     #: what the driver caught (an OSError binding the channel), kept as the error's cause
     cause: BaseException | None = None
+    #: distributed mode: the Spark job's own exception, when a node's problem ended it
+    spark_error: BaseException | None = None
+
+    @classmethod
+    def of(cls, kind: ProblemKind, message: str, cause: BaseException | None = None) -> StartProblem:
+        """The driver's problem of ``kind``."""
+        return cls(Problem(kind, message), cause)
 
     @property
     def end(self) -> AttemptEnd:
-        return _PROBLEM_ENDS[self.kind]
+        return _PROBLEM_ENDS[self.problem.kind]
 
 
 @dataclass(frozen=True)
@@ -206,25 +217,32 @@ class GrowRequested:
 
 
 #: why an attempt did not succeed: one of these, each carrying what the user's error needs
-AttemptCause = RanksFailed | SparkJobFailed | DriverProblem | RanksStopped | StallVerdict | Interrupted | GrowRequested
+AttemptCause = RanksFailed | SparkJobFailed | StartProblem | RanksStopped | StallVerdict | Interrupted | GrowRequested
 
 
 @dataclass(frozen=True)
 class AttemptOutcome:
     """How an attempt ended: its end, rank 0's pickled value when it succeeded, else its cause;
+    ``nodes``: each node's outcome as the node said (the evidence it was classified from);
     ``staging``: how its DataFrame rows reached the ranks (``reuse_staged``), else None."""
 
     end: AttemptEnd
     result: ResultBytes | None = None
     cause: AttemptCause | None = None
     staging: Staging | None = None
+    nodes: Mapping[int, NodeOutcome] = field(default_factory=dict)
 
     @classmethod
-    def succeeded(cls, result: ResultBytes | None) -> AttemptOutcome:
+    def succeeded(cls, result: ResultBytes | None, nodes: Mapping[int, NodeOutcome] | None = None) -> AttemptOutcome:
         """The gang finished; ``result`` is rank 0's pickled value (None for scripts)."""
-        return cls(AttemptEnd.SUCCEEDED, result=result)
+        return cls(AttemptEnd.SUCCEEDED, result=result, nodes=nodes or {})
 
     @classmethod
-    def ended(cls, cause: AttemptCause) -> AttemptOutcome:
+    def ended(cls, cause: AttemptCause, nodes: Mapping[int, NodeOutcome] | None = None) -> AttemptOutcome:
         """An attempt that did not succeed, its end read from its cause."""
-        return cls(cause.end, cause=cause)
+        return cls(cause.end, cause=cause, nodes=nodes or {})
+
+    @property
+    def shards(self) -> dict[int, ShardUse]:
+        """``run_on_dataframe``: where each node's rows came from, as its outcome says."""
+        return {node: outcome.shard for node, outcome in self.nodes.items() if outcome.shard is not None}
