@@ -47,6 +47,7 @@ from typing import Any
 from spark_torch.base import envnames
 from spark_torch.rank.columns import column_dtypes, column_kind, float_columns, to_tensor
 from spark_torch.rank.positions import LoaderPosition, Tracker, fingerprint, register
+from spark_torch.rank.windows import Windows, window_rows
 from spark_torch.shared.column_files import StagedColumns
 
 __all__ = [
@@ -185,34 +186,30 @@ class RankDataset:
         # DataLoader workers map the files themselves
         return {**self.__dict__, "_staged": None}
 
-    def _batch(self, positions: Any) -> Any:
-        if self._staged is None:
-            self._staged = StagedColumns(self.path)
-        staged = self._staged
-        values = [
-            to_tensor(staged.gather(name, positions), self.kinds[name], self.dtypes[name]) for name in self.columns
-        ]
+    def _batch(self, rows: StagedColumns, indices: Any) -> Any:
+        values = [to_tensor(rows.gather(name, indices), self.kinds[name], self.dtypes[name]) for name in self.columns]
         if self.as_tuple:
             return tuple(values)
         return dict(zip(self.columns, values))
 
-    def _order(self, epoch: int) -> Any:
-        import numpy as np
-
-        return np.random.default_rng([self.seed, epoch]).permutation(self._sharding.count) if self.shuffle else None
+    def window_rows(self) -> int:
+        """Rows this rank reads into memory at once (:mod:`spark_torch.rank.windows`)."""
+        staged = StagedColumns(self.path) if self._staged is None else self._staged
+        return window_rows(staged.row_bytes(self.columns), self.batch_size, self._sharding.count)
 
     def __iter__(self) -> Iterator[Any]:
         return self._batches(self.skip)  # skip read now: a generator would read it at its first batch
 
     def _batches(self, skip: int) -> Iterator[Any]:
-        import numpy as np
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         count, per_epoch = self._sharding.count, len(self)
         stop = count - (count % self.batch_size if self.drop_last else 0)
-        order, ordered = None, -1
+        if self._staged is None:
+            self._staged = StagedColumns(self.path)
+        windows = Windows(self._staged, self.columns, self._sharding, self.window_rows(), self.shuffle, self.seed)
         # the iteration's batches numbered on across its epochs, from the first not skipped (a
         # resumed position): worker w takes every workers-th from there, so a DataLoader, which
         # takes one from each worker in turn, hands them out in order
@@ -220,12 +217,8 @@ class RankDataset:
             if (k - skip) % workers != worker:
                 continue
             epoch, index = divmod(k, per_epoch)
-            if epoch != ordered:
-                order, ordered = self._order(self.epoch + epoch), epoch
             start = index * self.batch_size
-            end = min(start + self.batch_size, stop)
-            js = order[start:end] if order is not None else np.arange(start, end)
-            yield self._batch(self._sharding.positions(js))
+            yield self._batch(*windows.batch(self.epoch + epoch, start, min(start + self.batch_size, stop)))
 
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this dataset depends on (:func:`spark_torch.rank.positions.fingerprint`)."""
@@ -239,6 +232,7 @@ class RankDataset:
             shuffle=bool(self.shuffle),
             seed=self.seed,
             drop_last=bool(self.drop_last),
+            window=self.window_rows() if self.shuffle else 0,  # a shuffled epoch's order depends on it
         )
 
 
