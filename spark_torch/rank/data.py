@@ -2,9 +2,11 @@
 
 The node runner writes the node's share of the DataFrame to a folder of column files
 (:mod:`spark_torch.shared.column_files`, ``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node
-owns every ``LOCAL_WORLD_SIZE``-th row of it, so each row belongs to exactly one rank. The
-files are memory-mapped and each batch's rows are gathered from them: a rank never holds its
-whole shard in memory, and a batch costs the same whatever the number of rows.
+owns one contiguous block of it, so each row belongs to exactly one rank. A rank reads its
+epoch a window at a time (:mod:`spark_torch.rank.windows`: about 32 MiB of rows read into memory,
+never mapped; shuffled, a two-level shuffle) and gathers each batch's rows from its window: a
+rank holds one window and one batch, never its whole shard, and a batch costs the same whatever
+the number of rows.
 
 **Every rank gets the same number of rows, and so the same number of batches**, with
 ``torch.utils.data.DistributedSampler``'s semantics (DDP waits in every all-reduce for every
@@ -114,11 +116,11 @@ class RankDataset:
     """An ``IterableDataset`` of this rank's rows, yielding whole batches.
 
     Each iteration is one epoch (or ``epochs`` epochs back to back); with ``shuffle``, the
-    order is a permutation seeded by ``seed`` and the epoch number, so it differs per epoch
-    and is reproducible. With DataLoader workers, each worker yields a disjoint set of batches.
+    order is seeded by ``seed`` and the epoch number, so it differs per epoch and is
+    reproducible (a two-level shuffle over windows: :mod:`spark_torch.rank.windows`). With DataLoader workers, each worker yields a disjoint set of batches.
     ``path`` is a folder staged by :class:`~spark_torch.shared.column_files.ColumnWriter`; ``dtype``:
     see :func:`rank_loader`. A batch costs the same whatever the number of rows: its rows'
-    positions are computed, then gathered from the memory-mapped column files.
+    positions are computed, then gathered from the window of rows read last.
     """
 
     def __init__(

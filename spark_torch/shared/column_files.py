@@ -8,9 +8,9 @@ Why not an Arrow IPC file: Spark hands the rows over in ~10k-row record batches,
 ``take`` on a table of many chunks concatenates every chunk of a list, string or struct
 column on each call, so a batch cost grew with the rank's total rows (an epoch, with the
 square). Here every column part is one contiguous array of the whole node (written chunk by
-chunk, memory-mapped by the ranks), so gathering a batch reads only that batch's rows: its
-cost does not depend on how many rows the node holds, and a rank never copies its share
-into memory.
+chunk), so gathering a batch reads only that batch's rows: its cost does not depend on how many
+rows the node holds. A rank reads a window of its rows at a time (:meth:`StagedColumns.read`,
+``pread``), never its whole share; :meth:`StagedColumns.part` maps a part (tests, readers).
 
 Layout of the folder: ``columns.json`` (rows and, per column, its kind, the parts' dtypes and
 facts found while writing) and ``<column index>.<part>`` raw little-endian arrays:
