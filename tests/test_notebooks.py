@@ -111,11 +111,17 @@ def test_01_quickstart(tmp_path: Path, monkeypatch: Any) -> None:
         for out in cell.get("outputs", [])
         if out.output_type == "display_data" and "image/png" in out.get("data", {})
     ]
-    assert len(images) == 1
-    assert base64.b64decode(images[0]).startswith(b"\x89PNG")
+    assert len(images) == 2  # the loss curve, and the resumed run's live chart of its reports
+    assert all(base64.b64decode(image).startswith(b"\x89PNG") for image in images)
     assert "[rank 0] dataframe epoch 5: train accuracy" in out
     assert "spark_torch: 2 rank(s): 2 finished, 0 failed" in out  # the live status's summary
     assert accuracy_from(out, "dataframe train accuracy") > 0.9
+    # a rank SIGKILLed after batch 15 of epoch 1, the gang restarted from the checkpoint after batch 10:
+    # the loaders go on at batch 11, and every row is trained once per epoch
+    assert "failed: killed by SIGKILL); restarting the gang (1 of 1)" in out
+    assert "[rank 0] life 1: resumed at step 10, epoch 1, batch 11" in out and "restarts: 1" in out
+    assert "epoch 1: 1796 rows trained, every one of the 1796 once: True" in out
+    assert "epoch 2: 1796 rows trained, every one of the 1796 once: True" in out
 
 
 def test_02_migrate_a_script(tmp_path: Path, monkeypatch: Any) -> None:

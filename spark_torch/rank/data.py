@@ -2,9 +2,11 @@
 
 The node runner writes the node's share of the DataFrame to a folder of column files
 (:mod:`spark_torch.shared.column_files`, ``SPARK_TORCH_DATA_FILE``); rank ``LOCAL_RANK`` of the node
-owns every ``LOCAL_WORLD_SIZE``-th row of it, so each row belongs to exactly one rank. The
-files are memory-mapped and each batch's rows are gathered from them: a rank never holds its
-whole shard in memory, and a batch costs the same whatever the number of rows.
+owns one contiguous block of it, so each row belongs to exactly one rank. A rank reads its
+epoch a window at a time (:mod:`spark_torch.rank.windows`: about 32 MiB of rows read into memory,
+never mapped; shuffled, a two-level shuffle) and gathers each batch's rows from its window: a
+rank holds one window and one batch, never its whole shard, and a batch costs the same whatever
+the number of rows.
 
 **Every rank gets the same number of rows, and so the same number of batches**, with
 ``torch.utils.data.DistributedSampler``'s semantics (DDP waits in every all-reduce for every
@@ -51,6 +53,7 @@ from spark_torch.rank import step_batches
 from spark_torch.rank.columns import column_dtypes, column_kind, float_columns, to_tensor
 from spark_torch.rank.positions import LoaderPosition, Tracker, fingerprint, register
 from spark_torch.rank.tracked_dataset import make_iterable_dataset
+from spark_torch.rank.windows import Windows, window_rows
 from spark_torch.shared.column_files import StagedColumns
 
 __all__ = [
@@ -117,11 +120,11 @@ class RankDataset:
     """An ``IterableDataset`` of this rank's rows, yielding whole batches.
 
     Each iteration is one epoch (or ``epochs`` epochs back to back); with ``shuffle``, the
-    order is a permutation seeded by ``seed`` and the epoch number, so it differs per epoch
-    and is reproducible. With DataLoader workers, each worker yields a disjoint set of batches.
+    order is seeded by ``seed`` and the epoch number, so it differs per epoch and is
+    reproducible (a two-level shuffle over windows: :mod:`spark_torch.rank.windows`). With DataLoader workers, each worker yields a disjoint set of batches.
     ``path`` is a folder staged by :class:`~spark_torch.shared.column_files.ColumnWriter`; ``dtype``:
     see :func:`rank_loader`. A batch costs the same whatever the number of rows: its rows'
-    positions are computed, then gathered from the memory-mapped column files.
+    positions are computed, then gathered from the window of rows read last.
     """
 
     def __init__(
@@ -172,7 +175,7 @@ class RankDataset:
         self.dtypes = column_dtypes(self.kinds, float_columns(staged.columns, names), dtype)
         self._sharding = _Sharding(staged.rows, self.slot, self.slots, self.rows_per_node, drop_last)
         self._staged: StagedColumns | None = None  # opened in the process that iterates (workers)
-        self._ordered: tuple[int, Any] = (-1, None)  # batch_at's epoch and its order
+        self._step_windows: Windows | None = None  # batch_at's windows (a replica group's loader)
         #: batches the next iteration leaves out at its start (a resumed position: :mod:`spark_torch.rank.positions`)
         self.skip = 0
 
@@ -191,36 +194,32 @@ class RankDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers map the files themselves
-        return {**self.__dict__, "_staged": None}
+        return {**self.__dict__, "_staged": None, "_step_windows": None}
 
-    def _batch(self, positions: Any) -> Any:
-        if self._staged is None:
-            self._staged = StagedColumns(self.path)
-        staged = self._staged
-        values = [
-            to_tensor(staged.gather(name, positions), self.kinds[name], self.dtypes[name]) for name in self.columns
-        ]
+    def _batch(self, rows: StagedColumns, indices: Any) -> Any:
+        values = [to_tensor(rows.gather(name, indices), self.kinds[name], self.dtypes[name]) for name in self.columns]
         if self.as_tuple:
             return tuple(values)
         return dict(zip(self.columns, values))
 
-    def _order(self, epoch: int) -> Any:
-        import numpy as np
-
-        return np.random.default_rng([self.seed, epoch]).permutation(self._sharding.count) if self.shuffle else None
+    def window_rows(self) -> int:
+        """Rows this rank reads into memory at once (:mod:`spark_torch.rank.windows`)."""
+        staged = StagedColumns(self.path) if self._staged is None else self._staged
+        return window_rows(staged.row_bytes(self.columns), self.batch_size, self._sharding.count)
 
     def __iter__(self) -> Iterator[Any]:
         return self._batches(self.skip)  # skip read now: a generator would read it at its first batch
 
     def _batches(self, skip: int) -> Iterator[Any]:
-        import numpy as np
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         count, per_epoch = self._sharding.count, len(self)
         stop = count - (count % self.batch_size if self.drop_last else 0)
-        order, ordered = None, -1
+        if self._staged is None:
+            self._staged = StagedColumns(self.path)
+        windows = Windows(self._staged, self.columns, self._sharding, self.window_rows(), self.shuffle, self.seed)
         # the iteration's batches numbered on across its epochs, from the first not skipped (a
         # resumed position): worker w takes every workers-th from there, so a DataLoader, which
         # takes one from each worker in turn, hands them out in order
@@ -228,24 +227,21 @@ class RankDataset:
             if (k - skip) % workers != worker:
                 continue
             epoch, index = divmod(k, per_epoch)
-            if epoch != ordered:
-                order, ordered = self._order(self.epoch + epoch), epoch
             start = index * self.batch_size
-            end = min(start + self.batch_size, stop)
-            js = order[start:end] if order is not None else np.arange(start, end)
-            yield self._batch(self._sharding.positions(js))
+            yield self._batch(*windows.batch(self.epoch + epoch, start, min(start + self.batch_size, stop)))
 
     def batch_at(self, epoch: int, index: int) -> Any:
         """Batch ``index`` of epoch ``epoch``, as an iteration yields it (a replica group's loader
         takes the committed step's: :mod:`spark_torch.rank.step_batches`)."""
-        import numpy as np
-
-        if self._ordered[0] != epoch:
-            self._ordered = (epoch, self._order(epoch))
-        count, order = self._sharding.count, self._ordered[1]
+        if self._staged is None:
+            self._staged = StagedColumns(self.path)
+        if self._step_windows is None:
+            self._step_windows = Windows(
+                self._staged, self.columns, self._sharding, self.window_rows(), self.shuffle, self.seed
+            )
+        count = self._sharding.count
         start, stop = index * self.batch_size, count - (count % self.batch_size if self.drop_last else 0)
-        end = min(start + self.batch_size, stop)
-        return self._batch(self._sharding.positions(order[start:end] if order is not None else np.arange(start, end)))
+        return self._batch(*self._step_windows.batch(epoch, start, min(start + self.batch_size, stop)))
 
     def position_key(self) -> dict[str, Any]:
         """What a saved position of this dataset depends on (:func:`spark_torch.rank.positions.fingerprint`)."""
@@ -259,6 +255,7 @@ class RankDataset:
             shuffle=bool(self.shuffle),
             seed=self.seed,
             drop_last=bool(self.drop_last),
+            window=self.window_rows() if self.shuffle else 0,  # a shuffled epoch's order depends on it
         )
 
 

@@ -33,7 +33,7 @@ __all__ = ["LoaderPosition", "Tracker", "fingerprint", "register", "positions", 
 
 #: what must be the same for a saved position to apply, in the order a warning names them (not the
 #: rank: in the same world a rank whose own position was not kept takes a peer's, which DDP kept in step)
-KEYS = ("world_size", "rows", "layout", "batches", "batch_size", "shuffle", "seed", "drop_last")
+KEYS = ("world_size", "rows", "layout", "batches", "batch_size", "shuffle", "seed", "drop_last", "window")
 
 
 def fingerprint(

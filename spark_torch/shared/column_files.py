@@ -8,9 +8,9 @@ Why not an Arrow IPC file: Spark hands the rows over in ~10k-row record batches,
 ``take`` on a table of many chunks concatenates every chunk of a list, string or struct
 column on each call, so a batch cost grew with the rank's total rows (an epoch, with the
 square). Here every column part is one contiguous array of the whole node (written chunk by
-chunk, memory-mapped by the ranks), so gathering a batch reads only that batch's rows: its
-cost does not depend on how many rows the node holds, and a rank never copies its share
-into memory.
+chunk), so gathering a batch reads only that batch's rows: its cost does not depend on how many
+rows the node holds. A rank reads a window of its rows at a time (:meth:`StagedColumns.read`,
+``pread``), never its whole share; :meth:`StagedColumns.part` maps a part (tests, readers).
 
 Layout of the folder: ``columns.json`` (rows and, per column, its kind, the parts' dtypes and
 facts found while writing) and ``<column index>.<part>`` raw little-endian arrays:
@@ -37,6 +37,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from spark_torch.shared.column_reads import PartReader
 from spark_torch.shared.workdir_files import open_private
 
 __all__ = ["ColumnWriter", "StagedColumns", "NullValuesError", "MANIFEST", "column_kind"]
@@ -293,6 +294,45 @@ class StagedColumns:
             size = os.path.getsize(path)
             self._maps[key] = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype=dtype)
         return self._maps[key]
+
+    def row_bytes(self, names: Sequence[str]) -> float:
+        """The bytes one row of the named columns takes in the files, on average."""
+        total = sum(
+            os.path.getsize(os.path.join(self.directory, f"{self._index[name]}.{part}"))
+            for name in names
+            for part in _PARTS[self.columns[name]["kind"]]
+        )
+        return total / max(self.rows, 1)
+
+    def read(self, names: Sequence[str], ranges: Sequence[tuple[int, int]]) -> StagedColumns:
+        """The rows of ``ranges`` (``(start, stop)`` file positions), in that order, of the named
+        columns, read into this process's memory (``pread``, never mapped: the files' pages do not
+        count in its resident memory) as a :class:`StagedColumns` of their own, row ``i`` being
+        the ``i``-th row of the ranges; :meth:`gather` works on it as on the files."""
+        rows = StagedColumns.__new__(StagedColumns)
+        rows.directory, rows.columns, rows._index = self.directory, self.columns, self._index
+        rows.rows = sum(stop - start for start, stop in ranges)
+        rows._maps = {}
+        for name in names:
+            column = self.columns[name]
+            kind = column["kind"]
+            with PartReader(self.directory, self._index[name], column["dtypes"]) as files:
+                if kind == "scalar":
+                    rows._maps[(name, "values")] = files.ranges("values", ranges)
+                elif kind == "array" and column["uniform"] and column["width"] is not None:
+                    width = int(column["width"])
+                    rows._maps[(name, "items")] = files.ranges("items", [(a * width, b * width) for a, b in ranges])
+                elif kind == "array":
+                    rows._maps[(name, "ends")], rows._maps[(name, "items")] = files.nested("ends", "items", ranges)
+                elif kind == "vector":
+                    for part in ("type", "size"):
+                        rows._maps[(name, part)] = files.ranges(part, ranges)
+                    for ends, items in (("index_ends", "indices"), ("value_ends", "values")):
+                        rows._maps[(name, ends)], rows._maps[(name, items)] = files.nested(ends, items, ranges)
+                else:
+                    rows._maps[(name, "ends")], rows._maps[(name, "items")] = files.nested("ends", "items", ranges)
+                    rows._maps[(name, "valid")] = files.ranges("valid", ranges)
+        return rows
 
     def _ranges(self, name: str, part: str, rows: Any) -> tuple[Any, Any]:
         """(starts, lengths) of ``rows``' items, from the ``part`` ends."""

@@ -195,6 +195,7 @@ def test_another_world_or_other_rows_restart_the_epoch_with_a_warning(
         ({"rows": 41}, "rows 41 -> 40"),
         ({"batch_size": 5}, "batch_size 5 -> 4"),
         ({"shuffle": True}, "shuffle True -> False"),
+        ({"window": 7}, "window 7 -> 0"),  # a shuffled epoch's order depends on the window size
     ]
     for number, (change, named) in enumerate(changes):
         (tmp_path / str(number)).mkdir()
