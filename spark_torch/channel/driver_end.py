@@ -231,7 +231,8 @@ class DriverChannel:
             with self._lock:
                 self._bulk_errors[node] = error
             self._bulk_log(
-                "spark_torch channel: the driver could not take node %s's data (%s); the node is told to send it another way",
+                "spark_torch channel: the driver could not take node %s's data (%s); the node is told to send it "
+                "another way",
                 node,
                 error,
             )

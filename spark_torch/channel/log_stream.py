@@ -52,7 +52,10 @@ def _frames_of(entries: tuple[tuple[int, str, str], ...], number: Numbering) -> 
         return _frames_of(((rank, stream, block[:middle]),), number) + _frames_of(
             ((rank, stream, block[middle + 1 :]),), number
         )
-    note = f"[spark_torch] {block_lines(block)} line(s) of rank {rank} could not be sent: {type(problem).__name__}: {problem}"
+    note = (
+        f"[spark_torch] {block_lines(block)} line(s) of rank {rank} could not be sent: "
+        f"{type(problem).__name__}: {problem}"
+    )
     return [number(Lines(((-1, "stderr", note[:1000]),)).to_wire())]
 
 

@@ -177,7 +177,8 @@ class DistributorConfig:
         object.__setattr__(self, "replica_groups", groups)
         if self.lighthouse_options is not None and not isinstance(self.lighthouse_options, LighthouseOptions):
             raise TypeError(
-                f"lighthouse_options must be a spark_torch.ft.lighthouse.LighthouseOptions or None, got {self.lighthouse_options!r}"
+                "lighthouse_options must be a spark_torch.ft.lighthouse.LighthouseOptions or None, got "
+                f"{self.lighthouse_options!r}"
             )
         if groups == 1:
             return

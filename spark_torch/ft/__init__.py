@@ -6,7 +6,8 @@ rank's environment (:mod:`spark_torch.ft.env`), the lighthouse the driver hosts
 :mod:`spark_torch.ft.hideout`, behind gates that let in only this user's connections from the
 driver's machine and, in distributed mode, connections that prove the run's secret,
 :mod:`spark_torch.ft.gate`, :mod:`spark_torch.ft.peers`, made by each node's relay,
-:mod:`spark_torch.ft.node_relay`, all passing bytes through one thread, :mod:`spark_torch.ft.relay`), the torchft ``Manager`` wired
+:mod:`spark_torch.ft.node_relay`, all passing bytes through one thread, :mod:`spark_torch.ft.relay`), the torchft
+``Manager`` wired
 to the run inside a rank (:func:`manager`, :mod:`spark_torch.ft.rank`; also one the user's code
 makes itself, :mod:`spark_torch.ft.wiring`; its heals unpickle plain data only,
 :mod:`spark_torch.ft.safe_heal`) and the fix to torchft's DDP communication hook

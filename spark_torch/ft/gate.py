@@ -128,7 +128,10 @@ class AddressGate:
             return True  # the handshake decides
         if uid is not None:
             admitted = uid == self._uid
-            why = f"user id {uid} of this machine, not this run's ({self._uid}: ranks on this machine run as the driver's user)"  # noqa: E501
+            why = (
+                f"user id {uid} of this machine, not this run's ({self._uid}: ranks on this machine run as the "
+                "driver's user)"
+            )
         else:
             admitted = self.admits(peer[0])
             why = "not one of the cluster's addresses"

@@ -27,7 +27,8 @@ def _group(environ: Mapping[str, str]) -> tuple[GroupEnv, int, int, str, int]:
     except (KeyError, ValueError) as exc:
         raise NotInReplicaGroupError(
             f"spark_torch.ft.manager() needs {RANK}, {WORLD_SIZE}, {MASTER_ADDR} and {MASTER_PORT} as spark_torch sets "
-            f"them for a rank ({exc!r}); call it inside the function that Distributor(..., replica_groups=G).run() starts"
+            f"them for a rank ({exc!r}); call it inside the function that Distributor(..., replica_groups=G).run() "
+            "starts"
         ) from exc
 
 
@@ -62,7 +63,8 @@ def manager(
     default is an HTTP server on every interface), the fix to torchft's DDP hook
     (:mod:`spark_torch.ft.ddp_fix`), and :func:`spark_torch.report`'s step: from then on it
     records the Manager's ``current_step()`` (a call at a step already reported is skipped), so
-    a restarted group that healed from a peer reports no step twice. ``kwargs`` go to ``torchft.Manager`` and win over these
+    a restarted group that healed from a peer reports no step twice. ``kwargs`` go to ``torchft.Manager`` and win
+    over these
     (``pg``, ``checkpoint_transport``, ``use_async_quorum``, ``quorum_timeout``...).
 
     Raises:

@@ -44,7 +44,8 @@ class _Unpickler(pickle.Unpickler):
         raise HealRefused(
             f"spark_torch refused to unpickle {module}.{name} in the state a peer group sent to heal this rank: a heal "
             "source is not authenticated (docs/security.md), so only tensors, numbers, strings, None, and lists, "
-            "tuples and dicts of them may travel; keep other objects out of the Manager's state_dict (turn them into those)"
+            "tuples and dicts of them may travel; keep other objects out of the Manager's state_dict (turn them "
+            "into those)"
         )
 
 

@@ -5,7 +5,8 @@ Distributed mode; one owner for the whole contract. A barrier task (node) return
 
 =====================  ==============================================================
 ``seq >= 0``           a piece of rank 0's pickled result, through Spark (16 MiB each)
-``OUTCOME_SEQ``        this node's :class:`~spark_torch.shared.node_outcome.NodeOutcome`, sealed (:mod:`~spark_torch.shared.sealed`)
+``OUTCOME_SEQ``        this node's :class:`~spark_torch.shared.node_outcome.NodeOutcome`, sealed
+(:mod:`~spark_torch.shared.sealed`)
 ``HANDED_OVER_SEQ``    the result was moved into the driver's ``result_dir``; data = its size
 ``STREAMED_SEQ``       the result went over the channel into the driver's file; data = its size
 ``CHANNEL_ERROR_SEQ``  this node never reached the driver's channel; data = its last error

@@ -121,7 +121,8 @@ class RankDataset:
 
     Each iteration is one epoch (or ``epochs`` epochs back to back); with ``shuffle``, the
     order is seeded by ``seed`` and the epoch number, so it differs per epoch and is
-    reproducible (a two-level shuffle over windows: :mod:`spark_torch.rank.windows`). With DataLoader workers, each worker yields a disjoint set of batches.
+    reproducible (a two-level shuffle over windows: :mod:`spark_torch.rank.windows`). With DataLoader workers, each
+    worker yields a disjoint set of batches.
     ``path`` is a folder staged by :class:`~spark_torch.shared.column_files.ColumnWriter`; ``dtype``:
     see :func:`rank_loader`. A batch costs the same whatever the number of rows: its rows'
     positions are computed, then gathered from the window of rows read last.
@@ -374,7 +375,8 @@ def rank_loader(
     class _EpochLoader(DataLoader):  # type: ignore[type-arg]
         @property
         def epoch(self) -> int:
-            """The epoch of the next batch (a resumed loader's: where its checkpoint was; a replica group's: the step's)."""
+            """The epoch of the next batch (a resumed loader's: where its checkpoint was; a replica group's: the
+            step's)."""
             ledger = step_batches.ledger_for(by_step)
             return steps.epoch(ledger) if ledger is not None else tracker.position.epoch
 

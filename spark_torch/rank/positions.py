@@ -91,7 +91,8 @@ class LoaderPosition:
             or min(epoch, batch) < 0
         ):
             raise ValueError(
-                f"{origin}: {state!r:.200} is not a data loader's position; pass what the loader's state_dict() returned "
+                f"{origin}: {state!r:.200} is not a data loader's position; pass what the loader's state_dict() "
+                "returned "
                 "(a dict with int 'epoch' and 'batch' >= 0)"
             )
         changed = [(k, state.get(k), self.key[k]) for k in KEYS if k in self.key and state.get(k) != self.key[k]]

@@ -4,7 +4,8 @@ A daemon thread samples the main thread every ``SPARK_TORCH_SAMPLE_SECONDS`` and
 record into ``SPARK_TORCH_STACK_FILE`` (a temporary file renamed over it, so the node never reads
 half a sample): ``seq`` grows with every sample (a node that sees it stand still knows the rank
 is not answering; record 0, written when the sampler starts, before the rank's own code, has no
-stack: a rank whose first sample never comes holds the GIL from its first step), ``moved`` with every sample in which the rank made progress
+stack: a rank whose first sample never comes holds the GIL from its first step), ``moved`` with every sample in which
+the rank made progress
 (:class:`Progress`), ``pid`` and ``thread`` name the process and its main thread, ``stack`` is
 the text.
 
@@ -16,7 +17,8 @@ anything the user made), and reads source lines from the files itself.
 A native call that holds the GIL stops this thread; only when the run is being stopped anyway
 (``stall_action="fail"``) does the node ask faulthandler, registered here for
 :data:`spark_torch.shared.stacks.DUMP_SIGNAL_OFFSET` above ``SIGRTMIN``, for the true stack (it dumps
-without the GIL; the signal would cut a sleeping system call short in a rank that goes on). Forked children (a DataLoader's workers) sample themselves into
+without the GIL; the signal would cut a sleeping system call short in a rank that goes on). Forked children (a
+DataLoader's workers) sample themselves into
 ``<stack file>.child-<pid>``. When the node asks (a stall), the sampler also writes torch's
 Flight Recorder record of the collectives still in flight (:func:`trace_path`).
 """

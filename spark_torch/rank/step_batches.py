@@ -54,7 +54,8 @@ def ledger_for(by_step: bool | None) -> Ledger | None:
     if ledger is None and by_step:
         raise RuntimeError(
             "rank_loader(by_step=True) hands out the batch of torchft's committed step: make the Manager "
-            "(spark_torch.ft.manager(...)) before iterating the loader, in a run_on_dataframe(..., replica_groups=G) rank"
+            "(spark_torch.ft.manager(...)) before iterating the loader, in a run_on_dataframe(..., "
+            "replica_groups=G) rank"
         )
     return ledger
 

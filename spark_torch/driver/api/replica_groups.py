@@ -2,7 +2,8 @@
 
 The driver hosts the run's torchft lighthouse (:class:`~spark_torch.ft.lighthouse.Lighthouse`, on
 loopback in local mode, on the channel's address in distributed mode, where the ranks reach it
-through their node's relay, which proves a secret of this call: :mod:`spark_torch.ft.node_relay`) and runs each replica group
+through their node's relay, which proves a secret of this call: :mod:`spark_torch.ft.node_relay`) and runs each
+replica group
 as its own gang: one thread per group, each an attempt loop (:class:`GroupLoop`) of ordinary runs
 (``execute``: in distributed mode a barrier job per group, of whole nodes) of
 ``num_processes / G`` ranks named ``RUN_ID-gN``, with its own ``max_restarts`` budget. A group whose rank fails restarts
@@ -11,7 +12,8 @@ quorum drops the lost group and its Manager heals the restarted one from a peer)
 its budget, or one that ends with an error that a restart does not cure (a bad argument, the
 timeout), fails the run: the lighthouse is stopped at once, so the other groups' ranks fail at
 their next quorum and are not restarted, and :class:`~spark_torch.ReplicaGroupError` names the
-group. Ctrl-C is raised in every group's thread too, so each group's run stops its ranks. The lighthouse is stopped whatever the end. ``run()`` returns group 0's rank-0
+group. Ctrl-C is raised in every group's thread too, so each group's run stops its ranks. The lighthouse is stopped
+whatever the end. ``run()`` returns group 0's rank-0
 value; ``last_run`` is the whole run (:func:`merged_result`, Ctrl-C included): every group's
 report() rows, each with its ``replica_group``, and every group's attempts. A run whose groups
 never created a torchft Manager (the lighthouse never heard from them:
@@ -184,7 +186,8 @@ class GroupLoop:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         times = self.restarts + 1
         headline = (
-            f"replica group {self.group} failed {times} time{'s' if times > 1 else ''}, more than its max_restarts={self.budget} "
+            f"replica group {self.group} failed {times} time{'s' if times > 1 else ''}, more than its "
+            f"max_restarts={self.budget} "
             f"allows (the other groups were stopped); its last failure: {first}. Raise max_restarts or fix the cause"
         )
         grouped = ReplicaGroupError(

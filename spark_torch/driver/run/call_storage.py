@@ -37,7 +37,8 @@ def open_storage(config: DistributorConfig, run_id: str, token: str) -> RunStora
     except Exception as exc:  # noqa: BLE001 - every backend raises its own kinds (TypeError, botocore's...)
         if config.storage_path is not None:
             raise ConfigurationError(
-                f"storage_path={config.storage_path!r}: cannot create the run's directory; {storage_error(storage.url, exc)}"
+                f"storage_path={config.storage_path!r}: cannot create the run's directory; "
+                f"{storage_error(storage.url, exc)}"
             ) from exc
         logger.warning(
             "spark_torch: checkpoints are disabled: the default storage %s cannot be created (%s); "

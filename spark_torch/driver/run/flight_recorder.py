@@ -152,7 +152,8 @@ class FlightRecorder:
             lines = self._lines()
         if announce:
             logger.warning(
-                "spark_torch: torch's Flight Recorder, the collectives in flight on each rank (JSON per rank in %s):\n%s",
+                "spark_torch: torch's Flight Recorder, the collectives in flight on each rank (JSON per rank in "
+                "%s):\n%s",
                 self.where.path if self.where else "",
                 "\n".join(f"  {line}" for line in lines),
             )
@@ -167,7 +168,8 @@ class FlightRecorder:
         except OSError as exc:  # UnsafePathError included: said once, the summary still comes
             self._problem = str(exc)
             logger.warning(
-                "spark_torch: the ranks' Flight Recorder traces are not written: %s; remove it or choose another log_dir",
+                "spark_torch: the ranks' Flight Recorder traces are not written: %s; remove it or choose another "
+                "log_dir",
                 exc,
             )
 

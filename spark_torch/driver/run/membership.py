@@ -3,7 +3,8 @@
 
 Ranks come and go in whole nodes (a node is one barrier task with its ranks). The first attempt
 starts with every node when the slots are there, else at once with as many as fit if that is at
-least the minimum (below it, it waits up to ``executor_wait`` for executors to register); every restart asks for all nodes again, waiting up to the
+least the minimum (below it, it waits up to ``executor_wait`` for executors to register); every restart asks for all
+nodes again, waiting up to the
 ``elastic_wait`` setting for lost executors to come back, then goes on with what there is. With
 ``elastic_grow``, an attempt below full size that sees slots for more nodes free for
 ``elastic_wait`` seconds ends at its next checkpoint and the run restarts larger
