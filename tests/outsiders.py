@@ -50,3 +50,17 @@ def as_nobody(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
     if not ok:
         raise value
     return value
+
+
+def torchft_hello(address: str, replica_id: str = "outsider_9:0") -> str:
+    """What torchft's own lighthouse client got at ``address`` for a heartbeat of ``replica_id``:
+    "joined", or its error (tests/scripts/submit_ft_driver.py sends its copy by value to executors)."""
+    from datetime import timedelta
+
+    from torchft.coordination import LighthouseClient
+
+    try:
+        LighthouseClient(address, timedelta(seconds=5)).heartbeat(replica_id)
+    except Exception as exc:  # noqa: BLE001 - the outcome is the answer
+        return f"{type(exc).__name__}: {exc}"
+    return "joined"

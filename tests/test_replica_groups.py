@@ -24,6 +24,7 @@ import pytest
 from spark_torch import Distributor, ReplicaGroupError, RunResult, RunTimeoutError, list_runs
 from spark_torch.driver.result import AttemptEnd
 from tests import ft_programs
+from tests.outsiders import torchft_hello
 
 pytest.importorskip("torchft")
 
@@ -464,19 +465,6 @@ def test_the_timeout_stops_every_group_and_the_lighthouse(monkeypatch: pytest.Mo
     assert len(hosted) == 1 and not _listening(hosted[0].port)
 
 
-def _torchft_hello(address: str) -> str:
-    """What torchft's own client got from the lighthouse at ``address``: "joined" or its error."""
-    from datetime import timedelta
-
-    from torchft.coordination import LighthouseClient
-
-    try:
-        LighthouseClient(address, timedelta(seconds=5)).heartbeat("outsider_9:0")
-    except Exception as exc:  # noqa: BLE001 - the outcome is the answer
-        return f"{type(exc).__name__}: {exc}"
-    return "joined"
-
-
 def test_distributed_mode_runs_a_barrier_job_per_group(
     spark_session: object, monkeypatch: pytest.MonkeyPatch, no_leftovers: None
 ) -> None:
@@ -495,7 +483,7 @@ def test_distributed_mode_runs_a_barrier_job_per_group(
     class Recorded(Lighthouse):
         def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-            hosted.append((self, _torchft_hello(self.address)))
+            hosted.append((self, torchft_hello(self.address)))
 
     monkeypatch.setattr(replica_groups, "Lighthouse", Recorded)
     address, listening, hellos = Distributor(

@@ -23,7 +23,7 @@ import spark_torch.ft.relay as relay_module
 from spark_torch.channel.wire import ANSWER_BYTES, MAGIC, NONCE_BYTES, PROOF_BYTES
 from spark_torch.ft.gate import AddressGate
 from spark_torch.ft.node_relay import NodeRelay, gate_of, start_for
-from tests.outsiders import as_nobody
+from tests.outsiders import as_nobody, torchft_hello
 from tests.unit.test_lighthouse_gate import Echo, _answer, _connect, _listening, _remote
 
 SECRET = b"s" * 32
@@ -285,18 +285,6 @@ def test_a_flood_of_handshakes_is_bounded_per_address(echo: Echo, gate: AddressG
     assert not [c for c in psutil.Process().net_connections("inet") if c.laddr.port == relay.port]
 
 
-def _torchft_heartbeat(address: str) -> str:
-    from datetime import timedelta
-
-    from torchft.coordination import LighthouseClient
-
-    try:
-        LighthouseClient(address, timedelta(seconds=5)).heartbeat("spark_torch_group_0:0")
-    except Exception as exc:  # noqa: BLE001 - the outcome is the answer
-        return f"{type(exc).__name__}: {exc}"
-    return "joined"
-
-
 def test_a_lighthouse_with_a_secret_hears_torchft_only_through_a_relay() -> None:
     """The lighthouse of a distributed run: torchft's own client is heard through a node's relay,
     closed when it talks to the gate for the relays itself; the driver's own look at it is a
@@ -311,11 +299,11 @@ def test_a_lighthouse_with_a_secret_hears_torchft_only_through_a_relay() -> None
         assert lighthouse.host == "127.0.0.1" and gate == ("127.0.0.3", lighthouse.ranks_port) != ("127.0.0.3", 0)
         assert hello_from("127.0.0.1", f"http://127.0.0.1:{lighthouse.port}") == "answered"
         assert as_nobody(hello_from, "127.0.0.1", f"http://127.0.0.1:{lighthouse.port}") == "closed"
-        assert _torchft_heartbeat(lighthouse.address).startswith("RuntimeError: ")
+        assert torchft_hello(lighthouse.address, "spark_torch_group_0:0").startswith("RuntimeError: ")
         relay = NodeRelay(gate, SECRET)
         try:
             watch = ManagerWatch(lighthouse.host, lighthouse.port, 2).start()
-            assert _torchft_heartbeat(relay.address) == "joined"
+            assert torchft_hello(relay.address, "spark_torch_group_0:0") == "joined"
             assert watch.stop() == [1]  # group 0's heartbeat arrived, through the relay
         finally:
             relay.close()
