@@ -60,6 +60,8 @@ def train(
         opt.load_state_dict(state["opt"])
         together.copy_(state["together"])
 
+    with open(os.path.join(work, f"{name}.restarts"), "a") as fh:  # each process: its restart count
+        fh.write(f"{os.getpid()} {os.environ['TORCHELASTIC_RESTART_COUNT']}\n")
     mgr = ft.manager(
         state_dict=lambda: {"model": model.state_dict(), "opt": opt.state_dict(), "together": together},
         load_state_dict=load,

@@ -109,6 +109,9 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     # each group's own run counts its restarts, and a restart's attempt is labelled one
     assert [r.restarts for r in last.replica_groups] == [0, 1]
     assert [a.attempt for a in last.replica_groups[1].attempts] == [0, 1]
+    # the restarted group's ranks see their restart, as under torchrun (it was 0 again)
+    for group, counts in ((0, ["0"]), (1, ["0", "1"])):
+        assert [line.split()[1] for line in (tmp_path / f"g{group}.restarts").read_text().splitlines()] == counts
     reasons = [(a.replica_group, str(a.reason)) for a in last.attempts]
     assert reasons == [(0, "start"), (1, "start"), (1, "restart after a failure")], reasons
     # the run's steps: the last step committed, not the groups' rows added up

@@ -69,7 +69,7 @@ def test_default_storage_the_nodes_cannot_see_is_warned_at_the_rendezvous(
 ) -> None:
     """A multi-host run on the default storage (which only the driver sees): the run goes on,
     and says before training that checkpoints would fail, naming the storage and the nodes."""
-    import spark_torch.driver.run.controller as execution
+    import spark_torch.driver.run.call_storage as execution
 
     monkeypatch.setattr(execution, "DEFAULT_STORAGE", f"memory://spark-torch-{uuid.uuid4().hex[:8]}")
     Distributor(num_processes=2, local_mode=False, spark=spark_session).run(touch, str(tmp_path / "a rank ran"))

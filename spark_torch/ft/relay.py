@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_torch.channel.handshake_slots import HandshakeSlots
 from spark_torch.channel.transport import (
@@ -39,7 +39,9 @@ from spark_torch.channel.transport import (
     MAX_PENDING_PER_TRUSTED_ADDRESS,
     MIN_HANDSHAKE_AGE,
 )
-from spark_torch.channel.wire import ANSWER_BYTES, AuthenticationError, ServerChallenge
+
+if TYPE_CHECKING:  # the handshake's module needs cryptography: imported when a secret is used
+    from spark_torch.channel.wire import ServerChallenge
 
 __all__ = ["Relay", "BUFFER", "CLOSE_WAIT_SECONDS", "HANDSHAKE_SECONDS", "MAX_DIALS"]
 
@@ -280,6 +282,8 @@ class Relay:
             conn.close()
             return
         conn.setblocking(False)
+        from spark_torch.channel.wire import ServerChallenge
+
         challenge = ServerChallenge(self._secret or b"")
         greeting = _Greeting(conn, host, time.monotonic() + HANDSHAKE_SECONDS, challenge, bytearray(challenge.greeting))
         self._greetings[conn] = greeting
@@ -287,6 +291,8 @@ class Relay:
 
     def _greet(self, greeting: _Greeting, events: int) -> None:
         """One step of a handshake: send what is left of the greeting, read the answer, check it."""
+        from spark_torch.channel.wire import ANSWER_BYTES, AuthenticationError
+
         try:
             if events & selectors.EVENT_WRITE and greeting.out:
                 del greeting.out[: greeting.sock.send(greeting.out)]

@@ -16,12 +16,11 @@ import platform
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_torch.base import envnames
 from spark_torch.base.states import Problem, ProblemKind, ShardUse, StopReason, StopSignal
 from spark_torch.errors import ClusterConfigurationError, RankFailure
-from spark_torch.ft import node_relay
 from spark_torch.node.gpus import node_gpus, through_visible
 from spark_torch.node.group_result import GroupResult
 from spark_torch.node.processes import reserve_port
@@ -38,6 +37,9 @@ from spark_torch.shared.node_outcome import NodeOutcome
 from spark_torch.shared.spec import RunSpec
 from spark_torch.shared.workdir_files import WorkdirFiles, make_private
 from spark_torch.version import package_identity
+
+if TYPE_CHECKING:
+    from spark_torch.ft.node_relay import NodeRelay
 
 __all__ = [
     "NodeIO",
@@ -291,7 +293,7 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
     cwd = _usable_dir(run.cwd)
     reservation, store = _master_port(run, io, cwd)
     reports = None
-    relay: node_relay.NodeRelay | None = None
+    relay: NodeRelay | None = None
     try:
         port = reservation.getsockname()[1] if reservation is not None else 0
         hello = {
@@ -310,7 +312,11 @@ def _run_staged(run: RunSpec, io: NodeIO, workdir: NodeWorkdir, shard: NodeShard
         if shard is not None and placement is None:  # kept shards do not cover every node: restage
             return NodeResult(group=None, shard=shard.missed())
         node_env = _node_env(run, io, workdir, placement)
-        relay = node_relay.start_for(run.extra_env, run.lighthouse_secret)  # replica groups: the ranks' way to torchft
+        relay = None
+        if run.lighthouse_secret:  # replica groups in distributed mode: the ranks' way to torchft
+            from spark_torch.ft import node_relay  # its handshake needs cryptography, which local mode does not
+
+            relay = node_relay.start_for(run.extra_env, run.lighthouse_secret)
         node_env.update(relay.variables() if relay is not None else {})
         visible = _visible_devices(run, io)
         first = io.node_rank * run.plan.procs_per_node

@@ -152,7 +152,16 @@ class GroupLoop:
                 config = replace(config, timeout=max(0.001, self.deadline - time.monotonic()))
             record = RunRecord(run_id=str(config.run_id))
             try:
-                value = execute(config, spark, entry, self.data, record, self.cancellation, restart=bool(self.results))
+                value = execute(
+                    config,
+                    spark,
+                    entry,
+                    self.data,
+                    record,
+                    self.cancellation,
+                    restart=bool(self.results),
+                    restarts_before=len(self.results),
+                )
             except BaseException as exc:  # noqa: BLE001 - decided below, per kind
                 self._keep(record)
                 if self.stop.is_set():  # another group failed the run: this one only stops

@@ -147,13 +147,15 @@ def execute(
     cancellation: Cancellation | None = None,
     *,
     restart: bool = False,
+    restarts_before: int = 0,
 ) -> Any:
     """Run ``entry`` (see :meth:`Distributor.run`), recording it in ``record``; once it ended,
     however, ``record.result`` is the call's :class:`~spark_torch.driver.result.RunResult`.
     ``cancellation`` stops its attempts from another thread (replica groups). ``restart``: this
     continues the run's previous call (a replica group restarted alone after a rank failure): the
     run's log gets no new call (``spark-torch runs show`` lists one) and the first attempt is a
-    restart after a failure, not a start."""
+    restart after a failure, not a start; ``restarts_before``: the group's restarts before this
+    call, on which its ranks' ``TORCHELASTIC_RESTART_COUNT`` counts on."""
     cluster = read_cluster(spark) if spark is not None else ClusterInfo()
     plan = _plan(config, cluster)
     settings = resolve_settings(config.given_settings(), os.environ, cluster.torch_conf)
@@ -194,6 +196,7 @@ def execute(
         policy=RestartPolicy(config.max_restarts),
         cancellation=cancellation,
         first_reason=AttemptReason.RESTART_AFTER_FAILURE if restart else AttemptReason.START,
+        restarts_before=restarts_before,
     )
     value: Any = None
     error: BaseException | None = None
@@ -270,6 +273,9 @@ class RunController:
     cancellation: Cancellation | None = None
     #: why the first attempt starts (a replica group restarted alone: after a failure)
     first_reason: AttemptReason = AttemptReason.START
+    #: restarts before this call's first attempt (a replica group's earlier calls): the ranks'
+    #: restart count counts on from it
+    restarts_before: int = 0
     #: how the attempt that ended last ended (None while one is being set up or runs)
     last: AttemptOutcome | None = None
 
@@ -352,7 +358,7 @@ class RunController:
             spec=replace(
                 self.base,
                 plan=sized,
-                restart_count=restart_count,
+                restart_count=self.restarts_before + restart_count,
                 resume_step=resume,
                 resume_url=latest.url if latest else None,
             ),
