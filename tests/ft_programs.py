@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -87,6 +88,8 @@ def train(
             all_in = mgr.num_participants() == groups
             if all_in and int(together) >= steps:
                 break  # every group is here and done: they all see this same quorum
+            if not all_in:  # a group alone steps at most 10 times a second, so that it does not
+                time.sleep(0.1)  # starve its peers' restart of the CPU (what it trains is decided by steps)
             data = torch.Generator().manual_seed(1000 * mgr.current_step() + group)
             x = torch.randn(8, 4, generator=data)
             loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
@@ -214,7 +217,6 @@ def fail_in_group(group_that_fails: int, work: str, steps: int) -> list[float]:
     """``group_that_fails``'s rank 0 raises (every attempt) once group 0 has committed 3 steps on
     each of its ranks (a file, waited for with a deadline); the others train with torchft (alone) until
     the run stops them (the lighthouse goes away: their next quorum fails within 3 s)."""
-    import time
 
     group = int(os.environ["REPLICA_GROUP_ID"])
     if group == group_that_fails:
@@ -241,7 +243,6 @@ def train_while_group_1_hangs(work: str, steps: int) -> list[float]:
 def fail_while_the_other_hangs(work: str) -> None:
     """Group 0's rank hangs outside torchft (it never makes a Manager: the lighthouse going away
     cannot reach it); group 1's rank raises once group 0's has started (a file, with a deadline)."""
-    import time
 
     if os.environ["REPLICA_GROUP_ID"] == "0":
         hang(work)
@@ -304,7 +305,6 @@ def listeners_after_a_step() -> tuple[str, list[str], dict[str, str]]:
 
 def hang(work: str | None = None) -> None:
     """Write this rank's pid to ``work/started-{GROUP}`` (when given), then never end (until stopped)."""
-    import time
 
     if work is not None:
         path = os.path.join(work, f"started-{os.environ['REPLICA_GROUP_ID']}")
@@ -428,7 +428,6 @@ def train_beside_an_outsider(steps: int, work: str, shared: str) -> list[float]:
     """:func:`train`, once another user's process (tests/scripts/ft_outsider.py) has tried to join
     with the lighthouse address the ranks were given: group 0's rank writes it to
     ``shared/lighthouse``, and every rank waits for ``shared/outsider.started`` (with a deadline)."""
-    import time
 
     if os.environ["REPLICA_GROUP_ID"] == "0":
         given = os.path.join(shared, "lighthouse")
