@@ -6,8 +6,9 @@ What an end means is declared here once, in two tables: :data:`END_RULES` says f
 while restarts are left, raise: the restart policy reads it), why the next attempt starts, whether
 it is an error and how the ``run()`` call ended when it is the last; :data:`STOP_ENDS` says for
 each :class:`~spark_torch.base.states.StopReason` the end of an attempt the driver stopped for it.
-A new stop reason is its word in ``base/states.py`` and a row in each table (with its end and its
-restart's reason when they are new); the causes and verdicts of ``driver/run`` read its end here.
+A new stop reason is its word in ``base/states.py`` and its row of :data:`STOP_ENDS` (for a new
+end also the :class:`AttemptEnd`, its row of :data:`END_RULES` and its restart's
+:class:`AttemptReason`); the causes and verdicts of ``driver/run`` read its end here.
 
 A past run's attempts come back from its log's rows (:func:`attempt_record`).
 """
