@@ -1,21 +1,36 @@
 """One attempt of a run as the driver records it: why it started, its size, how it ended
 (:class:`AttemptRecord`, in ``RunResult.attempts``), and the values it is made of.
 
+What an end means is declared here once, in two tables: :data:`END_RULES` says for each
+:class:`AttemptEnd` what follows it (finish, restart without using up ``max_restarts``, restart
+while restarts are left, raise: the restart policy reads it), why the next attempt starts, whether
+it is an error and how the ``run()`` call ended when it is the last; :data:`STOP_ENDS` says for
+each :class:`~spark_torch.base.states.StopReason` the end of an attempt the driver stopped for it.
+A new stop reason is its word in ``base/states.py`` and its row of :data:`STOP_ENDS` (for a new
+end also the :class:`AttemptEnd`, its row of :data:`END_RULES` and its restart's
+:class:`AttemptReason`); the causes and verdicts of ``driver/run`` read its end here.
+
 A past run's attempts come back from its log's rows (:func:`attempt_record`).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from spark_torch.base.states import ValueEnum
-from spark_torch.reporting.run_log import AttemptEndRow, attempt_line
+from spark_torch.base.states import StopReason, ValueEnum
+from spark_torch.reporting.run_log import AttemptEndRow, Outcome, attempt_line
 
 __all__ = [
     "AttemptEnd",
     "AttemptReason",
+    "Follow",
+    "EndRule",
+    "END_RULES",
+    "STOP_ENDS",
     "AttemptRecord",
     "AttemptSize",
     "SizeReason",
@@ -47,6 +62,65 @@ class AttemptReason(ValueEnum):
     RESTART_AFTER_FAILURE = "restart after a failure"
     RESTART_AFTER_STALL = "restart after a stall"
     GROW = "grow"
+
+
+class Follow(ValueEnum):
+    """What follows an attempt's end (:attr:`EndRule.follows`; the restart policy acts on it)."""
+
+    #: the run is done: rank 0's value is returned
+    FINISH = "finish"
+    #: the gang restarts; ``max_restarts`` is not used up
+    RESTART = "restart"
+    #: the gang restarts while ``max_restarts`` allows, using one up; then the attempt's error is raised
+    RESTART_COUNTED = "restart counted"
+    #: the attempt's error is raised
+    RAISE = "raise"
+
+
+@dataclass(frozen=True)
+class EndRule:
+    """What an :class:`AttemptEnd` means (its row of :data:`END_RULES`)."""
+
+    follows: Follow
+    #: why the next attempt starts when this end restarts the gang (None: it never does)
+    restart: AttemptReason | None = None
+    #: how the ``run()`` call ended when it raised this end's error
+    call: Outcome = Outcome.FAILED
+
+    @property
+    def error(self) -> bool:
+        """Whether the end is an error (the user's exception, recorded with the attempt): every
+        end the run may raise."""
+        return self.follows in (Follow.RESTART_COUNTED, Follow.RAISE)
+
+
+#: what each end means, declared once: what follows it, why the next attempt starts, the call's end
+END_RULES: Mapping[AttemptEnd, EndRule] = MappingProxyType(
+    {
+        AttemptEnd.SUCCEEDED: EndRule(Follow.FINISH, call=Outcome.SUCCEEDED),
+        AttemptEnd.FAILED: EndRule(Follow.RESTART_COUNTED, AttemptReason.RESTART_AFTER_FAILURE),
+        AttemptEnd.STALLED: EndRule(Follow.RESTART_COUNTED, AttemptReason.RESTART_AFTER_STALL, Outcome.STALLED),
+        AttemptEnd.GROW_REQUESTED: EndRule(Follow.RESTART, AttemptReason.GROW),
+        # the run's time is up, the user asked to stop, or a restart would meet the same cluster and settings
+        AttemptEnd.TIMED_OUT: EndRule(Follow.RAISE, call=Outcome.TIMED_OUT),
+        AttemptEnd.INTERRUPTED: EndRule(Follow.RAISE, call=Outcome.INTERRUPTED),
+        AttemptEnd.LAUNCH_FAILED: EndRule(Follow.RAISE),
+        AttemptEnd.MISCONFIGURED: EndRule(Follow.RAISE),
+    }
+)
+
+#: the end of an attempt the driver stopped, by the reason it stopped for (a peer's failure: the
+#: end of the ranks that failed)
+STOP_ENDS: Mapping[StopReason, AttemptEnd] = MappingProxyType(
+    {
+        StopReason.TIMEOUT: AttemptEnd.TIMED_OUT,
+        StopReason.STALLED: AttemptEnd.STALLED,
+        StopReason.REPORT_DEADLOCK: AttemptEnd.FAILED,
+        StopReason.CANCELLED: AttemptEnd.INTERRUPTED,
+        StopReason.PEER_FAILED: AttemptEnd.FAILED,
+        StopReason.GROW: AttemptEnd.GROW_REQUESTED,
+    }
+)
 
 
 class SizeReason(ValueEnum):

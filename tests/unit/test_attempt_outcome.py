@@ -14,6 +14,7 @@ from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.failures import SparkJobError, attempt_error, classify_spark_text
 from spark_torch.driver.run.outcome import (
     AttemptOutcome,
+    DriverStop,
     GrowRequested,
     Interrupted,
     RanksFailed,
@@ -21,7 +22,6 @@ from spark_torch.driver.run.outcome import (
     SparkFailureKind,
     SparkJobFailed,
     Stacks,
-    StallVerdict,
     StartProblem,
     still_running,
     timed_out,
@@ -99,8 +99,8 @@ def test_each_cause_has_its_end_and_its_error() -> None:
             AttemptEnd.TIMED_OUT,
             RunTimeoutError,
         ),
-        (StallVerdict(StopReason.STALLED, "the run stalled"), AttemptEnd.STALLED, RunStalledError),
-        (StallVerdict(StopReason.REPORT_DEADLOCK, "report() on rank 0 only"), AttemptEnd.FAILED, DistributedRunError),
+        (DriverStop(StopReason.STALLED, "the run stalled"), AttemptEnd.STALLED, RunStalledError),
+        (DriverStop(StopReason.REPORT_DEADLOCK, "report() on rank 0 only"), AttemptEnd.FAILED, DistributedRunError),
         (Interrupted(KeyboardInterrupt()), AttemptEnd.INTERRUPTED, KeyboardInterrupt),
     ]
     for cause, end, kind in cases:

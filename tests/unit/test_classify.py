@@ -11,6 +11,7 @@ from spark_torch.base.states import GroupState, Problem, ProblemKind, RankState,
 from spark_torch.driver.result import AttemptEnd, GrowRequest
 from spark_torch.driver.run.classify import AttemptEvidence, TimeUp, classify
 from spark_torch.driver.run.outcome import (
+    DriverStop,
     GrowRequested,
     Interrupted,
     RanksFailed,
@@ -18,7 +19,6 @@ from spark_torch.driver.run.outcome import (
     SparkFailureKind,
     SparkJobFailed,
     Stacks,
-    StallVerdict,
     StartProblem,
 )
 from spark_torch.errors import LaunchError, RankFailure
@@ -80,7 +80,7 @@ def test_growing_is_decided_here_and_a_stall_is_the_drivers_verdict() -> None:
     request = GrowRequest(running=1, nodes=2, waited=3.0, step=4)
     grown = classify(_evidence(outcomes={0: _stopped(0, 0)}, grow=request))
     assert grown.cause == GrowRequested(request) and grown.end is AttemptEnd.GROW_REQUESTED
-    stall = StallVerdict(StopReason.STALLED, "no rank made progress")
+    stall = DriverStop(StopReason.STALLED, "no rank made progress")
     assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall)).cause is stall
     assert classify(_evidence(outcomes={0: _stopped(0, 0)}, verdict=stall, grow=request)).cause is stall
     # a rank that failed by itself is the cause, whatever the driver decided meanwhile

@@ -1,10 +1,14 @@
-"""The restart policy, decided from the attempt's end alone."""
+"""The restart policy, decided from the attempt's end alone (its row of ``END_RULES``), and the
+tables that declare what each end and each stop reason mean."""
 
 from __future__ import annotations
 
 import pytest
 
-from spark_torch.driver.result import AttemptEnd, AttemptReason
+from spark_torch.base.states import StopReason
+from spark_torch.driver.attempts import END_RULES, STOP_ENDS, Follow
+from spark_torch.driver.result import AttemptEnd, AttemptReason, GrowRequest
+from spark_torch.driver.run.outcome import DriverStop, GrowRequested, Interrupted, RanksStopped
 from spark_torch.driver.run.policy import Action, RestartPolicy
 
 
@@ -35,3 +39,33 @@ def test_growing_restarts_without_using_a_restart() -> None:
 )
 def test_timeouts_interruptions_launch_failures_and_misconfigurations_always_raise(end: AttemptEnd) -> None:
     assert RestartPolicy(-1).decide(end, 0).action is Action.RAISE
+
+
+def test_every_end_and_every_stop_reason_is_declared_once() -> None:
+    """The two tables say what every end means and what every stop reason ends as; an end is an
+    error exactly when the run may raise it."""
+    assert set(END_RULES) == set(AttemptEnd)
+    assert set(STOP_ENDS) == set(StopReason)
+    errors = {end for end, rule in END_RULES.items() if rule.error}
+    assert errors == set(AttemptEnd) - {AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED}
+    for end, rule in END_RULES.items():  # a restart says why the next attempt starts
+        assert (rule.restart is not None) == (rule.follows in (Follow.RESTART, Follow.RESTART_COUNTED)), end
+
+
+def test_a_stop_ends_as_its_reason_says() -> None:
+    stops: list[RanksStopped | DriverStop | Interrupted | GrowRequested] = [
+        RanksStopped(1.0, (), "no rank was running"),
+        DriverStop(StopReason.STALLED, "stalled"),
+        DriverStop(StopReason.REPORT_DEADLOCK, "report() on rank 0 only"),
+        Interrupted(KeyboardInterrupt()),
+        GrowRequested(GrowRequest(1, 2, 3.0, 4)),
+    ]
+    ends = [stop.end for stop in stops]
+    assert ends == [STOP_ENDS[stop.reason] for stop in stops]
+    assert ends == [
+        AttemptEnd.TIMED_OUT,
+        AttemptEnd.STALLED,
+        AttemptEnd.FAILED,
+        AttemptEnd.INTERRUPTED,
+        AttemptEnd.GROW_REQUESTED,
+    ]

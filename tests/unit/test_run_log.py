@@ -12,7 +12,7 @@ from spark_torch.base.states import StopReason
 from spark_torch.driver.result import AttemptEnd, AttemptReason, AttemptRecord, RunResult
 from spark_torch.driver.run.call_storage import run_outcome
 from spark_torch.driver.run.cancel import RunCancelled
-from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted, RanksFailed, RanksStopped, StallVerdict
+from spark_torch.driver.run.outcome import AttemptOutcome, DriverStop, Interrupted, RanksFailed, RanksStopped
 from spark_torch.errors import DistributedRunError, RunStalledError, RunTimeoutError
 from spark_torch.reporting.run_log import Outcome, attempt_row, call_row, end_row, prune_unreported, read_calls
 from spark_torch.reporting.storage import RUN_LOG, RunStorage
@@ -61,7 +61,7 @@ CANCELLED = RunCancelled("stopped: replica group 1 failed the run")
         (RunTimeoutError([], headline="timeout"), STOPPED, Outcome.TIMED_OUT),
         (
             RunStalledError([], headline="stalled"),
-            AttemptOutcome.ended(StallVerdict(StopReason.STALLED, "stalled")),
+            AttemptOutcome.ended(DriverStop(StopReason.STALLED, "stalled")),
             Outcome.STALLED,
         ),
         (KeyboardInterrupt(), AttemptOutcome.ended(Interrupted(KeyboardInterrupt())), Outcome.INTERRUPTED),

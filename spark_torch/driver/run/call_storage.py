@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
+from spark_torch.driver.attempts import END_RULES
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.result import AttemptEnd, AttemptRecord
 from spark_torch.driver.run.outcome import AttemptOutcome, Interrupted
@@ -91,14 +92,6 @@ def record_attempt_end(storage: RunStorage | None, attempt: AttemptRecord) -> No
     log_call(storage, {**row, "detail": str(attempt.grow)} if attempt.grow is not None else row)
 
 
-#: the call's end of an attempt's end that raised (any other is a failure)
-_CALL_ENDS = {
-    AttemptEnd.TIMED_OUT: Outcome.TIMED_OUT,
-    AttemptEnd.STALLED: Outcome.STALLED,
-    AttemptEnd.INTERRUPTED: Outcome.INTERRUPTED,
-}
-
-
 def run_outcome(error: BaseException | None, last: AttemptOutcome | None) -> Outcome:
     """How the call ended: from the outcome of its last attempt when that attempt's end is what
     the call raised; an error raised outside an attempt's end (before the first attempt, between
@@ -109,4 +102,4 @@ def run_outcome(error: BaseException | None, last: AttemptOutcome | None) -> Out
         return Outcome.INTERRUPTED if isinstance(error, KeyboardInterrupt) else Outcome.FAILED
     if isinstance(last.cause, Interrupted) and not isinstance(last.cause.interrupt, KeyboardInterrupt):
         return Outcome.FAILED  # stopped because another replica group failed the run
-    return _CALL_ENDS.get(last.end, Outcome.FAILED)
+    return END_RULES[last.end].call

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from spark_torch.base.states import ProblemKind
+from spark_torch.base.states import ProblemKind, StopReason
 from spark_torch.driver.result import GrowRequest
 from spark_torch.driver.run.failures import classify_spark_text, without_reports
 from spark_torch.driver.run.outcome import (
     AttemptCause,
     AttemptOutcome,
+    DriverStop,
     GrowRequested,
     Interrupted,
     RanksFailed,
     SparkJobFailed,
     Stacks,
-    StallVerdict,
     StartProblem,
     timed_out,
 )
@@ -52,11 +53,13 @@ class TimeUp:
     host: str | None = None
     #: leads the message's account of the stopped ranks
     note: str = ""
+    reason: ClassVar[StopReason] = StopReason.TIMEOUT
 
 
-#: what the driver did to a running attempt: stopped it (interrupt, stall, timeout); None when the
-#: attempt ended by itself
-Verdict = Interrupted | StallVerdict | TimeUp | None
+#: what the driver did to a running attempt: stopped it for a :class:`StopReason` (the user's
+#: interrupt, the timeout; a stall, report()'s deadlock or any other reason as a
+#: :class:`DriverStop`, its end read from ``STOP_ENDS``); None when the attempt ended by itself
+Verdict = Interrupted | DriverStop | TimeUp | None
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spark_torch.base.states import ProblemKind
+from spark_torch.driver.attempts import END_RULES
 from spark_torch.driver.config import DistributorConfig
 from spark_torch.driver.console.logs import DriverLogSink, replica_group_of
 from spark_torch.driver.console.status import interactive
 from spark_torch.driver.console.tracker import ReportTracker
-from spark_torch.driver.result import AttemptEnd, AttemptError, AttemptReason, AttemptRecord, StoredRun, read_stored
+from spark_torch.driver.result import AttemptError, AttemptReason, AttemptRecord, StoredRun, read_stored
 from spark_torch.driver.run.attempt import Attempt
 from spark_torch.driver.run.call_storage import (
     newest_checkpoint,
@@ -298,7 +299,7 @@ class RunController:
             if ended.staging is not None:
                 self.record.staging = ended.staging
             # the edge: the attempt's typed end becomes the user's exception here, and only here
-            error = attempt_error(ended) if ended.end not in (AttemptEnd.SUCCEEDED, AttemptEnd.GROW_REQUESTED) else None
+            error = attempt_error(ended) if END_RULES[ended.end].error else None
             record.error = AttemptError.from_exception(error) if error is not None else None
             record.grow = ended.cause.request if isinstance(ended.cause, GrowRequested) else None
             record_attempt_end(self.storage, record)

@@ -18,12 +18,12 @@ import re
 from spark_torch.base.states import Problem, ProblemKind, StopReason
 from spark_torch.driver.run.outcome import (
     AttemptOutcome,
+    DriverStop,
     Interrupted,
     RanksFailed,
     RanksStopped,
     SparkFailureKind,
     SparkJobFailed,
-    StallVerdict,
     StartProblem,
 )
 from spark_torch.driver.spark.slots import RANKS_PER_TASK_FIX
@@ -182,7 +182,7 @@ def attempt_error(outcome: AttemptOutcome) -> BaseException:
             stacks_text=cause.stacks.text,
             stopped=cause.ranks,
         )
-    if isinstance(cause, StallVerdict):
+    if isinstance(cause, DriverStop):
         kind = RunStalledError if cause.reason is StopReason.STALLED else DistributedRunError
         return kind([], headline=cause.headline, stacks=cause.stacks.by_rank, stacks_text=cause.stacks.text)
     if isinstance(cause, Interrupted):

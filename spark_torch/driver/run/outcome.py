@@ -5,7 +5,11 @@ pickled value when it succeeded, otherwise one typed cause that carries what the
 will need (the nodes' failed ranks, a problem that kept the ranks from starting, Spark's own
 exception, the ranks that were stopped and where they were, a stall's verdict, the user's
 interrupt), and every node's :class:`~spark_torch.shared.node_outcome.NodeOutcome`, the evidence
-per-node facts are read from (:attr:`AttemptOutcome.shards`). No exception is built
+per-node facts are read from (:attr:`AttemptOutcome.shards`). A cause the driver's stop made
+(:class:`RanksStopped`, :class:`DriverStop`, :class:`Interrupted`, :class:`GrowRequested`) has
+its :class:`StopReason`, and its end is that reason's row of
+:data:`~spark_torch.driver.attempts.STOP_ENDS`; a new stop reason that carries no more than what
+to say and where the ranks were is a :class:`DriverStop`, no new cause. No exception is built
 on the way: :func:`spark_torch.driver.run.failures.attempt_error` turns a cause into the
 user's exception, in one place, at the controller's edge.
 """
@@ -14,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from spark_torch.base.states import Problem, ProblemKind, RankState, ShardUse, StopReason, ValueEnum
-from spark_torch.driver.result import AttemptEnd, GrowRequest
+from spark_torch.driver.attempts import STOP_ENDS, AttemptEnd, GrowRequest
 from spark_torch.errors import RankFailure, StoppedRank
 from spark_torch.shared.node_outcome import NodeOutcome
 from spark_torch.shared.rank_files import ResultBytes
@@ -30,7 +35,7 @@ __all__ = [
     "SparkFailureKind",
     "StartProblem",
     "RanksStopped",
-    "StallVerdict",
+    "DriverStop",
     "Interrupted",
     "GrowRequested",
     "Stacks",
@@ -144,7 +149,7 @@ class RanksStopped:
 
     @property
     def end(self) -> AttemptEnd:
-        return AttemptEnd.TIMED_OUT
+        return STOP_ENDS[self.reason]
 
 
 def timed_out(
@@ -181,9 +186,11 @@ def still_running(ranks: tuple[StoppedRank, ...]) -> str:
 
 
 @dataclass(frozen=True)
-class StallVerdict:
-    """The stall watch stopped the attempt: a stall (``stall_action="fail"``) or report() on some
-    ranks only while the others wait in a collective (``REPORT_DEADLOCK``)."""
+class DriverStop:
+    """The driver stopped the attempt for ``reason``, with what to tell the user and where the
+    ranks were: the stall watch's stall (``stall_action="fail"``) or report() on some ranks only
+    while the others wait in a collective (``REPORT_DEADLOCK``), or any other reason that needs
+    no more."""
 
     reason: StopReason
     headline: str
@@ -191,7 +198,7 @@ class StallVerdict:
 
     @property
     def end(self) -> AttemptEnd:
-        return AttemptEnd.STALLED if self.reason is StopReason.STALLED else AttemptEnd.FAILED
+        return STOP_ENDS[self.reason]
 
 
 @dataclass(frozen=True)
@@ -199,10 +206,11 @@ class Interrupted:
     """The user interrupted the run; the interrupt (with where the ranks were) is re-raised."""
 
     interrupt: BaseException
+    reason: ClassVar[StopReason] = StopReason.CANCELLED
 
     @property
     def end(self) -> AttemptEnd:
-        return AttemptEnd.INTERRUPTED
+        return STOP_ENDS[self.reason]
 
 
 @dataclass(frozen=True)
@@ -210,14 +218,15 @@ class GrowRequested:
     """Free slots were found and the ranks stopped after a checkpoint: restart larger."""
 
     request: GrowRequest
+    reason: ClassVar[StopReason] = StopReason.GROW
 
     @property
     def end(self) -> AttemptEnd:
-        return AttemptEnd.GROW_REQUESTED
+        return STOP_ENDS[self.reason]
 
 
 #: why an attempt did not succeed: one of these, each carrying what the user's error needs
-AttemptCause = RanksFailed | SparkJobFailed | StartProblem | RanksStopped | StallVerdict | Interrupted | GrowRequested
+AttemptCause = RanksFailed | SparkJobFailed | StartProblem | RanksStopped | DriverStop | Interrupted | GrowRequested
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """The restart policy: what a run does after an attempt ended (pure logic, no Spark).
 
-An attempt that succeeded finishes the run; one that asked to grow restarts it without counting
-against ``max_restarts``; a failure or a stall restarts it while restarts are left, else the run
-raises the attempt's error; a timeout, an interruption, a launch that failed or a
-misconfiguration always raises (the run's time is up, the user asked to stop, or a restart would
-meet the same cluster and settings). The membership then decides how many nodes the next attempt gets.
+What follows each end is declared in :data:`~spark_torch.driver.attempts.END_RULES`: an attempt
+that succeeded finishes the run; one that asked to grow restarts it without counting against
+``max_restarts``; a failure or a stall restarts it while restarts are left, else the run raises
+the attempt's error; a timeout, an interruption, a launch that failed or a misconfiguration always
+raises. The policy adds the budget. The membership then decides how many nodes the next attempt gets.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from spark_torch.driver.result import AttemptEnd, AttemptReason
+from spark_torch.driver.attempts import END_RULES, AttemptEnd, AttemptReason, Follow
 
 __all__ = ["Action", "Decision", "RestartPolicy"]
 
@@ -37,7 +37,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """``max_restarts`` failed or stalled attempts may be restarted (negative: without limit)."""
+    """``max_restarts`` counted restarts (after a failure or a stall) are allowed (negative: without limit)."""
 
     max_restarts: int = 0
 
@@ -47,22 +47,16 @@ class RestartPolicy:
         return self.max_restarts < 0
 
     def decide(self, end: AttemptEnd, failures_so_far: int) -> Decision:
-        """The next step after an attempt that ended with ``end``, when ``failures_so_far``
-        earlier attempts of this call already failed or stalled."""
-        if end is AttemptEnd.SUCCEEDED:
+        """The next step after an attempt that ended with ``end`` (as its row of ``END_RULES``
+        says), when ``failures_so_far`` earlier restarts of this call were counted."""
+        rule = END_RULES[end]
+        if rule.follows is Follow.FINISH:
             return Decision(Action.FINISH)
-        if end is AttemptEnd.GROW_REQUESTED:
-            return Decision(Action.RESTART, AttemptReason.GROW)
-        if end in (AttemptEnd.FAILED, AttemptEnd.STALLED):
-            if self.unlimited or failures_so_far < self.max_restarts:
-                reason = (
-                    AttemptReason.RESTART_AFTER_STALL
-                    if end is AttemptEnd.STALLED
-                    else AttemptReason.RESTART_AFTER_FAILURE
-                )
-                return Decision(Action.RESTART, reason, counts=True)
-            return Decision(Action.RAISE)
-        return Decision(Action.RAISE)  # timed out, interrupted, launch failed, misconfigured
+        if rule.follows is Follow.RESTART:
+            return Decision(Action.RESTART, rule.restart)
+        if rule.follows is Follow.RESTART_COUNTED and (self.unlimited or failures_so_far < self.max_restarts):
+            return Decision(Action.RESTART, rule.restart, counts=True)
+        return Decision(Action.RAISE)
 
     def budget(self) -> str:
         """``max_restarts`` for messages."""

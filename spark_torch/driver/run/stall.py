@@ -10,7 +10,7 @@ with every rank's stack, grouped; while the stall lasts, one short line per ``st
 (the stacks again only when one changed); one line when the run moves again (never when it is
 stopped: a timeout, an interruption, ``stall_action="fail"``), and the stall on the status line.
 With ``stall_action="fail"`` it stops the attempt (``stop``) and :meth:`StallWatch.verdict` is the
-:class:`~spark_torch.driver.run.outcome.StallVerdict` the attempt ends with (the controller makes
+:class:`~spark_torch.driver.run.outcome.DriverStop` the attempt ends with (the controller makes
 it a :class:`~spark_torch.RunStalledError`). Timeouts and interruptions take
 their stacks from here too (:meth:`StallWatch.stacks`), shown once, in their exception.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from spark_torch.base.states import StopReason
 from spark_torch.driver.run.flight_recorder import FlightRecorder, TraceDir
-from spark_torch.driver.run.outcome import Stacks, StallVerdict
+from spark_torch.driver.run.outcome import DriverStop, Stacks
 from spark_torch.reporting.api import NOT_EVERY_RANK
 from spark_torch.shared.stacks import RankStack, StackState, format_stacks, innermost_call, rank_ranges, report_deadlock
 
@@ -82,7 +82,7 @@ class StallWatch:
         self._shown: dict[int, tuple[str, StackState]] = {}
         #: set once ``stall_action="fail"`` stopped the attempt
         self.failed = threading.Event()
-        self._verdict: StallVerdict | None = None
+        self._verdict: DriverStop | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         if timeout > 0:
@@ -204,7 +204,7 @@ class StallWatch:
             idle,
             self.timeout,
         )
-        self._verdict = StallVerdict(
+        self._verdict = DriverStop(
             StopReason.STALLED,
             headline=f"the run stalled: no rank made progress for {idle:.0f}s (stall_timeout={self.timeout:g}s), "
             "so it was stopped (stall_action='fail'). Look at where each rank was, below: ranks waiting in "
@@ -248,7 +248,7 @@ class StallWatch:
             "only on the ranks that have files to save), not under `if rank == 0:`"
         )
         logger.warning("spark_torch: %s; stopping the run", headline)
-        self._verdict = StallVerdict(
+        self._verdict = DriverStop(
             StopReason.REPORT_DEADLOCK,
             headline=headline,
             stacks=Stacks({s.rank: s.text for s in stacks}, format_stacks(stacks)),
@@ -276,7 +276,7 @@ class StallWatch:
             self._traces_note() if first else "",
         )
 
-    def verdict(self) -> StallVerdict:
+    def verdict(self) -> DriverStop:
         """Why this watch stopped the attempt (after :attr:`failed` is set)."""
         assert self._verdict is not None, "verdict() before the watch stopped the attempt"
         return self._verdict
