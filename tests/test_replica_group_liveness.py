@@ -1,5 +1,5 @@
 """A slow but healthy replica group is never dropped from a quorum at spark_torch's lighthouse
-defaults (a 0.3 s heartbeat timeout, so that a dead group is dropped within a step's time:
+defaults (a 0.2 s heartbeat timeout, so that a dead group is dropped within a step's time:
 benchmarks/bench_ft_pause.py measures that), even with more busy processes than cores: real
 torchft ranks on gloo, the lighthouse on the driver, loopback. The lighthouse's pump vouches for
 every group whose ranks live (spark_torch.ft.pump), so the groups' own heartbeats, relayed late
@@ -68,7 +68,7 @@ def _never_dropped(work: Path) -> None:
 def test_a_slow_group_under_a_cpu_hog_is_never_dropped(
     tmp_path: Path, cpu_hog: None, no_leftovers: None, heartbeat_interval: float | None
 ) -> None:
-    """Group 1 sleeps 1.5 s after each commit (five times the 0.3 s heartbeat timeout: only
+    """Group 1 sleeps 1.5 s after each commit (over seven times the 0.2 s heartbeat timeout: only
     heartbeats keep it in), with four busy processes on the machine's cores; with its Manager
     heartbeating every 100 ms (torchft's default) and with its Manager's heartbeats off (an hour
     apart: only the lighthouse's pump keeps it in)."""

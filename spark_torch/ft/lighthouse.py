@@ -27,8 +27,9 @@ LOOPBACK = "127.0.0.1"
 #: is vouched for by the lighthouse's pump (:mod:`spark_torch.ft.pump`, every 50 ms, next to the
 #: lighthouse) until the driver learns that a rank of it ended, so a dead group is out of the next
 #: quorum this long after its death is known, and a slow healthy one is not dropped when its own
-#: heartbeats, relayed through busy processes, come late (docs/fault-tolerance.md)
-HEARTBEAT_TIMEOUT_MS = 300
+#: heartbeats, relayed through busy processes, come late; the pump would have to stall 150 ms to
+#: drop one (docs/fault-tolerance.md)
+HEARTBEAT_TIMEOUT_MS = 200
 #: how often the lighthouse looks for a quorum while one is awaited (torchft's default: 100)
 QUORUM_TICK_MS = 20
 
