@@ -73,8 +73,6 @@ def test_a_slow_group_under_a_cpu_hog_is_never_dropped(
     heartbeating every 100 ms (torchft's default) and with its Manager's heartbeats off (an hour
     apart: only the lighthouse's pump keeps it in)."""
     distributor = Distributor(num_processes=2, replica_groups=2, max_restarts=0, timeout=300, log_ranks=[])
-    weights = distributor.run(
-        ft_liveness_programs.slow_group, STEPS, str(tmp_path), 1, PAUSE, heartbeat_interval
-    )
+    weights = distributor.run(ft_liveness_programs.slow_group, STEPS, str(tmp_path), 1, PAUSE, heartbeat_interval)
     _never_dropped(tmp_path)
     assert ast.literal_eval((tmp_path / "g0.weights").read_text()) == weights

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from spark_torch.ft import rank_ends
-from spark_torch.ft.pump import Pump, group_of, replica_ids
+from spark_torch.ft.pump import Pump, group_of
 
 PAGE = """<h2>Heartbeats</h2>
 <ul>
