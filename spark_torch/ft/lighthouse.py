@@ -38,8 +38,9 @@ QUORUM_TICK_MS = 20
 class LighthouseOptions:
     """torchft's quorum rules: at least ``min_replicas`` groups form a quorum; a group that stops
     heartbeating for ``heartbeat_timeout_ms`` is dropped from it (spark_torch's default
-    :data:`HEARTBEAT_TIMEOUT_MS`: a surviving group waits that long for a dead one, not
-    torchft's 5 s; each rank 0's torchft Manager heartbeats every 100 ms); the lighthouse
+    :data:`HEARTBEAT_TIMEOUT_MS`: a surviving group waits that long after the driver learns
+    that a rank of a dead one ended, not torchft's 5 s; each rank 0's torchft Manager heartbeats
+    every 100 ms); the lighthouse
     looks for a quorum every ``quorum_tick_ms`` (default :data:`QUORUM_TICK_MS`);
     ``join_timeout_ms`` as torchft's lighthouse has it. None: torchft's own default. The live
     groups are heartbeated by the lighthouse's pump as well (:mod:`spark_torch.ft.pump`), until
