@@ -9,7 +9,8 @@ group's ranks live is the node that waits on their processes, and through it the
 
 So a pump next to the lighthouse (a thread in the lighthouse's own process,
 :mod:`spark_torch.ft.hideout`, with a GIL of its own) heartbeats, every :data:`PUMP_SECONDS`,
-every replica id it has seen heartbeating on the lighthouse (its status page) until the driver
+every replica id it has seen heartbeating on the lighthouse (its status page, read every
+:data:`DISCOVER_EVERY` beats) until the driver
 retires that id's group (:meth:`Pump.retire`: a rank of the group ended, or its attempt did):
 from then on only the dead Manager's own heartbeats could keep it, and they stopped with it, so
 the lighthouse drops it after its short heartbeat timeout. A replica id's group is its trailing
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 #: how often the pump heartbeats each replica it vouches for (and reads the status page)
 PUMP_SECONDS = 0.05
+#: the status page is read every this many heartbeats (a new Manager heartbeats itself meanwhile;
+#: a retire reads it at once)
+DISCOVER_EVERY = 2
 #: how long one heartbeat or one read of the status page may take
 CALL_SECONDS = 2.0
 #: a heartbeat as torchft 0.2.0's status page lists it: ``REPLICA_ID: seen 0.004s ago``
@@ -130,8 +134,11 @@ class Pump:
         self._discover(retiring=group)  # an id the pump had not read yet is the dead one's too
 
     def _run(self) -> None:
+        ticks = 0
         while not self._stop.wait(self._interval):
-            self._discover()
+            if ticks % DISCOVER_EVERY == 0:
+                self._discover()
+            ticks += 1
             for replica_id in self.vouched:
                 with self._lock:
                     retired = replica_id not in self._vouched
