@@ -80,6 +80,7 @@ class DriverChannel:
         bulk_sink: BulkSink | None = None,
         on_progress: Callable[[int, Any], None] | None = None,
         on_trace: Callable[[Any, bytes], None] | None = None,
+        on_outcome: Callable[[int, NodeOutcome], None] | None = None,
     ) -> None:
         self._nodes = nodes
         #: report() of the ranks
@@ -92,6 +93,8 @@ class DriverChannel:
         self.on_progress = on_progress
         #: receives a rank's Flight Recorder trace: (rank as the node said, bytes never unpickled)
         self.on_trace = on_trace
+        #: receives each node's end as it arrives (a failed rank's at once, before the node's own end)
+        self.on_outcome = on_outcome
         self._receiver = LineReceiver(sink)
         self._coordinator = RendezvousCoordinator(nodes)
         self._lock = threading.Condition()
@@ -187,6 +190,8 @@ class DriverChannel:
                 with self._lock:  # a node's end (with the ranks' last lines) completes a failure it sent at once
                     earlier = self.outcomes.get(node)
                     self.outcomes[node] = outcome if earlier is None else outcome.after(earlier)
+                if self.on_outcome is not None:
+                    self.on_outcome(node, outcome)
             case Report(report=report_data):
                 if self.reports is None:
                     raise ValueError("a report, but this run has no report coordinator")

@@ -10,7 +10,12 @@ machine can reach. Its only way in is a Unix socket in a fresh ``0700`` folder o
 relayed inside the namespace to the lighthouse (:class:`~spark_torch.ft.relay.Relay`). The
 driver's gate (:mod:`spark_torch.ft.gate`) passes the ranks' connections to that socket.
 
-The child stops when the driver closes its stdin (or dies: the pipe closes with it). Where the
+The child also runs the lighthouse's pump (:class:`~spark_torch.ft.pump.Pump`): it heartbeats
+every replica group the driver has not retired, from this process and its own GIL, so that
+the lighthouse's short heartbeat timeout never drops a live group whose own heartbeats are late;
+the driver writes ``retire GROUP`` on the child's stdin (:meth:`Hideout.retire`) the moment it
+learns that a rank of the group ended, and the lighthouse drops that group a heartbeat timeout
+later. The child stops when the driver closes its stdin (or dies: the pipe closes with it). Where the
 kernel refuses the namespaces (user namespaces off, a container's seccomp), :meth:`Hideout.start`
 says why and the caller falls back to a lighthouse on loopback (docs/security.md).
 
@@ -32,12 +37,14 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from types import ModuleType
 from typing import Any
 
+from spark_torch.ft.pump import Pump
 from spark_torch.ft.relay import Relay
 
-__all__ = ["Hideout", "NoHideout", "START_SECONDS", "SOCKET_NAME"]
+__all__ = ["Hideout", "NoHideout", "START_SECONDS", "SOCKET_NAME", "RETIRE"]
 
 #: how long the child may take to say it is ready
 START_SECONDS = 30.0
@@ -45,6 +52,8 @@ START_SECONDS = 30.0
 STOP_SECONDS = 5.0
 #: the Unix socket in the hideout's folder
 SOCKET_NAME = "lighthouse.sock"
+#: the line ``retire GROUP`` on the child's stdin: that group's ranks ended (:meth:`Pump.retire`)
+RETIRE = "retire"
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _SIOCSIFFLAGS, _IFF_UP, _IFF_LOOPBACK, _IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
 
@@ -59,6 +68,7 @@ class Hideout:
 
     def __init__(self, process: subprocess.Popen[str], folder: str) -> None:
         self._process: subprocess.Popen[str] | None = process
+        self._lock = threading.Lock()  # retire() from the groups' threads, close() from the driver's
         self.folder = folder
         self.path = os.path.join(folder, SOCKET_NAME)
 
@@ -95,9 +105,23 @@ class Hideout:
             raise NoHideout(line or f"the lighthouse's process ended (exit code {process.poll()}) before it was ready")
         return hideout
 
+    def retire(self, group: int) -> None:
+        """Group ``group``'s ranks ended: the child's pump stops vouching for it at once
+        (:class:`~spark_torch.ft.pump.Pump`); nothing once the child is stopped."""
+        with self._lock:
+            process = self._process
+            if process is None or process.stdin is None:
+                return
+            try:
+                process.stdin.write(f"{RETIRE} {int(group)}\n")
+                process.stdin.flush()
+            except (OSError, ValueError):  # the child ended (its pipe closed)
+                pass
+
     def close(self) -> None:
         """Stop the child (its stdin closes; SIGKILL after :data:`STOP_SECONDS`) and remove the folder."""
-        process, self._process = self._process, None
+        with self._lock:
+            process, self._process = self._process, None
         if process is not None:
             for stream in (process.stdin, process.stdout):
                 if stream is not None:
@@ -155,7 +179,8 @@ def main(argv: list[str]) -> int:
     options: dict[str, Any] = dict(
         zip(("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms"), values)
     )
-    server = _torchft_core().LighthouseServer(
+    core = _torchft_core()
+    server = core.LighthouseServer(
         bind="127.0.0.1:0", **{name: int(value) for name, value in options.items() if value != "-"}
     )
     port = int(server.address().rsplit(":", 1)[1])
@@ -171,10 +196,15 @@ def main(argv: list[str]) -> int:
         lambda conn, peer: True,
         name="spark-torch-lighthouse-hideout",
     )
+    pump = Pump(port, core)
     print("ready", flush=True)
     try:
-        sys.stdin.read()  # until the driver closes it, or dies
+        for line in sys.stdin:  # until the driver closes it, or dies
+            words = line.split()
+            if len(words) == 2 and words[0] == RETIRE and words[1].isdigit():
+                pump.retire(int(words[1]))
     finally:
+        pump.close()
         relay.close()
         server.shutdown()
     return 0

@@ -12,6 +12,7 @@ from typing import Any
 from spark_torch.ft.gate import AddressGate
 from spark_torch.ft.hideout import Hideout, NoHideout
 from spark_torch.ft.install import install_hint
+from spark_torch.ft.pump import Pump
 from spark_torch.ft.wiring import bind_address
 
 __all__ = ["Lighthouse", "LighthouseOptions", "HEARTBEAT_TIMEOUT_MS", "QUORUM_TICK_MS"]
@@ -22,10 +23,13 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
-#: a group silent this long is no longer counted as alive (torchft's default: 5000). 300 ms cut the
-#: survivors' pause to 0.3 s but dropped a slow healthy group in 2 of 5 runs at load 15-18 on 2
-#: cores (heartbeats relayed late); 1 s is the shortest that held there (docs/fault-tolerance.md)
-HEARTBEAT_TIMEOUT_MS = 1000
+#: a group silent this long is no longer counted as alive (torchft's default: 5000). A live group
+#: is vouched for by the lighthouse's pump (:mod:`spark_torch.ft.pump`, every 50 ms, next to the
+#: lighthouse) until the driver learns that a rank of it ended, so a dead group is out of the next
+#: quorum this long after its death is known, and a slow healthy one is not dropped when its own
+#: heartbeats, relayed through busy processes, come late; the pump would have to stall 150 ms to
+#: drop one (docs/fault-tolerance.md)
+HEARTBEAT_TIMEOUT_MS = 200
 #: how often the lighthouse looks for a quorum while one is awaited (torchft's default: 100)
 QUORUM_TICK_MS = 20
 
@@ -34,10 +38,13 @@ QUORUM_TICK_MS = 20
 class LighthouseOptions:
     """torchft's quorum rules: at least ``min_replicas`` groups form a quorum; a group that stops
     heartbeating for ``heartbeat_timeout_ms`` is dropped from it (spark_torch's default
-    :data:`HEARTBEAT_TIMEOUT_MS`: a surviving group waits that long for a dead one, not
-    torchft's 5 s; each rank 0's torchft Manager heartbeats every 100 ms); the lighthouse
+    :data:`HEARTBEAT_TIMEOUT_MS`: a surviving group waits that long after the driver learns
+    that a rank of a dead one ended, not torchft's 5 s; each rank 0's torchft Manager heartbeats
+    every 100 ms); the lighthouse
     looks for a quorum every ``quorum_tick_ms`` (default :data:`QUORUM_TICK_MS`);
-    ``join_timeout_ms`` as torchft's lighthouse has it. None: torchft's own default."""
+    ``join_timeout_ms`` as torchft's lighthouse has it. None: torchft's own default. The live
+    groups are heartbeated by the lighthouse's pump as well (:mod:`spark_torch.ft.pump`), until
+    :meth:`Lighthouse.retire` says their ranks ended."""
 
     min_replicas: int = 1
     join_timeout_ms: int | None = None
@@ -53,7 +60,9 @@ class Lighthouse:
     addresses ``allowed`` returns (the cluster's; None: any). With ``secret`` (distributed mode),
     that gate on ``host`` admits only connections that prove it (the nodes' relays:
     :mod:`spark_torch.ft.node_relay`), and the gate for this user's connections of this machine
-    (:attr:`host`, :attr:`port`: the driver's own look at the lighthouse) is on loopback. Where the kernel refuses the
+    (:attr:`host`, :attr:`port`: the driver's own look at the lighthouse) is on loopback. Its pump
+    (:class:`~spark_torch.ft.pump.Pump`, in the lighthouse's process) heartbeats every live group
+    until :meth:`retire` says its ranks ended. Where the kernel refuses the
     namespace, torchft's server runs in this process on loopback, behind the same gate, and a
     WARNING says that another user of this machine can reach it. Stopped by :meth:`close`
     (idempotent) or on leaving a ``with`` block, whatever the end: nothing listens after it."""
@@ -75,6 +84,8 @@ class Lighthouse:
         self.advertise = advertise or host
         self._lock = threading.Lock()  # a failing group's thread and the driver may both close it
         self._server: Any | None = None
+        #: the pump of a lighthouse not hidden (in this process; the hidden one has its own)
+        self._pump: Pump | None = None
         self._gate: AddressGate | None = None
         #: the gate the nodes' relays reach, with ``secret`` (else None)
         self._relay_gate: AddressGate | None = None
@@ -105,6 +116,9 @@ class Lighthouse:
                 # torchft advertises the machine's hostname; the ranks get the gate's address
                 self.server_port = int(self._server.address().rsplit(":", 1)[1])
                 backend = (LOOPBACK, self.server_port)
+                import torchft._torchft as core
+
+                self._pump = Pump(self.server_port, core)
             self._gate = AddressGate(self.host, backend, allowed if secret is None else (lambda: set()))
             if secret is not None:
                 self._relay_gate = AddressGate(host, backend, allowed, secret=secret)
@@ -126,12 +140,27 @@ class Lighthouse:
         """What the ranks get as ``TORCHFT_LIGHTHOUSE`` (with ``secret``: what their nodes' relays reach)."""
         return f"http://{bind_address(self.advertise, self.ranks_port)}"
 
+    def retire(self, group: int) -> None:
+        """A rank of replica group ``group`` ended (or the group's attempt did): the pump stops
+        vouching for the group's Managers now, so the lighthouse drops it from the next quorum
+        within its heartbeat timeout; a Manager the group makes later (its restart) is vouched
+        for again. Nothing once closed."""
+        with self._lock:
+            hideout, pump = self.hideout, self._pump
+        if hideout is not None:
+            hideout.retire(group)
+        elif pump is not None:
+            pump.retire(group)
+
     def close(self) -> None:
         """Stop listening (idempotent)."""
         with self._lock:
             server, self._server = self._server, None
             gates, self._gate, self._relay_gate = (self._gate, self._relay_gate), None, None
             hideout, self.hideout = self.hideout, None
+            pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.close()
         for gate in gates:
             if gate is not None:
                 gate.close()

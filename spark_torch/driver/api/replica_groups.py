@@ -22,7 +22,9 @@ never created a torchft Manager (the lighthouse never heard from them:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -44,6 +46,7 @@ from spark_torch.driver.run.entrypoint import Entrypoint
 from spark_torch.driver.run_record import RunRecord
 from spark_torch.driver.spark.cluster import executor_hosts, is_connect_session, read_cluster
 from spark_torch.errors import ConfigurationError, DistributedRunError, ReplicaGroupError, RunTimeoutError
+from spark_torch.ft import rank_ends
 from spark_torch.ft.env import GroupEnv
 from spark_torch.ft.lighthouse import Lighthouse
 from spark_torch.reporting.run_log import Outcome
@@ -105,6 +108,8 @@ class GroupLoop:
     cancellation: Cancellation | None = None
     #: run_on_dataframe's DataFrame: every group stages all of it, each trains its own rows (spark_torch.rank.data)
     data: DataInput | None = None
+    #: called with the group when one of its runs ended, however it ended (its ranks are gone)
+    on_ended: Callable[[int], None] = lambda group: None
     #: one RunResult per attempt of this group, in order
     results: list[RunResult] = field(default_factory=list)
     value: Any = None
@@ -163,6 +168,7 @@ class GroupLoop:
                     restarts_before=len(self.results),
                 )
             except BaseException as exc:  # noqa: BLE001 - decided below, per kind
+                self.on_ended(self.group)
                 self._keep(record)
                 if self.stop.is_set():  # another group failed the run: this one only stops
                     self.error = exc
@@ -179,6 +185,7 @@ class GroupLoop:
                     "unlimited" if self.budget == -1 else self.budget,
                 )
                 continue
+            self.on_ended(self.group)
             self._keep(record)
             self.value, self.succeeded = value, True
             return
@@ -263,7 +270,10 @@ def run_groups(
     deadline = time.monotonic() + config.timeout if config.timeout else None
     stop, lock, cancellation = threading.Event(), threading.Lock(), Cancellation()
     first: list[int | None] = []  # the group that failed the run (None: Ctrl-C)
-    with Lighthouse(host, config.lighthouse_options, advertise=advertise, allowed=allowed, secret=secret) as lighthouse:
+    with (
+        contextlib.ExitStack() as stack,
+        Lighthouse(host, config.lighthouse_options, advertise=advertise, allowed=allowed, secret=secret) as lighthouse,
+    ):
 
         def fail_the_run(group: int | None) -> None:
             with lock:
@@ -287,6 +297,7 @@ def run_groups(
                 deadline,
                 cancellation,
                 data,
+                on_ended=lighthouse.retire,
             )
             for g in range(config.replica_groups)
         ]
@@ -298,6 +309,9 @@ def run_groups(
         ]
         # through the gate, which admits this user's connections from this machine
         watch = ManagerWatch(lighthouse.host, lighthouse.port, config.replica_groups).start()
+        # a node's word that a group's rank ended retires the group on the lighthouse at once
+        ended = {group_run_id(run_id, loop.group): functools.partial(lighthouse.retire, loop.group) for loop in loops}
+        stack.enter_context(rank_ends.listening(ended))
         for thread in threads:
             thread.start()
         try:

@@ -32,6 +32,7 @@ from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import cancel_tagged_job, collect_arrow, tagged_job
 from spark_torch.driver.spark.shipping import ship_package
 from spark_torch.driver.spark.staged_reuse import KeptRows
+from spark_torch.ft.rank_ends import rank_ended
 from spark_torch.node import result_transfer
 from spark_torch.node.task import run_barrier_task
 from spark_torch.node.workdir import NodeWorkdir
@@ -194,6 +195,8 @@ class _BarrierStage:
                 bulk_sink=self.streamed,
                 on_progress=self.stall.update,
                 on_trace=self.stall.trace,
+                # a replica group's lighthouse hears of a failed rank at once (spark_torch.ft.rank_ends)
+                on_outcome=lambda node, outcome: rank_ended(self.spec.run_id) if outcome.failures else None,
             )
         except OSError as exc:
             return StartProblem.of(

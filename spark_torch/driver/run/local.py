@@ -22,6 +22,7 @@ from spark_torch.driver.spark.dataframe import DataInput
 from spark_torch.driver.spark.pyspark_shims import collect_arrow
 from spark_torch.driver.spark.staged_reuse import KeptRows
 from spark_torch.errors import RankFailure
+from spark_torch.ft.rank_ends import rank_ended
 from spark_torch.node.lifecycle import NodeProblem, NodeResult, run_node
 from spark_torch.node.progress import ProgressWatch
 from spark_torch.node.workdir import NodeWorkdir
@@ -110,7 +111,9 @@ class LocalIO:
         )
 
     def rank_failed(self, failure: RankFailure, pickled: str | None) -> None:
-        """Nothing to tell: the driver is right here (the node's outcome carries it)."""
+        """The driver is right here (the node's outcome carries the failure); a replica group's
+        lighthouse hears it at once (:mod:`spark_torch.ft.rank_ends`)."""
+        rank_ended(self.attempt.spec.run_id)
 
 
 def run_local(attempt: Attempt, data: DataInput | None = None) -> AttemptOutcome:
