@@ -78,7 +78,10 @@ def _killed_group_healed_alone(tmp_path: Path, weights: list[float], rank: str =
     return {step for _, step in survivor}, after[0]
 
 
-def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, no_leftovers: None) -> None:
+def test_a_killed_group_restarts_alone_and_heals_from_its_peer(
+    tmp_path: Path, no_leftovers: None, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RUST_LOG", raising=False)
     distributor = Distributor(
         num_processes=2,
         replica_groups=2,
@@ -118,6 +121,9 @@ def test_a_killed_group_restarts_alone_and_heals_from_its_peer(tmp_path: Path, n
     assert last.steps == max(row["step"] for row in last.history) < len(last.history), last.history
     assert f"steps={last.steps}," in repr(last)
     _the_past_run_is_the_whole_run(tmp_path / "runs", last)
+    # torchft's lighthouse logs at warning: none of its INFO lines (3 per quorum tick) on the console
+    console = capfd.readouterr()
+    assert "[INFO]" not in console.out + console.err, (console.out + console.err)[-2000:]
 
 
 def test_an_unchanged_torchft_script_survives_a_killed_group(tmp_path: Path, no_leftovers: None) -> None:

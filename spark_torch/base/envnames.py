@@ -127,7 +127,8 @@ REPLICA_GROUP_ID = "REPLICA_GROUP_ID"
 NUM_REPLICA_GROUPS = "NUM_REPLICA_GROUPS"
 TORCHFT_LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 #: the log filter of torchft's Rust side (its Manager server logs ~9 INFO lines a step); a replica
-#: group's ranks get RUST_LOG_DEFAULT unless the user set RUST_LOG (spark_torch.node.rank_env)
+#: group's ranks and the lighthouse's process get RUST_LOG_DEFAULT unless the user set RUST_LOG
+#: (spark_torch.node.rank_env, spark_torch.ft.hideout)
 RUST_LOG = "RUST_LOG"
 RUST_LOG_DEFAULT = "warn"
 

@@ -41,6 +41,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
+from spark_torch.base.envnames import RUST_LOG, RUST_LOG_DEFAULT
 from spark_torch.ft.pump import Pump
 from spark_torch.ft.relay import Relay
 
@@ -84,7 +85,8 @@ class Hideout:
             folder,
             *("-" if v is None else str(v) for v in options),
         ]
-        # the child imports this package from where this process has it, installed or not
+        # the child imports this package from where this process has it, installed or not; torchft's
+        # server logs at warning (3 INFO lines per quorum tick otherwise) unless the user set RUST_LOG
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
         process = subprocess.Popen(
@@ -94,7 +96,7 @@ class Hideout:
             text=True,
             start_new_session=True,
             close_fds=True,
-            env={**os.environ, "PYTHONPATH": path},
+            env={**os.environ, "PYTHONPATH": path, RUST_LOG: os.environ.get(RUST_LOG, RUST_LOG_DEFAULT)},
         )
         hideout = cls(process, folder)
         assert process.stdout is not None
