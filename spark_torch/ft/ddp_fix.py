@@ -130,4 +130,4 @@ def install() -> None:
     hook.__qualname__ = hook.__name__ = "spark_torch_comm_hook"
     ddp.DistributedDataParallel._comm_hook = staticmethod(hook)
     manager = torchft_manager.Manager
-    manager.should_commit = solo_should_commit(manager.should_commit)  # type: ignore[method-assign]
+    manager.should_commit = solo_should_commit(manager.should_commit)
