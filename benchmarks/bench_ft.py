@@ -20,9 +20,12 @@ Writes benchmarks/results/ft.json and prints the numbers.
 
 3. ``--cnn``: a realistic step instead (and only this): a CNN of 1.0M parameters (3x16x16
    images, batch 32; 14 ms at best a step on one thread here), one thread per rank (2
-   ranks on 2 cores), in ``--pairs`` rounds of four runs: plain DDP, torchft's DDP, torchft's
-   ``LocalSGD`` and ``DiLoCo`` (weights synced every ``--every`` steps; DiLoCo with an outer SGD with
-   Nesterov momentum and the synchronous quorum it requires), each of 2 groups of one rank with
+   ranks on 2 cores), in ``--pairs`` rounds of the ``--kinds`` runs (by default four): plain DDP,
+   torchft's DDP as spark_torch wires it (``ft``), optionally torchft's DDP with torchft's own
+   per-step path (``ft_torchft``: its hook that waits for each all-reduce, the commit's round trip
+   to the group's Manager server), torchft's ``LocalSGD`` and ``DiLoCo`` (weights synced every
+   ``--every`` steps; DiLoCo with an outer SGD with Nesterov momentum and the synchronous quorum
+   it requires), each of 2 groups of one rank with
    ``min_replicas=2``; the order rotates from round to round. A run's value is rank 0's **mean**
    step over the timed steps (the syncs included: one step in ``--every`` carries one); each
    ratio to DDP is the geometric mean of the rounds' ratios with a 95% interval. The load average
