@@ -20,9 +20,12 @@ Writes benchmarks/results/ft.json and prints the numbers.
 
 3. ``--cnn``: a realistic step instead (and only this): a CNN of 1.0M parameters (3x16x16
    images, batch 32; 14 ms at best a step on one thread here), one thread per rank (2
-   ranks on 2 cores), in ``--pairs`` rounds of four runs: plain DDP, torchft's DDP, torchft's
-   ``LocalSGD`` and ``DiLoCo`` (weights synced every ``--every`` steps; DiLoCo with an outer SGD with
-   Nesterov momentum and the synchronous quorum it requires), each of 2 groups of one rank with
+   ranks on 2 cores), in ``--pairs`` rounds of the ``--kinds`` runs (by default four): plain DDP,
+   torchft's DDP as spark_torch wires it (``ft``), optionally torchft's DDP with torchft's own
+   per-step path (``ft_torchft``: its hook that waits for each all-reduce, the commit's round trip
+   to the group's Manager server), torchft's ``LocalSGD`` and ``DiLoCo`` (weights synced every
+   ``--every`` steps; DiLoCo with an outer SGD with Nesterov momentum and the synchronous quorum
+   it requires), each of 2 groups of one rank with
    ``min_replicas=2``; the order rotates from round to round. A run's value is rank 0's **mean**
    step over the timed steps (the syncs included: one step in ``--every`` carries one); each
    ratio to DDP is the geometric mean of the rounds' ratios with a 95% interval. The load average
@@ -116,7 +119,9 @@ def cnn_steps(kind: str, steps: int, every: int) -> dict[str, Any]:
             connect_timeout=wait,
             use_async_quorum=kind != "diloco",
         )
-        net = DistributedDataParallel(mgr, model) if kind == "ft" else model
+        if kind == "ft_torchft":
+            _torchft_step_path(mgr)
+        net = DistributedDataParallel(mgr, model) if kind.startswith("ft") else model
         if kind == "localsgd":
             wrapper = LocalSGD(mgr, model, opt, sync_every=every)
         elif kind == "diloco":
@@ -127,11 +132,11 @@ def cnn_steps(kind: str, steps: int, every: int) -> dict[str, Any]:
         wrapper.__enter__()
     for step in range(WARMUP + steps):
         start = time.perf_counter()
-        if kind == "ft":
+        if kind.startswith("ft"):
             mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
         opt.zero_grad()
         F.cross_entropy(net(x), y).backward()
-        if kind != "ft" or mgr.should_commit():  # what torchft's Optimizer.step() does
+        if not kind.startswith("ft") or mgr.should_commit():  # what torchft's Optimizer.step() does
             opt.step()  # LocalSGD's / DiLoCo's hook syncs at every ``every``-th
         if step >= WARMUP:
             times.append(time.perf_counter() - start)
@@ -143,29 +148,51 @@ def cnn_steps(kind: str, steps: int, every: int) -> dict[str, Any]:
     return {"times": times, "threads": torch.get_num_threads()}
 
 
+def _torchft_step_path(mgr: Any) -> None:
+    """``ft_torchft``: torchft's own per-step path in ``mgr``'s rank, as spark_torch had it before
+    ``spark_torch.ft.ddp_fix`` made it cheaper: the DDP hook waits for each all-reduce (fixed for a
+    lost peer), and ``should_commit`` asks the group's Manager server."""
+    import functools
+
+    import torch
+    from torch.distributed import GradBucket  # type: ignore[attr-defined]
+    from torchft import ddp
+
+    from spark_torch.ft import ddp_fix
+
+    def hook(state: Any, bucket: Any) -> Any:
+        return ddp_fix.blocking_hook(state, bucket)
+
+    hook.__annotations__ = {"state": Any, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    ddp.DistributedDataParallel._comm_hook = staticmethod(hook)
+    mgr.should_commit = functools.partial(type(mgr).should_commit.__wrapped__, mgr)
+
+
 KINDS = ("ddp", "ft", "localsgd", "diloco")
+#: what ``--kinds`` may name: ``KINDS`` and ``ft_torchft`` (torchft's own per-step path, for comparison)
+ALL_KINDS = KINDS + ("ft_torchft",)
 
 
-def cnn_rounds(rounds: int, steps: int, every: int, storage: str) -> dict[str, Any]:
-    """``rounds`` rounds of the four kinds, the order rotating; the ratios of each to DDP."""
+def cnn_rounds(rounds: int, steps: int, every: int, storage: str, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+    """``rounds`` rounds of ``kinds`` (the first is "ddp"), the order rotating; the ratios of each to DDP."""
     from analysis import paired_ratio
 
     both = LighthouseOptions(min_replicas=2, join_timeout_ms=500, quorum_tick_ms=20, heartbeat_timeout_ms=1_000)
     bounded = {"log_ranks": [], "storage_path": storage, "timeout": 300}  # a hung run fails the benchmark, not waits
     groups = Distributor(num_processes=2, replica_groups=2, lighthouse_options=both, **bounded)
     plain = Distributor(num_processes=2, **bounded)
-    runs: dict[str, dict[str, Any]] = {kind: {"values": [], "extra": []} for kind in KINDS}
+    runs: dict[str, dict[str, Any]] = {kind: {"values": [], "extra": []} for kind in kinds}
     for round_ in range(rounds):
-        for kind in KINDS[round_ % 4 :] + KINDS[: round_ % 4]:
+        for kind in kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]:
             before = os.getloadavg()
             out = (plain if kind == "ddp" else groups).run(cnn_steps, kind, steps, every)
             runs[kind]["values"].append(statistics.mean(out["times"]) * 1000)
             runs[kind]["extra"].append(
                 {"pair": round_, "threads": out["threads"], "load": [before[0], os.getloadavg()[0]]}
             )
-    result: dict[str, Any] = {"every": every, "steps": steps, "ms": {k: runs[k]["values"] for k in KINDS}}
-    result["runs"] = {k: runs[k]["extra"] for k in KINDS}
-    result["ratios"] = {k: paired_ratio(runs[k], runs["ddp"]) for k in KINDS[1:]}
+    result: dict[str, Any] = {"every": every, "steps": steps, "ms": {k: runs[k]["values"] for k in kinds}}
+    result["runs"] = {k: runs[k]["extra"] for k in kinds}
+    result["ratios"] = {k: paired_ratio(runs[k], runs["ddp"]) for k in kinds[1:]}
     return result
 
 
@@ -296,9 +323,13 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--cnn", action="store_true", help="the realistic step, in --pairs rounds (only this)")
     parser.add_argument("--every", type=int, default=20, help="LocalSGD's and DiLoCo's steps between syncs (--cnn)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"--cnn's runs, ddp first, of {', '.join(ALL_KINDS)}")
     args = parser.parse_args()
     if args.cnn:
-        return realistic(args.pairs, args.steps, args.every)
+        kinds = tuple(args.kinds.split(","))
+        if kinds[0] != "ddp" or not set(kinds) <= set(ALL_KINDS) or len(set(kinds)) != len(kinds):
+            parser.error(f"--kinds: ddp first, then some of {', '.join(ALL_KINDS[1:])}, each once")
+        return realistic(args.pairs, args.steps, args.every, kinds)
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as storage:
         steps = per_step(args.pairs, args.steps, storage)
@@ -324,23 +355,27 @@ def main() -> None:
     print(f"load average {load:.1f} -> {out['load_end']:.1f} on {out['cpus']} CPUs")
 
 
-def realistic(rounds: int, steps: int, every: int) -> None:
+def realistic(rounds: int, steps: int, every: int, kinds: tuple[str, ...] = KINDS) -> None:
     load, uptime = os.getloadavg(), open("/proc/uptime").read().split()[0]
     with tempfile.TemporaryDirectory() as storage:
-        out = cnn_rounds(rounds, steps, every, storage)
+        out = cnn_rounds(rounds, steps, every, storage, kinds)
     out.update(
         {"load_start": list(load), "load_end": list(os.getloadavg()), "cpus": os.cpu_count(), "uptime_s": float(uptime)}
     )
     with open(os.path.join(HERE, "results", "ft_cnn.json"), "w") as fh:
         json.dump(out, fh, indent=1)
-    for kind in KINDS:
+    loads = [load for kind in kinds for run in out["runs"][kind] for load in run["load"]]
+    for kind in kinds:
         ms = out["ms"][kind]
-        line = f"{kind:9} {statistics.median(ms):7.2f} ms a step ({min(ms):.2f}-{max(ms):.2f})"
+        line = f"{kind:10} {statistics.median(ms):7.2f} ms a step ({min(ms):.2f}-{max(ms):.2f})"
         ratio = out["ratios"].get(kind)
         if ratio:
             line += f", {ratio['ratio']:.2f}x DDP ({ratio['low']:.2f}-{ratio['high']:.2f}, {ratio['pairs']} rounds)"
         print(line)
-    print(f"load average {load[0]:.1f} -> {out['load_end'][0]:.1f} on {out['cpus']} CPUs")
+    print(
+        f"load average {load[0]:.1f} -> {out['load_end'][0]:.1f} on {out['cpus']} CPUs "
+        f"(runs' starts and ends: median {statistics.median(loads):.1f}, {min(loads):.1f}-{max(loads):.1f})"
+    )
 
 
 if __name__ == "__main__":

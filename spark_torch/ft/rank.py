@@ -60,8 +60,9 @@ def manager(
     when ``device`` is a CUDA device), the lighthouse (``TORCHFT_LIGHTHOUSE``), the replica id of
     the group (``REPLICA_GROUP_ID``), the Manager's server bound to the node's address (torchft
     binds every interface), healing over that process group (torchft's ``PGTransport``; torchft's
-    default is an HTTP server on every interface), the fix to torchft's DDP hook
-    (:mod:`spark_torch.ft.ddp_fix`), and :func:`spark_torch.report`'s step: from then on it
+    default is an HTTP server on every interface), torchft's per-step path fixed and made cheaper
+    (:mod:`spark_torch.ft.ddp_fix`: a DDP hook that does not wait for the all-reduce and survives a
+    lost peer, a one-rank group's commit without a round trip), and :func:`spark_torch.report`'s step: from then on it
     records the Manager's ``current_step()`` (a call at a step already reported is skipped), so
     a restarted group that healed from a peer reports no step twice. ``kwargs`` go to ``torchft.Manager`` and win
     over these

@@ -327,6 +327,19 @@ def _ft_cnn_rows(results: dict[str, Any]) -> list[str]:
         + " | ".join(f"<= {goals[k]}, {_met(r, goals[k])}" for k, r in zip(kinds[1:], ratios))
         + " |",
         f"| load average (1 min), start -> end | {results['load_start'][0]:.1f} -> {results['load_end'][0]:.1f} on {results['cpus']} CPUs | | | |",
+    ] + _ft_torchft_row(results)
+
+
+def _ft_torchft_row(results: dict[str, Any]) -> list[str]:
+    """The table's row for torchft's own per-step path (``--kinds ...,ft_torchft``), when measured."""
+    import statistics
+
+    if "ft_torchft" not in results["ms"]:
+        return []
+    ms, ratio = results["ms"]["ft_torchft"], results["ratios"]["ft_torchft"]
+    return [
+        f"| torchft's own per-step path: ms; x plain DDP | | {statistics.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}); "
+        f"{ratio['ratio']:.2f} ({ratio['low']:.2f}-{ratio['high']:.2f}) | | |"
     ]
 
 

@@ -318,15 +318,36 @@ class _PeerGone:
         raise RuntimeError("Connection reset by peer")
 
     def get_future(self) -> Any:
-        raise AssertionError("not reached: wait() failed first")
+        import torch
+
+        future: Any = torch.futures.Future()
+        future.set_exception(RuntimeError("Connection reset by peer"))
+        return future
+
+
+class _InFlight:
+    """A process group's work still in flight: its future completes when the test says."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.future: Any = torch.futures.Future()
+
+    def wait(self, timeout: Any = None) -> bool:
+        raise AssertionError("not reached: the hook does not wait")
+
+    def get_future(self) -> Any:
+        return self.future
 
 
 class _Manager:
     """The part of torchft's Manager that its DDP hook and _ManagedWork use."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: Any = None, participants: int = 2) -> None:
         self.errors: list[Exception] = []
         self._logger = self
+        self.work = work if work is not None else _PeerGone()
+        self.participants = participants
 
     def exception(self, message: str) -> None:
         pass
@@ -334,15 +355,19 @@ class _Manager:
     def report_error(self, error: Exception) -> None:
         self.errors.append(error)
 
+    def num_participants(self) -> int:
+        return self.participants
+
     def allreduce(self, tensor: Any) -> Any:
         from torchft.manager import _ManagedWork
 
-        return _ManagedWork(self, _PeerGone(), tensor)  # type: ignore[arg-type]
+        return _ManagedWork(self, self.work, tensor)  # type: ignore[arg-type]
 
 
 def test_a_peer_lost_mid_all_reduce_drops_the_step_instead_of_crashing() -> None:
     """torchft 0.2.0's own hook fails an assertion here (the surviving replica crashed); the fixed
-    hook returns the bucket, and the Manager holds the error so that should_commit() says no."""
+    hooks (spark_torch's, and the waiting one it keeps for the GPU) return the bucket, and the
+    Manager holds the error so that should_commit() says no."""
     pytest.importorskip("torchft")
     import torch
     from torchft import ddp
@@ -353,28 +378,101 @@ def test_a_peer_lost_mid_all_reduce_drops_the_step_instead_of_crashing() -> None
     manager = _Manager()
     with pytest.raises(AssertionError):  # the bug, in the installed torchft
         ddp.DistributedDataParallel.__dict__["_comm_hook"].__func__(manager, bucket)
-    future = ddp_fix.comm_hook(manager, bucket)
+    assert [str(e) for e in manager.errors] == ["Connection reset by peer"]
+    future = ddp_fix.blocking_hook(manager, bucket)
     assert torch.equal(future.wait(), torch.ones(3))
     assert [str(e) for e in manager.errors] == ["Connection reset by peer"] * 2
+    future = ddp_fix.comm_hook(manager, bucket)
+    assert torch.equal(future.wait(), torch.ones(3))
+    assert [str(e) for e in manager.errors] == ["Connection reset by peer"] * 3
+
+
+def test_the_hook_returns_before_the_all_reduce_ends_and_averages_it_then() -> None:
+    """spark_torch's hook does not wait for the bucket's all-reduce (the backward pass goes on, as
+    with plain DDP): its future ends with the bucket divided by the quorum's participants, as
+    torchft's own callback divides it, once the process group's work ends."""
+    pytest.importorskip("torchft")
+    import torch
+
+    from spark_torch.ft import ddp_fix
+
+    work = _InFlight()
+    manager = _Manager(work, participants=2)
+    bucket = _Bucket(torch.full((3,), 6.0))
+    future = ddp_fix.comm_hook(manager, bucket)
+    assert not future.done()
+    bucket.buffer().fill_(8.0)  # what gloo's all-reduce (a sum) leaves in the bucket
+    work.future.set_result([bucket.buffer()])
+    assert torch.equal(future.wait(), torch.full((3,), 4.0)) and future.wait() is bucket.buffer()
+    assert manager.errors == []
+
+
+class _Client:
+    """torchft's ManagerClient as should_commit uses it: it records the calls that went out."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: Any = None) -> bool:
+        self.calls.append("should_commit")
+        return should_commit
+
+    def _quorum(self) -> str:
+        self.calls.append("_quorum")
+        return "quorum"
+
+
+class _CommitManager:
+    """The part of torchft's Manager.should_commit that asks the group's server."""
+
+    def __init__(self, group_world_size: int) -> None:
+        self._group_world_size = group_world_size
+        self._client: Any = _Client()
+
+    def should_commit(self, vote: bool) -> bool:
+        return bool(self._client.should_commit(0, 1, vote, timeout=None))
+
+
+def test_a_one_rank_groups_commit_is_its_own_vote_without_a_round_trip() -> None:
+    """In a group of one rank, the group's Manager server answers should_commit with that rank's
+    vote (torchft's manager.rs): the wrapped should_commit answers it in the rank; a group of
+    two ranks still asks the server, and everything else still goes to torchft's client."""
+    from spark_torch.ft import ddp_fix
+
+    should_commit = ddp_fix.solo_should_commit(_CommitManager.should_commit)
+    assert ddp_fix.solo_should_commit(should_commit) is should_commit
+    solo, pair = _CommitManager(1), _CommitManager(2)
+    client = solo._client
+    assert should_commit(solo, True) is True and should_commit(solo, False) is False
+    assert isinstance(solo._client, ddp_fix.SoloCommitClient) and client.calls == []
+    assert solo._client._quorum() == "quorum" and client.calls == ["_quorum"]
+    assert should_commit(pair, True) is True and should_commit(pair, False) is False
+    assert pair._client.calls == ["should_commit", "should_commit"]
 
 
 def test_install_puts_the_fixed_hook_on_torchfts_ddp() -> None:
     pytest.importorskip("torchft")
     import torch
+    import torchft.manager as torchft_manager
     from torchft import ddp
 
     from spark_torch.ft import ddp_fix
 
     original = ddp.DistributedDataParallel.__dict__["_comm_hook"]
+    commit = torchft_manager.Manager.__dict__["should_commit"]
     try:
+        ddp_fix.install()
         ddp_fix.install()
         hook = ddp.DistributedDataParallel._comm_hook
         future = hook(_Manager(), _Bucket(torch.zeros(2)))
         assert torch.equal(future.wait(), torch.zeros(2))
         # DDP checks a hook's annotations as objects
         assert hook.__annotations__["bucket"] is torch.distributed.GradBucket
+        wrapped = torchft_manager.Manager.should_commit
+        assert wrapped.__wrapped__ is commit and wrapped._spark_torch_solo_commit  # once, however often installed
     finally:
         ddp.DistributedDataParallel._comm_hook = original
+        torchft_manager.Manager.should_commit = commit
 
 
 def test_a_manager_the_users_code_makes_is_wired_in_a_replica_group_rank_only() -> None:
