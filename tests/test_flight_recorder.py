@@ -421,9 +421,36 @@ def test_a_rank_that_hangs_after_its_dump_is_named_with_it(tmp_path: Path, no_le
     _hangs_after_its_dump(tmp_path, {})
 
 
+class _TimeUpOnceDumped(threading.Event):
+    """A barrier stage's wake event whose wait for the attempt's time ends, as a timeout does
+    (False), once rank 1's dump exists (at load 20 a rank could start after the 8 s had passed:
+    the timeout then fired before anything was dumped); set by the job's end as usual."""
+
+    def __init__(self, dump: Path) -> None:
+        super().__init__()
+        self.dump = dump
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = time.monotonic() + 120
+        while not super().wait(0.1):
+            if self.dump.exists():
+                return False  # the attempt's time is up
+            assert time.monotonic() < deadline, f"rank 1 wrote no dump ({self.dump}) within 120 s"
+        return True
+
+
 def test_a_rank_that_hangs_after_its_dump_is_named_with_it_distributed(
-    spark_session: Any, tmp_path: Path, no_leftovers: None
+    spark_session: Any, tmp_path: Path, no_leftovers: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from spark_torch.driver.run import barrier
+
+    init = barrier._BarrierStage.__init__
+
+    def with_forced_clock(stage: Any, *args: Any, **kwargs: Any) -> None:
+        init(stage, *args, **kwargs)
+        stage.wake = _TimeUpOnceDumped(tmp_path / "nccl_trace_rank_1")
+
+    monkeypatch.setattr(barrier._BarrierStage, "__init__", with_forced_clock)
     _hangs_after_its_dump(tmp_path, {"local_mode": False, "spark": spark_session})
 
 
