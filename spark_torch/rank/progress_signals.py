@@ -11,9 +11,10 @@ collectives is working), or when its main thread
   sampler's own writes and another thread's output are not counted), or pages memory in (its
   page faults: a library being loaded by ``import torch`` on a loaded machine),
 - computes: its CPU time (``time.pthread_getcpuclockid``, read from the sampler's thread) was at
-  least a tenth of the time since the last sample, or adds up to a whole sample interval since
-  its last progress (a thread starved of CPU), in Python or in a native call, unless it sits in a
-  collective or a CUDA synchronize (which may spin at 100% CPU while NCCL hangs),
+  least a tenth of the time since the last sample, or, judged over the whole time since its last
+  progress (:func:`computing`), at least :data:`WINDOW_SHARE` of it or a whole sample interval
+  (a thread starved of CPU on a loaded machine still computes), in Python or in a native call,
+  unless it sits in a collective or a CUDA synchronize (which may spin at 100% CPU while NCCL hangs),
 - reaches a position (stack and bytecode offset) it was never seen at before,
 - waits on another thread (a join, an Event, a queue) while the process's other threads compute
   (their CPU time, without the sampler's own, at least a tenth of the time since the last sample)
@@ -33,10 +34,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from spark_torch.shared.stacks import is_working, progress_count
 
-__all__ = ["Progress", "in_collective", "collective_count"]
+__all__ = ["Progress", "Reading", "computing", "in_collective", "collective_count"]
 
 #: frames that mean "waiting for a collective or the GPU": CPU time there is not progress
 _COLLECTIVE_FILES = (
@@ -49,6 +51,43 @@ _CUDA_DIR = os.path.join("torch", "cuda", "")
 OTHERS_IO_BYTES = 16 * 1024
 #: distinct positions remembered; a rank that visits more is moving anyway
 _MAX_POSITIONS = 512
+#: the share of the time since its last progress that a thread's CPU time must reach to count as
+#: computing: a rank that gets a fiftieth of a core over the stall window (more than 100 busy
+#: threads on 2 cores) computes; a main thread that only cycles through waits uses microseconds a
+#: wake-up (a ``time.sleep(0.01)`` loop: under 0.5%)
+WINDOW_SHARE = 0.02
+#: the share of one sample's time that counts as computing at once
+SAMPLE_SHARE = 0.1
+#: CPU seconds below this are never computing (one wake-up, however slow)
+MIN_CPU = 0.001
+
+
+def computing(cpu: float, wall: float, interval: float, share: float = WINDOW_SHARE) -> bool:
+    """Whether ``cpu`` CPU seconds over ``wall`` seconds are computing: more than :data:`MIN_CPU`
+    and at least ``share`` of ``wall``, or a whole sample ``interval`` (however long ``wall``)."""
+    return cpu > MIN_CPU and (cpu >= share * wall or cpu >= interval)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The signals of one sample, as :class:`Progress` reads them (None: not readable here)."""
+
+    #: ``time.monotonic()`` of the sample
+    at: float
+    #: the thread's CPU seconds
+    cpu: float | None
+    #: the thread's bytes read and written, and its minor and major page faults
+    io: tuple[int, int, int, int] | None
+    #: ``report()`` calls in the process
+    reports: int
+    #: in a checkpoint upload
+    working: bool
+    #: collectives the process's process groups started
+    collectives: int | None
+    #: CPU seconds of the process without the sampler's thread
+    others: float
+    #: bytes the process read and wrote without the sampler's thread
+    others_bytes: int | None
 
 
 def in_collective(frames: list[tuple[str, int, str]]) -> bool:
@@ -94,7 +133,9 @@ def _thread_clock(ident: int) -> int | None:
 
 
 class Progress:
-    """The progress signals of one thread (the main thread: ``ident``, ``native_id``)."""
+    """The progress signals of one thread (the main thread: ``ident``, ``native_id``):
+    :meth:`read` reads them, :meth:`judge` decides from two readings (pure: no clock, no
+    ``/proc``), :meth:`moved` does both."""
 
     def __init__(self, ident: int, native_id: int, interval: float, collectives: bool = True) -> None:
         self._clock = _thread_clock(ident)
@@ -103,18 +144,27 @@ class Progress:
         #: CPU seconds since the last progress (its own, and those of the threads it waits on) that
         #: count as computing, however slowly
         self._busy = interval
-        self._cpu_since = 0.0
-        self._at = time.monotonic()
-        self._others = self._others_time()
-        self._others_bytes = self._process_bytes()
-        self._cpu = self._cpu_time()
-        self._io = self._io_counters()
-        self._reports = progress_count()
         #: a forked child (a DataLoader worker) never reads them: a process group's lock held by
         #: another thread at the fork would stay held in the child, and its sampler holds the GIL
         self._count_collectives = collectives
-        self._collectives = collective_count() if collectives else None
+        self._last = self.read()
+        #: when it last made progress (it starts with none: from its first reading)
+        self._since = self._last.at
+        self._cpu_since = 0.0
         self._seen: set[object] = set()
+
+    def read(self) -> Reading:
+        """The thread's signals now."""
+        return Reading(
+            at=time.monotonic(),
+            cpu=self._cpu_time(),
+            io=self._io_counters(),
+            reports=progress_count(),
+            working=is_working(),
+            collectives=collective_count() if self._count_collectives else None,
+            others=self._others_time(),
+            others_bytes=self._process_bytes(),
+        )
 
     def _cpu_time(self) -> float | None:
         if self._clock is None:
@@ -163,24 +213,37 @@ class Progress:
         """Whether the thread made progress since the last call (``position``: its stack as
         the user sees it, ``lasti``: the innermost frame's bytecode offset, ``frames``: all of
         them; ``waits_on_a_thread``: it waits on another thread of the process)."""
-        cpu, io, reports, now = self._cpu_time(), self._io_counters(), progress_count(), time.monotonic()
-        collectives = collective_count() if self._count_collectives else None
+        return self.judge(self.read(), position, lasti, frames, waits_on_a_thread)
+
+    def judge(
+        self,
+        now: Reading,
+        position: object,
+        lasti: int,
+        frames: list[tuple[str, int, str]],
+        waits_on_a_thread: bool = False,
+    ) -> bool:
+        """:meth:`moved` with the reading ``now`` given: whether it shows progress since the last one."""
+        last, self._last = self._last, now
+        collective = in_collective(frames)
         used = 0.0
-        if cpu is not None and self._cpu is not None and not in_collective(frames):
-            used = max(0.0, cpu - self._cpu)
+        if now.cpu is not None and last.cpu is not None and not collective:
+            used = max(0.0, now.cpu - last.cpu)
             self._cpu_since += used
-        busy = used >= (now - self._at) / 10 and used > 0.001
-        others, before = self._others_time(), self._others
-        self._others = others
-        moved_bytes, bytes_before = self._process_bytes(), self._others_bytes
-        self._others_bytes = moved_bytes
-        if waits_on_a_thread and not in_collective(frames):
-            helped = max(0.0, others - before - used)  # the threads it waits on computing for it
+        busy = computing(used, now.at - last.at, float("inf"), SAMPLE_SHARE)
+        if waits_on_a_thread and not collective:
+            helped = max(0.0, now.others - last.others - used)  # the threads it waits on computing for it
             self._cpu_since += helped  # however slowly (a loaded machine), as its own CPU time counts
-            busy = busy or helped >= max(0.001, (now - self._at) / 10)
-            if moved_bytes is not None and bytes_before is not None and io is not None and self._io is not None:
-                main_bytes = io[0] + io[1] - self._io[0] - self._io[1]
-                busy = busy or moved_bytes - bytes_before - main_bytes >= OTHERS_IO_BYTES
+            busy = busy or computing(helped, now.at - last.at, float("inf"), SAMPLE_SHARE)
+            ours, before = now.io, last.io
+            if (
+                now.others_bytes is not None
+                and last.others_bytes is not None
+                and ours is not None
+                and before is not None
+            ):
+                main_bytes = ours[0] + ours[1] - before[0] - before[1]
+                busy = busy or now.others_bytes - last.others_bytes - main_bytes >= OTHERS_IO_BYTES
         key = (position, lasti) if self._clock is None else position
         new = key not in self._seen
         if new:
@@ -188,16 +251,15 @@ class Progress:
                 self._seen.clear()
             self._seen.add(key)
         progressed = (
-            reports != self._reports
-            or is_working()
-            or collectives != self._collectives
-            or (io is not None and self._io is not None and io != self._io)
+            now.reports != last.reports
+            or now.working
+            or now.collectives != last.collectives
+            or (now.io is not None and last.io is not None and now.io != last.io)
             or busy
-            or self._cpu_since >= self._busy
+            or computing(self._cpu_since, now.at - self._since, self._busy)
             or (new and len(self._seen) > 1)
         )
-        self._cpu, self._io, self._reports, self._at = cpu, io, reports, now
-        self._collectives = collectives
         if progressed:
             self._cpu_since = 0.0
+            self._since = now.at
         return progressed

@@ -228,8 +228,87 @@ def _compute(seconds: float) -> None:
         pass
 
 
+HERE = [("/job/train.py", 1, "train")]
+IN_C10D = [("/t/torch/distributed/distributed_c10d.py", 3252, "all_reduce")]
+
+
+class _Readings:
+    """A thread's signals as a sampler would read them, made by hand (the rule alone: no clock,
+    no ``/proc``, so what a loaded machine does to a real thread cannot change the verdict)."""
+
+    def __init__(self, interval: float) -> None:
+        from spark_torch.rank.progress_signals import Progress, Reading
+
+        self.now = Reading(
+            at=100.0, cpu=1.0, io=(10, 10, 5, 0), reports=0, working=False, collectives=None, others=3.0, others_bytes=0
+        )
+        progress = Progress.__new__(Progress)  # its rule, fed the readings below instead of /proc
+        progress._clock = 1
+        progress._busy = interval
+        progress._last, progress._since, progress._cpu_since, progress._seen = self.now, self.now.at, 0.0, set()
+        self.progress = progress
+
+    def step(
+        self, seconds: float, frames: list[tuple[str, int, str]] = HERE, waits: bool = False, **change: Any
+    ) -> bool:
+        """``seconds`` later, with ``change`` added to the last reading's counters (``cpu``,
+        ``others``, ``reports``, ``others_bytes``; ``io``: a tuple added field by field)."""
+        import dataclasses
+
+        fields: dict[str, Any] = {"at": self.now.at + seconds}
+        for name, delta in change.items():
+            was = getattr(self.now, name)
+            fields[name] = tuple(x + d for x, d in zip(was, delta)) if name == "io" else was + delta
+        self.now = dataclasses.replace(self.now, **fields)
+        return self.progress.judge(self.now, tuple(HERE), 10, frames, waits)
+
+
 def test_progress_is_computing_or_io_not_waiting() -> None:
-    """A thread watched from another, as the sampler watches the main thread."""
+    """The rule on a thread's readings: waiting (microseconds of CPU a wake-up) is none; its CPU
+    time, its I/O, its page faults are; CPU time in a collective is none; another thread's CPU
+    time is when the thread waits on one."""
+    watch = _Readings(interval=0.2)
+    assert not watch.step(0.2)  # the first position is no progress
+    assert not any(watch.step(0.2, cpu=0.00005) for _ in range(50))  # waiting: a wake-up's CPU time, no I/O
+    assert watch.step(0.2, cpu=0.1)  # its CPU time
+    assert watch.step(0.2, io=(0, 1, 0, 0))  # its I/O
+    assert watch.step(0.2, io=(0, 0, 3, 0))  # pages memory in (a library being loaded)
+    assert not watch.step(0.2, IN_C10D, cpu=0.2)  # CPU time in a collective (a spinning synchronize) is none
+    assert not watch.step(1.1, others=0.1)  # another thread computes: not its work unless it waits on it
+    assert watch.step(1.1, waits=True, others=0.1)  # ... as a join does: 0.1 s of CPU in over 1 s still counts
+    assert not watch.step(1.1, waits=True, others_bytes=1024)  # a store's polling: a few bytes
+    assert watch.step(1.1, waits=True, others_bytes=64 * 1024)  # an upload on another thread
+    assert watch.step(0.2, reports=1)  # report()
+
+
+def test_computing_is_judged_over_the_time_since_the_last_progress() -> None:
+    """A thread starved of CPU (a loaded machine: under a tenth of a core in every sample) computes
+    however small its share, down to WINDOW_SHARE of the time since its last progress, or once its
+    CPU time adds up to a sample interval; a waiting thread's wake-ups never add up to either."""
+    from spark_torch.rank.progress_signals import MIN_CPU, SAMPLE_SHARE, WINDOW_SHARE, computing
+
+    assert computing(0.01, 0.2, 0.2)  # 5% of a core: more than 100 busy threads on 2 cores
+    assert computing(WINDOW_SHARE * 2.0, 2.0, 0.2) and not computing(WINDOW_SHARE * 2.0 * 0.9, 2.0, 0.2)
+    assert computing(1.0, 3600.0, 1.0)  # a whole interval, however long it took
+    assert not computing(MIN_CPU, MIN_CPU / WINDOW_SHARE, 0.2)  # one wake-up, however slow
+    assert computing(0.03, 0.2, 0.2, SAMPLE_SHARE) and not computing(0.01, 0.2, 0.2, SAMPLE_SHARE)
+    share = WINDOW_SHARE * 1.5  # a native call on a loaded machine: under SAMPLE_SHARE in each sample
+    watch = _Readings(interval=0.2)
+    assert all(watch.step(0.2, cpu=share * 0.2) for _ in range(20))
+    watch = _Readings(interval=0.2)
+    assert not any(watch.step(0.2, cpu=WINDOW_SHARE * 0.2 / 2) for _ in range(9))  # a fiftieth of a core, halved
+    assert watch.step(0.2, cpu=0.2)  # then it computes: at once
+    watch = _Readings(interval=1.0)  # the default stall_timeout's interval: 120 samples a stall window
+    assert not any(watch.step(1.0, cpu=0.0005) for _ in range(120))  # a sleep(0.01) loop's wake-ups
+    watch = _Readings(interval=1.0)
+    assert not any(watch.step(1.0, IN_C10D) for _ in range(100))  # 100 s in a collective, then computing
+    assert [watch.step(1.0, cpu=0.5) for _ in range(2)] == [True, True]  # half a core: at once
+
+
+def test_progress_reads_a_threads_signals() -> None:
+    """A real thread watched from another, as the sampler watches the main thread: its CPU time,
+    its I/O and the CPU time of a thread it waits on are read, and each is progress (what the
+    thread does cannot fail to show: each check is a lower bound on the counters it moved)."""
     import queue
     import threading
 
@@ -240,9 +319,8 @@ def test_progress_is_computing_or_io_not_waiting() -> None:
 
     def worker() -> None:
         while (order := orders.get()) != "end":
-            end = time.thread_time() + 0.1
-            while order == "compute" and time.thread_time() < end:
-                pass
+            if order == "compute":
+                _compute(0.1)
             if order == "write":
                 with open(os.devnull, "w") as fh:
                     fh.write("x")
@@ -250,33 +328,26 @@ def test_progress_is_computing_or_io_not_waiting() -> None:
 
     thread = threading.Thread(target=worker)
     thread.start()
-    # one round first: the thread's start (its first stack pages fault in, its first wake-up)
-    # is not what the watch is asked about (seen once on a loaded machine: the first "wait" moved)
-    orders.put("wait")
-    done.get(timeout=30)
-    # each computing step uses 0.1 s of CPU: past the 0.05 s that count as computing however slowly,
-    # so a loaded machine (load 27 on 2 CPUs: under 10% of a CPU for the thread) cannot hide it
     progress = Progress(thread.ident or 0, thread.native_id or 0, interval=0.05)
-    here = [("/job/train.py", 1, "train")]
-    in_reduce = [("/t/torch/distributed/distributed_c10d.py", 3252, "all_reduce")]
 
-    def step(order: str, frames: list[tuple[str, int, str]] = here) -> bool:
+    def step(order: str) -> tuple[Any, Any]:
+        before = progress.read()
         orders.put(order)
         done.get(timeout=30)
-        return progress.moved(tuple(here), 10, frames)
+        return before, progress.read()
 
     try:
-        assert not step("wait")  # the first position is no progress
-        assert not any(step("wait") for _ in range(3))  # waiting in one place: no CPU time, no I/O
-        assert step("compute")  # its CPU time
-        assert step("write")  # its I/O
-        assert not step("compute", in_reduce)  # CPU time in a collective (a spinning synchronize) is none
-        for waits in (False, True):  # another thread computes while the watched one waits on it (a join)
-            helper = threading.Thread(target=_compute, args=(0.1,))
-            helper.start()
-            helper.join()
-            time.sleep(1.1)  # slowly: 0.1 s of CPU in over 1 s (as on a loaded machine) still counts
-            assert progress.moved(tuple(here), 10, here, waits_on_a_thread=waits) is waits
+        before, after = step("compute")
+        assert after.cpu - before.cpu >= 0.1 and progress.judge(after, tuple(HERE), 10, HERE)
+        before, after = step("write")
+        assert after.io[1] > before.io[1] and progress.judge(after, tuple(HERE), 10, HERE)
+        helper = threading.Thread(target=_compute, args=(0.1,))
+        before = progress.read()
+        helper.start()
+        helper.join()
+        after = progress.read()
+        assert after.others - before.others >= 0.1
+        assert progress.judge(after, tuple(HERE), 10, HERE, waits_on_a_thread=True)
     finally:
         orders.put("end")
         thread.join(30)
