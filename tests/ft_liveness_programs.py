@@ -1,23 +1,27 @@
 """Rank-side programs of tests/test_replica_group_liveness.py: two groups, one of them slow
-(it sleeps after each commit, before its next quorum), each logging what every quorum it
-committed in held."""
+(its process stops after each commit, before its next quorum), each logging what every quorum
+it committed in held."""
 
 from __future__ import annotations
 
 import os
-import time
+import signal
+import subprocess
 from datetime import timedelta
 from typing import Any
 
 
 def slow_group(steps: int, work: str, slow: int, pause: float, heartbeat_interval: float | None = None) -> list[float]:
     """Train a linear model with torchft's DDP until ``steps`` steps were committed with every group
-    taking part; group ``slow`` sleeps ``pause`` seconds after each commit (a slow but healthy
-    group: the other waits for it in the lighthouse's quorum meanwhile). Each commit is appended
-    to ``work/g{GROUP}.quorums`` as ``PID STEP PARTICIPANTS HEALED`` (``HEALED``: 1 when this
-    step loaded a peer's state). ``heartbeat_interval`` (seconds): the Manager's, when given.
-    A group stops past ``10 * steps`` steps however many it took together. Returns (and writes
-    to ``work/g{GROUP}.weights``) the final weights."""
+    taking part; group ``slow``'s process is stopped (SIGSTOP, every thread: its Manager's
+    heartbeats too, as a process starved of CPU) for ``pause`` seconds after each commit, then
+    resumed by a ``sleep; kill -CONT`` of its own (a slow but healthy group: the other waits for
+    it in the lighthouse's quorum meanwhile). Each commit is appended to
+    ``work/g{GROUP}.quorums`` as ``PID STEP PARTICIPANTS HEALED`` (``HEALED``: 1 when this step
+    loaded a peer's state). ``heartbeat_interval`` (seconds): the Manager's, when given. A group
+    stops past ``10 * steps`` steps however many it took together, and after 10 rounds in a row
+    without a commit (a group that can no longer commit ends the run in seconds, not at the
+    test's timeout). Returns (and writes to ``work/g{GROUP}.weights``) the final weights."""
     import torch
     from torchft import DistributedDataParallel
 
@@ -50,7 +54,8 @@ def slow_group(steps: int, work: str, slow: int, pause: float, heartbeat_interva
     )
     ddp = DistributedDataParallel(mgr, model)
     with open(os.path.join(work, f"g{group}.quorums"), "a", buffering=1) as log:
-        while True:
+        misses = 0
+        while misses < 10:
             mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
             opt.zero_grad()
             mgr.wait_quorum()
@@ -67,8 +72,13 @@ def slow_group(steps: int, work: str, slow: int, pause: float, heartbeat_interva
                 together += int(all_in)
                 log.write(f"{os.getpid()} {mgr.current_step()} {mgr.num_participants()} {int(bool(healed))}\n")
                 healed.clear()
+                misses = 0
+            else:
+                misses += 1
             if group == slow:
-                time.sleep(pause)
+                waker = subprocess.Popen(["sh", "-c", f"sleep {pause}; kill -CONT {os.getpid()}"])
+                os.kill(os.getpid(), signal.SIGSTOP)
+                waker.wait()
     weights = [float(v) for v in torch.cat([p.detach().flatten() for p in model.parameters()])]
     with open(os.path.join(work, f"g{group}.weights"), "w") as fh:
         fh.write(repr(weights))
