@@ -7,8 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from datetime import timedelta
 from typing import Any
+
+#: how long a group may step before every group is in its quorum (the other's ranks starting)
+JOIN_SECONDS = 60.0
 
 
 def slow_group(steps: int, work: str, slow: int, pause: float, heartbeat_interval: float | None = None) -> list[float]:
@@ -19,9 +23,11 @@ def slow_group(steps: int, work: str, slow: int, pause: float, heartbeat_interva
     it in the lighthouse's quorum meanwhile). Each commit is appended to
     ``work/g{GROUP}.quorums`` as ``PID STEP PARTICIPANTS HEALED`` (``HEALED``: 1 when this step
     loaded a peer's state). ``heartbeat_interval`` (seconds): the Manager's, when given. A group
-    stops past ``10 * steps`` steps however many it took together, and after 10 rounds in a row
-    without a commit (a group that can no longer commit ends the run in seconds, not at the
-    test's timeout). Returns (and writes to ``work/g{GROUP}.weights``) the final weights."""
+    stops at its first quorum without every group once they stepped together, after 10 rounds
+    in a row without a commit, and past :data:`JOIN_SECONDS` without a step with every group: a
+    group dropped, or one that can no longer commit, ends the run in seconds, not at the test's
+    timeout (it used to step alone up to ``10 * steps`` times its pause). Returns (and writes to
+    ``work/g{GROUP}.weights``) the final weights."""
     import torch
     from torchft import DistributedDataParallel
 
@@ -54,7 +60,7 @@ def slow_group(steps: int, work: str, slow: int, pause: float, heartbeat_interva
     )
     ddp = DistributedDataParallel(mgr, model)
     with open(os.path.join(work, f"g{group}.quorums"), "a", buffering=1) as log:
-        misses = 0
+        misses, join_by = 0, time.monotonic() + JOIN_SECONDS
         while misses < 10:
             mgr.start_quorum()  # what torchft's Optimizer.zero_grad() does
             opt.zero_grad()
@@ -62,8 +68,10 @@ def slow_group(steps: int, work: str, slow: int, pause: float, heartbeat_interva
             all_in = mgr.num_participants() == groups
             if all_in and int(together) >= steps:
                 break  # every group is here and done: they all see this same quorum
-            if mgr.current_step() >= 10 * steps:
-                break  # a group dropped again and again never gets to ``steps`` together: the test says so
+            if int(together) and not all_in:
+                break  # a group was dropped after they had stepped together: the test says so, now
+            if not int(together) and time.monotonic() > join_by:
+                break  # never stepped with every group: the test says so
             data = torch.Generator().manual_seed(1000 * mgr.current_step() + group)
             x = torch.randn(8, 4, generator=data)
             (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean().backward()
