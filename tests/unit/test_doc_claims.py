@@ -172,6 +172,7 @@ PROGRESS_LIST_TESTS = {
     "Computing": [
         "test_ranks_that_compute_silently_are_not_stalled",
         "test_a_native_call_that_computes_is_not_a_stall",
+        "test_computing_is_judged_over_the_time_since_the_last_progress",
     ],
     "I/O": ["test_progress_is_computing_or_io_not_waiting"],
     "New code": ["test_a_new_position_an_upload_and_another_threads_bytes_are_progress"],
