@@ -53,7 +53,13 @@ $(VENV)/.installed: pyproject.toml $(LOCK) $(VENV)/bin/python
 	$(PY) -m pip install --quiet $(LOCK_ARGS) -e '.[test]'
 	touch $@
 
-bootstrap: check-java $(VENV)/.installed
+# what the suite builds once per environment (the JVMs' class-data archive, DeepSpeed's CPU op):
+# here, beside CI's other install, not in the first test that needs it (tests/prebuild.py)
+$(VENV)/.prebuilt: $(VENV)/.installed
+	SPARK_LOCAL_IP=127.0.0.1 $(PY) -m tests.prebuild
+	touch $@
+
+bootstrap: check-java $(VENV)/.installed $(VENV)/.prebuilt
 
 demo: check-java $(VENV)/.demo
 	SPARK_LOCAL_IP=127.0.0.1 $(PY) examples/ddp_digits.py --num-processes 2

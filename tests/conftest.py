@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from .prebuild import TORCH_EXTENSIONS_DIR
 from .session_tmp import make_session_tmp, sweep_ended_sessions
 
 # Must be set before any SparkContext starts: executors run this interpreter, on loopback.
@@ -47,7 +48,7 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # TORCH_EXTENSIONS_DIR; torch guards that build with a lock file that a killed build leaves behind,
 # and every later build waits on it forever. One cache per environment, not the user's shared
 # ~/.cache, so a build killed elsewhere (another checkout, an interrupted session) cannot hang ours.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch-extensions"))
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", TORCH_EXTENSIONS_DIR)  # made by make bootstrap
 #: a build lock older than this was left by a build that was killed (the op builds in minutes)
 STALE_BUILD_LOCK_SECONDS = 1800.0
 
