@@ -98,7 +98,8 @@ def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_p
     slow = tmp_path / "slow-python"
     slow.write_text(f'#!/bin/sh\nsleep 8\nexec {bare_python} "$@"\n')
     slow.chmod(0o755)
-    stdout, stderr, _ = run_driver("local-cluster[2,1,1024]", str(slow), PREFLIGHT_PROBE_SECONDS="2")
+    # one executor JVM of two cores (two slots for the run's two ranks): one JVM fewer to start than two executors
+    stdout, stderr, _ = run_driver("local-cluster[1,2,1024]", str(slow), PREFLIGHT_PROBE_SECONDS="2")
     line = error_line(stdout)
     assert line.startswith(
         f"ERROR LaunchError: the executors' Python cannot run spark_torch: {bare_python} "
