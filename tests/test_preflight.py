@@ -98,7 +98,8 @@ def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_p
     slow = tmp_path / "slow-python"
     slow.write_text(f'#!/bin/sh\nsleep 8\nexec {bare_python} "$@"\n')
     slow.chmod(0o755)
-    stdout, stderr, _ = run_driver("local-cluster[2,1,1024]", str(slow), PREFLIGHT_PROBE_SECONDS="2")
+    # one executor JVM of two cores (two slots for the run's two ranks): one JVM fewer to start than two executors
+    stdout, stderr, _ = run_driver("local-cluster[1,2,1024]", str(slow), PREFLIGHT_PROBE_SECONDS="2")
     line = error_line(stdout)
     assert line.startswith(
         f"ERROR LaunchError: the executors' Python cannot run spark_torch: {bare_python} "
@@ -113,15 +114,22 @@ def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_p
 
 
 @pytest.mark.slow
-def test_executor_python_that_pyspark_cannot_use(older_python: str, tmp_path: Path) -> None:
+def test_executor_pythons_that_pyspark_cannot_use_and_one_without_pandas_or_fsspec(
+    older_python: str, hiding_python: str, tmp_path: Path
+) -> None:
     """PySpark's worker refuses the executors' Python before the probe runs: the failure is still
     one line, and the scheduler's per-task traces are held back (local[2]: the executor's own
-    'Exception in task' log is in this JVM). Two cases, one session each in one driver process
-    (one JVM to start): an older minor version, then no such interpreter."""
+    'Exception in task' log is in this JVM). And what the README says executors need is what the
+    check asks for: a run whose executors (and ranks) can import neither pandas nor fsspec
+    succeeds (storage on a local path). Three cases, one session each in one driver process (one
+    JVM to start): an older minor version, no such interpreter, then one without pandas and fsspec."""
     missing = str(tmp_path / "no" / "python")
-    stdout, stderr, _ = run_driver("local[2]", older_python, missing)
-    assert stdout.count("=== ") == 2 and f"=== {missing} ===\n" in stdout, stdout
-    older, none = stdout.split(f"=== {missing} ===\n")
+    stdout, stderr, _ = run_driver(
+        "local[2]", older_python, missing, hiding_python, SPARK_TORCH_TEST_HIDE="pandas,fsspec"
+    )
+    assert stdout.count("=== ") == 3 and f"=== {missing} ===\n" in stdout, stdout
+    older, rest = stdout.split(f"=== {missing} ===\n")
+    none, hiding = rest.split(f"=== {hiding_python} ===\n")
     major, minor = sys.version_info[:2]
     line = error_line(older)
     assert line.startswith(
@@ -132,7 +140,8 @@ def test_executor_python_that_pyspark_cannot_use(older_python: str, tmp_path: Pa
     line = error_line(none)
     assert line.startswith(f"ERROR LaunchError: the executors cannot start their Python {missing!r}: "), line
     assert "No such file or directory" in line
-    assert_no_trace(stderr)  # of both sessions
+    assert error_line(hiding).startswith("RESULT "), stdout + stderr[-3000:]
+    assert_no_trace(stderr)  # of all three sessions
 
 
 @pytest.mark.slow
@@ -206,15 +215,6 @@ def test_too_few_slots_on_cpu_names_ranks_per_task(spark_session: Any, no_leftov
 
 def _world_size() -> int:
     return int(os.environ["WORLD_SIZE"])
-
-
-@pytest.mark.slow
-def test_executors_need_no_pandas_and_no_fsspec(hiding_python: str) -> None:
-    """What the README says executors need is what the check asks for: a run whose executors
-    (and ranks) can import neither pandas nor fsspec succeeds (storage on a local path)."""
-    stdout, stderr, _ = run_driver("local[2]", hiding_python, SPARK_TORCH_TEST_HIDE="pandas,fsspec")
-    assert error_line(stdout).startswith("RESULT "), stdout + stderr[-3000:]
-    assert_no_trace(stderr)
 
 
 def test_readme_names_what_the_check_asks_for() -> None:

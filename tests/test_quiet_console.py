@@ -130,53 +130,59 @@ def test_a_restart_that_succeeds_prints_no_java_trace() -> None:
     assert_restored(facts)
 
 
-def cli_failure(**env: str) -> list[str]:
-    """Every console line of ``spark-torch run --distributed`` with a rank that raises."""
-    environ = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable, **env)
+def cli_failures(*runs: str) -> dict[str, list[str]]:
+    """{variables: every console line} of ``spark-torch run --distributed`` with a rank that
+    raises, once per ``K=V,K=V`` string of spark_torch variables (``-``: none), the runs one
+    after another in one process (tests/scripts/cli_runs.py: one driver JVM for all)."""
+    environ = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable)
     for name in ("SPARK_TORCH_SPARK_LOGS", "SPARK_TORCH_CLI_VERBOSE", "SPARK_CONF_DIR"):
-        if name not in env:
-            environ.pop(name, None)
+        environ.pop(name, None)
     _without_ui(environ)
+    command = ["run", "--distributed", "--master", "local[2]", "-n", "2", str(SCRIPTS / "raises.py")]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spark_torch",
-            "run",
-            "--distributed",
-            "--master",
-            "local[2]",
-            "-n",
-            "2",
-            str(SCRIPTS / "raises.py"),
-        ],
+        [sys.executable, str(SCRIPTS / "cli_runs.py"), *runs, "--", *command],
         env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         timeout=400,
     )
-    assert done.returncode == 1, done.stdout[-5000:]
-    assert "ValueError: script failed on purpose" in done.stdout, done.stdout[-5000:]
-    return done.stdout.replace("\r", "\n").splitlines()
+    assert done.returncode == 0, done.stdout[-5000:]
+    consoles = {}
+    for variables, part in zip(runs, done.stdout.split("=== cli ")[1:]):
+        head, console = part.split(" ===\n", 1)
+        console, exit_line = console.rsplit("=== exit ", 1)
+        assert head == variables and exit_line.startswith("1 ==="), part[-5000:]
+        assert "ValueError: script failed on purpose" in console, console[-5000:]
+        consoles[variables] = console.replace("\r", "\n").splitlines()
+    assert list(consoles) == list(runs), done.stdout[-5000:]
+    return consoles
 
 
 @pytest.mark.slow
 def test_the_command_as_docs_cli_md_says() -> None:
     """docs/cli.md: no Java line for a failing rank; SPARK_TORCH_SPARK_LOGS=1 gives the traces
     back at the command's ERROR level ('ERROR Executor', no 'WARN TaskSetManager');
-    SPARK_TORCH_CLI_VERBOSE=1 keeps the session's level (the WARN lines too)."""
+    SPARK_TORCH_CLI_VERBOSE=1 keeps the session's level (the WARN lines too). The three runs
+    share one process, the verbose one first, while the session is at its starting level."""
     text = (REPO / "docs" / "cli.md").read_text()
     assert (
         "`SPARK_TORCH_SPARK_LOGS=1`" in text and "log level to `ERROR`" in text and "SPARK_TORCH_CLI_VERBOSE=1" in text
     )
-    quiet_run = cli_failure()
-    assert not jvm_lines(quiet_run) and not any(MARKER in line for line in quiet_run), jvm_lines(quiet_run)
-    traces = cli_failure(SPARK_TORCH_SPARK_LOGS="1")
-    assert any(" ERROR Executor: Exception in task" in line for line in traces), traces
-    assert not any(" WARN " in line for line in traces)
-    verbose = cli_failure(SPARK_TORCH_SPARK_LOGS="1", SPARK_TORCH_CLI_VERBOSE="1")
+    verbose_env, traces_env, quiet_env = (
+        "SPARK_TORCH_SPARK_LOGS=1,SPARK_TORCH_CLI_VERBOSE=1",
+        "SPARK_TORCH_SPARK_LOGS=1",
+        "-",
+    )
+    runs = cli_failures(verbose_env, traces_env, quiet_env)
+    verbose, traces, quiet_run = runs[verbose_env], runs[traces_env], runs[quiet_env]
     assert any(" WARN TaskSetManager: Lost task" in line for line in verbose), verbose
+    # the session started in the first run: its start printed no JVM line before the rank's output
+    first_rank_line = next(i for i, line in enumerate(verbose) if line.startswith("[rank "))
+    assert not jvm_lines(verbose[:first_rank_line]), verbose[:first_rank_line]
+    assert any(" ERROR Executor: Exception in task" in line for line in traces), traces
+    assert not any(" WARN " in line for line in traces), traces
+    assert not jvm_lines(quiet_run) and not any(MARKER in line for line in quiet_run), jvm_lines(quiet_run)
 
 
 # --- the quiet period, in this process ---------------------------------------------------------

@@ -17,7 +17,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 _PROBE = textwrap.dedent(
     """
-    import os
+    import json, os
+    from spark_torch import Distributor
+
+    def diff(before):
+        after = dict(os.environ)
+        return {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
+                "changed": sorted(k for k in set(before) & set(after) if before[k] != after[k])}
+
+    def one():
+        return 1
+
+    def hello():
+        print("hello from rank", os.environ["RANK"], flush=True)
+        return 1
+
+    before = dict(os.environ)
+    Distributor(num_processes=2, local_mode=True, log_ranks=[]).run(one)
+    print("local", json.dumps(diff(before)), flush=True)
+    before = dict(os.environ)
+    Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(one)  # starts the embedded session
+    print("first distributed", json.dumps(diff(before)), flush=True)
+    before = dict(os.environ)
+    print("run", Distributor(num_processes=2, local_mode=False).run(hello), flush=True)
+    print("second distributed", json.dumps(diff(before)), flush=True)
+
     from spark_torch.driver.spark.session import get_or_create_session
 
     spark = get_or_create_session()
@@ -25,14 +49,6 @@ _PROBE = textwrap.dedent(
     print("driver", conf.get("spark.driver.host"), conf.get("spark.driver.bindAddress"), flush=True)
     print("rows", spark.range(7).count(), flush=True)
     print("environment restored", "SPARK_LOCAL_IP" not in os.environ, flush=True)
-
-    from spark_torch import Distributor
-
-    def hello():
-        print("hello from rank", os.environ["RANK"], flush=True)
-        return 1
-
-    print("run", Distributor(num_processes=2, local_mode=False).run(hello), flush=True)
     jvm = spark.sparkContext._jvm
     jvm.org.apache.logging.log4j.LogManager.getLogger("spark_torch.probe").warn("a real problem after start-up")
     spark.stop()
@@ -40,22 +56,39 @@ _PROBE = textwrap.dedent(
 )
 
 
-def test_embedded_session_starts_quietly_on_loopback() -> None:
-    """A new user's first run: no SPARK_LOCAL_IP, no log4j configuration. The session binds
-    127.0.0.1 by itself, prints none of the JVM's start-up lines, a distributed run on it makes
-    Spark log no WARN, and Spark's WARN lines after start-up still reach stderr."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_LOCAL_IP", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS")}
+def test_a_new_users_first_runs_start_the_session_quietly_on_loopback_and_leave_the_environment() -> None:
+    """A new user's first runs (one driver process, one JVM): no SPARK_LOCAL_IP, no log4j
+    configuration. The first distributed run starts the embedded session, which binds 127.0.0.1
+    by itself and prints none of the JVM's start-up lines; the runs make Spark log no WARN, and
+    Spark's WARN lines after start-up still reach stderr. README and docs/concepts.md: a run
+    leaves os.environ as it found it, except the two variables PySpark's SparkContext itself adds
+    when the embedded session starts."""
+    # the suite's SPARK_* variables are gone but the JVM's quick-start options (no log4j in them)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("SPARK_") or k in ("SPARK_HOME", "SPARK_SUBMIT_OPTS")
+    }
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
     env.update(PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
     done = subprocess.run(
         [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
+    nothing = '{"added": [], "removed": [], "changed": []}'
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("local ", "first ", "second "))]
+    assert lines == [
+        f"local {nothing}",
+        'first distributed {"added": ["SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE"], "removed": [], "changed": []}',
+        f"second distributed {nothing}",
+    ], output
+    for page in (ROOT / "README.md", ROOT / "docs" / "concepts.md"):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        assert "PySpark's `SparkContext` adds `SPARK_AUTH_SOCKET_TIMEOUT` and `SPARK_BUFFER_SIZE`" in text, page
     assert "driver 127.0.0.1 127.0.0.1" in done.stdout and "rows 7" in done.stdout, output
     assert "environment restored True" in done.stdout
     assert "WARN probe: a real problem after start-up" in done.stderr, output
     assert "[rank 1] hello from rank 1" in done.stdout and "run 1" in done.stdout, output
-    # a first distributed run logs no WARN of Spark's (the web UI's port may be taken on a shared machine)
+    # the runs log no WARN of Spark's (the web UI's port may be taken on a shared machine)
     warns = [
         line
         for line in done.stderr.splitlines()
@@ -102,50 +135,3 @@ def test_loopback_only_for_a_local_master_without_an_address(tmp_path: Path, mon
     assert "spark.driver.host" not in embedded_conf("local[*]", {"spark.driver.bindAddress": "0.0.0.0"}, {})
     assert "spark.driver.host" not in embedded_conf("spark://master:7077", {}, {})
     assert "spark.driver.host" not in embedded_conf("local-cluster[2,1,1024]", {}, {})
-
-
-_ENVIRON_PROBE = textwrap.dedent(
-    """
-    import json, os
-    from spark_torch import Distributor
-
-    def diff(before):
-        after = dict(os.environ)
-        return {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
-                "changed": sorted(k for k in set(before) & set(after) if before[k] != after[k])}
-
-    def one():
-        return 1
-
-    before = dict(os.environ)
-    Distributor(num_processes=2, local_mode=True, log_ranks=[]).run(one)
-    print("local", json.dumps(diff(before)), flush=True)
-    before = dict(os.environ)
-    Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(one)  # starts the embedded session
-    print("first distributed", json.dumps(diff(before)), flush=True)
-    before = dict(os.environ)
-    Distributor(num_processes=2, local_mode=False, log_ranks=[]).run(one)
-    print("second distributed", json.dumps(diff(before)), flush=True)
-    """
-)
-
-
-def test_a_run_leaves_the_drivers_environment_as_it_found_it_but_pysparks_two() -> None:
-    """README and docs/concepts.md: a run leaves os.environ as it found it, except the two
-    variables PySpark's SparkContext itself adds when the embedded session starts."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_") or k == "SPARK_HOME"}
-    env.update(PYTHONPATH=str(ROOT), PYSPARK_PYTHON=sys.executable)
-    done = subprocess.run(
-        [sys.executable, "-c", _ENVIRON_PROBE], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    nothing = '{"added": [], "removed": [], "changed": []}'
-    lines = [line for line in done.stdout.splitlines() if line.startswith(("local ", "first ", "second "))]
-    assert lines == [
-        f"local {nothing}",
-        'first distributed {"added": ["SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE"], "removed": [], "changed": []}',
-        f"second distributed {nothing}",
-    ], done.stdout + done.stderr
-    for page in (ROOT / "README.md", ROOT / "docs" / "concepts.md"):
-        text = " ".join(page.read_text(encoding="utf-8").split())
-        assert "PySpark's `SparkContext` adds `SPARK_AUTH_SOCKET_TIMEOUT` and `SPARK_BUFFER_SIZE`" in text, page
