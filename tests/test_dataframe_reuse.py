@@ -73,83 +73,88 @@ def _run(d: Distributor, df: Any, **kwargs: Any) -> tuple[list[int], Staging | N
     return ids, d.last_run.staging
 
 
-def test_local_mode_reuses_an_unchanged_dataframe_and_stages_a_changed_one(tmp_path: Path, no_leftovers: None) -> None:
+def _local_mode_part(spark: Any, base: Path, before: set[str]) -> None:
+    """Local mode (1 node x 2 ranks): an unchanged DataFrame is reused, a changed one is staged."""
+    df = _parquet(spark, base / "t")
+    d = Distributor(num_processes=2, local_mode=True)
+    assert _run(d, df) == (list(range(ROWS)), Staging.STAGED)
+    kept = _kept_folders() - before
+    assert (
+        len(kept) == 1
+        and _shards(kept)
+        and all(stat.S_IMODE(os.stat(p).st_mode) == 0o700 for p in [*kept, *_shards(kept)])
+    )
+    # read again: the same plan, the same files
+    assert _run(d, spark.read.parquet(str(base / "t"))) == (list(range(ROWS)), Staging.REUSED)
+    assert _run(d, df.filter("id < 600")) == (list(range(600)), Staging.STAGED)
+    assert _run(d, df.selectExpr("id", "x * 2 as x"))[1] is Staging.STAGED
+    assert _run(d, df, reuse=False) == (list(range(ROWS)), None)
+    shutil.rmtree(base / "t")  # the DataFrame cannot be read any more: a reuse does not read it
+    assert _run(d, df) == (list(range(ROWS)), Staging.REUSED)
+    assert len(_shards(kept)) == 3  # the unchanged, the filtered and the doubled DataFrame's
+
+
+def _distributed_part(spark: Any, base: Path) -> None:
+    """2 nodes x 2 ranks: the second run reads nothing (the files are moved away); a kept shard
+    removed behind the run's back makes the next run stage again from the DataFrame (and the
+    older generation's other shard is swept)."""
+    before = _kept_folders()  # with the local-mode part's (the driver's, not the executors')
+    df = _parquet(spark, base / "t")
+    d = Distributor(num_processes=4, ranks_per_task=2, local_mode=False, spark=spark)
+    assert _run(d, df) == (list(range(ROWS)), Staging.STAGED)
+    kept = _kept_folders() - before
+    first = _shards(kept)
+    assert len(kept) == 1 and len(first) == 2, first
+    os.rename(base / "t", base / "away")
+    assert _run(d, df) == (list(range(ROWS)), Staging.REUSED)
+    os.rename(base / "away", base / "t")
+    shutil.rmtree(first[1])  # as if its executor was lost
+    assert _run(d, df) == (list(range(ROWS)), Staging.RESTAGED)
+    second = _shards(kept)
+    assert len(second) == 2 and not set(first) & set(second), (first, second)  # the old generation swept
+    assert _run(d, df) == (list(range(ROWS)), Staging.REUSED)
+    assert _run(d, df, reuse=False) == (list(range(ROWS)), None)
+
+
+def test_local_mode_then_distributed_reuse_and_stage_again_and_the_session_stop_removes_all(
+    tmp_path: Path, no_leftovers: None
+) -> None:
+    """One local[2] session serves both parts (one session to start, not two); once it stops,
+    no folder of kept shards is left."""
     spark = _session("local[2]")
     before = _kept_folders()
     try:
-        df = _parquet(spark, tmp_path / "t")
-        d = Distributor(num_processes=2, local_mode=True)
-        assert _run(d, df) == (list(range(ROWS)), Staging.STAGED)
-        kept = _kept_folders() - before
-        assert (
-            len(kept) == 1
-            and _shards(kept)
-            and all(stat.S_IMODE(os.stat(p).st_mode) == 0o700 for p in [*kept, *_shards(kept)])
-        )
-        # read again: the same plan, the same files
-        assert _run(d, spark.read.parquet(str(tmp_path / "t"))) == (list(range(ROWS)), Staging.REUSED)
-        assert _run(d, df.filter("id < 600")) == (list(range(600)), Staging.STAGED)
-        assert _run(d, df.selectExpr("id", "x * 2 as x"))[1] is Staging.STAGED
-        assert _run(d, df, reuse=False) == (list(range(ROWS)), None)
-        shutil.rmtree(tmp_path / "t")  # the DataFrame cannot be read any more: a reuse does not read it
-        assert _run(d, df) == (list(range(ROWS)), Staging.REUSED)
-        assert len(_shards(kept)) == 3  # the unchanged, the filtered and the doubled DataFrame's
+        _local_mode_part(spark, tmp_path / "local", before)
+        _distributed_part(spark, tmp_path / "distributed")
     finally:
         spark.stop()
     assert not _kept_folders() - before  # Spark removed the driver's folder with the session
 
 
-def test_local_mode_does_not_see_a_file_rewritten_in_place(tmp_path: Path, no_leftovers: None) -> None:
+def test_local_mode_does_not_see_a_file_rewritten_in_place(
+    spark_session: Any, tmp_path: Path, no_leftovers: None
+) -> None:
     """What docs/dataframe.md says "unchanged" means: the same plan and the same file names. A
     file rewritten under its own name is not noticed (the kept rows are trained on); Spark's
-    writer names new files, so data written by it again is staged again."""
-    spark = _session("local[2]")
-    try:
-        df = _parquet(spark, tmp_path / "t")
-        d = Distributor(num_processes=2, local_mode=True)
-        assert _run(d, df)[1] is Staging.STAGED
-        other = tmp_path / "other"
-        _parquet(spark, other, offset=ROWS)
-        for old, new in zip(
-            sorted(glob.glob(str(tmp_path / "t" / "*.parquet"))), sorted(glob.glob(str(other / "*.parquet")))
-        ):
-            shutil.copyfile(new, old)  # other rows under the same names
-        for checksum in glob.glob(str(tmp_path / "t" / ".*.crc")):
-            os.remove(checksum)  # Hadoop's local checksums would refuse the new contents
-        rewritten = spark.read.parquet(str(tmp_path / "t"))
-        assert rewritten.agg({"id": "min"}).first()[0] == ROWS  # the files hold the new rows
-        assert _run(d, rewritten) == (list(range(ROWS)), Staging.REUSED)  # not noticed: the old rows
-        again = _parquet(spark, tmp_path / "t", offset=ROWS)
-        assert _run(d, again) == (list(range(ROWS, 2 * ROWS)), Staging.STAGED)
-    finally:
-        spark.stop()
-
-
-def test_distributed_reuses_and_stages_again_when_a_node_misses(tmp_path: Path, no_leftovers: None) -> None:
-    """local[2], 2 nodes: the second run reads nothing (the files are moved away); a kept shard
-    removed behind the run's back makes the next run stage again from the DataFrame (and the
-    older generation's other shard is swept); all gone when the session stops."""
-    spark = _session("local[2]")
-    before = _kept_folders()
-    try:
-        df = _parquet(spark, tmp_path / "t")
-        d = Distributor(num_processes=4, ranks_per_task=2, local_mode=False, spark=spark)
-        assert _run(d, df) == (list(range(ROWS)), Staging.STAGED)
-        kept = _kept_folders() - before
-        first = _shards(kept)
-        assert len(kept) == 1 and len(first) == 2, first
-        os.rename(tmp_path / "t", tmp_path / "away")
-        assert _run(d, df) == (list(range(ROWS)), Staging.REUSED)
-        os.rename(tmp_path / "away", tmp_path / "t")
-        shutil.rmtree(first[1])  # as if its executor was lost
-        assert _run(d, df) == (list(range(ROWS)), Staging.RESTAGED)
-        second = _shards(kept)
-        assert len(second) == 2 and not set(first) & set(second), (first, second)  # the old generation swept
-        assert _run(d, df) == (list(range(ROWS)), Staging.REUSED)
-        assert _run(d, df, reuse=False) == (list(range(ROWS)), None)
-    finally:
-        spark.stop()
-    assert not _kept_folders() - before
+    writer names new files, so data written by it again is staged again. (The suite's shared
+    local[2] session: its kept folder goes when that session stops.)"""
+    spark = spark_session
+    df = _parquet(spark, tmp_path / "t")
+    d = Distributor(num_processes=2, local_mode=True)
+    assert _run(d, df)[1] is Staging.STAGED
+    other = tmp_path / "other"
+    _parquet(spark, other, offset=ROWS)
+    for old, new in zip(
+        sorted(glob.glob(str(tmp_path / "t" / "*.parquet"))), sorted(glob.glob(str(other / "*.parquet")))
+    ):
+        shutil.copyfile(new, old)  # other rows under the same names
+    for checksum in glob.glob(str(tmp_path / "t" / ".*.crc")):
+        os.remove(checksum)  # Hadoop's local checksums would refuse the new contents
+    rewritten = spark.read.parquet(str(tmp_path / "t"))
+    assert rewritten.agg({"id": "min"}).first()[0] == ROWS  # the files hold the new rows
+    assert _run(d, rewritten) == (list(range(ROWS)), Staging.REUSED)  # not noticed: the old rows
+    again = _parquet(spark, tmp_path / "t", offset=ROWS)
+    assert _run(d, again) == (list(range(ROWS, 2 * ROWS)), Staging.STAGED)
 
 
 @pytest.mark.slow

@@ -109,12 +109,6 @@ def check_two_nodes(out: dict[str, Any]) -> list[dict[str, Any]]:
     return ranks
 
 
-def test_function_standalone(standalone_spark: Any, no_leftovers: None) -> None:
-    """2 nodes x 1 rank, a function: rank 0's result comes back."""
-    out = Distributor(num_processes=2, local_mode=False, spark=standalone_spark).run(placement, tag="x")
-    check_two_nodes(out)
-
-
 def test_script_standalone(standalone_spark: Any, tmp_path: Path, no_leftovers: None) -> None:
     """2 nodes x 1 rank, a script with arguments and extra env."""
     result = Distributor(num_processes=2, local_mode=False, spark=standalone_spark, env={"EXTRA_VAR": "y"}).run(
@@ -140,9 +134,10 @@ def test_one_node_two_ranks_standalone(standalone_spark: Any, no_leftovers: None
 
 
 def test_ranks_spread_over_workers(standalone_spark: Any, standalone: StandaloneCluster, no_leftovers: None) -> None:
-    """spark.task.cpus=1, 2 processes: one barrier task (node) on each worker's executor."""
+    """2 nodes x 1 rank, a function given a keyword argument: rank 0's result comes back; with
+    spark.task.cpus=1 and 2 processes, one barrier task (node) on each worker's executor."""
     assert standalone_spark.conf.get("spark.task.cpus") == "1"
-    out = Distributor(num_processes=2, local_mode=False, spark=standalone_spark).run(placement, "x")
+    out = Distributor(num_processes=2, local_mode=False, spark=standalone_spark).run(placement, tag="x")
     ranks = check_two_nodes(out)
     assert all("worker_url" in r for r in ranks), f"executor JVM not found above the ranks: {ranks}"
     assert len({r["executor_id"] for r in ranks}) == 2

@@ -1,6 +1,7 @@
 """A spark-submit driver: replica groups across hosts, each rank probing the lighthouse's defences.
 
-    spark-submit --master MASTER [--conf ...] tests/scripts/submit_ft_driver.py WORK [--env KEY=VALUE ...]
+    spark-submit --master MASTER [--conf ...] tests/scripts/submit_ft_driver.py WORK [--env KEY=VALUE ...] \
+        [--all-reduce-first [--then-env KEY=VALUE ...] [--all-reduce-only]]
 
 Runs ``Distributor(num_processes=2, replica_groups=2, local_mode=False, max_restarts=1)`` with
 tests/ft_programs.py's ``train`` (pickled by value: the executors need not see tests/), group 1's
@@ -10,6 +11,13 @@ each group, before it trains, probes from its own host and writes ``WORK/probe-g
 what its node's relay (its ``TORCHFT_LIGHTHOUSE``) did with a connection of uid 65534 (another
 user of that host), and what torchft's own client got from the driver's gate when it talks to it
 without the handshake. Prints ``WEIGHTS <list>`` and exits 0 once the run ended ok.
+
+With ``--all-reduce-first``, tests/scripts/submit_driver.py's runs come first in this same
+application (no second driver and executor JVMs to start): its 2-rank all_reduce, then, after
+``=== then ===``, the same with the ``--then-env`` variables in the driver's environment (removed
+again after it, its duration printed as ``THEN_SECONDS <s>``); ``=== replica groups ===`` then
+starts this script's own run (left out with ``--all-reduce-only``: torchft not installed). It exits
+1 if an all_reduce sum is not 3.
 """
 
 from __future__ import annotations
@@ -110,8 +118,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("work")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--all-reduce-first", action="store_true")
+    parser.add_argument("--then-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--all-reduce-only", action="store_true", help="leave the replica-groups run out")
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
+    then = dict(item.split("=", 1) for item in args.then_env)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
     import cloudpickle
@@ -139,6 +151,9 @@ def main(argv: list[str]) -> int:
         deadline = time.monotonic() + 120
         while (available_slots(spark) or 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.25)
+        sums_ok = _all_reduce_runs(env, then) if args.all_reduce_first else True
+        if args.all_reduce_only:
+            return 0 if sums_ok else 1
         options = LighthouseOptions(min_replicas=1, join_timeout_ms=500, quorum_tick_ms=20, heartbeat_timeout_ms=1_000)
         weights = Distributor(
             num_processes=2,
@@ -152,7 +167,33 @@ def main(argv: list[str]) -> int:
     finally:
         spark.stop()
     print(f"WEIGHTS {weights!r}", flush=True)
-    return 0
+    return 0 if sums_ok else 1
+
+
+def _all_reduce_runs(env: dict[str, str], then: dict[str, str]) -> bool:
+    """submit_driver.py's run, then its run with ``then`` in the driver's environment; True if both sums are 3."""
+    import cloudpickle
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import submit_driver
+
+    cloudpickle.register_pickle_by_value(submit_driver)  # the executors need not see tests/scripts
+    outs = [submit_driver._run(2, env)]
+    print("=== then ===", flush=True)
+    saved = {key: os.environ.get(key) for key in then}
+    os.environ.update(then)
+    start = time.monotonic()
+    try:
+        outs.append(submit_driver._run(2, env))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    print(f"THEN_SECONDS {time.monotonic() - start:.1f}", flush=True)
+    print("=== replica groups ===", flush=True)
+    return all(out["sum"] == 3 for out in outs)
 
 
 if __name__ == "__main__":
