@@ -45,10 +45,14 @@ READ_BYTES = 64 * 1024
 COALESCE_SECONDS = 0.002
 
 
+#: where this process found spark_torch, made absolute at import: a Python worker that imported it by
+#: a relative path may later run in a current directory that is gone (its executor's, after a loss)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def with_package_on_path(env: dict[str, str]) -> dict[str, str]:
     """Children run ``python -m spark_torch.…`` from wherever this process found spark_torch."""
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
     return env
 
 

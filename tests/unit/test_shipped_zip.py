@@ -48,3 +48,30 @@ def test_its_bytecode_is_hash_based_and_imported(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == package_identity()
+
+
+def test_a_package_imported_by_a_relative_path_still_starts_children_after_its_directory_is_gone(
+    tmp_path: Path,
+) -> None:
+    """An executor's Python worker may import the shipped zip by a path relative to its current
+    directory, which Spark can remove under it (an executor lost and replaced): the children's
+    PYTHONPATH is the package's absolute place, found at import, not an error from ``os.getcwd()``."""
+    where = tmp_path / "worker-dir"
+    where.mkdir()
+    path = build_zip(str(where))
+    assert path is not None
+    probe = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {os.path.basename(path)!r})\n"
+        "from spark_torch.node import processes\n"
+        "assert not os.path.isabs(processes.__file__), processes.__file__\n"
+        "here = os.getcwd()\n"
+        f"os.unlink({os.path.basename(path)!r}); os.rmdir(here)\n"
+        "print(processes.with_package_on_path({})['PYTHONPATH'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, env=env, timeout=60, cwd=where
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == path  # the zip, absolute
