@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 NOBODY = 65534
 #: tests/ft_programs.py's train, set by main() (pickled by value with the job)
@@ -180,17 +181,9 @@ def _all_reduce_runs(env: dict[str, str], then: dict[str, str]) -> bool:
     cloudpickle.register_pickle_by_value(submit_driver)  # the executors need not see tests/scripts
     outs = [submit_driver._run(2, env)]
     print("=== then ===", flush=True)
-    saved = {key: os.environ.get(key) for key in then}
-    os.environ.update(then)
     start = time.monotonic()
-    try:
+    with mock.patch.dict(os.environ, then):  # the driver's environment as it was, afterwards
         outs.append(submit_driver._run(2, env))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     print(f"THEN_SECONDS {time.monotonic() - start:.1f}", flush=True)
     print("=== replica groups ===", flush=True)
     return all(out["sum"] == 3 for out in outs)
