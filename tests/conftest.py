@@ -123,6 +123,10 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         return _ORDER[kind] if kind else 0
 
     items.sort(key=weight)
+    if hasattr(config, "workerinput"):  # the scheduler deals each session kind's tests by it
+        from .scheduling import record_kinds
+
+        record_kinds(config.workerinput["testrunuid"], {item.nodeid: _session_kind(item) for item in items})
     for item in items:
         if Path(str(item.fspath)).parent == TESTS / "unit":
             item.add_marker(pytest.mark.unit)
