@@ -66,14 +66,14 @@ def scope_of(nodeid: str, kind: str | None = None) -> str:
 
 
 def kinds_path(testrunuid: str) -> Path:
-    """Where the workers of the run ``testrunuid`` leave each test's session kind for the scheduler."""
+    """Where the workers of the run ``testrunuid`` leave each test's session kind for the scheduler
+    (the controller's ``TMPDIR``; conftest hands the path to the workers, whose own differ)."""
     return Path(tempfile.gettempdir()) / f"spark-torch-test-kinds-{testrunuid}.json"
 
 
-def record_kinds(testrunuid: str, kinds: dict[str, str | None]) -> None:
+def record_kinds(path: Path, kinds: dict[str, str | None]) -> None:
     """A worker's collection: {node id: session kind} (every worker collects the same; the last
     write stands, whole: written beside and renamed)."""
-    path = kinds_path(testrunuid)
     partial = path.with_suffix(f".{os.getpid()}.partial")
     partial.write_text(json.dumps(kinds), encoding="utf-8")
     partial.replace(path)
@@ -81,14 +81,27 @@ def record_kinds(testrunuid: str, kinds: dict[str, str | None]) -> None:
 
 def read_kinds(testrunuid: str) -> dict[str, str | None]:
     """The kinds the workers recorded ({} when none did: every test is then dealt alone), and the
-    file removed."""
+    file removed (:func:`forget_kinds` removes one a worker started later wrote again)."""
     path = kinds_path(testrunuid)
+    _READ.add(testrunuid)
     try:
         kinds: dict[str, str | None] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    path.unlink(missing_ok=True)
+    finally:
+        forget_kinds(testrunuid)
     return kinds
+
+
+#: the runs whose kinds this process (the controller) read: their files are removed again at the end
+_READ: set[str] = set()
+
+
+def forget_kinds(testrunuid: str | None = None) -> None:
+    """Remove the kinds file of ``testrunuid`` (None: of every run this process read, at its end:
+    a worker started after a crash writes it again)."""
+    for uid in [testrunuid] if testrunuid else sorted(_READ):
+        kinds_path(uid).unlink(missing_ok=True)
 
 
 def in_waiting_lane(scope: str) -> bool:
@@ -104,9 +117,13 @@ def make_scheduler(config: Any, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class SuiteScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        @property
+        def testrunuid(self) -> str:
+            return str(self.nodes[0].workerinput["testrunuid"])
+
         def _split_scope(self, nodeid: str) -> str:
             if not hasattr(self, "_kinds"):  # first called once every worker collected
-                self._kinds = read_kinds(self.nodes[0].workerinput["testrunuid"]) if self.nodes else {}
+                self._kinds = read_kinds(self.testrunuid) if self.nodes else {}
             return scope_of(nodeid, self._kinds.get(nodeid))
 
         def _waiting_lane(self) -> Any:

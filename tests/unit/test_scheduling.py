@@ -35,13 +35,20 @@ def test_each_session_kind_but_the_default_goes_to_one_worker() -> None:
 
 
 def test_the_kinds_the_workers_record_reach_the_scheduler_once(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(scheduling.tempfile, "gettempdir", lambda: str(tmp_path))
+    """Each test process has a private TMPDIR: a worker writes where the controller named (its own
+    TMPDIR), and the controller reads and removes it."""
+    monkeypatch.setattr(scheduling.tempfile, "tempdir", str(tmp_path))
     kinds = {"tests/test_gpu.py::test_a": "gpu_local_spark", "tests/test_cli.py::test_c": None}
-    scheduling.record_kinds("run1", kinds)
-    scheduling.record_kinds("run1", kinds)  # every worker writes the same
+    path = scheduling.kinds_path("run1")
+    assert path.parent == tmp_path
+    scheduling.record_kinds(path, kinds)
+    scheduling.record_kinds(path, kinds)  # every worker writes the same
     assert scheduling.read_kinds("run1") == kinds
     assert list(tmp_path.iterdir()) == []  # read once, then removed (no partial file left either)
     assert scheduling.read_kinds("run1") == {}  # none recorded: every test is dealt alone
+    scheduling.record_kinds(path, kinds)  # a worker started after a crash writes it again
+    scheduling.forget_kinds()  # the controller's end
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_waiting_lane_takes_the_waiting_files_and_the_heaviest_sessions_only() -> None:
