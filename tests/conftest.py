@@ -114,20 +114,6 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     return make_scheduler(config, log)
 
 
-#: the worker input that names the file where a worker leaves each test's session kind
-KINDS_FILE = "spark_torch_test_kinds"
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """The controller tells each worker where to leave its tests' session kinds, when
-    ``tests/scheduling.py`` deals them (``--dist loadscope``; other runs write nothing)."""
-    from .scheduling import kinds_path
-
-    if node.config.getvalue("dist") == "loadscope":
-        node.workerinput[KINDS_FILE] = str(kinds_path(node.workerinput["testrunuid"]))
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """Run tests ordered by the Spark session they need, so each session starts once (per worker)."""
@@ -137,11 +123,6 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         return _ORDER[kind] if kind else 0
 
     items.sort(key=weight)
-    kinds_file = getattr(config, "workerinput", {}).get(KINDS_FILE)
-    if kinds_file:  # a worker of a run that tests/scheduling.py deals out: it reads them
-        from .scheduling import record_kinds
-
-        record_kinds(Path(kinds_file), {item.nodeid: _session_kind(item) for item in items})
     for item in items:
         if Path(str(item.fspath)).parent == TESTS / "unit":
             item.add_marker(pytest.mark.unit)
@@ -149,14 +130,10 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     """The controller removes the local-cluster applications' directories this run left in
-    ``$SPARK_HOME/work`` (``tests/spark_work.py``), and the workers' record of each test's session
-    kind (``tests/scheduling.py``)."""
+    ``$SPARK_HOME/work`` (``tests/spark_work.py``)."""
     if hasattr(session.config, "workerinput"):
         return
-    from .scheduling import forget_kinds
     from .spark_work import remove_finished_applications, work_root
-
-    forget_kinds()
 
     _, kept = remove_finished_applications(work_root(), since=_RUN_STARTED)
     for app in kept:

@@ -8,11 +8,6 @@ sessions in the same order and a worker that is free takes the next test; but:
   network-namespace hosts, a Connect server) go to one worker in all, one after the other (run
   together on 2 cores, their fallback deadlines were missed), and each of ``WHOLE_FILES`` to one
   worker (DeepSpeed compiles its CPU op once, not a second worker waiting on its build lock);
-- the tests of each Spark session kind but the default ``local[2]`` one (``DEALT_KINDS``: a
-  ``local-cluster``, the fake-GPU sessions, ``local[4]``, ...) go to one worker together, so each
-  of those sessions starts once in the run, not once in each worker that happened to take one of
-  its tests (a ``local-cluster[2]`` session costs about 25 CPU-s, ``local[2]`` about 12; the
-  workers learn each test's kind at collection and leave it in ``kinds_path``);
 - with 3 workers or more, the last one is the **waiting lane**: it runs the files whose tests
   mostly wait (``WAITING_FILES``: stall and timeout deadlines that must pass, ranks that must stay
   quiet for seconds, connections cut after idle pauses; measured: their process trees used 0.01-0.22
@@ -27,10 +22,6 @@ adds to a test's id is lost (every test became its own group), so the scopes are
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 #: the test files of the heaviest sessions: one worker runs them all
@@ -41,8 +32,6 @@ WHOLE_FILES = frozenset({"test_integrations.py"})
 WAITING_FILES = frozenset(
     {"test_stall.py", "test_flight_recorder.py", "test_channel_faults.py", "test_progress_frames.py"}
 )
-#: the session kinds whose tests are dealt one at a time (the rest go to one worker per kind)
-DEALT_KINDS = frozenset({"spark_session"})
 #: the fewest workers with a waiting lane (with fewer, every worker takes every kind of test)
 LANE_WORKERS = 3
 
@@ -52,56 +41,12 @@ def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
 
 
-def scope_of(nodeid: str, kind: str | None = None) -> str:
-    """The unit of work a test belongs to: a group of files, a whole file, the tests of one Spark
-    session ``kind`` (conftest's fixture name; None: the test needs none), or the test alone."""
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: a group of files, a whole file, or the test alone."""
     name = file_of(nodeid)
     if name in ONE_WORKER_FILES:
         return "one-worker"
-    if name in WHOLE_FILES:
-        return name
-    if kind is not None and kind not in DEALT_KINDS and name not in WAITING_FILES:
-        return f"session:{kind}"
-    return nodeid
-
-
-def kinds_path(testrunuid: str) -> Path:
-    """Where the workers of the run ``testrunuid`` leave each test's session kind for the scheduler
-    (the controller's ``TMPDIR``; conftest hands the path to the workers, whose own differ)."""
-    return Path(tempfile.gettempdir()) / f"spark-torch-test-kinds-{testrunuid}.json"
-
-
-def record_kinds(path: Path, kinds: dict[str, str | None]) -> None:
-    """A worker's collection: {node id: session kind} (every worker collects the same; the last
-    write stands, whole: written beside and renamed)."""
-    partial = path.with_suffix(f".{os.getpid()}.partial")
-    partial.write_text(json.dumps(kinds), encoding="utf-8")
-    partial.replace(path)
-
-
-def read_kinds(testrunuid: str) -> dict[str, str | None]:
-    """The kinds the workers recorded ({} when none did: every test is then dealt alone), and the
-    file removed (:func:`forget_kinds` removes one a worker started later wrote again)."""
-    path = kinds_path(testrunuid)
-    _READ.add(testrunuid)
-    try:
-        kinds: dict[str, str | None] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    finally:
-        forget_kinds(testrunuid)
-    return kinds
-
-
-#: the runs whose kinds this process (the controller) read: their files are removed again at the end
-_READ: set[str] = set()
-
-
-def forget_kinds(testrunuid: str | None = None) -> None:
-    """Remove the kinds file of ``testrunuid`` (None: of every run this process read, at its end:
-    a worker started after a crash writes it again)."""
-    for uid in [testrunuid] if testrunuid else sorted(_READ):
-        kinds_path(uid).unlink(missing_ok=True)
+    return name if name in WHOLE_FILES else nodeid
 
 
 def in_waiting_lane(scope: str) -> bool:
@@ -117,14 +62,8 @@ def make_scheduler(config: Any, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class SuiteScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        @property
-        def testrunuid(self) -> str:
-            return str(self.nodes[0].workerinput["testrunuid"])
-
         def _split_scope(self, nodeid: str) -> str:
-            if not hasattr(self, "_kinds"):  # first called once every worker collected
-                self._kinds = read_kinds(self.testrunuid) if self.nodes else {}
-            return scope_of(nodeid, self._kinds.get(nodeid))
+            return scope_of(nodeid)
 
         def _waiting_lane(self) -> Any:
             """The worker that runs only the waiting files (None: no lanes in this run), chosen
