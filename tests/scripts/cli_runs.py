@@ -25,9 +25,14 @@ def tasks_ended(timeout: float = 60) -> None:
         return
     tracker = spark.sparkContext._jsc.sc().statusTracker()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(info.numRunningTasks() for info in tracker.getExecutorInfos()):
+    while any(info.numRunningTasks() for info in tracker.getExecutorInfos()):
+        if time.monotonic() > deadline:
+            sys.exit(
+                f"cli_runs.py: the run's tasks still ran {timeout:.0f} s after it ended; its killed tasks never stopped"
+            )
         time.sleep(0.2)
-    quiet.wait_restored(timeout)
+    if not quiet.wait_restored(timeout):
+        sys.exit(f"cli_runs.py: Spark's log levels were not restored {timeout:.0f} s after the run ended")
 
 
 split = sys.argv.index("--")
