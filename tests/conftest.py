@@ -75,8 +75,9 @@ os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
 # every JVM the tests start maps Spark's classes from one archive made once per environment
 # (tests/jvm_archive.py: a driver starts in ~4 s instead of ~10 s on 2 cores); the drivers and
 # standalone daemons take the options from the environment, the executors from make_session
-from tests import jvm_archive  # noqa: E402
+from tests import jvm_archive, sessions  # noqa: E402
 from tests.other_user import open_folder  # noqa: E402
+from tests.sessions import stop_active, wait_for_slots  # noqa: E402, F401
 
 EXECUTOR_JAVA_OPTIONS = jvm_archive.install() if os.environ.get("SPARK_TORCH_TEST_JVM_ARCHIVE", "1") != "0" else ""
 
@@ -149,52 +150,9 @@ def pytest_runtest_logreport(report: Any) -> None:
             fh.write(f"===== {report.nodeid} ({report.when}, {report.duration:.1f}s)\n{report.longreprtext[-4000:]}\n")
 
 
-def _stop_active() -> None:
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
-    from pyspark import SparkContext
-
-    if SparkContext._active_spark_context is not None:
-        SparkContext._active_spark_context.stop()
-
-
-def wait_for_slots(spark: Any, needed: int, seconds: float = 120.0) -> None:
-    """Block until the cluster's executors registered (bounded)."""
-    from spark_torch.driver.spark.cluster import available_slots
-
-    deadline = time.monotonic() + seconds
-    while (available_slots(spark) or 0) < needed:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"executors did not register within {seconds}s")
-        time.sleep(0.25)
-
-
 def make_session(master: str, conf: dict[str, str] | None = None, **underscored: str) -> Any:
-    """A fresh session on ``master`` (stopping any other) with test-friendly settings.
-
-    Extra settings come as ``conf`` (Spark keys) or keywords with dots written as underscores.
-    """
-    from pyspark.sql import SparkSession
-
-    _stop_active()
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("spark-torch-tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.catalogImplementation", "in-memory")
-    )
-    settings = dict(conf or {})
-    if EXECUTOR_JAVA_OPTIONS:
-        settings.setdefault("spark.executor.extraJavaOptions", EXECUTOR_JAVA_OPTIONS)
-    settings.update({key.replace("_", "."): value for key, value in underscored.items()})
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    """A fresh session on ``master`` (``tests/sessions.py``) whose executors use the suite's JVM archive."""
+    return sessions.make_session(master, conf, executor_java_options=EXECUTOR_JAVA_OPTIONS, **underscored)
 
 
 #: the session each fixture kind made in this process, while it is still the active one
@@ -237,6 +195,7 @@ def _forget_dead_driver_jvm() -> None:
     SparkContext._active_spark_context = None
     SparkSession._instantiatedSession = None
     SparkSession._activeSession = None
+    sessions.forget_launch_settings()
 
 
 @pytest.fixture(autouse=True)
@@ -260,7 +219,7 @@ def _stop_sessions_at_the_end() -> Iterator[None]:
     """The last session of this process is stopped when the tests end."""
     yield
     _MADE.clear()
-    _stop_active()
+    stop_active()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from spark_torch import DistributedRunError, Distributor
 
-from .conftest import _stop_active
+from .sessions import stop_active
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,7 @@ def connect_spark(tmp_path_factory: Any) -> Iterator[Any]:
     home = os.environ["SPARK_HOME"]
     if not os.path.exists(f"{home}/sbin/start-connect-server.sh"):
         pytest.skip("this pyspark has no Spark Connect server (pip's pyspark 3.5 ships none)")
-    _stop_active()
+    stop_active()
     logs = tmp_path_factory.mktemp("connect")
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
