@@ -18,7 +18,8 @@ import pytest
 
 from spark_torch import AttemptEnd, AttemptReason, Distributor
 
-from .conftest import SCRIPTS, _stop_active, make_session, wait_for_slots
+from .conftest import SCRIPTS, make_session, wait_for_slots
+from .sessions import stop_active
 from .standalone import (
     StandaloneCluster,
     check_submit_output,
@@ -43,7 +44,7 @@ EXECUTOR_CONF = {
 @pytest.fixture(scope="session")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A standalone master + 2 workers (2 cores, 1g each) on 127.0.0.1, ports ephemeral."""
-    _stop_active()
+    stop_active()
     with standalone_cluster(tmp_path_factory.mktemp("standalone"), workers=2, cores=2, memory="1g") as cluster:
         yield cluster
     left = leftover_processes(cluster.daemons(), cluster.work_dirs)

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import SCRIPTS, _stop_active
+from .conftest import SCRIPTS
+from .sessions import stop_active
 from .standalone import (
     Daemon,
     check_submit_output,
@@ -111,7 +112,7 @@ def two_host_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHost
     reason = _netns_unavailable()
     if reason is not None:
         pytest.skip(reason)
-    _stop_active()  # free the executors of an earlier in-process session (2-core machine)
+    stop_active()  # free the executors of an earlier in-process session (2-core machine)
     base = tmp_path_factory.mktemp("two-hosts")
     logs = base / "logs"
     hosts = TwoHosts(namespaces=(f"st-a-{os.getpid()}", f"st-b-{os.getpid()}"))
