@@ -8,13 +8,23 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV35:-.venv35}
 LOCK=.ci/constraints-pyspark35.txt  # refreshed by `make lock`
 # the dependencies (what --install-only makes: .ci/run installs them beside the main toolchain)
+# INSTALLER=uv (as .ci/run sets it): uv's pip interface, which pip installs into the venv first
+# (the Makefile's INSTALLER)
+deps_install() {
+  if [ "${INSTALLER:-pip}" = uv ]; then
+    "$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode --index-strategy unsafe-best-match "$@"
+  else
+    "$VENV/bin/python" -m pip install "$@"
+  fi
+}
 if [ ! -f "$VENV/.deps" ] || [ pyproject.toml -nt "$VENV/.deps" ] || [ .ci/requirements-pyspark35.txt -nt "$VENV/.deps" ] || [ "$LOCK" -nt "$VENV/.deps" ]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade --constraint "$LOCK" pip
+  if [ "${INSTALLER:-pip}" = uv ]; then "$VENV/bin/python" -m pip install --quiet "${UV_SPEC:-uv==0.13.9}"; fi
   # the CPU build of torch from the local wheel index; other torch requests may pull CUDA
-  "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" torch==2.13.0
-  "$VENV/bin/python" -m pip install --quiet --constraint "$LOCK" -r .ci/requirements-pyspark35.txt
+  deps_install --quiet --constraint "$LOCK" torch==2.13.0
+  deps_install --quiet --constraint "$LOCK" -r .ci/requirements-pyspark35.txt
   touch "$VENV/.deps"
 fi
 "$VENV/bin/python" -c "import pyspark; assert pyspark.__version__.startswith('3.5'), pyspark.__version__; print('pyspark', pyspark.__version__)"

@@ -49,8 +49,12 @@ def test_the_pyspark35_lock_pins_its_requirements() -> None:
 def test_make_and_ci_install_from_the_locks() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "LOCK ?= constraints.txt" in makefile
-    installs = [line for line in makefile.splitlines() if "pip install" in line and "build" not in line]
-    assert installs and all("$(LOCK" in line for line in installs), installs
+    recipes = [line for line in makefile.splitlines() if line.startswith("\t")]
+    installs = [line for line in recipes if ("pip install" in line or "$(INSTALL)" in line) and "build" not in line]
+    # every install takes the lock's versions, but uv's own, which UV_SPEC pins
+    assert installs and all("$(LOCK" in line or "$(UV_SPEC)" in line for line in installs), installs
+    assert re.search(r"^UV_SPEC \?= uv==[0-9.]+$", makefile, re.M)
+    assert re.search(r"^INSTALL := \$\(PY\) -m pip install$", makefile, re.M)  # pip unless INSTALLER=uv
     assert "bash .ci/lock.sh" in makefile  # make lock
     ci = (ROOT / ".ci" / "run").read_text()
     assert "PIP_NO_CACHE_DIR=1" in ci and "rm -rf .venv .venv35" in ci
