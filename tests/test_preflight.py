@@ -92,14 +92,19 @@ def older_python(tmp_path_factory: Any) -> str:
 def test_executors_without_the_dependencies_fail_before_the_barrier_stage(bare_python: str, tmp_path: Path) -> None:
     """A local-cluster whose executors run a bare venv: one line naming it, its version, what it
     lacks and the fix; the JVM prints no trace (the probe returns facts, it does not fail). The
-    executors' Python takes longer to start than the probe's deadline (here 8 s against 2 s: a
+    executors' Python takes longer to start than the probe's deadline (here 12 s against 4 s: a
     packed venv unpacking, a loaded machine): a probe whose tasks run is still waited for, so the
-    check is made, not skipped (the run then failed later, importing cryptography)."""
+    check is made, not skipped (the run then failed later, importing cryptography). Its tasks are
+    seen running at once, not at the executor's next heartbeat, when Spark's status store learns of
+    them (it was 4-10 s later: the check was skipped)."""
     slow = tmp_path / "slow-python"
-    slow.write_text(f'#!/bin/sh\nsleep 8\nexec {bare_python} "$@"\n')
+    slow.write_text(f'#!/bin/sh\nsleep 12\nexec {bare_python} "$@"\n')
     slow.chmod(0o755)
     # one executor JVM of two cores (two slots for the run's two ranks): one JVM fewer to start than two executors
-    stdout, stderr, _ = run_driver("local-cluster[1,2,1024]", str(slow), PREFLIGHT_PROBE_SECONDS="2")
+    # the executor registered before the run: what is slow here is the Python alone
+    stdout, stderr, _ = run_driver(
+        "local-cluster[1,2,1024]", str(slow), PREFLIGHT_PROBE_SECONDS="4", PREFLIGHT_WAIT_SLOTS="2"
+    )
     line = error_line(stdout)
     assert line.startswith(
         f"ERROR LaunchError: the executors' Python cannot run spark_torch: {bare_python} "

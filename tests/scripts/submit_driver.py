@@ -21,6 +21,14 @@ import time
 from typing import Any
 
 
+def say(line: str) -> None:
+    """Print one line in one write: spark-submit runs this driver unbuffered (PYTHONUNBUFFERED) and
+    copies its output into the JVM's, where print's two writes (the text, then the newline) once let
+    a JVM log line in between ("RESULT 326/12/03 ... INFO SparkContext: ...")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def all_reduce_job() -> dict[str, Any]:
     import os
     import socket
@@ -90,7 +98,7 @@ def main(argv: list[str]) -> int:
             time.sleep(0.25)
         outs = [_run(args.num_processes, env)]
         if then:
-            print("=== then ===", flush=True)
+            say("=== then ===")
             os.environ.update(then)
             outs.append(_run(args.num_processes, env))
     finally:
@@ -104,8 +112,8 @@ def _run(n: int, env: dict[str, str]) -> dict[str, Any]:
     from spark_torch import Distributor
 
     out: dict[str, Any] = Distributor(num_processes=n, local_mode=False, env=env or None).run(all_reduce_job)
-    print(f"RESULT {out['sum']:g}", flush=True)
-    print(f"RANKS {json.dumps(out['ranks'])}", flush=True)
+    say(f"RESULT {out['sum']:g}")
+    say(f"RANKS {json.dumps(out['ranks'])}")
     return out
 
 

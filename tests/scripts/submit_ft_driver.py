@@ -36,6 +36,14 @@ NOBODY = 65534
 TRAIN: Any = None
 
 
+def say(line: str) -> None:
+    """Print one line in one write: spark-submit runs this driver unbuffered (PYTHONUNBUFFERED) and
+    copies its output into the JVM's, where print's two writes (the text, then the newline) once let
+    a JVM log line in between ("RESULT 326/12/03 ... INFO SparkContext: ...")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def _as_nobody(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` in a forked child that became uid/gid 65534 (its value, through a pipe)."""
     import pickle
@@ -167,7 +175,7 @@ def main(argv: list[str]) -> int:
         ).run(job, str(work))
     finally:
         spark.stop()
-    print(f"WEIGHTS {weights!r}", flush=True)
+    say(f"WEIGHTS {weights!r}")
     return 0 if sums_ok else 1
 
 
@@ -180,12 +188,12 @@ def _all_reduce_runs(env: dict[str, str], then: dict[str, str]) -> bool:
 
     cloudpickle.register_pickle_by_value(submit_driver)  # the executors need not see tests/scripts
     outs = [submit_driver._run(2, env)]
-    print("=== then ===", flush=True)
+    say("=== then ===")
     start = time.monotonic()
     with mock.patch.dict(os.environ, then):  # the driver's environment as it was, afterwards
         outs.append(submit_driver._run(2, env))
-    print(f"THEN_SECONDS {time.monotonic() - start:.1f}", flush=True)
-    print("=== replica groups ===", flush=True)
+    say(f"THEN_SECONDS {time.monotonic() - start:.1f}")
+    say("=== replica groups ===")
     return all(out["sum"] == 3 for out in outs)
 
 

@@ -170,8 +170,11 @@ def _ask(
 
 
 def _waits_for_executors(spark: Any, tag: str) -> bool:
-    """Whether the job tagged ``tag`` waits for executors: submitted, and none of its tasks runs
-    (classic Spark's status tracker; a Connect session cannot tell: True)."""
+    """Whether the job tagged ``tag`` waits for executors: submitted, none of its tasks runs and no
+    executor runs any task (classic Spark's status tracker; a Connect session cannot tell: True).
+    A stage's active tasks come from Spark's status store, which may learn of a started task only
+    at the executor's next heartbeat (up to 10 s later); an executor's running tasks come from the
+    scheduler at once, so they are asked too."""
     if is_connect_session(spark):
         return True
     try:
@@ -179,6 +182,8 @@ def _waits_for_executors(spark: Any, tag: str) -> bool:
         jobs = [tracker.getJobInfo(job_id) for job_id in tracker.getJobIdsForGroup(tag)]
         if not jobs:
             return False  # not submitted yet: the driver is still planning it
+        if any(executor.numRunningTasks > 0 for executor in tracker.getExecutorInfos()):
+            return False
         for job in jobs:
             for stage_id in job.stageIds if job is not None else ():
                 stage = tracker.getStageInfo(stage_id)
