@@ -37,13 +37,9 @@ for python in pythons:
     )
     if os.environ.get("PREFLIGHT_WAIT_SLOTS"):  # the executors registered first: the probe's short
         # deadline above is for tasks that never start, not for executor JVMs still starting
-        from spark_torch.driver.spark.cluster import available_slots
+        from tests.sessions import wait_for_slots  # the tests' PYTHONPATH has the checkout
 
-        deadline = time.monotonic() + 120.0
-        while (available_slots(spark) or 0) < int(os.environ["PREFLIGHT_WAIT_SLOTS"]):
-            if time.monotonic() > deadline:
-                sys.exit(f"the executors of {sys.argv[1]} did not register within 120 s: is the machine overloaded?")
-            time.sleep(0.25)
+        wait_for_slots(spark, int(os.environ["PREFLIGHT_WAIT_SLOTS"]))
     started = time.monotonic()
     distributor = Distributor(num_processes=2, local_mode=False, spark=spark)
     try:
