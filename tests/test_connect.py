@@ -167,7 +167,10 @@ def test_connect_unreachable_channel_falls_back(
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     port = dead.getsockname()[1]
     monkeypatch.setenv("SPARK_TORCH_CHANNEL_HOST", f"127.0.0.1:{port}")
-    monkeypatch.setenv("SPARK_TORCH_RENDEZVOUS_TIMEOUT", "3")
+    # each node tries the channel until this deadline, then meets the others in one allGather round
+    # within it again: the round needs both tasks, and at 3 s a loaded CI machine's second task came
+    # too late for the first ("the allGather fallback did not complete within 3s")
+    monkeypatch.setenv("SPARK_TORCH_RENDEZVOUS_TIMEOUT", "10")
     try:
         with caplog.at_level(logging.WARNING, logger="spark_torch"):
             out = Distributor(num_processes=2, local_mode=False, spark=connect_spark, timeout=120).run(
