@@ -73,12 +73,17 @@ def make_session(
     return session
 
 
-def wait_for_slots(spark: Any, needed: int, seconds: float = 120.0) -> None:
-    """Block until the cluster's executors registered (bounded)."""
+def wait_for_slots(spark: Any, needed: int, seconds: float = 120.0, *, then_go_on: bool = False) -> bool:
+    """Block until the cluster's executors registered ``needed`` task slots (True), at most
+    ``seconds``: then raise, or with ``then_go_on`` return False (a spark-submit driver that lets
+    the library's own check say what is missing)."""
     from spark_torch.driver.spark.cluster import available_slots
 
     deadline = time.monotonic() + seconds
     while (available_slots(spark) or 0) < needed:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"executors did not register within {seconds}s")
+            if then_go_on:
+                return False
+            raise RuntimeError(f"executors with {needed} task slots did not register within {seconds:g}s")
         time.sleep(0.25)
+    return True

@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 
@@ -86,16 +86,15 @@ def main(argv: list[str]) -> int:
     env = dict(item.split("=", 1) for item in args.env)
     then = dict(item.split("=", 1) for item in args.then_env)
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, for tests.sessions
     from pyspark.sql import SparkSession
 
-    from spark_torch.driver.spark.cluster import available_slots
+    from tests.sessions import wait_for_slots
 
     spark = SparkSession.builder.appName("spark-torch-submit-driver").getOrCreate()
     try:
         # standalone executors can take longer than the library's own wait on a busy machine
-        deadline = time.monotonic() + args.wait_slots
-        while (available_slots(spark) or 0) < args.num_processes and time.monotonic() < deadline:
-            time.sleep(0.25)
+        wait_for_slots(spark, args.num_processes, args.wait_slots, then_go_on=True)
         outs = [_run(args.num_processes, env)]
         if then:
             say("=== then ===")

@@ -31,17 +31,12 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from submit_driver import say  # noqa: E402 - tests/scripts, beside this file
+
 NOBODY = 65534
 #: tests/ft_programs.py's train, set by main() (pickled by value with the job)
 TRAIN: Any = None
-
-
-def say(line: str) -> None:
-    """Print one line in one write: spark-submit runs this driver unbuffered (PYTHONUNBUFFERED) and
-    copies its output into the JVM's, where print's two writes (the text, then the newline) once let
-    a JVM log line in between ("RESULT 326/12/03 ... INFO SparkContext: ...")."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def _as_nobody(fn: Any, *args: Any) -> Any:
@@ -140,9 +135,9 @@ def main(argv: list[str]) -> int:
 
     import spark_torch.driver.api.replica_groups as replica_groups
     from spark_torch import Distributor
-    from spark_torch.driver.spark.cluster import available_slots
     from spark_torch.ft.lighthouse import Lighthouse, LighthouseOptions
     from tests import ft_programs
+    from tests.sessions import wait_for_slots
 
     global TRAIN
     cloudpickle.register_pickle_by_value(ft_programs)
@@ -157,9 +152,7 @@ def main(argv: list[str]) -> int:
     replica_groups.Lighthouse = Recorded  # type: ignore[misc]
     spark = SparkSession.builder.appName("spark-torch-submit-ft-driver").getOrCreate()
     try:
-        deadline = time.monotonic() + 120
-        while (available_slots(spark) or 0) < 2 and time.monotonic() < deadline:
-            time.sleep(0.25)
+        wait_for_slots(spark, 2, then_go_on=True)
         sums_ok = _all_reduce_runs(env, then) if args.all_reduce_first else True
         if args.all_reduce_only:
             return 0 if sums_ok else 1
@@ -182,8 +175,6 @@ def main(argv: list[str]) -> int:
 def _all_reduce_runs(env: dict[str, str], then: dict[str, str]) -> bool:
     """submit_driver.py's run, then its run with ``then`` in the driver's environment; True if both sums are 3."""
     import cloudpickle
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import submit_driver
 
     cloudpickle.register_pickle_by_value(submit_driver)  # the executors need not see tests/scripts
