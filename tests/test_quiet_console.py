@@ -7,11 +7,13 @@ stderr are read), and the quiet period itself in this process."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -198,13 +200,21 @@ def _configured(spark: Any, name: str) -> bool:
     return log4j.LogManager.getContext(False).getConfiguration().getLoggers().get(name) is not None
 
 
-def test_quiet_periods_nest_and_restore_what_was_there(spark_session: Any) -> None:
+def _state() -> str:
+    """The quiet period's state and the threads alive, for an assertion's message."""
+    threads = sorted(t.name for t in threading.enumerate())
+    return f"holders={quiet._holders} saved={quiet._saved is not None} threads={threads}"
+
+
+def test_quiet_periods_nest_and_restore_what_was_there(spark_session: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Two runs at once share one quiet period; afterwards a logger the user had set keeps its
     level and one they had not is gone from the configuration again."""
+    caplog.set_level(logging.DEBUG, logger=quiet.__name__)
     log4j = spark_session.sparkContext._jvm.org.apache.logging.log4j
     executor, tasks = "org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"
-    log4j.core.config.Configurator.setLevel(tasks, log4j.Level.INFO)
+    # an earlier run's restore still pending would put back its own snapshot over this test's level
     assert quiet.wait_restored(60), "an earlier run's quiet period did not end within 60 s"
+    log4j.core.config.Configurator.setLevel(tasks, log4j.Level.INFO)
     assert not _configured(spark_session, executor)
     root = _level(spark_session, executor)
     try:
@@ -212,8 +222,8 @@ def test_quiet_periods_nest_and_restore_what_was_there(spark_session: Any) -> No
             with quiet.quiet_spark_logs(spark_session):
                 assert _level(spark_session, tasks) == _level(spark_session, executor) == "OFF"
             assert _level(spark_session, tasks) == "OFF"  # the other run is still going
-        assert quiet.wait_restored(30)
-        assert _level(spark_session, tasks) == "INFO"
+        assert quiet.wait_restored(30), _state()
+        assert _level(spark_session, tasks) == "INFO", f"{_state()}\n{caplog.text}"
         assert not _configured(spark_session, executor) and _level(spark_session, executor) == root
         with quiet.quiet_spark_logs(spark_session, keep=True):  # the spark_logs setting
             assert _level(spark_session, tasks) == "INFO"
@@ -243,6 +253,48 @@ def test_a_restore_still_pending_when_another_session_runs_keeps_the_users_level
     assert not _configured(spark_session, executor), "the user's levels were lost: the silenced ones were restored"
 
 
+def test_a_progress_bar_that_cannot_come_back_leaves_no_logger_off(
+    spark_session: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The levels come back before the progress bar: a bar Spark cannot make again (a session
+    stopped meanwhile) costs the bar only, quietly; a restore that fails in a JVM that goes on
+    says so, naming the loggers that may stay OFF."""
+    executor = "org.apache.spark.executor.Executor"
+    assert quiet.wait_restored(60), "an earlier run's quiet period did not end within 60 s"
+
+    def no_bar(spark: Any) -> None:
+        raise RuntimeError("the SparkContext was stopped")
+
+    monkeypatch.setattr(quiet, "_hide_progress_bar", lambda spark: True)  # as if there was a bar
+    monkeypatch.setattr(quiet, "_show_progress_bar", no_bar)
+    with caplog.at_level(logging.DEBUG, logger=quiet.__name__):
+        with quiet.quiet_spark_logs(spark_session):
+            assert _level(spark_session, executor) == "OFF"
+        assert quiet.wait_restored(30)
+    assert not _configured(spark_session, executor)
+    assert "could not put Spark's progress bar back" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("log4j refused")
+
+    caplog.clear()
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger=quiet.__name__):
+        patch.setattr(quiet, "_restore", broken)
+        with quiet.quiet_spark_logs(spark_session):
+            pass
+        assert quiet.wait_restored(30)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "log4j refused" in warning and executor in warning and "Configurator.setLevel" in warning
+    # put back what the broken restore left OFF
+    log4j = spark_session.sparkContext._jvm.org.apache.logging.log4j
+    config = log4j.LogManager.getContext(False).getConfiguration()
+    for name in quiet.NOISY_LOGGERS:
+        config.removeLogger(name)
+    log4j.LogManager.getContext(False).updateLoggers()
+    assert not _configured(spark_session, executor)
+
+
 def _interrupting(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """``quiet.NAME`` first sends this process Ctrl-C (SIGINT), then does its work: a Ctrl-C
     that lands inside that step."""
@@ -264,6 +316,7 @@ def test_ctrl_c_in_either_window_leaves_the_levels_as_they_were(
     and after the next quiet period."""
     log4j = spark_session.sparkContext._jvm.org.apache.logging.log4j
     executor, tasks = "org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"
+    assert quiet.wait_restored(60), "an earlier run's quiet period did not end within 60 s"
     log4j.core.config.Configurator.setLevel(tasks, log4j.Level.INFO)
     root = _level(spark_session, executor)
     try:

@@ -131,8 +131,8 @@ def _silence(spark: Any, log4j: Any) -> bool:
 
 
 def _restore(spark: Any, context: Any, saved: dict[str, Any], progress_bar: bool) -> None:
-    if progress_bar:
-        _show_progress_bar(spark)
+    """The saved levels back first (what a user misses most), then the progress bar: a bar that
+    cannot be made again never leaves the loggers off."""
     config = context.getConfiguration()
     for name, level in saved.items():
         if level is None:
@@ -140,6 +140,11 @@ def _restore(spark: Any, context: Any, saved: dict[str, Any], progress_bar: bool
         else:
             config.getLoggerConfig(name).setLevel(level)
     context.updateLoggers()
+    if progress_bar:
+        try:
+            _show_progress_bar(spark)
+        except Exception as exc:  # noqa: BLE001 - a stopped session: its bar went with it
+            logger.debug("spark_torch: could not put Spark's progress bar back: %s", exc)
 
 
 @contextmanager
@@ -192,10 +197,25 @@ def _restore_saved() -> None:
     with _interrupts_held():  # a Ctrl-C held back is raised once the snapshot is cleared
         try:
             _restore(*_saved)
-        except Exception as exc:  # noqa: BLE001 - never fail a run over logging (a stopped session)
-            logger.debug("spark_torch: could not restore Spark's log levels: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - never fail a run over logging
+            _report_failed_restore(exc)
         _saved = None
         _restored.set()
+
+
+def _report_failed_restore(exc: Exception) -> None:
+    """A restore that failed: quietly when the driver JVM is gone (its loggers went with it), else
+    a warning, since Spark's task-failure loggers may be left OFF in a JVM that goes on."""
+    if type(exc).__name__ == "Py4JNetworkError":  # the gateway is closed: nothing is left off
+        logger.debug("spark_torch: could not restore Spark's log levels: %s", exc)
+        return
+    logger.warning(
+        "spark_torch: could not put back the levels of Spark's task-failure loggers (%s): they may "
+        "stay OFF in this driver; set them again with "
+        "org.apache.logging.log4j.core.config.Configurator.setLevel (names: %s)",
+        exc,
+        ", ".join(NOISY_LOGGERS),
+    )
 
 
 def wait_restored(timeout: float) -> bool:
