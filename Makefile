@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # orders the tests by the Spark session they need and tests/scheduling.py deals them out one at a
 # time in that order (each worker switches sessions in the same order); with 3 or more workers the
 # last one is a waiting lane (the tests that mostly wait, then the heaviest sessions' files) beside
-# the others. A fresh clone on the 2-core machine (2026-12-03, CI's rehearsal of e825650): 1,301 s with 3 workers.
+# the others. A fresh clone on the 2-core machine (2026-12-03, CI's rehearsals): 1,301-1,518 s with 3 workers.
 TEST_WORKERS ?= 3
 XDIST_ARGS := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 # torch: on Linux without an NVIDIA driver (no /proc/driver/nvidia/version), the CPU build from
